@@ -1,0 +1,287 @@
+"""[cli] ``fmha-dsl``: the only place that prints or exits.
+
+Exit codes: 0 ok; 1 the input is well formed but fails (invalid combinations, empty declarations,
+``fmt --check`` differences); 2 usage or input errors (bad arguments, unreadable or malformed files,
+bad registry JSON); 70 internal error (a bug: the traceback is shown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+
+EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 70
+
+EPILOG = """\
+examples:
+  fmha-dsl check kernelsets/ck_receipt0.fmha --arch gfx942
+  fmha-dsl list kernelsets/ck_receipt0.fmha --arch gfx942 --format ck-names
+  fmha-dsl list my.fmha --arch gfx950 --profile pytorch --format json
+  fmha-dsl explain my.fmha --arch gfx950
+  fmha-dsl build my.fmha --arch gfx942,gfx950 -o out/
+  fmha-dsl fmt my.fmha --write
+  fmha-dsl schema registry > registry.schema.json
+
+exit codes: 0 ok, 1 failures (invalid combinations, fmt --check diffs),
+            2 usage or input errors, 70 internal error
+"""
+
+
+def _out(text: str = "") -> None:
+    sys.stdout.write(text + ("\n" if not text.endswith("\n") else ""))
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(text.rstrip("\n") + "\n")
+
+
+def _resolve_set(path: str) -> str:
+    """A path, or the name of a shipped kernel set (``ck_receipt0``)."""
+    if os.path.exists(path):
+        return path
+    from importlib import resources
+
+    name = path if path.endswith(".fmha") else path + ".fmha"
+    cand = resources.files("fmha_dsl.kernelsets").joinpath(os.path.basename(name))
+    if os.sep not in path and cand.is_file():
+        return str(cand)
+    return path
+
+
+def _load(args):
+    from . import load
+
+    return load(_resolve_set(args.file))
+
+
+def _report(args):
+    ks = _load(args)
+    t0 = time.perf_counter()
+    rep = ks.expand_report(arch=args.arch, profile=args.profile)
+    return ks, rep, time.perf_counter() - t0
+
+
+def _print_notes(rep, fmt: str):
+    if fmt == "json":
+        return
+    for d in rep.notes:
+        _err(d.render())
+
+
+def cmd_check(args) -> int:
+    ks, rep, dt = _report(args)
+    reg = ks.registry(args.arch, args.profile, report=rep)
+    if args.format == "json":
+        _out(json.dumps({"ok": True, "kernels": len(reg), "by_arch": reg.statistics()["by_arch"],
+                         "warnings": [d.to_dict() for d in rep.notes]}, sort_keys=True, indent=1))
+        return EXIT_OK
+    _print_notes(rep, args.format)
+    per = ", ".join(f"{a}: {n}" for a, n in reg.statistics()["by_arch"].items())
+    _out(f"ok: {ks.name}: {len(ks.declarations)} declarations, {len(reg)} kernels ({per})")
+    return EXIT_OK
+
+
+def cmd_list(args) -> int:
+    ks, rep, _ = _report(args)
+    _print_notes(rep, args.format)
+    if args.format == "ck-names":
+        names = sorted({k.name for k in rep.kernels})
+        _out("\n".join(names) if names else "")
+        return EXIT_OK
+    reg = ks.registry(args.arch, args.profile, report=rep)
+    if args.format == "json":
+        sys.stdout.write(reg.to_json())
+    elif args.format == "identifiers":
+        _out("\n".join(e.identifier for e in reg))
+    else:
+        for e in reg:
+            _out(f"{e.arch}  {e.name}")
+    return EXIT_OK
+
+
+def cmd_explain(args) -> int:
+    ks, rep, dt = _report(args)
+    if args.format == "json":
+        _out(json.dumps({
+            "declarations": rep.per_decl, "dropped": dict(sorted(rep.dropped.items())),
+            "rules": rep.rule_text, "kernels": len(rep.kernels),
+            "warnings": [d.to_dict() for d in rep.notes]}, sort_keys=True, indent=1))
+        return EXIT_OK
+    _print_notes(rep, args.format)
+    _out(f"kernel set {ks.name}: {len(ks.declarations)} declarations, {len(rep.kernels)} kernels "
+         f"(expanded in {dt * 1000:.0f} ms)")
+    _out("")
+    _out("kernels per declaration and arch:")
+    for label, counts in rep.per_decl.items():
+        cells = ", ".join(f"{a}: {n}" for a, n in counts.items())
+        _out(f"  {label:<32} {cells}")
+    _out("")
+    _out("candidates dropped by each rule (wildcard values the rules do not allow):")
+    if not rep.dropped:
+        _out("  (none)")
+    for rid, n in sorted(rep.dropped.items(), key=lambda t: (-t[1], t[0])):
+        _out(f"  {n:>9}  {rid:<40} e.g. {rep.rule_text.get(rid, '')}")
+    return EXIT_OK
+
+
+def cmd_build(args) -> int:
+    from .build import build_registry
+
+    ks, rep, dt = _report(args)
+    _print_notes(rep, "text")
+    reg = ks.registry(args.arch, args.profile, report=rep)
+    path = build_registry(reg, args.output, backend=args.backend)
+    if not args.quiet:
+        per = ", ".join(f"{a}: {n}" for a, n in reg.statistics()["by_arch"].items())
+        _out(f"wrote {path}: {len(reg)} kernels ({per})")
+        if args.verbose:
+            for rid, n in sorted(rep.dropped.items(), key=lambda t: (-t[1], t[0])):
+                _out(f"  dropped {n:>8} by {rid}")
+    return EXIT_OK
+
+
+def cmd_fmt(args) -> int:
+    from .fmt import format_source
+    from .parse import read_source
+
+    status = EXIT_OK
+    for path in args.files:
+        text = read_source(path)
+        new = format_source(text, path)
+        if args.check:
+            if new != text:
+                _err(f"{path}: would reformat")
+                status = EXIT_FAIL
+        elif args.write:
+            if new != text:
+                tmp = f"{path}.tmp.{os.getpid()}"
+                with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+                    f.write(new)
+                os.replace(tmp, path)
+        else:
+            sys.stdout.write(new)
+    return status
+
+
+def cmd_schema(args) -> int:
+    if args.what == "key":
+        from .keys import json_schema
+
+        _out(json.dumps(json_schema(), indent=1, sort_keys=True))
+    elif args.what == "registry":
+        from .registry import json_schema
+
+        _out(json.dumps(json_schema(), indent=1, sort_keys=True))
+    elif args.what == "setters":
+        from . import vocab
+
+        by = defaultdict(list)
+        for s in vocab.SETTERS.values():
+            by[s.block].append(s)
+        for block in ("set", "signature", "algorithm"):
+            _out(f"{block}:")
+            for s in by[block]:
+                _out(f"  {s.name}({', '.join(s.params)})  -- {s.doc}")
+    elif args.what == "grammar":
+        from .parse import grammar_text
+
+        sys.stdout.write(grammar_text())
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="fmha-dsl", description="Declare, check, expand and build FMHA kernel sets.",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"fmha-dsl {__version__}")
+    p.add_argument("--debug", action="store_true", help="show Python tracebacks for every error")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    def common(sp, formats):
+        sp.add_argument("file", help=".fmha file (or the name of a shipped set, e.g. ck_receipt0)")
+        sp.add_argument("--arch", help="comma-separated archs (default: the set's arch list)")
+        sp.add_argument("--profile", help="receipt profile name or number (overrides the set's)")
+        sp.add_argument("--format", choices=formats, default=formats[0])
+
+    sp = sub.add_parser("check", help="parse, validate and expand; report errors",
+                        epilog="example: fmha-dsl check my.fmha --arch gfx950")
+    common(sp, ["text", "json"])
+    sp.set_defaults(fn=cmd_check)
+    sp = sub.add_parser("list", help="list expanded kernels",
+                        epilog="example: fmha-dsl list ck_receipt0 --arch gfx942 --format ck-names")
+    common(sp, ["text", "ck-names", "identifiers", "json"])
+    sp.set_defaults(fn=cmd_list)
+    sp = sub.add_parser("explain", help="per-declaration counts and what each rule dropped",
+                        epilog="example: fmha-dsl explain my.fmha --arch gfx950")
+    common(sp, ["text", "json"])
+    sp.set_defaults(fn=cmd_explain)
+    sp = sub.add_parser("build", help="expand and write DIR/registry.json",
+                        epilog="example: fmha-dsl build my.fmha --arch gfx942,gfx950 -o out/")
+    common(sp, ["text"])
+    sp.add_argument("-o", "--output", default="fmha-build", help="build directory (default: ./fmha-build)")
+    sp.add_argument("--backend", default="none", choices=["none"],
+                    help="compile backend (none: registry only; triton comes with the build issue)")
+    sp.add_argument("-q", "--quiet", action="store_true")
+    sp.add_argument("-v", "--verbose", action="store_true", help="also say what each rule dropped")
+    sp.set_defaults(fn=cmd_build)
+    sp = sub.add_parser("fmt", help="format .fmha files canonically",
+                        epilog="example: fmha-dsl fmt --check kernelsets/*.fmha")
+    sp.add_argument("files", nargs="+")
+    g = sp.add_mutually_exclusive_group()
+    g.add_argument("--check", action="store_true", help="exit 1 if a file would change")
+    g.add_argument("--write", action="store_true", help="rewrite files in place")
+    sp.set_defaults(fn=cmd_fmt)
+    sp = sub.add_parser("schema", help="print a JSON schema, the setter list or the grammar",
+                        epilog="example: fmha-dsl schema registry")
+    sp.add_argument("what", choices=["key", "registry", "setters", "grammar"])
+    sp.set_defaults(fn=cmd_schema)
+    return p
+
+
+def main(argv=None) -> int:
+    from .errors import FmhaError, ParseError, RegistryError, UsageError
+
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "fn", None):
+        parser.print_help()
+        return EXIT_INPUT
+    try:
+        return args.fn(args)
+    except FmhaError as exc:
+        if args.debug:
+            raise
+        fmt = getattr(args, "format", "text")
+        if fmt == "json":
+            _out(json.dumps({"ok": False, "diagnostics": [d.to_dict() for d in exc.diagnostics]},
+                            sort_keys=True, indent=1))
+        else:
+            _err(exc.render())
+            n = len(exc.diagnostics)
+            if n > 1:
+                _err(f"{n} errors")
+        return EXIT_INPUT if isinstance(exc, (ParseError, RegistryError, UsageError)) else EXIT_FAIL
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except BrokenPipeError:
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return EXIT_OK
+    except Exception:  # a bug in fmha-dsl, not in the input
+        import traceback
+
+        traceback.print_exc()
+        _err("fmha-dsl: internal error (this is a bug; please report it with the input that caused it)")
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Diagnostics and the one exception root of fmha-dsl.
+
+Every problem with user input (a malformed ``.fmha`` file, an unknown field, an invalid
+combination, a bad registry JSON) is an :class:`FmhaError`.  An error carries one or more
+:class:`Diagnostic` values; each names the rule that fired, the place (path, line, column,
+with the source line for a caret), what was expected and a hint.  Diagnostics are plain data:
+:mod:`fmha_dsl.cli` renders them as text or JSON, library code never prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+
+@dataclass(frozen=True)
+class Span:
+    """A place in a source file: 1-based line and column, end exclusive."""
+
+    path: str | None
+    line: int
+    column: int
+    end_line: int | None = None
+    end_column: int | None = None
+    source_line: str | None = None  # the text of `line`, kept for caret rendering
+
+    def width(self) -> int:
+        if self.end_line == self.line and self.end_column and self.end_column > self.column:
+            return self.end_column - self.column
+        return 1
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    rule: str
+    message: str
+    span: Span | None = None
+    hint: str | None = None
+    notes: tuple[str, ...] = ()
+    severity: str = "error"
+
+    # ---- rendering -------------------------------------------------------------------
+    def location(self) -> str:
+        s = self.span
+        if s is None:
+            return ""
+        return f"{s.path or '<input>'}:{s.line}:{s.column}"
+
+    def render(self) -> str:
+        """rustc-style text with GNU ``file:line:col`` prefix."""
+        loc = self.location()
+        head = f"{loc}: " if loc else ""
+        out = [f"{head}{self.severity}[{self.rule}]: {self.message}"]
+        s = self.span
+        if s is not None and s.source_line is not None:
+            text = s.source_line.rstrip("\n").replace("\t", " ")
+            num = str(s.line)
+            pad = " " * len(num)
+            out.append(f"{pad} |")
+            out.append(f"{num} | {text}")
+            caret = " " * (max(s.column, 1) - 1) + "^" * max(1, min(s.width(), max(1, len(text) - s.column + 1)))
+            out.append(f"{pad} | {caret}")
+        for n in self.notes:
+            out.append(f"  = note: {n}")
+        if self.hint:
+            out.append(f"  = help: {self.hint}")
+        return "\n".join(out)
+
+    def to_dict(self) -> dict:
+        s = self.span
+        return {
+            "severity": self.severity,
+            "rule": self.rule,
+            "message": self.message,
+            "path": s.path if s else None,
+            "line": s.line if s else None,
+            "column": s.column if s else None,
+            "hint": self.hint,
+            "notes": list(self.notes),
+        }
+
+
+class FmhaError(Exception):
+    """Base class of every user-facing error.
+
+    Attributes mirror the first diagnostic: ``rule``, ``path``, ``line``, ``column``,
+    ``hint``; ``diagnostics`` holds all of them (a file may have several errors).
+    """
+
+    def __init__(self, diagnostics: Diagnostic | Iterable[Diagnostic]):
+        if isinstance(diagnostics, Diagnostic):
+            diagnostics = (diagnostics,)
+        self.diagnostics: tuple[Diagnostic, ...] = tuple(diagnostics)
+        if not self.diagnostics:
+            raise ValueError("FmhaError needs at least one diagnostic")
+        first = self.diagnostics[0]
+        self.rule = first.rule
+        self.hint = first.hint
+        self.span = first.span
+        self.path = first.span.path if first.span else None
+        self.line = first.span.line if first.span else None
+        self.column = first.span.column if first.span else None
+        super().__init__(first.message)
+
+    @property
+    def message(self) -> str:
+        return self.diagnostics[0].message
+
+    def render(self) -> str:
+        return "\n\n".join(d.render() for d in self.diagnostics)
+
+    def __str__(self) -> str:  # a useful one-liner in tracebacks and logs
+        d = self.diagnostics[0]
+        loc = d.location()
+        extra = f" (+{len(self.diagnostics) - 1} more)" if len(self.diagnostics) > 1 else ""
+        return f"{loc + ': ' if loc else ''}[{d.rule}] {d.message}{extra}"
+
+    def __reduce__(self):  # survive process pools
+        return (self.__class__, (self.diagnostics,))
+
+
+class ParseError(FmhaError):
+    """The text is not valid ``.fmha`` syntax (or a setter is unknown / malformed)."""
+
+
+class RuleError(FmhaError):
+    """A declaration names a combination the arch rules forbid, or expands to nothing."""
+
+
+class RegistryError(FmhaError):
+    """A registry JSON file is malformed or does not match the schema."""
+
+
+class UsageError(FmhaError):
+    """Bad arguments to the API or CLI that are not tied to a source file."""
+
+
+def error(rule: str, message: str, span: Span | None = None, hint: str | None = None,
+          notes: Iterable[str] = (), cls: type[FmhaError] = FmhaError) -> FmhaError:
+    """Shorthand: build an exception holding one diagnostic."""
+    return cls(Diagnostic(rule, message, span, hint, tuple(notes)))
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    """A "did you mean X?" hint for a misspelt name, or None."""
+    import difflib
+
+    choices = [str(c) for c in choices]
+    close = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean `{close[0]}`?"
+    return None
+
+
+__all__ = [
+    "Span",
+    "Diagnostic",
+    "FmhaError",
+    "ParseError",
+    "RuleError",
+    "RegistryError",
+    "UsageError",
+    "error",
+    "did_you_mean",
+]

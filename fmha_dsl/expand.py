@@ -1,0 +1,293 @@
+"""[expand] Declarations -> kernel keys, under the arch rules.
+
+For each declaration, arch and family, the engine walks the family's fields depth-first
+(:func:`fmha_dsl.rules.base.search`): a wildcard takes every value of the family's domain, an
+explicit setter its listed values, an unset field its default.  Every rule is checked as soon as
+the fields it reads are bound.  When a rule fails on values the user asked for explicitly, that is
+an error located at the setter; when a wildcard produced the value, the branch is dropped and
+counted per rule (``fmha-dsl explain``).  Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from . import vocab as V
+from .declare import Declaration, FieldSpec
+from .errors import Diagnostic, RuleError, Span
+from .expr import where_rule
+from .keys import Algorithm, KernelKey, Signature
+from .rules import family_rules
+from .rules.base import FACTORY, Rule, Tile, schedule, search
+
+AMD_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
+_SIG_KEYS = tuple(Signature.model_fields)
+_ALG_KEYS = tuple(Algorithm.model_fields)
+_DEFAULTS = {**V.SIG_DEFAULTS, **V.ALG_DEFAULTS}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One expanded kernel: its key, CK instance name and where it was declared."""
+
+    key: KernelKey
+    name: str
+    source: str          # "path:line"
+    decl: str            # declaration label
+
+
+@dataclass
+class Report:
+    """What expansion did, for ``explain`` and ``--verbose``."""
+
+    kernels: list[Kernel] = field(default_factory=list)
+    dropped: Counter = field(default_factory=Counter)          # rule id -> pruned candidates
+    per_decl: dict = field(default_factory=dict)               # decl label -> {arch: count}
+    notes: list[Diagnostic] = field(default_factory=list)      # warnings (unsupported family on an arch ...)
+    rule_text: dict = field(default_factory=dict)              # rule id -> a sample message
+
+
+def _explicit_tile(decl: Declaration) -> Tile:
+    """A tile from explicit setters, with CK's defaults and auto_fill (0 -> derived)."""
+    d = decl.tile.dims
+    n = decl.tile.tile_len
+
+    def pick(key, default):
+        v = d.get(key)
+        if v is None:
+            return default
+        return v[0]
+
+    base = list(V.TILE_DEFAULT) + [0, 0, 0]
+    t = [pick(f"tile{i}", base[i]) for i in range(max(n, 6))]
+    if n == 6:
+        t = t[:6]
+    # CK auto_fill: n1 <- n0, k1 <- k0, k0max <- k0 when unset (<= 0)
+    if t[3] <= 0:
+        t[3] = t[1]
+    if t[4] <= 0:
+        t[4] = t[2]
+    if t[5] <= 0:
+        t[5] = t[2]
+    wave = tuple(pick(f"wave{i}", V.WAVE_DEFAULT[i]) for i in range(9))
+    warp = tuple(pick(f"warp{i}", V.WARP_DEFAULT[i]) for i in range(9))
+    return Tile(tuple(t), wave, warp, pick("block_per_cu", -1), pick("max_seq_len_q", 0), from_table=False)
+
+
+def _tile_candidates(decl: Declaration, explicit_tile):
+    dims = {k: v for k, v in decl.tile.dims.items() if v is not None}
+
+    def cands(fr, b):
+        if explicit_tile is not None:
+            return (explicit_tile,)
+        out = []
+        for t in fr.domain("tile", b):
+            ok = True
+            for k, vals in dims.items():
+                if k == "tile_len":
+                    continue
+                if t.dim(k) not in vals:
+                    ok = False
+                    break
+            if ok:
+                out.append(t)
+        return out
+
+    return cands
+
+
+class _Expander:
+    def __init__(self, decl: Declaration, report: Report, archs, profile, max_errors=20):
+        self.decl = decl
+        self.report = report
+        self.archs = archs
+        self.profile = profile
+        self.errors: list[Diagnostic] = []
+        self.seen_err: set = set()
+        self.max_errors = max_errors
+        self.where = tuple(where_rule(w, i) for i, w in enumerate(decl.wheres))
+        self.explicit_tile = None if decl.tile.wild else _explicit_tile(decl)
+
+    # which dependencies of a failing rule were asked for explicitly
+    def _is_explicit(self, dep: str) -> bool:
+        if dep == "tile":
+            return not self.decl.tile.wild
+        if dep in ("arch", "factory"):
+            return self.decl.archs.values is not None
+        if dep == "family":
+            fs = self.decl.fields.get("family")
+            return fs is None or fs.values is not None
+        if dep in ("receipt", "mask_impl"):
+            return True
+        fs = self.decl.fields.get(dep)
+        return fs is None or fs.values is not None
+
+    def _span_for(self, rule: Rule) -> Span:
+        order = ([rule.blame] if rule.blame else []) + list(reversed(rule.deps))
+        for dep in order:
+            if dep == "tile":
+                sp = next((s for s in self.decl.tile.spans.values() if s is not None), None)
+                if sp:
+                    return sp
+                continue
+            if dep in ("arch", "factory"):
+                if self.decl.archs.explicit:
+                    return self.decl.archs.span
+                continue
+            fs = self.decl.fields.get(dep)
+            if fs is not None and fs.span is not None:
+                return fs.span
+        return self.decl.span
+
+    def on_fail(self, rule: Rule, b: dict, fld: str):
+        self.report.dropped[rule.id] += 1
+        if rule.id not in self.report.rule_text:
+            self.report.rule_text[rule.id] = _safe_text(rule, b)
+        if rule.filter or len(self.errors) >= self.max_errors:
+            return
+        if all(self._is_explicit(d) for d in rule.deps):
+            sp = self._span_for(rule)
+            key = (rule.id, sp.line if sp else 0, sp.column if sp else 0, _safe_text(rule, b))
+            if key in self.seen_err:
+                return
+            self.seen_err.add(key)
+            arch = b.get("arch")
+            notes = (f"while expanding `{self.decl.label}` for {arch}, family {b.get('family')}",)
+            self.errors.append(Diagnostic(rule.id, _safe_text(rule, b), sp, rule.hint, notes))
+
+    def run(self) -> list[Kernel]:
+        d = self.decl
+        fam_spec = d.fields.get("family")
+        families = fam_spec.values if fam_spec and fam_spec.values is not None else (
+            V.FAMILIES if fam_spec else ("fwd",))
+        archs = self.archs
+        receipt = V.PROFILES[self.profile]
+        out: list[Kernel] = []
+        counts: dict = {}
+        unsupported: list[str] = []
+        for arch in archs:
+            n_arch = 0
+            for family in families:
+                fr = family_rules(family)
+                reason = fr.supported(arch)
+                if reason:
+                    unsupported.append(reason)
+                    continue
+                n_arch += self._expand_one(fr, arch, receipt, out)
+            counts[arch] = n_arch
+        self.report.per_decl[d.label] = counts
+        for reason in dict.fromkeys(unsupported):
+            self.report.notes.append(Diagnostic("arch.family-unsupported", reason, d.span, None, (), "warning"))
+        if self.errors:
+            raise RuleError(self.errors)
+        if not out:
+            top = [r for r, _ in self.report.dropped.most_common(3)]
+            hint = ("the rules that dropped most: " + ", ".join(f"`{r}`" for r in top)
+                    + "; run `fmha-dsl explain` for details") if top else None
+            if unsupported and len(set(unsupported)) >= 1 and not top:
+                msg = f"declaration `{d.label}` expands to no kernel: " + "; ".join(dict.fromkeys(unsupported))
+                raise RuleError(Diagnostic("decl.unsupported", msg, d.span,
+                                           "pick an arch that supports this family"))
+            raise RuleError(Diagnostic("decl.empty", f"declaration `{d.label}` expands to no kernel", d.span, hint))
+        return out
+
+    def _expand_one(self, fr, arch, receipt, out) -> int:
+        d = self.decl
+        env = {"arch": arch, "factory": FACTORY[arch], "receipt": receipt, "mask_impl": d.mask_impl,
+               "family": fr.family}
+        fixed_rules: list[Rule] = []
+        # fields the family does not vary: its fixed value or CK's default; an explicit request for
+        # another value is an error
+        for name in _SIG_AND_ALG_FIELDS:
+            if name in fr.fields:
+                continue
+            value = fr.fixed.get(name, _DEFAULTS.get(name))
+            env[name] = value
+            fs = d.fields.get(name)
+            if fs is not None and fs.values is not None and fs.values != (value,):
+                fixed_rules.append(_fixed_rule(fr.family, name, value, fs.values))
+        tile_c = _tile_candidates(d, self.explicit_tile)
+
+        def candidates(f, b):
+            if f == "tile":
+                return tile_c(fr, b)
+            fs = d.fields.get(f)
+            if fs is None:
+                return (_DEFAULTS[f],) if f in _DEFAULTS else fr.domain(f, b)
+            if fs.values is None:
+                dom = fr.domain(f, b)
+                return [v for v in dom if fs.match(v)] if fs.match else dom
+            return fs.values
+
+        rules = tuple(fixed_rules) + fr.rules + self.where
+        plan = schedule(fr.fields, rules)
+        n = 0
+        src = f"{d.path or '<input>'}:{d.span.line}"
+        label = d.label
+        for b in search(fr.fields, candidates, plan, env, self.on_fail):
+            out.append(Kernel(_make_key(b, arch), fr.ck_name(b), src, label))
+            n += 1
+        return n
+
+
+_SIG_AND_ALG_FIELDS = tuple(V.SIG_DEFAULTS) + tuple(V.ALG_DEFAULTS) + ("tile",)
+
+
+def _fixed_rule(family, name, value, asked) -> Rule:
+    shown = ", ".join(str(a) for a in asked)
+    return Rule(id="family.fixed-field", deps=(),
+                check=lambda b: False,
+                message=f"{family} kernels have no `{name}` choice: it is always {value!r} (asked for {shown})",
+                hint=f"drop `{name}(...)` from this declaration, or use `*`", blame=name)
+
+
+def _safe_text(rule: Rule, b: dict) -> str:
+    try:
+        return rule.text(b)
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError):
+        return rule.id
+
+
+def _make_key(b: dict, arch: str) -> KernelKey:
+    hq, hv = b["hdim"]
+    sig = {k: b[k] for k in _SIG_KEYS if k in b}
+    sig["hdim_q"], sig["hdim_v"] = hq, hv
+    t: Tile = b["tile"]
+    alg = {k: b[k] for k in _ALG_KEYS if k in b}
+    alg.update(tile=t.tile, wave=t.wave, warp=t.warp, block_per_cu=t.block_per_cu, max_seq_len_q=t.max_seq_len_q)
+    return KernelKey.model_construct(signature=Signature.model_construct(**sig),
+                                     algorithm=Algorithm.model_construct(**alg), arch=arch)
+
+
+def resolve_archs(decl: Declaration, override: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The archs one declaration expands for (the set's list, narrowed by ``--arch``)."""
+    declared = decl.archs.values
+    if override is None:
+        return declared if declared is not None else AMD_ARCHS
+    if declared is None:
+        return tuple(override)
+    missing = [a for a in override if a not in declared]
+    if missing and not any(a in declared for a in override):
+        raise RuleError(Diagnostic(
+            "arch.not-declared", f"`{decl.label}` is declared for {', '.join(declared)}, not {', '.join(missing)}",
+            decl.archs.span, "add the arch to the set's `arch(...)` or use `arch(*)`"))
+    return tuple(a for a in override if a in declared)
+
+
+def expand(decls, archs: tuple[str, ...] | None = None, profile: str | None = None) -> Report:
+    """Expand declarations into kernels.  Raises :class:`RuleError` for explicit invalid requests."""
+    report = Report()
+    errors: list[Diagnostic] = []
+    for decl in decls:
+        prof = profile or decl.profile.values[0]
+        try:
+            report.kernels.extend(_Expander(decl, report, resolve_archs(decl, archs), prof).run())
+        except RuleError as exc:
+            errors.extend(exc.diagnostics)
+    if errors:
+        raise RuleError(errors)
+    return report
+
+
+__all__ = ["Kernel", "Report", "expand", "resolve_archs", "AMD_ARCHS"]

@@ -1,0 +1,175 @@
+"""``where`` clauses: a small, safe expression language over key fields.
+
+An expression is compiled once into a tree of Python closures (never ``eval``): names resolve to key
+fields (``hdim_q``, ``tile_m0``, ``pipeline``, ``arch`` ...), bare words that are known values
+(``qs``, ``causal``) are string literals, and only comparisons, ``in``, ``and/or/not`` and integer
+arithmetic exist.  Unknown names and type mismatches are located errors.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import vocab as V
+from .ast import Expr, Where
+from .errors import ParseError, did_you_mean, error
+from .rules.base import Rule
+
+_TILE_DIMS = {f"tile_{n}": f"tile{i}" for i, n in enumerate(V.TILE_NAMES)}
+_TILE_DIMS.update({f"wave_{n}": f"wave{i}" for i, n in enumerate(V.WAVE_NAMES)})
+_TILE_DIMS.update({f"warp_{n}": f"warp{i}" for i, n in enumerate(V.WAVE_NAMES)})
+_TILE_DIMS.update({"block_per_cu": "block_per_cu", "max_seq_len_q": "max_seq_len_q"})
+
+_BOOL = {"lse", "dropout", "logits", "paged_kv", "fp8_static_quant", "skip", "sink", "dbias", "store_randval",
+         "deterministic", "trload", "kv64"}
+_STR = {"family", "dtype", "mode", "vlayout", "mask", "bias", "qscale", "rope", "pipeline", "kv_layout",
+        "kv_lookup", "arch", "factory"}
+_INT = {"hdim_q", "hdim_v", "page_size", "pad_s", "pad_sk", "pad_d", "pad_dv"} | set(_TILE_DIMS)
+
+NAMES = sorted(_BOOL | _STR | _INT)
+_KNOWN_WORDS = set()
+for _tbl in V.ALIASES.values():
+    _KNOWN_WORDS.update(_tbl.values())
+_KNOWN_WORDS.update(V.ARCHS)
+
+
+def _field_of(name: str) -> str:
+    if name in ("hdim_q", "hdim_v"):
+        return "hdim"
+    if name in _TILE_DIMS:
+        return "tile"
+    return name
+
+
+def _getter(name: str) -> Callable[[dict], Any]:
+    if name == "hdim_q":
+        return lambda b: b["hdim"][0]
+    if name == "hdim_v":
+        return lambda b: b["hdim"][1]
+    if name in _TILE_DIMS:
+        key = _TILE_DIMS[name]
+        return lambda b: b["tile"].dim(key)
+    return lambda b: b[name]
+
+
+def _type_of(name: str) -> str:
+    return "bool" if name in _BOOL else "str" if name in _STR else "int"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    fn: Callable[[dict], Any]
+    type: str                 # int | str | bool | tuple
+    deps: frozenset
+
+
+_CMP = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+        ">=": operator.ge}
+_BIN = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+def _canon_word(word: str) -> str:
+    for tbl in V.ALIASES.values():
+        if word in tbl:
+            return tbl[word]
+    return word
+
+
+def compile_expr(e: Expr) -> Compiled:
+    op = e.op
+    if op == "int":
+        v = e.args[0]
+        return Compiled(lambda b: v, "int", frozenset())
+    if op == "str":
+        v = _canon_word(e.args[0])
+        return Compiled(lambda b: v, "str", frozenset())
+    if op == "bool":
+        v = e.args[0]
+        return Compiled(lambda b: v, "bool", frozenset())
+    if op == "name":
+        n = e.args[0]
+        if n in NAMES:
+            return Compiled(_getter(n), _type_of(n), frozenset({_field_of(n)}))
+        if n in _KNOWN_WORDS or _canon_word(n) != n:
+            v = _canon_word(n)
+            return Compiled(lambda b: v, "str", frozenset())
+        raise error("where.unknown-name", f"unknown name `{n}` in where clause", e.span,
+                    did_you_mean(n, NAMES + sorted(_KNOWN_WORDS)) or "names: " + ", ".join(NAMES), cls=ParseError)
+    if op == "tuple":
+        items = [compile_expr(a) for a in e.args]
+        fns = [i.fn for i in items]
+        return Compiled(lambda b: tuple(f(b) for f in fns), "tuple",
+                        frozenset().union(*(i.deps for i in items)) if items else frozenset())
+    if op in ("and", "or"):
+        l, r = compile_expr(e.args[0]), compile_expr(e.args[1])
+        for side, node in ((l, e.args[0]), (r, e.args[1])):
+            if side.type != "bool":
+                raise error("where.type", f"`{op}` needs true/false on both sides, got a {side.type}", node.span,
+                            "compare the field, e.g. `hdim_q == 128`", cls=ParseError)
+        lf, rf = l.fn, r.fn
+        fn = (lambda b: lf(b) and rf(b)) if op == "and" else (lambda b: lf(b) or rf(b))
+        return Compiled(fn, "bool", l.deps | r.deps)
+    if op == "not":
+        a = compile_expr(e.args[0])
+        if a.type != "bool":
+            raise error("where.type", f"`not` needs true/false, got a {a.type}", e.span, cls=ParseError)
+        f = a.fn
+        return Compiled(lambda b: not f(b), "bool", a.deps)
+    if op == "neg":
+        a = compile_expr(e.args[0])
+        if a.type != "int":
+            raise error("where.type", f"`-` needs an integer, got a {a.type}", e.span, cls=ParseError)
+        f = a.fn
+        return Compiled(lambda b: -f(b), "int", a.deps)
+    if op == "bin":
+        sym, l, r = e.args[0], compile_expr(e.args[1]), compile_expr(e.args[2])
+        if l.type != "int" or r.type != "int":
+            raise error("where.type", f"`{sym}` needs integers on both sides", e.span, cls=ParseError)
+        lf, rf = l.fn, r.fn
+        if sym in ("/", "%"):
+            def fn(b, lf=lf, rf=rf, sym=sym):
+                d = rf(b)
+                if d == 0:
+                    return 0
+                return lf(b) // d if sym == "/" else lf(b) % d
+        else:
+            f2 = _BIN[sym]
+            fn = lambda b: f2(lf(b), rf(b))  # noqa: E731
+        return Compiled(fn, "int", l.deps | r.deps)
+    if op == "cmp":
+        sym, l, r = e.args[0], compile_expr(e.args[1]), compile_expr(e.args[2])
+        if l.type != r.type and not {l.type, r.type} <= {"int", "bool"}:
+            raise error("where.type", f"cannot compare a {l.type} with a {r.type}", e.span,
+                        "quote names of values, e.g. pipeline == \"qr\"", cls=ParseError)
+        if sym not in ("==", "!=") and l.type != "int":
+            raise error("where.type", f"`{sym}` compares integers only", e.span, cls=ParseError)
+        cmpf, lf, rf = _CMP[sym], l.fn, r.fn
+        return Compiled(lambda b: cmpf(lf(b), rf(b)), "bool", l.deps | r.deps)
+    if op in ("in", "notin"):
+        l, r = compile_expr(e.args[0]), compile_expr(e.args[1])
+        if r.type != "tuple":
+            raise error("where.type", "`in` needs a list on the right, e.g. `hdim_q in [64, 128]`",
+                        e.args[1].span, cls=ParseError)
+        lf, rf = l.fn, r.fn
+        if op == "in":
+            return Compiled(lambda b: lf(b) in rf(b), "bool", l.deps | r.deps)
+        return Compiled(lambda b: lf(b) not in rf(b), "bool", l.deps | r.deps)
+    raise AssertionError(f"unknown expression node {op}")
+
+
+def where_rule(w: Where, index: int) -> Rule:
+    """A where clause as a silent filter rule over the fields it reads."""
+    c = compile_expr(w.expr)
+    if c.type != "bool":
+        raise error("where.type", f"a where clause must be true or false, got a {c.type}", w.span,
+                    "e.g. `where hdim_q == 128 and pipeline != \"qs\"`", cls=ParseError)
+    src = w.span.source_line.strip() if w.span.source_line else "where"
+    env = {"arch", "factory"}
+    deps = tuple(sorted(d for d in c.deps))
+    return Rule(id=f"where#{index}", deps=deps, check=c.fn, message=f"filtered by `{src}`", filter=True,
+                blame=None)
+
+
+__all__ = ["compile_expr", "where_rule", "NAMES"]

@@ -1,0 +1,107 @@
+"""The Python entry point: ``fmha_dsl.load(path)`` -> :class:`KernelSet` -> keys / registry."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Optional, Union
+
+from pydantic import BaseModel, ConfigDict
+
+from . import vocab as V
+from .declare import Declaration, resolve
+from .errors import UsageError, did_you_mean, error
+from .expand import Report, expand
+from .keys import KernelKey
+from .parse import parse_file, parse_text
+from .registry import Registry
+
+ArchArg = Union[str, Iterable[str], None]
+
+
+def _archs(arch: ArchArg) -> Optional[tuple[str, ...]]:
+    if arch is None:
+        return None
+    items = [arch] if isinstance(arch, str) else list(arch)
+    out = []
+    for a in items:
+        for part in str(a).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if part == "*":
+                return None
+            if part not in V.ARCHS:
+                raise error("usage.arch", f"unknown arch `{part}`", None,
+                            did_you_mean(part, V.ARCHS) or f"one of: {', '.join(V.ARCHS)}", cls=UsageError)
+            out.append(part)
+    return tuple(dict.fromkeys(out)) or None
+
+
+def _profile(profile) -> Optional[str]:
+    if profile is None:
+        return None
+    p = str(profile)
+    if p.lstrip("-").isdigit() and int(p) in V.RECEIPT_TO_PROFILE:
+        return V.RECEIPT_TO_PROFILE[int(p)]
+    if p in V.PROFILES:
+        return p
+    raise error("usage.profile", f"unknown profile `{p}`", None,
+                did_you_mean(p, V.PROFILES) or "profiles: " + ", ".join(f"{k} ({v})" for k, v in V.PROFILES.items()),
+                cls=UsageError)
+
+
+class KernelSet(BaseModel):
+    """All declarations of a ``.fmha`` file and the files it includes."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    name: str
+    path: Optional[str] = None
+    sets: tuple[str, ...]
+    declarations: tuple[Declaration, ...]
+    files: tuple[str, ...] = ()
+
+    def expand_report(self, arch: ArchArg = None, profile=None) -> Report:
+        return expand(self.declarations, _archs(arch), _profile(profile))
+
+    def expand(self, arch: ArchArg = None, profile=None) -> list[KernelKey]:
+        """Every kernel key the declarations allow, deduplicated, in a deterministic order."""
+        return [e.key for e in self.registry(arch, profile)]
+
+    def registry(self, arch: ArchArg = None, profile=None, report: Report | None = None) -> Registry:
+        rep = report or self.expand_report(arch, profile)
+        profiles = sorted({d.profile.values[0] for d in self.declarations}) if profile is None else [_profile(profile)]
+        return Registry.from_kernels(rep.kernels, name=self.name, profiles=profiles,
+                                     sources=[os.path.basename(f) for f in self.files])
+
+
+def _make(files, path) -> KernelSet:
+    decls: list[Declaration] = []
+    sets: list[str] = []
+    for src in files:
+        decls.extend(resolve(src))
+        sets.extend(s.name for s in src.sets)
+    if not sets:
+        raise error("set.none", "no `kernel_set` in this file", None,
+                    "declare one: `kernel_set NAME { kernel { ... } }`")
+    name = sets[-1] if len(sets) == 1 or path is None else os.path.splitext(os.path.basename(path))[0]
+    return KernelSet(name=name, path=path, sets=tuple(sets), declarations=tuple(decls),
+                     files=tuple(f.path for f in files if f.path))
+
+
+def load(path: str | os.PathLike) -> KernelSet:
+    """Parse and resolve a ``.fmha`` file (and its includes).  Raises :class:`fmha_dsl.FmhaError`."""
+    p = os.fspath(path)
+    return _make(parse_file(p), p)
+
+
+def loads(text: str, path: str | None = None) -> KernelSet:
+    """Like :func:`load`, from text (includes are not allowed without a path)."""
+    src = parse_text(text, path)
+    if src.includes and path is None:
+        raise error("include.no-path", "`include` needs the including file's path", src.includes[0].span,
+                    "use fmha_dsl.load(path) for files with includes")
+    return _make([src], path)
+
+
+__all__ = ["KernelSet", "load", "loads"]

@@ -1,0 +1,198 @@
+"""[keys] Pydantic v2 kernel keys: Signature, Algorithm, KernelKey, Problem.
+
+Frozen, hashable, canonical (aliases resolved before construction), ``extra="forbid"``, JSON
+round-trip and JSON Schema export.  ``KernelKey.identifier`` covers every field, the arch and the
+third-gemm (m2/n2/k2) dims included, so keys built for different archs never collide (CK's
+``encode_identifier`` leaves out arch and m2/n2/k2).  Persistent identity is sha256 of canonical
+JSON (``digest``), never Python's ``hash()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from . import vocab as V
+
+Family = Literal["fwd", "fwd_pagedkv", "fwd_splitkv", "fwd_splitkv_combine", "fwd_appendkv",
+                 "batch_prefill", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"]
+DType = Literal["fp16", "bf16", "fp32", "fp8", "bf8", "fp8fp16", "fp8bf16", "fp8fp32", "mxfp8", "mxfp4"]
+Mask = Literal["no", "top_left", "bottom_right", "generic"]
+Bias = Literal["no", "bias", "alibi"]
+QScale = Literal["no", "pertensor", "blockscale", "kv_blockscale", "mx", "perhead", "per_token_head"]
+Rope = Literal["none", "inter", "half"]
+Arch = Literal["gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201", "sm80", "sm90"]
+Pad = Literal[0, 1, 8]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class Signature(_Frozen):
+    """What a kernel computes (the problem class it serves)."""
+
+    family: Family = "fwd"
+    dtype: DType = "fp16"
+    mode: Literal["batch", "group"] = "batch"
+    vlayout: Literal["r", "c"] = "r"
+    hdim_q: int = Field(128, ge=1, le=1024)
+    hdim_v: int = Field(128, ge=1, le=1024)
+    mask: Mask = "no"
+    bias: Bias = "no"
+    lse: bool = False
+    dropout: bool = False
+    qscale: QScale = "no"
+    rope: Rope = "none"
+    logits: bool = False
+    paged_kv: bool = False
+    fp8_static_quant: bool = False
+    skip: bool = False
+    sink: bool = False
+    dbias: bool = False
+    store_randval: bool = False
+    deterministic: bool = False
+    kv_layout: Literal["vectorized", "linear"] = "vectorized"
+    kv_lookup: Literal["vllm", "sglang"] = "sglang"
+    page_size: int = Field(1, ge=0)
+
+
+class Algorithm(_Frozen):
+    """How a kernel computes it (tiles, warps, pipeline, padding...)."""
+
+    pipeline: str = "qr"
+    tile: tuple[int, ...] = V.TILE_DEFAULT
+    wave: tuple[int, int, int, int, int, int, int, int, int] = V.WAVE_DEFAULT
+    warp: tuple[int, int, int, int, int, int, int, int, int] = V.WARP_DEFAULT
+    pad_s: Pad = 1
+    pad_sk: Pad = 1
+    pad_d: Pad = 1
+    pad_dv: Pad = 1
+    trload: bool = False
+    kv64: bool = False
+    hdim_q_alignment: int = 0
+    hdim_v_alignment: int = 0
+    block_per_cu: int = -1
+    num_wave_groups: int = Field(1, ge=1)
+    max_splits_log2: int = Field(0, ge=0)
+    max_seq_len_q: int = Field(0, ge=0)
+    selection_rank: int = 0
+    constraint: str = ""
+
+    @field_validator("tile")
+    @classmethod
+    def _tile_len(cls, v):
+        if len(v) not in (6, 9):
+            raise ValueError(f"tile must have 6 values (9 for bwd_dq_dk_dv), got {len(v)}")
+        return v
+
+    @field_validator("pipeline")
+    @classmethod
+    def _pipeline_known(cls, v):
+        if v not in V.PIPELINES:
+            raise ValueError(f"unknown pipeline {v!r}")
+        return v
+
+
+class KernelKey(_Frozen):
+    signature: Signature
+    algorithm: Algorithm
+    arch: Arch
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    @property
+    def identifier(self) -> str:
+        return identifier_of(self.signature, self.algorithm, self.arch)
+
+
+def _x(t) -> str:
+    return "x".join(str(i) for i in t)
+
+
+def identifier_of(s: Signature, a: Algorithm, arch: str) -> str:
+    """Readable, collision-free key string: every field of the key, in a fixed order."""
+    b = lambda f: "1" if f else "0"  # noqa: E731
+    return (
+        f"fmha_{s.family}_{s.dtype}_{s.mode}_v{s.vlayout}_hq{s.hdim_q}_hv{s.hdim_v}_m{s.mask}_b{s.bias}"
+        f"_lse{b(s.lse)}_do{b(s.dropout)}_qs{s.qscale}_rp{s.rope}_lg{b(s.logits)}_pkv{b(s.paged_kv)}"
+        f"_sq{b(s.fp8_static_quant)}_sk{b(s.skip)}_sink{b(s.sink)}_db{b(s.dbias)}_sr{b(s.store_randval)}"
+        f"_det{b(s.deterministic)}_km{s.kv_layout}_kl{s.kv_lookup}_ps{s.page_size}"
+        f"_p{a.pipeline}_t{_x(a.tile)}_w{_x(a.wave)}_wt{_x(a.warp)}"
+        f"_pad{a.pad_s}{a.pad_sk}{a.pad_d}{a.pad_dv}_tr{b(a.trload)}_k64{b(a.kv64)}"
+        f"_aq{a.hdim_q_alignment}_av{a.hdim_v_alignment}_bpc{a.block_per_cu}_wg{a.num_wave_groups}"
+        f"_ms{a.max_splits_log2}_mq{a.max_seq_len_q}_r{a.selection_rank}"
+        f"_c{a.constraint}_{arch}"
+    )
+
+
+class Problem(_Frozen):
+    """A concrete attention call, as the dispatcher sees it."""
+
+    family: Family = "fwd"
+    dtype: DType = "fp16"
+    arch: Optional[Arch] = None
+    batch: int = Field(1, ge=1)
+    nhead_q: int = Field(1, ge=1)
+    nhead_k: int = Field(1, ge=1)
+    seqlen_q: int = Field(1, ge=0)
+    seqlen_k: int = Field(1, ge=0)
+    max_seqlen_q: int = Field(0, ge=0)
+    max_seqlen_k: int = Field(0, ge=0)
+    hdim_q: int = Field(128, ge=1)
+    hdim_v: int = Field(128, ge=1)
+    mode: Literal["batch", "group"] = "batch"
+    vlayout: Literal["r", "c"] = "r"
+    mask: Mask = "no"
+    window_left: int = -1
+    window_right: int = -1
+    bias: Bias = "no"
+    lse: bool = False
+    dropout: bool = False
+    qscale: QScale = "no"
+    rope: Rope = "none"
+    logits: bool = False
+    paged_kv: bool = False
+    fp8_static_quant: bool = False
+    skip: bool = False
+    sink: bool = False
+    dbias: bool = False
+    store_randval: bool = False
+    deterministic: bool = False
+    kv_layout: Literal["vectorized", "linear"] = "vectorized"
+    kv_lookup: Literal["vllm", "sglang"] = "sglang"
+    page_size: int = Field(1, ge=1)
+    num_splits: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.nhead_q % self.nhead_k:
+            raise ValueError(f"nhead_q ({self.nhead_q}) must be a multiple of nhead_k ({self.nhead_k}) for GQA/MQA")
+        return self
+
+    @property
+    def effective_max_seqlen_q(self) -> int:
+        return self.max_seqlen_q or self.seqlen_q
+
+    @property
+    def effective_max_seqlen_k(self) -> int:
+        return self.max_seqlen_k or self.seqlen_k
+
+    def num_ops(self) -> int:
+        return 2 * self.batch * self.nhead_q * self.effective_max_seqlen_q * self.effective_max_seqlen_k * (
+            self.hdim_q + self.hdim_v)
+
+
+def json_schema() -> dict:
+    """JSON Schema of a kernel key (what ``fmha-dsl schema key`` prints)."""
+    return KernelKey.model_json_schema(mode="serialization")
+
+
+__all__ = ["Signature", "Algorithm", "KernelKey", "Problem", "identifier_of", "json_schema"]

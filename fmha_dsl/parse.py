@@ -1,0 +1,344 @@
+"""[parse] ``.fmha`` text -> :class:`fmha_dsl.ast.SourceFile`.
+
+The grammar ``fmha.lark`` ships inside the package (``fmha_dsl.grammar``) and is loaded on first
+use, never at import.  Lark's errors are translated at this boundary into located
+:class:`~fmha_dsl.errors.ParseError` values that speak the user's spelling (``}`` rather than
+``RBRACE``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from importlib import resources
+
+from . import ast as A
+from .errors import Diagnostic, ParseError, Span, error
+
+# Terminal names -> how a user writes them.
+_TOKEN_WORDS = {
+    "LBRACE": "`{`", "RBRACE": "`}`", "LPAR": "`(`", "RPAR": "`)`", "LSQB": "`[`", "RSQB": "`]`",
+    "COMMA": "`,`", "VBAR": "`|`", "STAR": "`*`", "DOT": "`.`", "EQUAL": "`=`", "_SEMI": "`;`",
+    "SEMICOLON": "`;`", "MINUS": "`-`", "NAME": "a name", "INT": "an integer", "STRING": "a string",
+    "CMP_OP": "a comparison", "ADD_OP": "`+` or `-`", "MUL_OP": "`*`, `/` or `%`",
+    "SIG_CTOR": "`FmhaSignature`", "ALGO_CTOR": "`FmhaAlgorithm`", "$END": "end of file",
+    "KERNEL_SET": "`kernel_set`", "KERNEL": "`kernel`", "SIGNATURE": "`signature`",
+    "ALGORITHM": "`algorithm`", "WHERE": "`where`", "INCLUDE": "`include`", "ADD": "`add`",
+    "TRUE": "`true`", "FALSE": "`false`", "AND": "`and`", "OR": "`or`", "NOT": "`not`", "IN": "`in`",
+}
+
+
+def grammar_text() -> str:
+    return resources.files("fmha_dsl.grammar").joinpath("fmha.lark").read_text(encoding="utf-8")
+
+
+class _CommentSink:
+    """Collects comments during one parse (the formatter keeps them); reset per parse."""
+
+    items: list = []
+
+    @classmethod
+    def add(cls, tok):
+        cls.items.append((tok.line, tok.column, str(tok).rstrip()))
+        return tok
+
+
+@functools.lru_cache(maxsize=1)
+def _parser():
+    from lark import Lark
+
+    return Lark(grammar_text(), parser="lalr", propagate_positions=True, maybe_placeholders=True,
+                lexer_callbacks={"COMMENT": _CommentSink.add, "BLOCK_COMMENT": _CommentSink.add})
+
+
+# ---- spans ---------------------------------------------------------------------------------
+class _Lines:
+    def __init__(self, text: str, path: str | None):
+        self.lines = text.split("\n")
+        self.path = path
+
+    def span(self, line: int, col: int, end_line: int | None = None, end_col: int | None = None) -> Span:
+        src = self.lines[line - 1] if 0 < line <= len(self.lines) else None
+        return Span(self.path, line, col, end_line, end_col, src)
+
+    def of_meta(self, meta) -> Span:
+        return self.span(meta.line, meta.column, meta.end_line, meta.end_column)
+
+    def of_token(self, tok) -> Span:
+        return self.span(tok.line, tok.column, tok.end_line, tok.end_column)
+
+
+def _unquote(s: str) -> str:
+    body = s[1:-1]
+    out, i = [], 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\" and i + 1 < len(body):
+            nxt = body[i + 1]
+            out.append({"n": "\n", "t": "\t"}.get(nxt, nxt))
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+# ---- tree -> AST -----------------------------------------------------------------------------
+class _Builder:
+    def __init__(self, lines: _Lines):
+        self.L = lines
+
+    def build(self, tree) -> A.SourceFile:
+        includes, sets, items = [], [], []
+        for ch in tree.children:
+            if ch.data == "include":
+                inc = A.Include(_unquote(str(ch.children[0])), self.L.of_meta(ch.meta))
+                includes.append(inc)
+                items.append(inc)
+            else:
+                ks = self.kernel_set(ch)
+                sets.append(ks)
+                items.append(ks)
+        return A.SourceFile(self.L.path, tuple(includes), tuple(sets), tuple(items))
+
+    def kernel_set(self, t) -> A.KernelSetDecl:
+        name_tok = t.children[0]
+        setters, kernels, wheres = [], [], []
+        for ch in t.children[1:]:
+            if ch.data == "setter":
+                setters.append(self.setter(ch))
+            elif ch.data == "kernel":
+                kernels.append(self.kernel(ch))
+            elif ch.data == "add":
+                kernels.append(self.add(ch))
+            elif ch.data == "where":
+                wheres.append(self.where(ch))
+        return A.KernelSetDecl(str(name_tok), tuple(setters), tuple(kernels), tuple(wheres),
+                               self.L.of_meta(t.meta), self.L.of_token(name_tok))
+
+    def kernel(self, t) -> A.KernelDecl:
+        name = str(t.children[0]) if t.children[0] is not None else None
+        sig, alg, setters, wheres = [], [], [], []
+        for ch in t.children[1:]:
+            if ch.data == "signature":
+                sig.extend(self.setter(s) for s in ch.children)
+            elif ch.data == "algorithm":
+                alg.extend(self.setter(s) for s in ch.children)
+            elif ch.data == "setter":
+                setters.append(self.setter(ch))
+            elif ch.data == "where":
+                wheres.append(self.where(ch))
+        return A.KernelDecl(name, tuple(sig), tuple(alg), tuple(setters), tuple(wheres), self.L.of_meta(t.meta))
+
+    def add(self, t) -> A.KernelDecl:
+        _dot, sig_chain, algo_chain, arch_atom = t.children
+        sig = tuple(self.setter(s) for s in sig_chain.children[1:])
+        alg = tuple(self.setter(s) for s in algo_chain.children[1:])
+        setters: tuple[A.Setter, ...] = ()
+        if arch_atom is not None:
+            v = self.atom(arch_atom)
+            alt = A.Alt((v,), v.span)
+            setters = (A.Setter("arch", (A.Arg(None, alt, v.span),), v.span, v.span),)
+        return A.KernelDecl(None, sig, alg, setters, (), self.L.of_meta(t.meta), form="add")
+
+    def setter(self, t) -> A.Setter:
+        dot, name_tok, *args = t.children
+        parsed = tuple(self.arg(a) for a in args if a is not None)
+        return A.Setter(str(name_tok), parsed, self.L.of_meta(t.meta), self.L.of_token(name_tok), dot is not None)
+
+    def arg(self, t) -> A.Arg:
+        name_tok, alt = t.children
+        return A.Arg(str(name_tok) if name_tok is not None else None, self.alt(alt), self.L.of_meta(t.meta))
+
+    def alt(self, t) -> A.Alt:
+        return A.Alt(tuple(self.atom(c) for c in t.children), self.L.of_meta(t.meta))
+
+    def atom(self, t) -> A.Value:
+        from lark import Token
+
+        if isinstance(t, Token):  # an atom given directly (the arch of .add(...))
+            sp = self.L.of_token(t)
+            if t.type == "STRING":
+                return A.Value("str", _unquote(str(t)), sp)
+            if t.type == "INT":
+                return A.Value("int", int(t), sp)
+            return A.Value("name", str(t), sp)
+        sp = self.L.of_meta(t.meta)
+        d = t.data
+        if d == "int_":
+            return A.Value("int", int(t.children[0]), sp)
+        if d == "neg_int":
+            return A.Value("int", -int(t.children[0]), sp)
+        if d == "string":
+            return A.Value("str", _unquote(str(t.children[0])), sp)
+        if d == "name":
+            return A.Value("name", str(t.children[0]), sp)
+        if d == "wildcard":
+            return A.Value("wild", "*", sp)
+        if d == "true":
+            return A.Value("bool", True, sp)
+        if d == "false":
+            return A.Value("bool", False, sp)
+        if d in ("tuple", "list"):
+            return A.Value(d, tuple(self.alt(c) for c in t.children if c is not None), sp)
+        raise AssertionError(f"unknown atom {d}")  # grammar and builder out of sync: our bug
+
+    # -- expressions
+    def where(self, t) -> A.Where:
+        return A.Where(self.expr(t.children[0]), self.L.of_meta(t.meta))
+
+    def expr(self, t) -> A.Expr:
+        from lark import Token
+
+        if isinstance(t, Token):
+            raise AssertionError("bare token in expression")
+        sp = self.L.of_meta(t.meta)
+        d, ch = t.data, t.children
+        if d == "e_name":
+            return A.Expr("name", (str(ch[0]),), sp)
+        if d == "e_int":
+            return A.Expr("int", (int(ch[0]),), sp)
+        if d == "e_str":
+            return A.Expr("str", (_unquote(str(ch[0])),), sp)
+        if d == "e_true":
+            return A.Expr("bool", (True,), sp)
+        if d == "e_false":
+            return A.Expr("bool", (False,), sp)
+        if d == "e_tuple":
+            return A.Expr("tuple", tuple(self.expr(c) for c in ch if c is not None), sp)
+        if d in ("or_", "and_"):
+            return A.Expr(d[:-1], (self.expr(ch[0]), self.expr(ch[1])), sp)
+        if d == "not_":
+            return A.Expr("not", (self.expr(ch[0]),), sp)
+        if d == "neg":
+            return A.Expr("neg", (self.expr(ch[0]),), sp)
+        if d == "compare":
+            return A.Expr("cmp", (str(ch[1]), self.expr(ch[0]), self.expr(ch[2])), sp)
+        if d == "binop":
+            return A.Expr("bin", (str(ch[1]), self.expr(ch[0]), self.expr(ch[2])), sp)
+        if d == "in_":
+            return A.Expr("in", (self.expr(ch[0]), self.expr(ch[1])), sp)
+        if d == "not_in":
+            return A.Expr("notin", (self.expr(ch[0]), self.expr(ch[1])), sp)
+        raise AssertionError(f"unknown expression node {d}")
+
+
+# ---- Lark errors -> diagnostics -----------------------------------------------------------------
+def _expected_words(expected) -> str:
+    words = sorted({_TOKEN_WORDS.get(e, f"`{e.lower()}`") for e in expected})
+    if len(words) > 8:
+        words = words[:8] + ["..."]
+    return ", ".join(words)
+
+
+def _translate(exc, lines: _Lines) -> ParseError:
+    from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
+
+    if isinstance(exc, UnexpectedCharacters):
+        sp = lines.span(exc.line, exc.column)
+        ch = lines.lines[exc.line - 1][exc.column - 1: exc.column] if exc.line <= len(lines.lines) else ""
+        if ch in ('"', "'"):
+            return error("syntax.unterminated-string", "unterminated string", sp,
+                         "close the string on the same line", cls=ParseError)
+        hint = None
+        allowed = getattr(exc, "allowed", None) or set()
+        if allowed:
+            hint = f"expected {_expected_words(allowed)}"
+        return error("syntax.unexpected-character", f"unexpected character `{ch}`", sp, hint, cls=ParseError)
+    if isinstance(exc, UnexpectedEOF):
+        last = len(lines.lines)
+        while last > 1 and not lines.lines[last - 1].strip():
+            last -= 1
+        col = len(lines.lines[last - 1]) + 1 if lines.lines else 1
+        return error("syntax.unexpected-eof", "unexpected end of file", lines.span(last, col),
+                     f"expected {_expected_words(exc.expected)}; is a `}}` or `)` missing?", cls=ParseError)
+    if isinstance(exc, UnexpectedToken):
+        tok = exc.token
+        if tok.type == "$END":
+            last = len(lines.lines)
+            while last > 1 and not lines.lines[last - 1].strip():
+                last -= 1
+            col = len(lines.lines[last - 1]) + 1
+            return error("syntax.unexpected-eof", "unexpected end of file", lines.span(last, col),
+                         f"expected {_expected_words(exc.expected)}; is a `}}` or `)` missing?", cls=ParseError)
+        sp = lines.span(tok.line, tok.column, tok.end_line, tok.end_column)
+        shown = str(tok)
+        hint = f"expected {_expected_words(exc.expected)}"
+        if tok.type == "NAME" and "LPAR" in exc.expected:
+            hint += f"; setters are calls: write `{shown}(...)`"
+        elif tok.type == "NAME" and "LPAR" not in exc.expected and exc.expected & {"RBRACE", "NAME", "DOT"}:
+            hint = f"setters are calls: write `{shown}(...)`; " + hint
+        return error("syntax.unexpected-token", f"unexpected `{shown}`", sp, hint, cls=ParseError)
+    raise exc
+
+
+def parse_text(text: str, path: str | None = None) -> A.SourceFile:
+    """Parse ``.fmha`` source text.  Raises :class:`ParseError` with a location."""
+    from lark.exceptions import UnexpectedInput
+
+    if not isinstance(text, str):
+        raise error("input.not-text", f"expected .fmha source text, got {type(text).__name__}", cls=ParseError)
+    lines = _Lines(text, path)
+    parser = _parser()
+    _CommentSink.items = []
+    try:
+        tree = parser.parse(text)
+    except UnexpectedInput as exc:
+        raise _translate(exc, lines) from None
+    finally:
+        comments = tuple(_CommentSink.items)
+        _CommentSink.items = []
+    src = _Builder(lines).build(tree)
+    return A.SourceFile(src.path, src.includes, src.sets, src.items, comments)
+
+
+def read_source(path: str | os.PathLike, span: Span | None = None) -> str:
+    p = os.fspath(path)
+    try:
+        with open(p, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise error("input.file-not-found", f"no such file: `{p}`", span,
+                    "check the path; relative includes are resolved from the including file's folder",
+                    cls=ParseError) from None
+    except IsADirectoryError:
+        raise error("input.is-directory", f"`{p}` is a directory, not a .fmha file", span, cls=ParseError) from None
+    except UnicodeDecodeError as exc:
+        raise error("input.not-utf8", f"`{p}` is not UTF-8 text (byte {exc.start})", span,
+                    "save the file as UTF-8", cls=ParseError) from None
+    except OSError as exc:
+        raise error("input.unreadable", f"cannot read `{p}`: {exc.strerror}", span, cls=ParseError) from None
+
+
+def parse_file(path: str | os.PathLike) -> list[A.SourceFile]:
+    """Parse a file and, depth-first, every file it includes (each once).
+
+    Returns the files in dependency order (included files first).  An include cycle is an
+    error that names the chain.
+    """
+    out: list[A.SourceFile] = []
+    done: set[str] = set()
+
+    def visit(p: str, stack: list[str], span: Span | None):
+        real = os.path.realpath(p)
+        if real in stack:
+            chain = " -> ".join(os.path.basename(s) for s in stack[stack.index(real):] + [real])
+            raise error("include.cycle", f"include cycle: {chain}", span,
+                        "remove one of the includes in the chain", cls=ParseError)
+        if real in done:
+            return
+        src = parse_text(read_source(p, span), p)
+        stack.append(real)
+        for inc in src.includes:
+            target = inc.path if os.path.isabs(inc.path) else os.path.join(os.path.dirname(p), inc.path)
+            visit(target, stack, inc.span)
+        stack.pop()
+        done.add(real)
+        out.append(src)
+
+    visit(os.fspath(path), [], None)
+    return out
+
+
+__all__ = ["parse_text", "parse_file", "grammar_text", "read_source"]
+_ = Diagnostic  # re-exported type used in annotations by callers

@@ -1,0 +1,282 @@
+"""[registry] An arch-aware set of kernels with a deterministic JSON form.
+
+The JSON is a superset of CK's dispatcher export (``metadata``, ``statistics`` by family / dtype /
+pipeline / arch, ``kernels`` with ``name``, ``identifier``, ``family``, ``dtype``, ``pipeline``,
+``gfx_arch``) plus ``schema_version``, each kernel's full ``signature`` / ``algorithm`` and the
+``source`` (file:line) that declared it.  Kernels are sorted and keys are sorted, one kernel per
+line, so the same registry always gives the same bytes and ``save(load(p))`` reproduces ``p``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .errors import Diagnostic, RegistryError, Span
+from .keys import Algorithm, KernelKey, Signature, identifier_of
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: KernelKey
+    name: str
+    source: str = ""
+    build: Optional[dict] = None      # filled by `fmha-dsl build --backend ...` (binary, metadata)
+
+    @property
+    def identifier(self) -> str:
+        return self.key.identifier
+
+    @property
+    def arch(self) -> str:
+        return self.key.arch
+
+    @property
+    def family(self) -> str:
+        return self.key.signature.family
+
+
+# ---- schema of the JSON document (validated on load) -------------------------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KernelEntryModel(_Strict):
+    name: str
+    identifier: str
+    family: str
+    dtype: str
+    pipeline: str
+    gfx_arch: str
+    source: str
+    signature: Signature
+    algorithm: Algorithm
+    build: Optional[dict[str, Any]] = None
+
+
+class MetadataModel(_Strict):
+    registry_name: str
+    total_kernels: int
+    generator: str
+    archs: list[str]
+    profiles: list[str] = []
+    sources: list[str] = []
+
+
+class RegistryModel(_Strict):
+    schema_version: int
+    metadata: MetadataModel
+    statistics: dict[str, dict[str, int]]
+    kernels: list[KernelEntryModel]
+
+
+def json_schema() -> dict:
+    return RegistryModel.model_json_schema()
+
+
+def _sort_key(e: Entry):
+    return (e.key.arch, e.key.signature.family, e.name, e.identifier)
+
+
+def _plain(model) -> dict:
+    """Field dict of a (possibly model_construct-ed) key part, JSON-ready."""
+    d = dict(model.__dict__)
+    for k, v in d.items():
+        if isinstance(v, tuple):
+            d[k] = list(v)
+    return d
+
+
+class Registry:
+    """Kernels by identifier (first registration wins), with arch-aware lookup and filtering."""
+
+    def __init__(self, name: str = "default", entries: Iterable[Entry] = (), profiles: Iterable[str] = (),
+                 sources: Iterable[str] = ()):
+        self.name = name
+        self._by_id: dict[str, Entry] = {}
+        self.profiles = sorted(set(profiles))
+        self.sources = sorted(set(sources))
+        for e in entries:
+            self.add(e)
+
+    # -- building
+    def add(self, entry: Entry | KernelKey, name: str | None = None, source: str = "") -> bool:
+        if isinstance(entry, KernelKey):
+            entry = Entry(entry, name or entry.identifier, source)
+        ident = entry.identifier
+        if ident in self._by_id:
+            return False
+        self._by_id[ident] = entry
+        return True
+
+    @classmethod
+    def from_kernels(cls, kernels, name="default", profiles=(), sources=()) -> "Registry":
+        reg = cls(name, profiles=profiles, sources=sources)
+        for k in kernels:
+            reg.add(Entry(k.key, k.name, k.source))
+        return reg
+
+    # -- queries
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(sorted(self._by_id.values(), key=_sort_key))
+
+    def __contains__(self, identifier: str) -> bool:
+        return identifier in self._by_id
+
+    def lookup(self, identifier: str) -> Entry | None:
+        return self._by_id.get(identifier)
+
+    def by_name(self, name: str, arch: str | None = None) -> list[Entry]:
+        return [e for e in self if e.name == name and (arch is None or e.arch == arch)]
+
+    def filter(self, predicate: Callable[[Entry], bool] | None = None, *, arch: str | None = None,
+               family: str | None = None, dtype: str | None = None, pipeline: str | None = None) -> "Registry":
+        def ok(e: Entry) -> bool:
+            s = e.key.signature
+            return ((arch is None or e.arch == arch) and (family is None or s.family == family)
+                    and (dtype is None or s.dtype == dtype)
+                    and (pipeline is None or e.key.algorithm.pipeline == pipeline)
+                    and (predicate is None or predicate(e)))
+
+        return Registry(self.name, (e for e in self._by_id.values() if ok(e)), self.profiles, self.sources)
+
+    def for_arch(self, arch: str) -> "Registry":
+        return self.filter(arch=arch)
+
+    @property
+    def archs(self) -> list[str]:
+        return sorted({e.arch for e in self._by_id.values()})
+
+    def statistics(self) -> dict[str, dict[str, int]]:
+        c = {k: Counter() for k in ("by_family", "by_dtype", "by_pipeline", "by_arch")}
+        for e in self._by_id.values():
+            s, a = e.key.signature, e.key.algorithm
+            c["by_family"][s.family] += 1
+            c["by_dtype"][s.dtype] += 1
+            c["by_pipeline"][a.pipeline] += 1
+            c["by_arch"][e.arch] += 1
+        return {k: dict(sorted(v.items())) for k, v in c.items()}
+
+    # -- JSON
+    def _entry_json(self, e: Entry) -> str:
+        s, a = e.key.signature, e.key.algorithm
+        d = {"name": e.name, "identifier": e.identifier, "family": s.family, "dtype": s.dtype,
+             "pipeline": a.pipeline, "gfx_arch": e.arch, "source": e.source,
+             "signature": _plain(s), "algorithm": _plain(a)}
+        if e.build is not None:
+            d["build"] = e.build
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    def to_json(self) -> str:
+        from . import __version__
+
+        meta = {"archs": self.archs, "generator": f"fmha-dsl {__version__}", "profiles": self.profiles,
+                "registry_name": self.name, "sources": self.sources, "total_kernels": len(self)}
+        head = json.dumps({"metadata": meta, "schema_version": SCHEMA_VERSION, "statistics": self.statistics()},
+                          sort_keys=True, indent=1)
+        body = ",\n".join(self._entry_json(e) for e in self)
+        # `kernels` goes last, one per line (kept after the sorted head so the file stays diffable)
+        return head[:-2] + ',\n "kernels": [\n' + body + ("\n" if body else "") + " ]\n}\n"
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write atomically (temp file + rename): a killed write never leaves a torn registry."""
+        p = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+        tmp = f"{p}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.write(self.to_json())
+        os.replace(tmp, p)
+
+    @classmethod
+    def from_json(cls, text: str, path: str | None = None) -> "Registry":
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            lines = text.split("\n")
+            src = lines[exc.lineno - 1] if 0 < exc.lineno <= len(lines) else None
+            raise RegistryError(Diagnostic("registry.json", f"not valid JSON: {exc.msg}",
+                                           Span(path, exc.lineno, exc.colno, source_line=src),
+                                           "was the file truncated or edited by hand?")) from None
+        if isinstance(doc, dict) and doc.get("schema_version") not in (None, SCHEMA_VERSION):
+            raise RegistryError(Diagnostic(
+                "registry.schema-version", f"registry schema_version {doc.get('schema_version')!r} is not "
+                f"supported (this fmha-dsl reads version {SCHEMA_VERSION})", Span(path, 1, 1),
+                "rebuild the registry with this version: `fmha-dsl build`"))
+        try:
+            model = RegistryModel.model_validate(doc)
+        except ValidationError as exc:
+            raise RegistryError(_schema_diags(exc, text, path)) from None
+        reg = cls(model.metadata.registry_name, profiles=model.metadata.profiles, sources=model.metadata.sources)
+        for i, k in enumerate(model.kernels):
+            key = KernelKey(signature=k.signature, algorithm=k.algorithm, arch=k.gfx_arch)
+            if identifier_of(key.signature, key.algorithm, key.arch) != k.identifier:
+                raise RegistryError(_at(text, path, i, "registry.identifier",
+                                        f"kernel {k.name!r}: identifier does not match its signature/algorithm",
+                                        "the entry was edited by hand; rebuild the registry"))
+            if not reg.add(Entry(key, k.name, k.source, k.build)):
+                raise RegistryError(_at(text, path, i, "registry.duplicate",
+                                        f"kernel {k.name!r} appears twice", "remove the duplicate entry"))
+        if model.metadata.total_kernels != len(reg):
+            raise RegistryError(Diagnostic(
+                "registry.count", f"metadata.total_kernels is {model.metadata.total_kernels} but the file lists "
+                f"{len(reg)} kernels", Span(path, 1, 1), "the file was truncated or edited; rebuild it"))
+        return reg
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Registry":
+        p = os.fspath(path)
+        try:
+            with open(p, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise RegistryError(Diagnostic("registry.missing", f"no registry at `{p}`", None,
+                                           "build one with `fmha-dsl build SET.fmha -o DIR`")) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RegistryError(Diagnostic("registry.unreadable", f"cannot read `{p}`: {exc}", None)) from None
+        return cls.from_json(text, p)
+
+
+def _kernel_line(text: str, index: int) -> int | None:
+    """Line of the index-th kernel (kernels are written one per line after `"kernels": [`)."""
+    lines = text.split("\n")
+    for n, line in enumerate(lines):
+        if line.strip().startswith('"kernels"'):
+            target = n + 1 + index
+            return target + 1 if target < len(lines) else None
+    return None
+
+
+def _at(text, path, index, rule, msg, hint) -> Diagnostic:
+    line = _kernel_line(text, index)
+    src = text.split("\n")[line - 1] if line else None
+    return Diagnostic(rule, msg, Span(path, line or 1, 1, source_line=src), hint)
+
+
+def _schema_diags(exc: ValidationError, text: str, path: str | None) -> list[Diagnostic]:
+    out = []
+    for err in exc.errors()[:10]:
+        loc = err["loc"]
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+        line = None
+        if len(loc) >= 2 and loc[0] == "kernels" and isinstance(loc[1], int):
+            line = _kernel_line(text, loc[1])
+        src = text.split("\n")[line - 1][:200] if line else None
+        typ = err.get("type", "")
+        hint = "unknown field: remove it or check the spelling" if typ == "extra_forbidden" else (
+            "a required field is missing" if typ == "missing" else "rebuild the registry with `fmha-dsl build`")
+        out.append(Diagnostic("registry.schema", f"{where or '<root>'}: {err['msg']}",
+                              Span(path, line or 1, 1, source_line=src), hint))
+    return out
+
+
+__all__ = ["Registry", "Entry", "SCHEMA_VERSION", "json_schema"]

@@ -1,0 +1,1 @@
+"""Installed as ``fmha_dsl.grammar``: the Lark grammar of the .fmha language (data only)."""

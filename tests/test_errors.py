@@ -1,0 +1,149 @@
+"""Malformed inputs: each gives one located FmhaError with the expected rule, line and column."""
+
+import pytest
+
+import fmha_dsl
+from fmha_dsl import FmhaError
+
+OK_SIG = "signature { family(fwd) dtype(fp16) hdim(128) }"
+
+# (text, rule, line, column)
+CASES = [
+    # --- syntax
+    ("kernel_set a {", "syntax.unexpected-eof", 1, 15),
+    ("kernel_set { }", "syntax.unexpected-token", 1, 12),
+    ("kernel_set a { kernel { signature { family(fwd } } }", "syntax.unexpected-token", 1, 48),
+    ("kernel_set a { kernel { signature { family fwd } } }", "syntax.unexpected-token", 1, 44),
+    ("kernel_set a { kernel { signature { dtype(fp16,) hdim(,) } } }", "syntax.unexpected-token", 1, 55),
+    ("kernel_set a { kernel { signature { dtype(fp16 $) } } }", "syntax.unexpected-character", 1, 48),
+    ('kernel_set a { kernel { signature { family("fwd) } } }', "syntax.unterminated-string", 1, 44),
+    ("kernel_set a { kernel { where hdim_q == } }", "syntax.unexpected-token", 1, 41),
+    ("kernel_set a { kernel { where (hdim_q == 1 } }", "syntax.unexpected-token", 1, 44),
+    ("kernel_set a {\n  kernel {\n    signature { family(fwd) }\n", "syntax.unexpected-eof", 3, 30),
+    ("kernel_set a { kernel { signature { hdim([64, 128) } } }", "syntax.unexpected-token", 1, 50),
+    ("include\nkernel_set a { }", "syntax.unexpected-token", 2, 1),
+    ("kernel_set a { kernel { signature { } } } }", "syntax.unexpected-token", 1, 43),
+    ("kernel a { }", "syntax.unexpected-token", 1, 1),
+    ("kernel_set a { kernel { where hdim_q === 1 } }", "syntax.unexpected-token", 1, 40),
+    ("kernel_set a { add(FmhaSignature().dtype(fp16)) }", "syntax.unexpected-token", 1, 47),
+    ("kernel_set a { kernel { signature { dtype(fp16 | ) } } }", "syntax.unexpected-token", 1, 50),
+    ("kernel_set 1a { }", "syntax.unexpected-token", 1, 12),
+    # --- setters
+    (f"kernel_set a {{ kernel {{ signature {{ dtpye(fp16) }} }} }}", "setter.unknown", 1, 37),
+    ("kernel_set a { kernel { signature { tile(*) } } }", "setter.wrong-block", 1, 37),
+    ("kernel_set a { kernel { algorithm { dtype(fp16) } } }", "setter.wrong-block", 1, 37),
+    ("kernel_set a { kernel { signature { arch(gfx942) } } }", "setter.wrong-block", 1, 37),
+    ("kernel_set a { kernel { signature { dtype(fp16) dtype(bf16) } } }", "setter.duplicate", 1, 49),
+    ("kernel_set a { kernel { signature { hdim(1, 2, 3) } } }", "setter.arity", 1, 48),
+    ("kernel_set a { kernel { signature { hdim(q=64, w=64) } } }", "setter.keyword", 1, 48),
+    ("kernel_set a { kernel { algorithm { tile(1, 2, 3) } } }", "setter.arity", 1, 37),
+    ("kernel_set a { kernel { algorithm { wave(1, 2) } } }", "setter.arity", 1, 37),
+    ("kernel_set a { kernel { signature { family() } } }", "setter.arity", 1, 37),
+    ("kernel_set a { profile(ck_default) receipt(0) kernel { } }", "setter.duplicate", 1, 36),
+    # --- values
+    ("kernel_set a { kernel { signature { dtype(fp17) } } }", "value.unknown", 1, 43),
+    ("kernel_set a { kernel { signature { mask(casual) } } }", "value.unknown", 1, 42),
+    ("kernel_set a { kernel { signature { bias(7) } } }", "value.type", 1, 42),
+    ("kernel_set a { kernel { signature { lse(maybe) } } }", "value.type", 1, 41),
+    ("kernel_set a { kernel { signature { hdim(fp16) } } }", "value.type", 1, 42),
+    ("kernel_set a { kernel { signature { hdim(0) } } }", "value.range", 1, 42),
+    ("kernel_set a { kernel { signature { dtype(* | fp16) } } }", "value.wild-mixed", 1, 43),
+    ("kernel_set a { kernel { algorithm { padding(true, 3, true, true) } } }", "value.range", 1, 51),
+    ("kernel_set a { arch(gfx941) kernel { } }", "value.unknown", 1, 21),
+    ("kernel_set a { profile(ck_defualt) kernel { } }", "value.unknown", 1, 24),
+    ("kernel_set a { receipt(5) kernel { } }", "value.unknown", 1, 24),
+    ("kernel_set a { kernel { algorithm { pipeline(qr_asink) } } }", "value.unknown", 1, 46),
+    ("kernel_set a { kernel { algorithm { tile_m0(x) } } }", "value.type", 1, 45),
+    ("kernel_set a { kernel { signature { kv_cache(paged) } } }", "value.unknown", 1, 46),
+    ("kernel_set a { mask_impl(fancy) kernel { } }", "value.unknown", 1, 26),
+    # --- where clauses
+    ("kernel_set a { kernel { where hdim_z == 1 } }", "where.unknown-name", 1, 31),
+    ('kernel_set a { kernel { where hdim_q == "x" } }', "where.type", 1, 31),
+    ("kernel_set a { kernel { where hdim_q } }", "where.type", 1, 25),
+    ("kernel_set a { kernel { where hdim_q in 3 } }", "where.type", 1, 41),
+    ("kernel_set a { kernel { where lse and 1 } }", "where.type", 1, 39),
+    # --- sets
+    ("kernel_set a { arch(gfx942) }", "set.empty", 1, 12),
+    ("// nothing here\n", "set.none", None, None),
+]
+
+
+@pytest.mark.parametrize("text,rule,line,col", CASES, ids=[f"{i:02d}-{c[1]}" for i, c in enumerate(CASES)])
+def test_malformed_input_is_located(text, rule, line, col, write):
+    path = write("bad.fmha", text)
+    with pytest.raises(FmhaError) as info:
+        ks = fmha_dsl.load(path)
+        ks.expand()
+    err = info.value
+    assert err.rule == rule, err.render()
+    if line is not None:
+        assert (err.line, err.column) == (line, col), err.render()
+        assert err.path == path
+        rendered = err.render()
+        assert f"{path}:{line}:{col}: error[{rule}]" in rendered
+        assert "^" in rendered  # a caret under the offending text
+    assert all(d.hint for d in err.diagnostics) or rule.startswith("where"), err.render()
+
+
+def test_case_count():
+    assert len(CASES) >= 40
+
+
+def test_hints_suggest_spelling(write):
+    with pytest.raises(FmhaError) as info:
+        fmha_dsl.load(write("a.fmha", "kernel_set a { kernel { signature { dtype(bf61) } } }"))
+    assert "bf16" in info.value.hint
+
+
+def test_unknown_setter_suggestion(write):
+    with pytest.raises(FmhaError) as info:
+        fmha_dsl.load(write("a.fmha", "kernel_set a { kernel { algorithm { pipline(qr) } } }"))
+    assert "pipeline" in info.value.hint
+
+
+def test_several_errors_are_all_reported(write):
+    text = "kernel_set a { kernel { signature { dtype(fp17) mask(casual) } } }"
+    with pytest.raises(FmhaError) as info:
+        fmha_dsl.load(write("a.fmha", text))
+    assert [d.rule for d in info.value.diagnostics] == ["value.unknown", "value.unknown"]
+
+
+def test_include_cycle(write):
+    a = write("a.fmha", 'include "b.fmha"\nkernel_set a { kernel { } }')
+    write("b.fmha", 'include "a.fmha"\n')
+    with pytest.raises(FmhaError) as info:
+        fmha_dsl.load(a)
+    assert info.value.rule == "include.cycle"
+    assert info.value.line == 1
+    assert "a.fmha -> b.fmha -> a.fmha" in info.value.message
+
+
+def test_missing_include(write):
+    a = write("a.fmha", 'include "nope.fmha"\nkernel_set a { kernel { } }')
+    with pytest.raises(FmhaError) as info:
+        fmha_dsl.load(a)
+    assert info.value.rule == "input.file-not-found"
+    assert (info.value.line, info.value.column) == (1, 1)
+
+
+def test_missing_file():
+    with pytest.raises(FmhaError) as info:
+        fmha_dsl.load("/no/such/file.fmha")
+    assert info.value.rule == "input.file-not-found"
+
+
+def test_not_utf8(tmp_path):
+    p = tmp_path / "x.fmha"
+    p.write_bytes(b"kernel_set a { \xff }")
+    with pytest.raises(FmhaError) as info:
+        fmha_dsl.load(str(p))
+    assert info.value.rule == "input.not-utf8"
+
+
+def test_error_pickles():
+    import pickle
+
+    with pytest.raises(FmhaError) as info:
+        fmha_dsl.loads("kernel_set a {")
+    e2 = pickle.loads(pickle.dumps(info.value))
+    assert e2.rule == info.value.rule and e2.line == info.value.line
