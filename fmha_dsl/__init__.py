@@ -14,7 +14,7 @@ Public API (re-exported lazily: importing fmha_dsl does no work)::
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "load": "kernelset", "loads": "kernelset", "KernelSet": "kernelset",
+    "load": "kernelset", "loads": "kernelset", "shipped": "kernelset", "KernelSet": "kernelset",
     "Signature": "keys", "Algorithm": "keys", "KernelKey": "keys", "Problem": "keys",
     "Registry": "registry", "Entry": "registry",
     "FmhaError": "errors", "ParseError": "errors", "RuleError": "errors", "RegistryError": "errors",

@@ -41,15 +41,14 @@ def _err(text: str) -> None:
 
 def _resolve_set(path: str) -> str:
     """A path, or the name of a shipped kernel set (``ck_receipt0``)."""
-    if os.path.exists(path):
+    if os.path.exists(path) or os.sep in path or "/" in path:
         return path
-    from importlib import resources
+    from .kernelset import shipped
 
-    name = path if path.endswith(".fmha") else path + ".fmha"
-    cand = resources.files("fmha_dsl.kernelsets").joinpath(os.path.basename(name))
-    if os.sep not in path and cand.is_file():
-        return str(cand)
-    return path
+    try:
+        return shipped(path)
+    except Exception:
+        return path
 
 
 def _load(args):

@@ -166,6 +166,8 @@ class _Expander:
         out: list[Kernel] = []
         counts: dict = {}
         unsupported: list[str] = []
+        tried = 0
+        before = Counter(self.report.dropped)
         for arch in archs:
             n_arch = 0
             for family in families:
@@ -174,6 +176,7 @@ class _Expander:
                 if reason:
                     unsupported.append(reason)
                     continue
+                tried += 1
                 n_arch += self._expand_one(fr, arch, receipt, out)
             counts[arch] = n_arch
         self.report.per_decl[d.label] = counts
@@ -182,13 +185,18 @@ class _Expander:
         if self.errors:
             raise RuleError(self.errors)
         if not out:
-            top = [r for r, _ in self.report.dropped.most_common(3)]
+            if tried == 0:
+                # every requested (arch, family) is unsupported: an error only if both were named
+                # explicitly; with `arch(*)` or a narrowing --arch it stays a warning
+                if d.archs.values is not None and self.archs == d.archs.values:
+                    msg = f"declaration `{d.label}` expands to no kernel: " + "; ".join(dict.fromkeys(unsupported))
+                    raise RuleError(Diagnostic("decl.unsupported", msg, d.span,
+                                               "pick an arch that supports this family, or use `arch(*)`"))
+                return out
+            mine = self.report.dropped - before
+            top = [r for r, _ in mine.most_common(3)]
             hint = ("the rules that dropped most: " + ", ".join(f"`{r}`" for r in top)
-                    + "; run `fmha-dsl explain` for details") if top else None
-            if unsupported and len(set(unsupported)) >= 1 and not top:
-                msg = f"declaration `{d.label}` expands to no kernel: " + "; ".join(dict.fromkeys(unsupported))
-                raise RuleError(Diagnostic("decl.unsupported", msg, d.span,
-                                           "pick an arch that supports this family"))
+                    + "; run `fmha-dsl explain` for details") if top else "check the declaration's fields"
             raise RuleError(Diagnostic("decl.empty", f"declaration `{d.label}` expands to no kernel", d.span, hint))
         return out
 

@@ -87,6 +87,13 @@ class _Printer:
     def __init__(self, comments):
         self.comments = sorted(comments)      # (line, col, text)
         self.out: list[str] = []
+        self.last_line = 0
+
+    def _gap(self, first: int):
+        """Keep one blank line where the source had one or more."""
+        if self.last_line and first > self.last_line + 1 and self.out and self.out[-1] != "" \
+                and not self.out[-1].endswith("{"):
+            self.out.append("")
 
     def _take_before(self, line: int) -> list[str]:
         got = [c for c in self.comments if c[0] < line]
@@ -101,16 +108,29 @@ class _Printer:
     def emit(self, indent: int, text: str, span=None):
         pad = "    " * indent
         if span is not None:
-            for c in self._take_before(span.line):
+            before = [c for c in self.comments if c[0] < span.line]
+            self._gap(min([c[0] for c in before] + [span.line]))
+            for line, _col, c in before:
+                self._gap(line)
                 self.out.append(pad + c)
+                self.last_line = line + c.count("\n")
+            self.comments = [c for c in self.comments if c[0] >= span.line]
+            self._gap(span.line)
         trail = self._take_on(span.end_line or span.line) if span is not None else ""
         self.out.append(pad + text + trail)
+        if span is not None:
+            self.last_line = span.end_line or span.line
 
     def close(self, indent: int, end_line: int | None):
         if end_line is not None:
-            for c in self._take_before(end_line + 1):
+            for line, _col, c in [c for c in self.comments if c[0] < end_line + 1]:
+                self._gap(line)
                 self.out.append("    " * (indent + 1) + c)
+                self.last_line = line
+            self.comments = [c for c in self.comments if c[0] >= end_line + 1]
         self.out.append("    " * indent + "}")
+        if end_line is not None:
+            self.last_line = end_line
 
     def kernel(self, k: A.KernelDecl, indent: int):
         head = f"kernel {k.name} {{" if k.name else "kernel {"
@@ -122,6 +142,7 @@ class _Printer:
             for st in setters:
                 self.emit(indent + 2, _setter(st), st.span)
             self.out.append("    " * (indent + 1) + "}")
+            self.last_line += 1  # the closing brace takes a line of its own
         self._items(indent + 1, k.setters, k.wheres)
         self.close(indent, k.span.end_line)
 
@@ -136,7 +157,8 @@ class _Printer:
         self.emit(0, f"kernel_set {ks.name} {{", _first_line(ks.span))
         self._items(1, ks.setters, ks.wheres)
         for k in ks.kernels:
-            self.out.append("")
+            if self.out and self.out[-1] != "":
+                self.out.append("")
             self.kernel(k, 1)
         self.close(0, ks.span.end_line)
 

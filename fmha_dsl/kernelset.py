@@ -89,6 +89,20 @@ def _make(files, path) -> KernelSet:
                      files=tuple(f.path for f in files if f.path))
 
 
+def shipped(name: str) -> str:
+    """Path of a kernel set shipped with the package (``shipped("ck_receipt0")``)."""
+    from importlib import resources
+
+    base = name if name.endswith(".fmha") else name + ".fmha"
+    ref = resources.files("fmha_dsl.kernelsets").joinpath(base)
+    if not ref.is_file():
+        avail = sorted(p.name[:-5] for p in resources.files("fmha_dsl.kernelsets").iterdir()
+                       if p.name.endswith(".fmha"))
+        raise error("input.file-not-found", f"no shipped kernel set `{name}`", None,
+                    did_you_mean(name, avail) or "shipped sets: " + ", ".join(avail))
+    return str(ref)
+
+
 def load(path: str | os.PathLike) -> KernelSet:
     """Parse and resolve a ``.fmha`` file (and its includes).  Raises :class:`fmha_dsl.FmhaError`."""
     p = os.fspath(path)
@@ -104,4 +118,4 @@ def loads(text: str, path: str | None = None) -> KernelSet:
     return _make([src], path)
 
 
-__all__ = ["KernelSet", "load", "loads"]
+__all__ = ["KernelSet", "load", "loads", "shipped"]

@@ -213,7 +213,7 @@ class Registry:
                 f"supported (this fmha-dsl reads version {SCHEMA_VERSION})", Span(path, 1, 1),
                 "rebuild the registry with this version: `fmha-dsl build`"))
         try:
-            model = RegistryModel.model_validate(doc)
+            model = RegistryModel.model_validate_json(text)
         except ValidationError as exc:
             raise RegistryError(_schema_diags(exc, text, path)) from None
         reg = cls(model.metadata.registry_name, profiles=model.metadata.profiles, sources=model.metadata.sources)

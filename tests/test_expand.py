@@ -1,0 +1,162 @@
+"""Expansion semantics: defaults, wildcards, alternatives, explicit errors, where filters, tiles."""
+
+import pytest
+
+import fmha_dsl
+from fmha_dsl import FmhaError, RuleError
+
+
+def expand(write, body, arch=None, profile=None):
+    ks = fmha_dsl.load(write("t.fmha", "kernel_set t {\n" + body + "\n}\n"))
+    return ks.expand_report(arch=arch, profile=profile)
+
+
+def test_explicit_kernel_like_ck_example_01(write):
+    """CK's examples/fmha/cpp/01_basic_fmha.cpp declaration, ported setter by setter."""
+    body = """
+    add(FmhaSignature().family("fwd").dtype("fp16").mode("batch").vlayout("r").hdim(128)
+                       .mask("no").bias("no").lse(false).dropout(false).qscale("no"),
+        FmhaAlgorithm().tile_m0(128).tile_n0(128).tile_k0(32).tile_n1(128).tile_k1(32).tile_k0max(128)
+                       .wave_m0(4).wave_n0(1).wave_k0(1).wave_m1(4).wave_n1(1).wave_k1(1)
+                       .warp_m0(32).warp_n0(32).warp_k0(16).warp_m1(32).warp_n1(32).warp_k1(16)
+                       .pipeline("qr_async").padding(true, true, true, true),
+        "gfx950")"""
+    rep = expand(write, body)
+    assert len(rep.kernels) == 1
+    k = rep.kernels[0]
+    assert k.key.arch == "gfx950"
+    assert k.key.algorithm.tile == (128, 128, 32, 128, 32, 128)
+    assert k.key.algorithm.wave[:6] == (4, 1, 1, 4, 1, 1)
+    assert k.name == ("fmha_fwd_d128_fp16_batch_b128x128x32x128x32x128_r4x1x1_r4x1x1_w32x32x16_w32x32x16_"
+                      "qr_async_vr_psskddv_nlogits_nbias_nmask_nlse_ndropout_nskip_nqscale_ntrload_nsink_gfx950")
+
+
+def test_named_setters_override_bulk_and_autofill(write):
+    body = """
+    kernel k {
+        signature { family(fwd) dtype(fp16) hdim(128) }
+        algorithm { pipeline(qr_async) tile_m0(64) tile(128, 128, 32, 0, 0, 0) wave(4, 1, 1, 4, 1, 1)
+                    warp(32, 32, 16, 32, 32, 16) padding(true, true, true, true) }
+        arch(gfx942)
+    }"""
+    k = expand(write, body).kernels[0].key.algorithm
+    # named tile_m0 wins over the bulk value; n1 <- n0, k1 <- k0, k0max <- k0 (CK auto_fill)
+    assert k.tile == (64, 128, 32, 128, 32, 32)
+
+
+def test_alternatives_are_a_product(write):
+    body = """
+    kernel k {
+        signature { family(fwd) dtype(fp16 | bf16) mode(batch | group) hdim(128) }
+        algorithm { pipeline(qr_async) tile(*) padding(true, true, true, true) }
+        arch(gfx942)
+    }"""
+    ks = expand(write, body).kernels
+    assert {(k.key.signature.dtype, k.key.signature.mode) for k in ks} == {
+        ("fp16", "batch"), ("fp16", "group"), ("bf16", "batch"), ("bf16", "group")}
+
+
+def test_explicit_invalid_combination_is_an_error_at_the_setter(write):
+    body = """
+    kernel k {
+        signature { family(fwd) dtype(fp16) hdim(128) logits(true) bias(bias) }
+        algorithm { pipeline(*) tile(*) padding(*) }
+        arch(gfx942)
+    }"""
+    with pytest.raises(RuleError) as info:
+        expand(write, body)
+    err = info.value
+    assert err.line == 4  # the signature line holding the setters
+    assert err.hint
+    assert "bias" in err.message or "logits" in err.message
+
+
+def test_unsupported_dtype_on_arch_is_located(write):
+    body = """
+    arch(gfx1100)
+    kernel k {
+        signature { family(fwd) dtype(fp8bf16) hdim(128) }
+        algorithm { pipeline(*) tile(*) padding(*) }
+    }"""
+    with pytest.raises(RuleError) as info:
+        expand(write, body)
+    assert info.value.line == 5
+    assert info.value.column >= 30  # points into dtype(...)
+
+
+def test_fixed_field_of_family_is_an_error(write):
+    body = """
+    kernel k {
+        signature { family(fwd_appendkv) dtype(fp16) hdim(128) mask(top_left) }
+        arch(gfx942)
+    }"""
+    with pytest.raises(RuleError) as info:
+        expand(write, body)
+    assert info.value.rule == "family.fixed-field"
+    assert "mask" in info.value.message
+
+
+def test_wildcards_drop_silently_and_are_counted(write):
+    body = """
+    arch(gfx942)
+    kernel k {
+        signature { family(fwd) dtype(*) hdim(*) mode(*) mask(*) bias(*) logits(*) }
+        algorithm { pipeline(*) tile(*) padding(*) }
+    }"""
+    rep = expand(write, body)
+    assert rep.kernels
+    assert sum(rep.dropped.values()) > 0
+    assert all(rid for rid in rep.dropped)
+
+
+def test_declaration_expanding_to_nothing_is_an_error(write):
+    body = """
+    arch(gfx942)
+    kernel k {
+        signature { family(fwd) dtype(*) hdim(*) }
+        algorithm { pipeline(*) tile(*) padding(*) }
+        where hdim_q == 1000
+    }"""
+    with pytest.raises(RuleError) as info:
+        expand(write, body)
+    assert info.value.rule == "decl.empty" and info.value.line == 4
+
+
+def test_arch_override_and_narrowing(write):
+    body = """
+    arch(gfx942, gfx950)
+    kernel k {
+        signature { family(bwd_dot_do_o) dtype(*) hdim(*) mode(*) }
+        algorithm { padding(*) }
+    }"""
+    assert {k.key.arch for k in expand(write, body, arch="gfx950").kernels} == {"gfx950"}
+    with pytest.raises(FmhaError) as info:
+        expand(write, body, arch="gfx1100")
+    assert info.value.rule == "arch.not-declared"
+
+
+def test_profile_filters(write):
+    body = """
+    arch(gfx942)
+    kernel k {
+        signature { family(fwd) dtype(*) hdim(*) mode(*) mask(*) bias(*) lse(*) dropout(*) logits(*)
+                    skip(*) sink(*) qscale(*) }
+        algorithm { pipeline(*) tile(*) padding(*) }
+    }"""
+    default = expand(write, body)
+    flash = expand(write, body, profile="flash_fwd")
+    assert 0 < len(flash.kernels) < len(default.kernels)
+    # receipt 2 (flash_fwd): fp16/bf16, bias no/alibi, no qscale, no skip
+    for k in flash.kernels:
+        s = k.key.signature
+        assert s.dtype in ("fp16", "bf16") and s.bias in ("no", "alibi") and not s.skip
+    assert len(expand(write, body, profile=2).kernels) == len(flash.kernels)
+
+
+def test_unknown_profile_and_arch_arguments(write):
+    with pytest.raises(FmhaError) as info:
+        expand(write, "kernel k { }", profile="pytorc")
+    assert info.value.rule == "usage.profile" and "pytorch" in info.value.hint
+    with pytest.raises(FmhaError) as info:
+        expand(write, "kernel k { }", arch="gfx951")
+    assert info.value.rule == "usage.arch" and "gfx950" in info.value.hint

@@ -1,0 +1,126 @@
+"""Registry: deterministic JSON, byte-identical round trip, schema-checked loading."""
+
+import json
+
+import pytest
+
+import fmha_dsl
+from fmha_dsl import Registry, RegistryError
+
+SET = """
+kernel_set small {
+    arch(gfx942, gfx950)
+    kernel fwd128 {
+        signature { family(fwd) dtype(fp16 | bf16) mode(*) hdim(128) mask(*) lse(*) }
+        algorithm { pipeline(*) tile(*) padding(*) }
+    }
+    kernel dot {
+        signature { family(bwd_dot_do_o) dtype(*) hdim(*) mode(*) }
+        algorithm { padding(*) }
+    }
+}
+"""
+
+
+@pytest.fixture
+def reg(write):
+    return fmha_dsl.load(write("small.fmha", SET)).registry()
+
+
+def test_superset_of_ck_format(reg):
+    doc = json.loads(reg.to_json())
+    assert doc["schema_version"] == 1
+    assert doc["metadata"]["registry_name"] == "small"
+    assert doc["metadata"]["total_kernels"] == len(reg) == len(doc["kernels"])
+    assert set(doc["statistics"]) == {"by_family", "by_dtype", "by_pipeline", "by_arch"}
+    assert sum(doc["statistics"]["by_arch"].values()) == len(reg)
+    k = doc["kernels"][0]
+    for field in ("name", "identifier", "family", "dtype", "pipeline", "gfx_arch", "signature", "algorithm", "source"):
+        assert field in k
+    assert k["source"].endswith(":4") or k["source"].endswith(":8")
+    assert set(doc["metadata"]["archs"]) == {"gfx942", "gfx950"}
+
+
+def test_round_trip_is_byte_identical(reg, tmp_path):
+    p1, p2 = tmp_path / "a.json", tmp_path / "b.json"
+    reg.save(p1)
+    again = Registry.load(p1)
+    again.save(p2)
+    assert p1.read_bytes() == p2.read_bytes()
+    assert [e.identifier for e in again] == [e.identifier for e in reg]
+    assert again.lookup(next(iter(reg)).identifier).key == next(iter(reg)).key
+
+
+def test_same_input_same_bytes(write):
+    a = fmha_dsl.load(write("x.fmha", SET)).registry().to_json()
+    b = fmha_dsl.load(write("x.fmha", SET)).registry().to_json()
+    assert a == b
+
+
+def test_arch_aware_lookup_and_filters(reg):
+    g942 = reg.for_arch("gfx942")
+    assert g942.archs == ["gfx942"] and 0 < len(g942) < len(reg)
+    assert all(e.arch == "gfx942" for e in g942)
+    dots = reg.filter(family="bwd_dot_do_o", arch="gfx950")
+    assert dots and all(e.family == "bwd_dot_do_o" for e in dots)
+    # the same CK name exists for both archs, as two distinct registry entries
+    e = next(iter(g942))
+    both = reg.by_name(e.name)
+    assert {x.arch for x in both} == {"gfx942", "gfx950"} or e.name.endswith("_gfx9")
+    assert len({x.identifier for x in reg}) == len(reg)
+
+
+def test_first_registration_wins(reg):
+    e = next(iter(reg))
+    r = Registry("x")
+    assert r.add(e) and not r.add(e)
+    assert len(r) == 1
+
+
+def _bad(tmp_path, text):
+    p = tmp_path / "r.json"
+    p.write_text(text)
+    with pytest.raises(RegistryError) as info:
+        Registry.load(p)
+    return info.value
+
+
+def test_truncated_json_is_located(reg, tmp_path):
+    text = reg.to_json()
+    err = _bad(tmp_path, text[: len(text) // 2])
+    assert err.rule == "registry.json" and err.line > 1 and err.hint
+
+
+def test_unknown_field_names_the_kernel_line(reg, tmp_path):
+    doc = reg.to_json().split("\n")
+    i = next(n for n, line in enumerate(doc) if line.startswith('{"algorithm"'))
+    doc[i + 2] = doc[i + 2].replace('"dtype":', '"colour":"red","dtype":', 1)
+    err = _bad(tmp_path, "\n".join(doc))
+    assert err.rule == "registry.schema"
+    assert err.line == i + 3
+    assert "colour" in err.message or "kernels[2]" in err.message
+
+
+def test_bad_value_and_versions(reg, tmp_path):
+    doc = json.loads(reg.to_json())
+    doc["kernels"][0]["signature"]["dtype"] = "fp17"
+    assert _bad(tmp_path, json.dumps(doc)).rule == "registry.schema"
+    doc = json.loads(reg.to_json())
+    doc["schema_version"] = 99
+    assert _bad(tmp_path, json.dumps(doc)).rule == "registry.schema-version"
+    doc = json.loads(reg.to_json())
+    doc["metadata"]["total_kernels"] += 1
+    assert _bad(tmp_path, json.dumps(doc)).rule == "registry.count"
+    doc = json.loads(reg.to_json())
+    doc["kernels"][0]["algorithm"]["pipeline"] = "qs" if doc["kernels"][0]["algorithm"]["pipeline"] != "qs" else "qr"
+    assert _bad(tmp_path, json.dumps(doc)).rule == "registry.identifier"
+    doc = json.loads(reg.to_json())
+    doc["kernels"].append(doc["kernels"][0])
+    doc["metadata"]["total_kernels"] += 1
+    assert _bad(tmp_path, json.dumps(doc)).rule == "registry.duplicate"
+
+
+def test_missing_registry(tmp_path):
+    with pytest.raises(RegistryError) as info:
+        Registry.load(tmp_path / "nope.json")
+    assert info.value.rule == "registry.missing" and "fmha-dsl build" in info.value.hint
