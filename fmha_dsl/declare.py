@@ -54,6 +54,7 @@ class Declaration:
     wheres: tuple
     span: Span
     path: str | None
+    display: str | None = None       # path shown in registries: relative to the top-level file
 
     @property
     def label(self) -> str:

@@ -17,7 +17,7 @@ from . import vocab as V
 from .declare import Declaration, FieldSpec
 from .errors import Diagnostic, RuleError, Span
 from .expr import where_rule
-from .keys import Algorithm, KernelKey, Signature
+from .keys import Algorithm, KernelKey, Signature, identifier_from, trusted
 from .rules import family_rules
 from .rules.base import FACTORY, Rule, Tile, schedule, search
 
@@ -27,14 +27,34 @@ _ALG_KEYS = tuple(Algorithm.model_fields)
 _DEFAULTS = {**V.SIG_DEFAULTS, **V.ALG_DEFAULTS}
 
 
-@dataclass(frozen=True)
 class Kernel:
-    """One expanded kernel: its key, CK instance name and where it was declared."""
+    """One expanded kernel: its fields, CK instance name and where it was declared.
 
-    key: KernelKey
-    name: str
-    source: str          # "path:line"
-    decl: str            # declaration label
+    The Pydantic key is built on first use of ``.key``: registries of tens of thousands of
+    kernels are written from the plain field dicts.
+    """
+
+    __slots__ = ("sig", "alg", "arch", "name", "source", "decl", "_key", "_ident")
+
+    def __init__(self, sig: dict, alg: dict, arch: str, name: str, source: str, decl: str):
+        self.sig, self.alg, self.arch, self.name, self.source, self.decl = sig, alg, arch, name, source, decl
+        self._key = self._ident = None
+
+    @property
+    def key(self) -> KernelKey:
+        if self._key is None:
+            self._key = trusted(KernelKey, {"signature": trusted(Signature, self.sig),
+                                            "algorithm": trusted(Algorithm, self.alg), "arch": self.arch})
+        return self._key
+
+    @property
+    def identifier(self) -> str:
+        if self._ident is None:
+            self._ident = identifier_from(self.sig, self.alg, self.arch)
+        return self._ident
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name!r}, {self.arch})"
 
 
 @dataclass
@@ -231,10 +251,11 @@ class _Expander:
         rules = tuple(fixed_rules) + fr.rules + self.where
         plan = schedule(fr.fields, rules)
         n = 0
-        src = f"{d.path or '<input>'}:{d.span.line}"
+        src = f"{d.display or d.path or '<input>'}:{d.span.line}"
         label = d.label
         for b in search(fr.fields, candidates, plan, env, self.on_fail):
-            out.append(Kernel(_make_key(b, arch), fr.ck_name(b), src, label))
+            sig, alg = _fields(b)
+            out.append(Kernel(sig, alg, arch, fr.ck_name(b), src, label))
             n += 1
         return n
 
@@ -257,15 +278,20 @@ def _safe_text(rule: Rule, b: dict) -> str:
         return rule.id
 
 
-def _make_key(b: dict, arch: str) -> KernelKey:
-    hq, hv = b["hdim"]
-    sig = {k: b[k] for k in _SIG_KEYS if k in b}
-    sig["hdim_q"], sig["hdim_v"] = hq, hv
+_SIG_FROM_B = tuple(k for k in _SIG_KEYS if k not in ("hdim_q", "hdim_v"))
+_ALG_FROM_B = tuple(k for k in _ALG_KEYS if k not in ("tile", "wave", "warp", "block_per_cu", "max_seq_len_q"))
+
+
+def _fields(b: dict) -> tuple[dict, dict]:
+    """Signature and algorithm fields of one binding.  Every field is bound (varied, fixed or
+    default), so keys are later built without re-validation; tests re-validate samples."""
+    sig = {k: b[k] for k in _SIG_FROM_B}
+    sig["hdim_q"], sig["hdim_v"] = b["hdim"]
     t: Tile = b["tile"]
-    alg = {k: b[k] for k in _ALG_KEYS if k in b}
-    alg.update(tile=t.tile, wave=t.wave, warp=t.warp, block_per_cu=t.block_per_cu, max_seq_len_q=t.max_seq_len_q)
-    return KernelKey.model_construct(signature=Signature.model_construct(**sig),
-                                     algorithm=Algorithm.model_construct(**alg), arch=arch)
+    alg = {k: b[k] for k in _ALG_FROM_B}
+    alg["tile"], alg["wave"], alg["warp"] = t.tile, t.wave, t.warp
+    alg["block_per_cu"], alg["max_seq_len_q"] = t.block_per_cu, t.max_seq_len_q
+    return sig, alg
 
 
 def resolve_archs(decl: Declaration, override: tuple[str, ...] | None) -> tuple[str, ...]:

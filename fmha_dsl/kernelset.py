@@ -75,11 +75,25 @@ class KernelSet(BaseModel):
                                      sources=[os.path.basename(f) for f in self.files])
 
 
+def _display(decl_path: str | None, top: str | None) -> str:
+    """Where a declaration came from, independent of the machine and working directory: the
+    top-level file's name, and included files relative to its folder."""
+    if decl_path is None:
+        return "<input>"
+    if top is None:
+        return os.path.basename(decl_path)
+    rel = os.path.relpath(os.path.realpath(decl_path), os.path.dirname(os.path.realpath(top)))
+    return rel.replace(os.sep, "/")
+
+
 def _make(files, path) -> KernelSet:
+    import dataclasses
+
     decls: list[Declaration] = []
     sets: list[str] = []
     for src in files:
-        decls.extend(resolve(src))
+        shown = _display(src.path, path)
+        decls.extend(dataclasses.replace(d, display=shown) for d in resolve(src))
         sets.extend(s.name for s in src.sets)
     if not sets:
         raise error("set.none", "no `kernel_set` in this file", None,

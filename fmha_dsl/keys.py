@@ -9,6 +9,7 @@ JSON (``digest``), never Python's ``hash()``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Literal, Optional
@@ -108,29 +109,51 @@ class KernelKey(_Frozen):
     def digest(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
-    @property
+    @functools.cached_property
     def identifier(self) -> str:
         return identifier_of(self.signature, self.algorithm, self.arch)
 
 
+@functools.lru_cache(maxsize=4096)
 def _x(t) -> str:
-    return "x".join(str(i) for i in t)
+    return "x".join(map(str, t))
+
+
+def trusted(cls, fields: dict):
+    """Build a frozen key part from values the rule engine already canonicalised (no validation).
+
+    ``fields`` must hold every field of ``cls``; tests check that such values re-validate equal.
+    """
+    m = cls.__new__(cls)
+    object.__setattr__(m, "__dict__", fields)
+    object.__setattr__(m, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(m, "__pydantic_extra__", None)
+    object.__setattr__(m, "__pydantic_private__", None)
+    return m
 
 
 def identifier_of(s: Signature, a: Algorithm, arch: str) -> str:
+    return identifier_from(s.__dict__, a.__dict__, arch)
+
+
+def identifier_from(s: dict, a: dict, arch: str) -> str:
     """Readable, collision-free key string: every field of the key, in a fixed order."""
-    b = lambda f: "1" if f else "0"  # noqa: E731
+    b = _BIT
     return (
-        f"fmha_{s.family}_{s.dtype}_{s.mode}_v{s.vlayout}_hq{s.hdim_q}_hv{s.hdim_v}_m{s.mask}_b{s.bias}"
-        f"_lse{b(s.lse)}_do{b(s.dropout)}_qs{s.qscale}_rp{s.rope}_lg{b(s.logits)}_pkv{b(s.paged_kv)}"
-        f"_sq{b(s.fp8_static_quant)}_sk{b(s.skip)}_sink{b(s.sink)}_db{b(s.dbias)}_sr{b(s.store_randval)}"
-        f"_det{b(s.deterministic)}_km{s.kv_layout}_kl{s.kv_lookup}_ps{s.page_size}"
-        f"_p{a.pipeline}_t{_x(a.tile)}_w{_x(a.wave)}_wt{_x(a.warp)}"
-        f"_pad{a.pad_s}{a.pad_sk}{a.pad_d}{a.pad_dv}_tr{b(a.trload)}_k64{b(a.kv64)}"
-        f"_aq{a.hdim_q_alignment}_av{a.hdim_v_alignment}_bpc{a.block_per_cu}_wg{a.num_wave_groups}"
-        f"_ms{a.max_splits_log2}_mq{a.max_seq_len_q}_r{a.selection_rank}"
-        f"_c{a.constraint}_{arch}"
+        f"fmha_{s['family']}_{s['dtype']}_{s['mode']}_v{s['vlayout']}_hq{s['hdim_q']}_hv{s['hdim_v']}"
+        f"_m{s['mask']}_b{s['bias']}_lse{b[s['lse']]}_do{b[s['dropout']]}_qs{s['qscale']}_rp{s['rope']}"
+        f"_lg{b[s['logits']]}_pkv{b[s['paged_kv']]}_sq{b[s['fp8_static_quant']]}_sk{b[s['skip']]}"
+        f"_sink{b[s['sink']]}_db{b[s['dbias']]}_sr{b[s['store_randval']]}_det{b[s['deterministic']]}"
+        f"_km{s['kv_layout']}_kl{s['kv_lookup']}_ps{s['page_size']}"
+        f"_p{a['pipeline']}_t{_x(a['tile'])}_w{_x(a['wave'])}_wt{_x(a['warp'])}"
+        f"_pad{a['pad_s']}{a['pad_sk']}{a['pad_d']}{a['pad_dv']}_tr{b[a['trload']]}_k64{b[a['kv64']]}"
+        f"_aq{a['hdim_q_alignment']}_av{a['hdim_v_alignment']}_bpc{a['block_per_cu']}_wg{a['num_wave_groups']}"
+        f"_ms{a['max_splits_log2']}_mq{a['max_seq_len_q']}_r{a['selection_rank']}"
+        f"_c{a['constraint']}_{arch}"
     )
+
+
+_BIT = {False: "0", True: "1"}
 
 
 class Problem(_Frozen):
@@ -195,4 +218,4 @@ def json_schema() -> dict:
     return KernelKey.model_json_schema(mode="serialization")
 
 
-__all__ = ["Signature", "Algorithm", "KernelKey", "Problem", "identifier_of", "json_schema"]
+__all__ = ["Signature", "Algorithm", "KernelKey", "Problem", "identifier_of", "identifier_from", "json_schema"]

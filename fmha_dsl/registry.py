@@ -12,35 +12,58 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import Diagnostic, RegistryError, Span
-from .keys import Algorithm, KernelKey, Signature, identifier_of
+from .keys import Algorithm, KernelKey, Signature, identifier_from, trusted
 
 SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True)
 class Entry:
-    key: KernelKey
-    name: str
-    source: str = ""
-    build: Optional[dict] = None      # filled by `fmha-dsl build --backend ...` (binary, metadata)
+    """One registered kernel: key fields, CK name, declaring source, and build results.
+
+    Holds the plain field dicts; the Pydantic :class:`KernelKey` is built on first use of ``.key``.
+    """
+
+    __slots__ = ("sig", "alg", "arch", "name", "source", "build", "_key", "_ident")
+
+    def __init__(self, key: KernelKey | None, name: str, source: str = "", build: Optional[dict] = None, *,
+                 sig: dict | None = None, alg: dict | None = None, arch: str | None = None, ident: str | None = None):
+        if key is not None:
+            sig, alg, arch = key.signature.__dict__, key.algorithm.__dict__, key.arch
+        self.sig, self.alg, self.arch = sig, alg, arch
+        self.name, self.source, self.build = name, source, build
+        self._key, self._ident = key, ident
+
+    @property
+    def key(self) -> KernelKey:
+        if self._key is None:
+            self._key = trusted(KernelKey, {"signature": trusted(Signature, self.sig),
+                                            "algorithm": trusted(Algorithm, self.alg), "arch": self.arch})
+        return self._key
 
     @property
     def identifier(self) -> str:
-        return self.key.identifier
-
-    @property
-    def arch(self) -> str:
-        return self.key.arch
+        if self._ident is None:
+            self._ident = identifier_from(self.sig, self.alg, self.arch)
+        return self._ident
 
     @property
     def family(self) -> str:
-        return self.key.signature.family
+        return self.sig["family"]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Entry) and (self.identifier, self.name, self.source, self.build) == (
+            other.identifier, other.name, other.source, other.build)
+
+    def __hash__(self) -> int:
+        return hash(self.identifier)
+
+    def __repr__(self) -> str:
+        return f"Entry({self.name!r}, {self.arch})"
 
 
 # ---- schema of the JSON document (validated on load) -------------------------------------------
@@ -82,16 +105,7 @@ def json_schema() -> dict:
 
 
 def _sort_key(e: Entry):
-    return (e.key.arch, e.key.signature.family, e.name, e.identifier)
-
-
-def _plain(model) -> dict:
-    """Field dict of a (possibly model_construct-ed) key part, JSON-ready."""
-    d = dict(model.__dict__)
-    for k, v in d.items():
-        if isinstance(v, tuple):
-            d[k] = list(v)
-    return d
+    return (e.arch, e.sig["family"], e.name, e.identifier)
 
 
 class Registry:
@@ -120,7 +134,7 @@ class Registry:
     def from_kernels(cls, kernels, name="default", profiles=(), sources=()) -> "Registry":
         reg = cls(name, profiles=profiles, sources=sources)
         for k in kernels:
-            reg.add(Entry(k.key, k.name, k.source))
+            reg.add(Entry(None, k.name, k.source, sig=k.sig, alg=k.alg, arch=k.arch, ident=k.identifier))
         return reg
 
     # -- queries
@@ -142,10 +156,10 @@ class Registry:
     def filter(self, predicate: Callable[[Entry], bool] | None = None, *, arch: str | None = None,
                family: str | None = None, dtype: str | None = None, pipeline: str | None = None) -> "Registry":
         def ok(e: Entry) -> bool:
-            s = e.key.signature
-            return ((arch is None or e.arch == arch) and (family is None or s.family == family)
-                    and (dtype is None or s.dtype == dtype)
-                    and (pipeline is None or e.key.algorithm.pipeline == pipeline)
+            s = e.sig
+            return ((arch is None or e.arch == arch) and (family is None or s["family"] == family)
+                    and (dtype is None or s["dtype"] == dtype)
+                    and (pipeline is None or e.alg["pipeline"] == pipeline)
                     and (predicate is None or predicate(e)))
 
         return Registry(self.name, (e for e in self._by_id.values() if ok(e)), self.profiles, self.sources)
@@ -160,22 +174,21 @@ class Registry:
     def statistics(self) -> dict[str, dict[str, int]]:
         c = {k: Counter() for k in ("by_family", "by_dtype", "by_pipeline", "by_arch")}
         for e in self._by_id.values():
-            s, a = e.key.signature, e.key.algorithm
-            c["by_family"][s.family] += 1
-            c["by_dtype"][s.dtype] += 1
-            c["by_pipeline"][a.pipeline] += 1
+            c["by_family"][e.sig["family"]] += 1
+            c["by_dtype"][e.sig["dtype"]] += 1
+            c["by_pipeline"][e.alg["pipeline"]] += 1
             c["by_arch"][e.arch] += 1
         return {k: dict(sorted(v.items())) for k, v in c.items()}
 
     # -- JSON
-    def _entry_json(self, e: Entry) -> str:
-        s, a = e.key.signature, e.key.algorithm
-        d = {"name": e.name, "identifier": e.identifier, "family": s.family, "dtype": s.dtype,
-             "pipeline": a.pipeline, "gfx_arch": e.arch, "source": e.source,
-             "signature": _plain(s), "algorithm": _plain(a)}
+    @staticmethod
+    def _entry_json(e: Entry, dumps=json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode) -> str:
+        d = {"name": e.name, "identifier": e.identifier, "family": e.sig["family"], "dtype": e.sig["dtype"],
+             "pipeline": e.alg["pipeline"], "gfx_arch": e.arch, "source": e.source,
+             "signature": e.sig, "algorithm": e.alg}
         if e.build is not None:
             d["build"] = e.build
-        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+        return dumps(d)
 
     def to_json(self) -> str:
         from . import __version__
@@ -219,7 +232,7 @@ class Registry:
         reg = cls(model.metadata.registry_name, profiles=model.metadata.profiles, sources=model.metadata.sources)
         for i, k in enumerate(model.kernels):
             key = KernelKey(signature=k.signature, algorithm=k.algorithm, arch=k.gfx_arch)
-            if identifier_of(key.signature, key.algorithm, key.arch) != k.identifier:
+            if key.identifier != k.identifier:
                 raise RegistryError(_at(text, path, i, "registry.identifier",
                                         f"kernel {k.name!r}: identifier does not match its signature/algorithm",
                                         "the entry was edited by hand; rebuild the registry"))

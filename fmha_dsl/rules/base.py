@@ -19,6 +19,7 @@ walk over the fields that checks each rule as soon as its last dependency is bou
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -168,5 +169,7 @@ def tf(flag: bool, on: str, off: str | None = None) -> str:
     return on if flag else (off if off is not None else "n" + on)
 
 
+@functools.lru_cache(maxsize=4096)
 def x(seq) -> str:
-    return "x".join(str(i) for i in seq)
+    """``(128, 64, 32)`` -> ``128x64x32`` (cached: the same tiles recur for thousands of kernels)."""
+    return "x".join(map(str, seq))

@@ -127,7 +127,7 @@ def domain(field: str, b: dict):
         return ("no", "bias", "alibi")
     if field == "trload":
         return _trload_domain(b)
-    return _BOOLS   # dropout, store_randval, dbias, deterministic, trload
+    return _BOOLS   # dropout, store_randval, dbias, deterministic
 
 
 # ---------------------------------------------------------------- shared predicates
@@ -207,9 +207,9 @@ def tile_matches_hdim(b):
     return len(t) == 9 and (t[7], t[8]) == tuple(b["hdim"])
 
 
-def pad_values(b):
+def pad_values(fld: str):
     # get_bwd_blobs: dpad/dvpad in [0, 8, 1]
-    return b["pad_d"] in (0, 1, 8) and b["pad_dv"] in (0, 1, 8)
+    return lambda b: b[fld] in (0, 1, 8)
 
 
 def pad8_needs_dv8(b):
@@ -217,9 +217,14 @@ def pad8_needs_dv8(b):
     return not (b["pad_d"] == 8 and b["pad_dv"] != 8)
 
 
-def maxq_batch_no_mask(b):
-    # get_bwd_blobs: max_seq_q tiles only in batch mode without mask
-    return b["tile"].max_seq_len_q == 0 or (b["mode"] == "batch" and b["mask"] == "no")
+def maxq_batch_only(b):
+    # get_bwd_blobs: (mode == group or "no" not in mask) and max_seq_q != 0 -> skip (mode half)
+    return b["tile"].max_seq_len_q == 0 or b["mode"] == "batch"
+
+
+def maxq_no_mask(b):
+    # get_bwd_blobs: same condition, mask half
+    return b["tile"].max_seq_len_q == 0 or b["mask"] == "no"
 
 
 def dbias_needs_bias(b):
@@ -254,14 +259,20 @@ DQ_RULES = tuple(_common_rules(DQ)) + (
     Rule(f"ck.{DQ}.tile-matches-hdim", ("hdim", "tile"), tile_matches_hdim,
          lambda b: f"tile {x(b['tile'].tile)} does not fit hdim {b['hdim']} (needs 9 values ending in bhdq, bhdv)",
          hint="use a 9-value bwd tile whose last two values are hdim_q, hdim_v", blame="tile"),
-    Rule(f"ck.{DQ}.pad-values", ("pad_d", "pad_dv"), pad_values,
-         "bwd head-dim padding is 0, 1 or 8 (got pad_d={pad_d}, pad_dv={pad_dv})",
+    Rule(f"ck.{DQ}.pad-d-values", ("pad_d",), pad_values("pad_d"),
+         "bwd head-dim padding is 0, 1 or 8 (got pad_d={pad_d})",
          hint="use 0 (none), 8 (multiple of 8) or 1 (any)", blame="pad_d"),
+    Rule(f"ck.{DQ}.pad-dv-values", ("pad_dv",), pad_values("pad_dv"),
+         "bwd head-dim padding is 0, 1 or 8 (got pad_dv={pad_dv})",
+         hint="use 0 (none), 8 (multiple of 8) or 1 (any)", blame="pad_dv"),
     Rule(f"ck.{DQ}.pad-d8-needs-dv8", ("pad_d", "pad_dv"), pad8_needs_dv8,
          "pad_d=8 needs pad_dv=8", hint="set pad_dv to 8 or pad_d to 0/1", blame="pad_dv"),
-    Rule(f"ck.{DQ}.maxq-batch-no-mask", ("mode", "tile", "mask"), maxq_batch_no_mask,
-         lambda b: f"small-seqlen tiles (maxq{b['tile'].max_seq_len_q}) serve only batch mode without mask",
-         hint="use a maxq0 tile for group mode or masks", blame="tile"),
+    Rule(f"ck.{DQ}.maxq-batch-only", ("mode", "tile"), maxq_batch_only,
+         lambda b: f"small-seqlen tiles (maxq{b['tile'].max_seq_len_q}) serve batch mode only",
+         hint="use a maxq0 tile for group mode", blame="tile"),
+    Rule(f"ck.{DQ}.maxq-no-mask", ("tile", "mask"), maxq_no_mask,
+         lambda b: f"small-seqlen tiles (maxq{b['tile'].max_seq_len_q}) have no masked variant",
+         hint="use a maxq0 tile with masks", blame="tile"),
     Rule(f"ck.{DQ}.dbias-needs-bias", ("bias", "dbias"), dbias_needs_bias,
          "dbias needs elementwise bias", hint="set bias(bias) or drop dbias", blame="dbias"),
     Rule(f"ck.{DQ}.randval-needs-dropout", ("dropout", "store_randval"), randval_needs_dropout,
