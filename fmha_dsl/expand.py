@@ -144,7 +144,8 @@ class _Expander:
         return fs is None or fs.values is not None
 
     def _span_for(self, rule: Rule) -> Span:
-        order = ([rule.blame] if rule.blame else []) + list(reversed(rule.deps))
+        env = [d for d in rule.deps if d in ("arch", "factory")]
+        order = ([rule.blame] if rule.blame else []) + [d for d in reversed(rule.deps) if d not in env] + env
         for dep in order:
             if dep == "tile":
                 sp = next((s for s in self.decl.tile.spans.values() if s is not None), None)
@@ -227,8 +228,9 @@ class _Expander:
         fixed_rules: list[Rule] = []
         # fields the family does not vary: its fixed value or CK's default; an explicit request for
         # another value is an error
+        free = tuple(f for f in FREE_FIELDS if f in d.fields and f not in fr.fields)
         for name in _SIG_AND_ALG_FIELDS:
-            if name in fr.fields:
+            if name in fr.fields or name in free:
                 continue
             value = fr.fixed.get(name, _DEFAULTS.get(name))
             env[name] = value
@@ -249,11 +251,12 @@ class _Expander:
             return fs.values
 
         rules = tuple(fixed_rules) + fr.rules + self.where
-        plan = schedule(fr.fields, rules)
+        fields = fr.fields + free
+        plan = schedule(fields, rules)
         n = 0
         src = f"{d.display or d.path or '<input>'}:{d.span.line}"
         label = d.label
-        for b in search(fr.fields, candidates, plan, env, self.on_fail):
+        for b in search(fields, candidates, plan, env, self.on_fail):
             sig, alg = _fields(b)
             out.append(Kernel(sig, alg, arch, fr.ck_name(b), src, label))
             n += 1
@@ -261,6 +264,9 @@ class _Expander:
 
 
 _SIG_AND_ALG_FIELDS = tuple(V.SIG_DEFAULTS) + tuple(V.ALG_DEFAULTS) + ("tile",)
+# Dispatcher hints every family accepts with any value: they change selection, not the kernel code.
+FREE_FIELDS = ("hdim_q_alignment", "hdim_v_alignment", "num_wave_groups", "max_splits_log2", "selection_rank",
+               "constraint")
 
 
 def _fixed_rule(family, name, value, asked) -> Rule:
@@ -301,11 +307,6 @@ def resolve_archs(decl: Declaration, override: tuple[str, ...] | None) -> tuple[
         return declared if declared is not None else AMD_ARCHS
     if declared is None:
         return tuple(override)
-    missing = [a for a in override if a not in declared]
-    if missing and not any(a in declared for a in override):
-        raise RuleError(Diagnostic(
-            "arch.not-declared", f"`{decl.label}` is declared for {', '.join(declared)}, not {', '.join(missing)}",
-            decl.archs.span, "add the arch to the set's `arch(...)` or use `arch(*)`"))
     return tuple(a for a in override if a in declared)
 
 
@@ -313,12 +314,23 @@ def expand(decls, archs: tuple[str, ...] | None = None, profile: str | None = No
     """Expand declarations into kernels.  Raises :class:`RuleError` for explicit invalid requests."""
     report = Report()
     errors: list[Diagnostic] = []
+    skipped = []
     for decl in decls:
         prof = profile or decl.profile.values[0]
+        mine = resolve_archs(decl, archs)
+        if not mine:  # --arch names none of this declaration's archs: not asked for here
+            skipped.append(decl)
+            report.per_decl[decl.label] = {}
+            continue
         try:
-            report.kernels.extend(_Expander(decl, report, resolve_archs(decl, archs), prof).run())
+            report.kernels.extend(_Expander(decl, report, mine, prof).run())
         except RuleError as exc:
             errors.extend(exc.diagnostics)
+    if skipped and len(skipped) == len(decls):
+        d = skipped[0]
+        raise RuleError(Diagnostic(
+            "arch.not-declared", f"no declaration is for {', '.join(archs)}: `{d.label}` is declared for "
+            f"{', '.join(d.archs.values)}", d.archs.span, "add the arch to the set's `arch(...)` or use `arch(*)`"))
     if errors:
         raise RuleError(errors)
     return report
