@@ -20,6 +20,7 @@ from .expr import where_rule
 from .keys import Algorithm, KernelKey, Signature, identifier_from, trusted
 from .rules import family_rules
 from .rules.base import FACTORY, Rule, Tile, schedule, search
+from .rules.ck_common import common_rules
 
 AMD_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
 _SIG_KEYS = tuple(Signature.model_fields)
@@ -250,7 +251,7 @@ class _Expander:
                 return [v for v in dom if fs.match(v)] if fs.match else dom
             return fs.values
 
-        rules = tuple(fixed_rules) + fr.rules + self.where
+        rules = tuple(fixed_rules) + fr.rules + common_rules(fr.family, fr.fields) + self.where
         fields = fr.fields + free
         plan = schedule(fields, rules)
         n = 0

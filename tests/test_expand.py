@@ -34,14 +34,14 @@ def test_explicit_kernel_like_ck_example_01(write):
 def test_named_setters_override_bulk_and_autofill(write):
     body = """
     kernel k {
-        signature { family(fwd) dtype(fp16) hdim(128) }
-        algorithm { pipeline(qr_async) tile_m0(64) tile(128, 128, 32, 0, 0, 0) wave(4, 1, 1, 4, 1, 1)
+        signature { family(fwd) dtype(fp16) hdim(64) }
+        algorithm { pipeline(qr_async) tile_n0(64) tile(128, 128, 32, 0, 0, 0) wave(4, 1, 1, 4, 1, 1)
                     warp(32, 32, 16, 32, 32, 16) padding(true, true, true, true) }
         arch(gfx942)
     }"""
     k = expand(write, body).kernels[0].key.algorithm
-    # named tile_m0 wins over the bulk value; n1 <- n0, k1 <- k0, k0max <- k0 (CK auto_fill)
-    assert k.tile == (64, 128, 32, 128, 32, 32)
+    # named tile_n0 wins over the bulk value; n1 <- n0, k1 <- k0, k0max <- k0 (CK auto_fill)
+    assert k.tile == (128, 64, 32, 64, 32, 32)
 
 
 def test_alternatives_are_a_product(write):
@@ -160,3 +160,42 @@ def test_unknown_profile_and_arch_arguments(write):
     with pytest.raises(FmhaError) as info:
         expand(write, "kernel k { }", arch="gfx951")
     assert info.value.rule == "usage.arch" and "gfx950" in info.value.hint
+
+
+EXPLICIT = """
+    kernel k {{
+        signature {{ family(fwd) dtype(fp16) hdim({hdim}) }}
+        algorithm {{ pipeline({pipe}) tile({tile}) wave({wave}) warp({warp}) padding(true, true, true, true) }}
+        arch({arch})
+    }}"""
+
+
+@pytest.mark.parametrize("hdim,pipe,tile,wave,warp,arch,rule", [
+    # async: 3 buffers x max(512*64, 32*64) x 2 bytes = 196608 > 160 KiB
+    ("64", "qr_async", "128, 512, 64, 64, 32, 64", "4, 1, 1, 4, 1, 1", "32, 32, 16, 32, 32, 16", "gfx942",
+     "ck.tile.lds-capacity"),
+    # m0 = 128 is not a multiple of warp m = 48
+    ("64", "qr", "128, 64, 32, 64, 32, 64", "4, 1, 1, 4, 1, 1", "48, 32, 16, 32, 32, 16", "gfx942",
+     "ck.tile.warp-divides-tile"),
+    # qr, hdim 256: (64/32) * (32/16) = 4 MFMA instructions per step, not a multiple of 8
+    ("256", "qr", "128, 64, 32, 256, 32, 256", "4, 1, 1, 4, 1, 1", "32, 32, 16, 32, 32, 16", "gfx942",
+     "ck.tile.mfma-count"),
+    # qr_async, fp16 on gfx942: n0*k0 = 32*16 = 512 is not a multiple of (128/16 warps)*64*(4/2) = 1024
+    ("64", "qr_async", "128, 32, 16, 64, 32, 64", "8, 1, 1, 8, 1, 1", "16, 16, 16, 16, 16, 16", "gfx942",
+     "ck.tile.async-dma"),
+    # k0 = 48 does not divide k0max = 64
+    ("64", "qr", "128, 64, 48, 64, 32, 64", "4, 1, 1, 4, 1, 1", "16, 16, 16, 16, 16, 16", "gfx942",
+     "ck.tile.k0-fits-hdim"),
+])
+def test_explicit_tiles_checked_like_ck_dispatcher(write, hdim, pipe, tile, wave, warp, arch, rule):
+    body = EXPLICIT.format(hdim=hdim, pipe=pipe, tile=tile, wave=wave, warp=warp, arch=arch)
+    with pytest.raises(RuleError) as info:
+        expand(write, body)
+    assert rule in [d.rule for d in info.value.diagnostics], info.value.render()
+    assert info.value.line == 5  # the algorithm line, where tile(...) is
+
+
+def test_explicit_valid_tile_passes_all_checks(write):
+    body = EXPLICIT.format(hdim="128", pipe="qr_async", tile="128, 128, 32, 128, 32, 128", wave="4, 1, 1, 4, 1, 1",
+                           warp="32, 32, 16, 32, 32, 16", arch="gfx950")
+    assert len(expand(write, body).kernels) == 1
