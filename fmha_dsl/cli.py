@@ -25,6 +25,7 @@ examples:
   fmha-dsl build my.fmha --arch gfx942,gfx950 -o out/
   fmha-dsl fmt my.fmha --write
   fmha-dsl schema registry > registry.schema.json
+  fmha-dsl schema rules
 
 exit codes: 0 ok, 1 failures (invalid combinations, fmt --check diffs),
             2 usage or input errors, 70 internal error
@@ -185,6 +186,20 @@ def cmd_schema(args) -> int:
             _out(f"{block}:")
             for s in by[block]:
                 _out(f"  {s.name}({', '.join(s.params)})  -- {s.doc}")
+    elif args.what == "rules":
+        from .rules import FAMILY_MODULES, family_rules
+        from .rules.ck_common import HDIM_RULE, TILE_RULES
+
+        seen = {}
+        for fam in FAMILY_MODULES:
+            for r in family_rules(fam).rules:
+                seen.setdefault(r.id, (fam, r))
+        for r in (HDIM_RULE,) + TILE_RULES:
+            seen.setdefault(r.id, ("all", r))
+        for rid in sorted(seen):
+            fam, r = seen[rid]
+            kind = "filter" if r.filter else "rule"
+            _out(f"{rid:<48} {kind:<6} reads {', '.join(r.deps)}")
     elif args.what == "grammar":
         from .parse import grammar_text
 
@@ -237,7 +252,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_fmt)
     sp = sub.add_parser("schema", help="print a JSON schema, the setter list or the grammar",
                         epilog="example: fmha-dsl schema registry")
-    sp.add_argument("what", choices=["key", "registry", "setters", "grammar"])
+    sp.add_argument("what", choices=["key", "registry", "setters", "rules", "grammar"])
     sp.set_defaults(fn=cmd_schema)
     return p
 

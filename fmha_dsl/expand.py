@@ -129,6 +129,7 @@ class _Expander:
         self.max_errors = max_errors
         self.where = tuple(where_rule(w, i) for i, w in enumerate(decl.wheres))
         self.explicit_tile = None if decl.tile.wild else _explicit_tile(decl)
+        self._explicit_rules: dict = {}
 
     # which dependencies of a failing rule were asked for explicitly
     def _is_explicit(self, dep: str) -> bool:
@@ -168,7 +169,10 @@ class _Expander:
             self.report.rule_text[rule.id] = _safe_text(rule, b)
         if rule.filter or len(self.errors) >= self.max_errors:
             return
-        if all(self._is_explicit(d) for d in rule.deps):
+        explicit = self._explicit_rules.get(rule)
+        if explicit is None:  # a property of the declaration and the rule, not of the values
+            explicit = self._explicit_rules[rule] = all(self._is_explicit(d) for d in rule.deps)
+        if explicit:
             sp = self._span_for(rule)
             key = (rule.id, sp.line if sp else 0, sp.column if sp else 0, _safe_text(rule, b))
             if key in self.seen_err:
@@ -258,8 +262,9 @@ class _Expander:
         src = f"{d.display or d.path or '<input>'}:{d.span.line}"
         label = d.label
         for b in search(fields, candidates, plan, env, self.on_fail):
-            sig, alg = _fields(b)
-            out.append(Kernel(sig, alg, arch, fr.ck_name(b), src, label))
+            name = fr.ck_name(b)
+            sig, alg = _fields(b)  # rewrites b's tile entry: name it first
+            out.append(Kernel(sig, alg, arch, name, src, label))
             n += 1
         return n
 
@@ -287,18 +292,19 @@ def _safe_text(rule: Rule, b: dict) -> str:
 
 _SIG_FROM_B = tuple(k for k in _SIG_KEYS if k not in ("hdim_q", "hdim_v"))
 _ALG_FROM_B = tuple(k for k in _ALG_KEYS if k not in ("tile", "wave", "warp", "block_per_cu", "max_seq_len_q"))
+_SIG_ORDER = tuple(sorted(_SIG_KEYS))   # field dicts are built in sorted order: JSON needs no re-sorting
+_ALG_ORDER = tuple(sorted(_ALG_KEYS))
 
 
 def _fields(b: dict) -> tuple[dict, dict]:
     """Signature and algorithm fields of one binding.  Every field is bound (varied, fixed or
     default), so keys are later built without re-validation; tests re-validate samples."""
-    sig = {k: b[k] for k in _SIG_FROM_B}
-    sig["hdim_q"], sig["hdim_v"] = b["hdim"]
     t: Tile = b["tile"]
-    alg = {k: b[k] for k in _ALG_FROM_B}
-    alg["tile"], alg["wave"], alg["warp"] = t.tile, t.wave, t.warp
-    alg["block_per_cu"], alg["max_seq_len_q"] = t.block_per_cu, t.max_seq_len_q
-    return sig, alg
+    hq, hv = b["hdim"]
+    b["hdim_q"], b["hdim_v"] = hq, hv
+    b["wave"], b["warp"], b["block_per_cu"], b["max_seq_len_q"] = t.wave, t.warp, t.block_per_cu, t.max_seq_len_q
+    b["tile"] = t.tile
+    return {k: b[k] for k in _SIG_ORDER}, {k: b[k] for k in _ALG_ORDER}
 
 
 def resolve_archs(decl: Declaration, override: tuple[str, ...] | None) -> tuple[str, ...]:

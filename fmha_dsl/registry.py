@@ -33,7 +33,9 @@ class Entry:
     def __init__(self, key: KernelKey | None, name: str, source: str = "", build: Optional[dict] = None, *,
                  sig: dict | None = None, alg: dict | None = None, arch: str | None = None, ident: str | None = None):
         if key is not None:
-            sig, alg, arch = key.signature.__dict__, key.algorithm.__dict__, key.arch
+            sig = dict(sorted(key.signature.__dict__.items()))
+            alg = dict(sorted(key.algorithm.__dict__.items()))
+            arch = key.arch
         self.sig, self.alg, self.arch = sig, alg, arch
         self.name, self.source, self.build = name, source, build
         self._key, self._ident = key, ident
@@ -182,12 +184,14 @@ class Registry:
 
     # -- JSON
     @staticmethod
-    def _entry_json(e: Entry, dumps=json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode) -> str:
-        d = {"name": e.name, "identifier": e.identifier, "family": e.sig["family"], "dtype": e.sig["dtype"],
-             "pipeline": e.alg["pipeline"], "gfx_arch": e.arch, "source": e.source,
-             "signature": e.sig, "algorithm": e.alg}
+    def _entry_json(e: Entry, dumps=json.JSONEncoder(separators=(",", ":")).encode,
+                    dumps_sorted=json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode) -> str:
+        # keys in sorted order by construction (signature/algorithm dicts are built sorted)
+        d = {"algorithm": e.alg}
         if e.build is not None:
-            d["build"] = e.build
+            d["build"] = json.loads(dumps_sorted(e.build))
+        d.update(dtype=e.sig["dtype"], family=e.sig["family"], gfx_arch=e.arch, identifier=e.identifier,
+                 name=e.name, pipeline=e.alg["pipeline"], signature=e.sig, source=e.source)
         return dumps(d)
 
     def to_json(self) -> str:

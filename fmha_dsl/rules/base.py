@@ -111,45 +111,45 @@ def schedule(fields: Sequence[str], rules: Sequence[Rule]) -> list[list[Rule]]:
 
 def search(fields: Sequence[str], candidates: Callable[[str, dict], Sequence[Any]],
            plan: list[list[Rule]], env: dict,
-           on_fail: Callable[[Rule, dict, str], None] | None = None) -> Iterator[dict]:
-    """Depth-first walk: yield every binding of ``fields`` that passes all rules.
+           on_fail: Callable[[Rule, dict, str], None] | None = None) -> list[dict]:
+    """Depth-first walk: every binding of ``fields`` that passes all rules, in walk order.
 
     ``candidates(field, b)`` lists the values to try; ``on_fail(rule, b, field)`` is told about every
-    pruned branch (for drop statistics and explicit-value errors).
+    pruned branch (for drop statistics and explicit-value errors).  Results are collected directly
+    (not through nested generators, which would pass each result up through every level).
     """
     b = dict(env)
+    out: list[dict] = []
     for r in plan[len(fields)]:
         if not r.check(b):
             if on_fail:
                 on_fail(r, b, "")
-            return
+            return out
     n = len(fields)
     if n == 0:
-        yield dict(b)
-        return
+        return [dict(b)]
+    last = n - 1
+    append = out.append
 
-    def walk(i: int) -> Iterator[dict]:
+    def walk(i: int) -> None:
         f = fields[i]
         rules_here = plan[i]
-        last = i == n - 1
         for v in candidates(f, b):
             b[f] = v
-            ok = True
             for r in rules_here:
                 if not r.check(b):
-                    ok = False
                     if on_fail:
                         on_fail(r, b, f)
                     break
-            if not ok:
-                continue
-            if last:
-                yield dict(b)
             else:
-                yield from walk(i + 1)
+                if i == last:
+                    append(dict(b))
+                else:
+                    walk(i + 1)
         b.pop(f, None)
 
-    yield from walk(0)
+    walk(0)
+    return out
 
 
 def enumerate_space(fr: FamilyRules, arch: str, receipt: int = 0, mask_impl: str = "simplified") -> list[dict]:
