@@ -17,7 +17,7 @@ from . import vocab as V
 from .declare import Declaration, FieldSpec
 from .errors import Diagnostic, RuleError, Span
 from .expr import where_rule
-from .keys import Algorithm, KernelKey, Signature, identifier_from, trusted
+from .keys import Algorithm, KeyFields, Signature
 from .rules import family_rules
 from .rules.base import FACTORY, Rule, Tile, schedule, search
 from .rules.ck_common import common_rules
@@ -28,31 +28,14 @@ _ALG_KEYS = tuple(Algorithm.model_fields)
 _DEFAULTS = {**V.SIG_DEFAULTS, **V.ALG_DEFAULTS}
 
 
-class Kernel:
-    """One expanded kernel: its fields, CK instance name and where it was declared.
+class Kernel(KeyFields):
+    """One expanded kernel: its key fields, CK instance name and where it was declared."""
 
-    The Pydantic key is built on first use of ``.key``: registries of tens of thousands of
-    kernels are written from the plain field dicts.
-    """
-
-    __slots__ = ("sig", "alg", "arch", "name", "source", "decl", "_key", "_ident")
+    __slots__ = ("name", "source", "decl")
 
     def __init__(self, sig: dict, alg: dict, arch: str, name: str, source: str, decl: str):
-        self.sig, self.alg, self.arch, self.name, self.source, self.decl = sig, alg, arch, name, source, decl
-        self._key = self._ident = None
-
-    @property
-    def key(self) -> KernelKey:
-        if self._key is None:
-            self._key = trusted(KernelKey, {"signature": trusted(Signature, self.sig),
-                                            "algorithm": trusted(Algorithm, self.alg), "arch": self.arch})
-        return self._key
-
-    @property
-    def identifier(self) -> str:
-        if self._ident is None:
-            self._ident = identifier_from(self.sig, self.alg, self.arch)
-        return self._ident
+        super().__init__(sig, alg, arch)
+        self.name, self.source, self.decl = name, source, decl
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, {self.arch})"

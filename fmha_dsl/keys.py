@@ -213,9 +213,35 @@ class Problem(_Frozen):
             self.hdim_q + self.hdim_v)
 
 
+class KeyFields:
+    """A kernel's key as plain field dicts, with the Pydantic :class:`KernelKey` built on first use.
+
+    Expansion produces tens of thousands of these; most are only counted, named and written to
+    JSON, which needs no model objects.  ``sig``/``alg`` are kept in sorted key order.
+    """
+
+    __slots__ = ("sig", "alg", "arch", "_key", "_ident")
+
+    def __init__(self, sig: dict, alg: dict, arch: str, key: "KernelKey | None" = None, ident: str | None = None):
+        self.sig, self.alg, self.arch, self._key, self._ident = sig, alg, arch, key, ident
+
+    @property
+    def key(self) -> KernelKey:
+        if self._key is None:
+            self._key = trusted(KernelKey, {"signature": trusted(Signature, self.sig),
+                                            "algorithm": trusted(Algorithm, self.alg), "arch": self.arch})
+        return self._key
+
+    @property
+    def identifier(self) -> str:
+        if self._ident is None:
+            self._ident = identifier_from(self.sig, self.alg, self.arch)
+        return self._ident
+
+
 def json_schema() -> dict:
     """JSON Schema of a kernel key (what ``fmha-dsl schema key`` prints)."""
     return KernelKey.model_json_schema(mode="serialization")
 
 
-__all__ = ["Signature", "Algorithm", "KernelKey", "Problem", "identifier_of", "identifier_from", "json_schema"]
+__all__ = ["Signature", "Algorithm", "KernelKey", "KeyFields", "Problem", "identifier_of", "identifier_from", "json_schema"]

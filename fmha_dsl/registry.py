@@ -17,18 +17,15 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import Diagnostic, RegistryError, Span
-from .keys import Algorithm, KernelKey, Signature, identifier_from, trusted
+from .keys import Algorithm, KernelKey, KeyFields, Signature
 
 SCHEMA_VERSION = 1
 
 
-class Entry:
-    """One registered kernel: key fields, CK name, declaring source, and build results.
+class Entry(KeyFields):
+    """One registered kernel: key fields, CK name, declaring source, and build results."""
 
-    Holds the plain field dicts; the Pydantic :class:`KernelKey` is built on first use of ``.key``.
-    """
-
-    __slots__ = ("sig", "alg", "arch", "name", "source", "build", "_key", "_ident")
+    __slots__ = ("name", "source", "build")
 
     def __init__(self, key: KernelKey | None, name: str, source: str = "", build: Optional[dict] = None, *,
                  sig: dict | None = None, alg: dict | None = None, arch: str | None = None, ident: str | None = None):
@@ -36,22 +33,8 @@ class Entry:
             sig = dict(sorted(key.signature.__dict__.items()))
             alg = dict(sorted(key.algorithm.__dict__.items()))
             arch = key.arch
-        self.sig, self.alg, self.arch = sig, alg, arch
+        super().__init__(sig, alg, arch, key, ident)
         self.name, self.source, self.build = name, source, build
-        self._key, self._ident = key, ident
-
-    @property
-    def key(self) -> KernelKey:
-        if self._key is None:
-            self._key = trusted(KernelKey, {"signature": trusted(Signature, self.sig),
-                                            "algorithm": trusted(Algorithm, self.alg), "arch": self.arch})
-        return self._key
-
-    @property
-    def identifier(self) -> str:
-        if self._ident is None:
-            self._ident = identifier_from(self.sig, self.alg, self.arch)
-        return self._ident
 
     @property
     def family(self) -> str:

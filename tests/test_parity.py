@@ -142,3 +142,15 @@ kernel_set w {
 
     want = sorted(n for n in oracle("fwd") if n.startswith("fmha_fwd_d64_") and "_qr_v" not in n and m0(n) >= 64)
     assert got == want and got
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "gfx1100", "gfx1201"])
+def test_engine_keys_revalidate(receipt0, arch):
+    """Keys are built without validation for speed; every one must pass full Pydantic validation."""
+    from fmha_dsl.keys import KernelKey
+
+    kernels = receipt0.expand_report(arch=arch).kernels
+    for k in kernels[:: max(1, len(kernels) // 400)]:
+        again = KernelKey.model_validate_json(k.key.model_dump_json())
+        assert again == k.key
+        assert again.identifier == k.identifier

@@ -124,3 +124,14 @@ def test_missing_registry(tmp_path):
     with pytest.raises(RegistryError) as info:
         Registry.load(tmp_path / "nope.json")
     assert info.value.rule == "registry.missing" and "fmha-dsl build" in info.value.hint
+
+
+def test_checked_in_schema_is_current():
+    """docs/registry.schema.json is what `fmha-dsl schema registry` prints: bump schema_version on change."""
+    import os
+
+    from fmha_dsl.registry import json_schema
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "registry.schema.json")
+    with open(path) as f:
+        assert json.load(f) == json_schema()

@@ -9,14 +9,25 @@ and ``validate_config``), with the same limits.
 
 from __future__ import annotations
 
+import functools
+
+from ..data import load
 from .base import Rule
 
-ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 1, "bf8": 1, "fp8fp16": 1, "fp8bf16": 1, "fp8fp32": 1,
-              "mxfp8": 1, "mxfp4": 1}
+# the common dtypes' sizes live in CK's parent arch_specs.json; fmha_arch_specs.json adds the composite ones
+_BASE_ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 1, "bf8": 1}
 ASYNC_PIPELINES = ("qr_async", "qr_async_trload", "qr_async_trload_v3")
-LDS_ASYNC_BYTES = 163840            # 160 KiB, three K/V buffers in flight
-LDS_SYNC_BYTES = {"qr": 65536, "qs": 65536}
+LDS_ASYNC_BYTES = 163840            # 160 KiB: CK's async pipelines keep three K/V buffers in flight
 FWD_LIKE = ("fwd", "fwd_pagedkv", "fwd_splitkv", "batch_prefill")
+
+
+@functools.lru_cache(maxsize=None)
+def _specs() -> tuple[dict, dict]:
+    spec = load("fmha_arch_specs")
+    elem = dict(_BASE_ELEM_BYTES)
+    elem.update({k: v for k, v in spec["fmha_element_sizes"].items() if not k.startswith("_")})
+    lds = {k: v for k, v in spec["lds_limits"].items() if not k.startswith("_")}
+    return elem, lds
 
 
 def _explicit(b) -> bool:
@@ -24,7 +35,7 @@ def _explicit(b) -> bool:
 
 
 def _elem(b) -> int:
-    return ELEM_BYTES.get(b["dtype"], 2)
+    return _specs()[0].get(b["dtype"], 2)
 
 
 def _lds_ok(b) -> bool:
@@ -36,7 +47,7 @@ def _lds_ok(b) -> bool:
         single_k = n0 * k0 * e
         single_v = k1 * n1 * e
         return 3 * max(single_k, single_v) <= LDS_ASYNC_BYTES
-    return (m0 * k0 + n0 * k0) * e <= LDS_SYNC_BYTES.get(b["pipeline"], 65536)
+    return (m0 * k0 + n0 * k0) * e <= _specs()[1].get(b["pipeline"], 65536)
 
 
 def _lds_msg(b) -> str:
@@ -47,7 +58,8 @@ def _lds_msg(b) -> str:
         return (f"tile {m0}x{n0}x{k0}x{n1}x{k1} needs {need} bytes of LDS for {b['pipeline']} "
                 f"(3 K/V buffers), more than {LDS_ASYNC_BYTES}")
     need = (m0 * k0 + n0 * k0) * e
-    return f"tile {m0}x{n0}x{k0} needs {need} bytes of LDS for {b['pipeline']}, more than 65536"
+    limit = _specs()[1].get(b["pipeline"], 65536)
+    return f"tile {m0}x{n0}x{k0} needs {need} bytes of LDS for {b['pipeline']}, more than {limit}"
 
 
 def _warps_divide(b) -> bool:

@@ -1,0 +1,41 @@
+"""Packaging: no work at import, data shipped in the installed package, library never prints."""
+
+import os
+import subprocess
+import sys
+
+
+def test_import_does_no_work():
+    code = ("import sys, fmha_dsl; heavy = [m for m in ('lark', 'pydantic', 'numpy', 'triton', 'torch') "
+            "if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_shipped_data_is_found_from_any_directory(tmp_path):
+    code = ("import fmha_dsl; from fmha_dsl.parse import grammar_text; "
+            "assert 'kernel_set' in grammar_text(); "
+            "ks = fmha_dsl.load(fmha_dsl.shipped('ck_receipt0')); print(len(ks.declarations))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "9"
+
+
+def test_library_does_not_print(capsys):
+    import fmha_dsl
+
+    ks = fmha_dsl.load(fmha_dsl.shipped("ck_receipt0"))
+    ks.expand_report(arch="gfx1100")  # warnings are data, not output
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ""
+
+
+def test_no_eval_in_package():
+    import fmha_dsl
+
+    root = os.path.dirname(fmha_dsl.__file__)
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(".py"):
+                text = open(os.path.join(dirpath, f)).read()
+                assert "eval(" not in text.replace("model_validate", "") and "exec(" not in text, f
