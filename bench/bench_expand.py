@@ -23,13 +23,13 @@ import time
 CK_SECONDS = {"gfx950": 76.0, "gfx942": 58.0}
 
 
-def whole_process(arch: str, repeat: int) -> tuple[float, list[float], int]:
+def whole_process(arch: str, repeat: int, jobs: int) -> tuple[float, list[float], int]:
     times = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeat):
             t0 = time.perf_counter()
             subprocess.run([sys.executable, "-m", "fmha_dsl.cli", "build", "ck_receipt0", "--arch", arch,
-                            "-o", tmp, "-q"], check=True)
+                            "-o", tmp, "-q", "-j", str(jobs)], check=True)
             times.append(time.perf_counter() - t0)
         with open(os.path.join(tmp, "registry.json")) as f:
             n = json.load(f)["metadata"]["total_kernels"]
@@ -61,16 +61,18 @@ def main() -> None:
     ap.add_argument("--arch", default="gfx950")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    med, times, n = whole_process(args.arch, args.repeat)
     ck = CK_SECONDS.get(args.arch)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"fmha-dsl build ck_receipt0 --arch {args.arch}: {n} kernels")
-    print(f"  whole process, median of {len(times)}: {med:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in times)})")
-    print(f"  {n / med:,.0f} kernels/s")
-    if ck:
-        print(f"  CK generate.py (upstream, same machine kind): ~{ck:.0f} s -> {ck / med:.0f}x faster")
+    for jobs in sorted({1, os.cpu_count() or 1}):
+        med, times, n = whole_process(args.arch, args.repeat, jobs)
+        print(f"fmha-dsl build ck_receipt0 --arch {args.arch} -j {jobs}: {n} kernels")
+        print(f"  whole process, median of {len(times)}: {med:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in times)})")
+        print(f"  {n / med:,.0f} kernels/s")
+        if ck:
+            print(f"  CK generate.py (upstream, same machine kind): ~{ck:.0f} s -> {ck / med:.0f}x faster")
+    print("in-process stages, serial:")
     for k, v in stages(args.arch).items():
-        print(f"  {k:<14} {v:.3f} s" if k != "json_bytes" else f"  {k:<14} {v:,}")
+            print(f"  {k:<14} {v:.3f} s" if k != "json_bytes" else f"  {k:<14} {v:,}")
 
 
 if __name__ == "__main__":

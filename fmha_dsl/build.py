@@ -1,4 +1,4 @@
-"""[build] A registry -> a build directory.
+"""[build] A kernel set -> a build directory.
 
 Layout of a build directory (the compile backends of the next stage fill ``kernels/``)::
 
@@ -6,21 +6,74 @@ Layout of a build directory (the compile backends of the next stage fill ``kerne
     DIR/kernels/<arch>/<name>.*    one binary per kernel (hsaco / cubin), named by its CK name
                                    and referenced from its registry entry's ``build`` object
 
-With ``backend="none"`` only the registry is written: expansion and validation, no compilation.
+Declarations are independent units of work: with ``jobs > 1`` a pool of forked worker processes
+expands them and encodes their registry lines in parallel; the parent merges, de-duplicates (first
+declaration wins), sorts and writes.  The output is byte-identical to the serial path.  With
+``backend="none"`` only the registry is written (no compilation).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+from dataclasses import dataclass
 
 from .errors import UsageError, error
-from .registry import Registry
+from .expand import DeclResult, Report, expand_decl, merge
+from .registry import Entry, document, entry_line, sort_key, stat_row, statistics, write_atomic
 
 BACKENDS = ("none",)
+# rough relative sizes, so the pool starts the big declarations first and the workers finish together
+_FAMILY_WEIGHT = {"bwd_dq_dk_dv": 9, "fwd": 8, "batch_prefill": 7, "fwd_splitkv": 3}
 
 
-def build_registry(reg: Registry, out_dir: str | os.PathLike, backend: str = "none") -> str:
-    """Write ``out_dir/registry.json`` atomically and return its path."""
+@dataclass
+class BuildResult:
+    path: str
+    total: int
+    by_arch: dict
+    report: Report        # drops, notes and per-declaration counts (kernels not kept)
+
+
+_STATE: tuple | None = None   # (declarations, archs, profile) inherited by forked workers
+
+
+def _task(i: int):
+    decls, archs, profile = _STATE
+    res: DeclResult = expand_decl(decls[i], archs, profile)
+    rows = []
+    for k in res.report.kernels:
+        e = Entry(None, k.name, k.source, sig=k.sig, alg=k.alg, arch=k.arch, ident=k.identifier)
+        rows.append((sort_key(e), e.identifier, entry_line(e), stat_row(e)))
+    res.report.kernels = []
+    return i, res, rows
+
+
+def _weight(decl) -> int:
+    fam = decl.fields.get("family")
+    vals = fam.values if fam is not None and fam.values is not None else ("fwd",)
+    return sum(_FAMILY_WEIGHT.get(f, 1) for f in vals)
+
+
+def _run(decls, archs, profile, jobs: int):
+    global _STATE
+    _STATE = (decls, archs, profile)
+    try:
+        order = sorted(range(len(decls)), key=lambda i: -_weight(decls[i]))
+        use_pool = jobs > 1 and len(decls) > 1 and "fork" in multiprocessing.get_all_start_methods()
+        if not use_pool:
+            return [_task(i) for i in order]
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(decls))) as pool:
+            return list(pool.imap_unordered(_task, order, chunksize=1))
+    finally:
+        _STATE = None
+
+
+def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backend: str = "none",
+          jobs: int | None = None) -> BuildResult:
+    """Expand ``kernel_set`` and write ``out_dir/registry.json`` (atomically)."""
+    from .kernelset import _archs, _profile
+
     if backend not in BACKENDS:
         raise error("usage.backend", f"unknown backend `{backend}`", None, f"one of: {', '.join(BACKENDS)}",
                     cls=UsageError)
@@ -28,6 +81,23 @@ def build_registry(reg: Registry, out_dir: str | os.PathLike, backend: str = "no
     if os.path.exists(out) and not os.path.isdir(out):
         raise error("usage.output", f"`{out}` exists and is not a directory", None,
                     "pass a directory with -o", cls=UsageError)
-    path = os.path.join(out, "registry.json")
-    reg.save(path)
-    return path
+    archs, prof = _archs(arch), _profile(profile)
+    decls = kernel_set.declarations
+    done = sorted(_run(decls, archs, prof, jobs or os.cpu_count() or 1), key=lambda t: t[0])
+    report = merge([res for _, res, _ in done], decls, archs)
+    seen, rows = set(), []
+    for _, _, part in done:  # declaration order: the first declaration of a kernel wins
+        for row in part:
+            if row[1] not in seen:
+                seen.add(row[1])
+                rows.append(row)
+    rows.sort(key=lambda r: r[0])
+    stats = statistics(r[3] for r in rows)
+    profiles = [prof] if prof else sorted({d.profile.values[0] for d in decls})
+    sources = sorted({os.path.basename(f) for f in kernel_set.files})
+    text = document(kernel_set.name, sorted(stats["by_arch"]), profiles, sources, stats, [r[2] for r in rows])
+    path = write_atomic(os.path.join(out, "registry.json"), text)
+    return BuildResult(path, len(rows), stats["by_arch"], report)
+
+
+__all__ = ["build", "BuildResult", "BACKENDS"]

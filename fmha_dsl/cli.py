@@ -129,17 +129,16 @@ def cmd_explain(args) -> int:
 
 
 def cmd_build(args) -> int:
-    from .build import build_registry
+    from .build import build
 
-    ks, rep, dt = _report(args)
-    _print_notes(rep, "text")
-    reg = ks.registry(args.arch, args.profile, report=rep)
-    path = build_registry(reg, args.output, backend=args.backend)
+    ks = _load(args)
+    res = build(ks, args.output, arch=args.arch, profile=args.profile, backend=args.backend, jobs=args.jobs)
+    _print_notes(res.report, "text")
     if not args.quiet:
-        per = ", ".join(f"{a}: {n}" for a, n in reg.statistics()["by_arch"].items())
-        _out(f"wrote {path}: {len(reg)} kernels ({per})")
+        per = ", ".join(f"{a}: {n}" for a, n in res.by_arch.items())
+        _out(f"wrote {res.path}: {res.total} kernels ({per})")
         if args.verbose:
-            for rid, n in sorted(rep.dropped.items(), key=lambda t: (-t[1], t[0])):
+            for rid, n in sorted(res.report.dropped.items(), key=lambda t: (-t[1], t[0])):
                 _out(f"  dropped {n:>8} by {rid}")
     return EXIT_OK
 
@@ -240,6 +239,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", "--output", default="fmha-build", help="build directory (default: ./fmha-build)")
     sp.add_argument("--backend", default="none", choices=["none"],
                     help="compile backend (none: registry only; triton comes with the build issue)")
+    sp.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: CPU count)")
     sp.add_argument("-q", "--quiet", action="store_true")
     sp.add_argument("-v", "--verbose", action="store_true", help="also say what each rule dropped")
     sp.set_defaults(fn=cmd_build)

@@ -300,24 +300,42 @@ def resolve_archs(decl: Declaration, override: tuple[str, ...] | None) -> tuple[
     return tuple(a for a in override if a in declared)
 
 
-def expand(decls, archs: tuple[str, ...] | None = None, profile: str | None = None) -> Report:
-    """Expand declarations into kernels.  Raises :class:`RuleError` for explicit invalid requests."""
+@dataclass
+class DeclResult:
+    """What one declaration expanded to (a unit of work a process pool can run)."""
+
+    report: Report
+    errors: list
+    skipped: bool
+
+
+def expand_decl(decl: Declaration, archs: tuple[str, ...] | None, profile: str | None) -> DeclResult:
+    report = Report()
+    mine = resolve_archs(decl, archs)
+    if not mine:  # --arch names none of this declaration's archs: not asked for here
+        report.per_decl[decl.label] = {}
+        return DeclResult(report, [], True)
+    try:
+        report.kernels.extend(_Expander(decl, report, mine, profile or decl.profile.values[0]).run())
+    except RuleError as exc:
+        return DeclResult(report, list(exc.diagnostics), False)
+    return DeclResult(report, [], False)
+
+
+def merge(results: list[DeclResult], decls, archs) -> Report:
+    """Combine per-declaration results in declaration order; raise the errors they found."""
     report = Report()
     errors: list[Diagnostic] = []
-    skipped = []
-    for decl in decls:
-        prof = profile or decl.profile.values[0]
-        mine = resolve_archs(decl, archs)
-        if not mine:  # --arch names none of this declaration's archs: not asked for here
-            skipped.append(decl)
-            report.per_decl[decl.label] = {}
-            continue
-        try:
-            report.kernels.extend(_Expander(decl, report, mine, prof).run())
-        except RuleError as exc:
-            errors.extend(exc.diagnostics)
-    if skipped and len(skipped) == len(decls):
-        d = skipped[0]
+    for r in results:
+        report.kernels.extend(r.report.kernels)
+        report.dropped.update(r.report.dropped)
+        report.per_decl.update(r.report.per_decl)
+        report.notes.extend(r.report.notes)
+        for k, v in r.report.rule_text.items():
+            report.rule_text.setdefault(k, v)
+        errors.extend(r.errors)
+    if results and all(r.skipped for r in results):
+        d = decls[0]
         raise RuleError(Diagnostic(
             "arch.not-declared", f"no declaration is for {', '.join(archs)}: `{d.label}` is declared for "
             f"{', '.join(d.archs.values)}", d.archs.span, "add the arch to the set's `arch(...)` or use `arch(*)`"))
@@ -326,4 +344,9 @@ def expand(decls, archs: tuple[str, ...] | None = None, profile: str | None = No
     return report
 
 
-__all__ = ["Kernel", "Report", "expand", "resolve_archs", "AMD_ARCHS"]
+def expand(decls, archs: tuple[str, ...] | None = None, profile: str | None = None) -> Report:
+    """Expand declarations into kernels.  Raises :class:`RuleError` for explicit invalid requests."""
+    return merge([expand_decl(d, archs, profile) for d in decls], decls, archs)
+
+
+__all__ = ["Kernel", "Report", "DeclResult", "expand", "expand_decl", "merge", "resolve_archs", "AMD_ARCHS"]

@@ -157,45 +157,16 @@ class Registry:
         return sorted({e.arch for e in self._by_id.values()})
 
     def statistics(self) -> dict[str, dict[str, int]]:
-        c = {k: Counter() for k in ("by_family", "by_dtype", "by_pipeline", "by_arch")}
-        for e in self._by_id.values():
-            c["by_family"][e.sig["family"]] += 1
-            c["by_dtype"][e.sig["dtype"]] += 1
-            c["by_pipeline"][e.alg["pipeline"]] += 1
-            c["by_arch"][e.arch] += 1
-        return {k: dict(sorted(v.items())) for k, v in c.items()}
+        return statistics(stat_row(e) for e in self._by_id.values())
 
     # -- JSON
-    @staticmethod
-    def _entry_json(e: Entry, dumps=json.JSONEncoder(separators=(",", ":")).encode,
-                    dumps_sorted=json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode) -> str:
-        # keys in sorted order by construction (signature/algorithm dicts are built sorted)
-        d = {"algorithm": e.alg}
-        if e.build is not None:
-            d["build"] = json.loads(dumps_sorted(e.build))
-        d.update(dtype=e.sig["dtype"], family=e.sig["family"], gfx_arch=e.arch, identifier=e.identifier,
-                 name=e.name, pipeline=e.alg["pipeline"], signature=e.sig, source=e.source)
-        return dumps(d)
-
     def to_json(self) -> str:
-        from . import __version__
-
-        meta = {"archs": self.archs, "generator": f"fmha-dsl {__version__}", "profiles": self.profiles,
-                "registry_name": self.name, "sources": self.sources, "total_kernels": len(self)}
-        head = json.dumps({"metadata": meta, "schema_version": SCHEMA_VERSION, "statistics": self.statistics()},
-                          sort_keys=True, indent=1)
-        body = ",\n".join(self._entry_json(e) for e in self)
-        # `kernels` goes last, one per line (kept after the sorted head so the file stays diffable)
-        return head[:-2] + ',\n "kernels": [\n' + body + ("\n" if body else "") + " ]\n}\n"
+        lines = [entry_line(e) for e in self]
+        return document(self.name, self.archs, self.profiles, self.sources, self.statistics(), lines)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file + rename): a killed write never leaves a torn registry."""
-        p = os.fspath(path)
-        os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
-        tmp = f"{p}.tmp.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.write(self.to_json())
-        os.replace(tmp, p)
+        write_atomic(path, self.to_json())
 
     @classmethod
     def from_json(cls, text: str, path: str | None = None) -> "Registry":
@@ -244,6 +215,64 @@ class Registry:
         except (OSError, UnicodeDecodeError) as exc:
             raise RegistryError(Diagnostic("registry.unreadable", f"cannot read `{p}`: {exc}", None)) from None
         return cls.from_json(text, p)
+
+
+# ---- the JSON text, shared by Registry.to_json and the parallel build ----------------------------
+def sort_key(e: Entry) -> tuple:
+    return _sort_key(e)
+
+
+def stat_row(e: Entry) -> tuple[str, str, str, str]:
+    return (e.sig["family"], e.sig["dtype"], e.alg["pipeline"], e.arch)
+
+
+def statistics(rows) -> dict[str, dict[str, int]]:
+    """``by_family`` / ``by_dtype`` / ``by_pipeline`` / ``by_arch`` counts of (family, dtype, pipeline, arch) rows."""
+    names = ("by_family", "by_dtype", "by_pipeline", "by_arch")
+    c = {k: Counter() for k in names}
+    for row in rows:
+        for k, v in zip(names, row):
+            c[k][v] += 1
+    return {k: dict(sorted(v.items())) for k, v in c.items()}
+
+
+def entry_line(e: Entry, dumps=json.JSONEncoder(separators=(",", ":")).encode,
+               dumps_sorted=json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode) -> str:
+    """One kernel as one line of JSON, keys sorted (signature/algorithm dicts are built sorted)."""
+    d = {"algorithm": e.alg}
+    if e.build is not None:
+        d["build"] = json.loads(dumps_sorted(e.build))
+    d.update(dtype=e.sig["dtype"], family=e.sig["family"], gfx_arch=e.arch, identifier=e.identifier,
+             name=e.name, pipeline=e.alg["pipeline"], signature=e.sig, source=e.source)
+    return dumps(d)
+
+
+def document(name: str, archs, profiles, sources, stats: dict, lines: list[str]) -> str:
+    """The registry file: a sorted, indented head, then ``kernels`` with one kernel per line."""
+    from . import __version__
+
+    meta = {"archs": list(archs), "generator": f"fmha-dsl {__version__}", "profiles": list(profiles),
+            "registry_name": name, "sources": list(sources), "total_kernels": len(lines)}
+    head = json.dumps({"metadata": meta, "schema_version": SCHEMA_VERSION, "statistics": stats},
+                      sort_keys=True, indent=1)
+    body = ",\n".join(lines)
+    # `kernels` goes last (after the sorted head) so the small part of the file stays at the top
+    return head[:-2] + ',\n "kernels": [\n' + body + ("\n" if body else "") + " ]\n}\n"
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> str:
+    """Write via a temp file and rename: a killed write never leaves a torn file."""
+    p = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+    tmp = f"{p}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.replace(tmp, p)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return p
 
 
 def _kernel_line(text: str, index: int) -> int | None:

@@ -112,3 +112,17 @@ def test_unsupported_family_is_a_warning_not_a_crash():
     assert out.returncode == 0
     assert "bwd_dq_dk_dv is not supported on gfx1100" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_parallel_build_equals_serial_and_registry(tmp_path):
+    """-j 2 (forked workers) writes the same bytes as -j 1 and as Registry.to_json."""
+    import fmha_dsl
+
+    outs = []
+    for j in ("1", "2"):
+        out = cli("build", "ck_receipt0", "--arch", "gfx942", "-o", str(tmp_path / j), "-q", "-j", j)
+        assert out.returncode == 0, out.stderr
+        outs.append((tmp_path / j / "registry.json").read_bytes())
+    assert outs[0] == outs[1]
+    ks = fmha_dsl.load(fmha_dsl.shipped("ck_receipt0"))
+    assert ks.registry("gfx942").to_json().encode() == outs[0]
