@@ -15,10 +15,10 @@ from __future__ import annotations
 import functools
 
 from .. import data
-from .base import FACTORY, FamilyRules, Rule, Tile, pad_token, tf, x
+from .base import FACTORY, FamilyRules, Rule, pad_token, tf, x
+from .ck_shared import PAD_TOKENS, bias_token, mask_domain, mask_token, no_logits_with_bias, table_tile, tile_token
 
 FAMILY = "batch_prefill"
-_PADS = (("pad_s", "s"), ("pad_sk", "sk"), ("pad_d", "d"), ("pad_dv", "dv"))
 
 
 # ---------------------------------------------------------------- data (loaded on first use)
@@ -39,8 +39,7 @@ def _tiles(factory: str) -> dict:
         for rows in per_hdim.values():
             for r in rows:
                 # wave/warp: 6 printed numbers, padded with CK's defaults for the unused third gemm
-                t = Tile(tuple(r["tile"]), tuple(r["wave"]) + (1, 1, 1), tuple(r["warp"]) + (16, 16, 16),
-                         block_per_cu=r["block_per_cu"])
+                t = table_tile(r)
                 by_hdim.setdefault((t.tile[5], t.tile[3]), []).append(t)   # (bk0max, bn1) = (hdim_q, hdim_v)
         out[dtype] = {h: tuple(ts) for h, ts in by_hdim.items()}
     return out
@@ -72,7 +71,7 @@ def domain(field: str, b: dict):
     if field == "tile":
         return _tiles(b["factory"]).get(b["dtype"], {}).get(b["hdim"], ())
     if field == "mask":
-        return ("no", "top_left") if b["mask_impl"] == "simplified" else ("no", "top_left", "generic")
+        return mask_domain(b["mask_impl"])
     if field == "bias":
         return ("no", "bias", "alibi")
     if field == "qscale":
@@ -117,11 +116,6 @@ def d192_v128_inference_only(b):
     if b["hdim"][0] == 192 and b["tile"].tile[3] == 128:
         return b["bias"] == "no" and not b["lse"] and not b["dropout"]
     return True
-
-
-def logits_without_bias(b):
-    # get_fwd_blobs: logits soft-cap only with bias == no
-    return not b["logits"] or b["bias"] == "no"
 
 
 def page_size_supported(b):
@@ -177,7 +171,8 @@ RULES = (
     Rule(f"ck.{FAMILY}.d192-v128-inference-only", ("hdim", "tile", "bias", "lse", "dropout"),
          d192_v128_inference_only, "hdim (192, 128) batch_prefill kernels have no bias, lse or dropout",
          hint="drop bias/lse/dropout", blame="hdim"),
-    Rule(f"ck.{FAMILY}.logits-needs-no-bias", ("logits", "bias"), logits_without_bias,
+    # get_fwd_blobs: logits soft-cap only with bias == no
+    Rule(f"ck.{FAMILY}.logits-needs-no-bias", ("logits", "bias"), no_logits_with_bias,
          "logits soft-cap is only available without bias", hint="set bias(no) or drop logits", blame="logits"),
     _variant_rule("qscale"),
     _variant_rule("sink"),
@@ -200,30 +195,17 @@ RULES = (
 
 # ---------------------------------------------------------------- names
 
-def _mask_token(b) -> str:
-    # FmhaFwdPipeline.name: simplified -> mask/nmask; generic -> nmask, mc (causal), mg (generic)
-    if b["mask"] == "no":
-        return "nmask"
-    if b["mask_impl"] == "simplified":
-        return "mask"
-    return "mg" if b["mask"] == "generic" else "mc"
-
-
-def _tile_token(t: Tile) -> str:
-    # FmhaFwdTileSize.name: 6-value tile, two wave and two warp triples, _o only when set
-    s = f"b{x(t.tile)}_r{x(t.wave[0:3])}_r{x(t.wave[3:6])}_w{x(t.warp[0:3])}_w{x(t.warp[3:6])}"
-    return s + (f"_o{t.block_per_cu}" if t.block_per_cu != -1 else "")
-
-
 def ck_name(b: dict) -> str:
-    # FmhaFwdKernel.name + FmhaFwdPipeline.name (no arch suffix: arch-agnostic translation units)
+    # FmhaFwdKernel.name + FmhaFwdPipeline.name (no arch suffix: arch-agnostic translation units);
+    # FmhaFwdTileSize.name: 6-value tile, two wave and two warp triples, _o only when set;
+    # mask: simplified -> mask/nmask; generic -> nmask, mc (causal), mg (generic)
     parts = [
         f"fmha_batch_prefill_d{b['hdim'][0]}_{b['dtype']}_{b['mode']}_ps{b['page_size']}",
-        ("64bit_" if b["kv64"] else "") + _tile_token(b["tile"]),
-        b["pipeline"], "v" + b["vlayout"], pad_token(b, _PADS),
+        ("64bit_" if b["kv64"] else "") + tile_token(b["tile"]),
+        b["pipeline"], "v" + b["vlayout"], pad_token(b, PAD_TOKENS),
         tf(b["logits"], "logits"),
-        b["bias"] if b["bias"] != "no" else "nbias",
-        _mask_token(b),
+        bias_token(b["bias"]),
+        mask_token(b),
         tf(b["lse"], "lse"), tf(b["dropout"], "dropout"),
         b["qscale"] if b["qscale"] != "no" else "nqscale",
         tf(b["sink"], "sink"),

@@ -18,6 +18,7 @@ import functools
 
 from .. import data
 from .base import FACTORY, FamilyRules, Rule, Tile, enumerate_space, pad_token, tf, x
+from .ck_shared import mask_domain, mask_token
 
 DOT, DQ, CONVERT = "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"
 M0_1D = 64           # fmha_bwd.py M0_1D: block size (bm0) of the 1-d dot/convert kernels
@@ -102,10 +103,6 @@ def _trload_domain(b):
     return _BOOLS if tr is None else (tr,)
 
 
-def _mask_domain(b):
-    return ("no", "top_left") if b["mask_impl"] == "simplified" else ("no", "top_left", "generic")
-
-
 def domain(field: str, b: dict):
     if field == "dtype":
         return tuple(_table(b["factory"]))
@@ -122,7 +119,7 @@ def domain(field: str, b: dict):
     if field == "pad_s":
         return tuple(_d()["pads"]["one_d"])
     if field == "mask":
-        return _mask_domain(b)
+        return mask_domain(b["mask_impl"])
     if field == "bias":
         return ("no", "bias", "alibi")
     if field == "trload":
@@ -177,15 +174,6 @@ def receipt_keeps(b: dict, r: int) -> bool:
                 and b["bias"] == "no" and not b["dropout"] and b["mask"] == "no"
                 and b["mask_impl"] == "simplified" and not det)
     return b["dtype"] != "fp32"   # don't build fp32 by default
-
-
-def _mask_token(b) -> str:
-    # FmhaBwdDQDKDVKernel.name: simplified -> mask/nmask; generic -> nmask, mc (causal), mg (generic)
-    if b["mask"] == "no":
-        return "nmask"
-    if b["mask_impl"] == "simplified":
-        return "mask"
-    return "mg" if b["mask"] == "generic" else "mc"
 
 
 def _common_rules(fam: str) -> list[Rule]:
@@ -313,9 +301,10 @@ def _dropout_token(b) -> str:
 
 def dq_name(b: dict) -> str:
     # FmhaBwdDQDKDVKernel.name + arch suffix
+    # (mask: simplified -> mask/nmask; generic -> nmask, mc (causal), mg (generic))
     return "_".join([
         f"fmha_bwd_d{b['hdim'][0]}_{b['dtype']}_{b['mode']}", _dq_tile_token(b["tile"]), _dq_pad_token(b),
-        b["bias"] if b["bias"] != "no" else "nbias", tf(b["dbias"], "dbias"), _mask_token(b),
+        b["bias"] if b["bias"] != "no" else "nbias", tf(b["dbias"], "dbias"), mask_token(b),
         _dropout_token(b), tf(b["deterministic"], "deterministic"), tf(b["trload"], "trload"),
     ]) + _suffix(b)
 
@@ -486,36 +475,20 @@ def _supported(family: str):
     return supported
 
 
+def _family(family: str, fields: tuple[str, ...], rules: tuple[Rule, ...], ck_name, fixed: dict, doc: str):
+    return FamilyRules(family=family, fields=fields, rules=rules, domain=domain, ck_name=ck_name, fixed=fixed,
+                       supported=_supported(family), doc=doc)
+
+
 FAMILIES = {
-    DOT: FamilyRules(
-        family=DOT,
-        fields=("dtype", "hdim", "mode", "pad_s", "pad_dv"),
-        rules=DOT_RULES,
-        domain=domain,
-        ck_name=dot_name,
-        fixed={"pipeline": "dot_do_o", "tile": DOT_TILE},
-        supported=_supported(DOT),
-        doc="CK bwd pre-pass: D = rowsum(dO * O), one per (dtype, hdim, mode, padding) used by a dq_dk_dv kernel",
-    ),
-    DQ: FamilyRules(
-        family=DQ,
-        fields=("dtype", "hdim", "mode", "tile", "pad_d", "pad_dv", "mask", "bias", "dropout", "store_randval",
-                "dbias", "deterministic", "trload"),
-        rules=DQ_RULES,
-        domain=domain,
-        ck_name=dq_name,
-        fixed={"pipeline": "bwd"},
-        supported=_supported(DQ),
-        doc="CK bwd main kernel: dQ (accumulated), dK, dV",
-    ),
-    CONVERT: FamilyRules(
-        family=CONVERT,
-        fields=("dtype", "hdim", "mode", "tile", "pad_s", "pad_d", "deterministic"),
-        rules=CONVERT_RULES,
-        domain=domain,
-        ck_name=convert_name,
-        fixed={"pipeline": "convert_dq"},
-        supported=_supported(CONVERT),
-        doc="CK bwd post-pass: converts the fp32 dQ accumulator (deterministic: reduces its bn0 splits)",
-    ),
+    DOT: _family(DOT, ("dtype", "hdim", "mode", "pad_s", "pad_dv"), DOT_RULES, dot_name,
+                 {"pipeline": "dot_do_o", "tile": DOT_TILE},
+                 "CK bwd pre-pass: D = rowsum(dO * O), one per (dtype, hdim, mode, padding) used by a "
+                 "dq_dk_dv kernel"),
+    DQ: _family(DQ, ("dtype", "hdim", "mode", "tile", "pad_d", "pad_dv", "mask", "bias", "dropout", "store_randval",
+                     "dbias", "deterministic", "trload"), DQ_RULES, dq_name,
+                {"pipeline": "bwd"}, "CK bwd main kernel: dQ (accumulated), dK, dV"),
+    CONVERT: _family(CONVERT, ("dtype", "hdim", "mode", "tile", "pad_s", "pad_d", "deterministic"), CONVERT_RULES,
+                     convert_name, {"pipeline": "convert_dq"},
+                     "CK bwd post-pass: converts the fp32 dQ accumulator (deterministic: reduces its bn0 splits)"),
 }

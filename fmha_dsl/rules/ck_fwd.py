@@ -20,6 +20,7 @@ import functools
 
 from ..data import load
 from .base import ARCH_SUFFIX, FACTORY, FamilyRules, Rule, Tile, pad_token, tf, x
+from .ck_shared import bias_token, no_logits_with_bias, table_tile
 
 FAMILY = "fwd"
 FEATURES = ("mask", "bias", "logits", "lse", "dropout", "skip", "sink", "qscale")
@@ -51,9 +52,7 @@ def _hdim_tables(factory: str, dtype: str) -> dict:
     fac = _fac(factory)
     out = {}
     for entry in (fac["tiles"].get(dtype) or []) if fac else []:
-        out[tuple(entry["hdim"])] = tuple(
-            Tile(tuple(t["tile"]), tuple(t["wave"]) + (1, 1, 1), tuple(t["warp"]) + (16, 16, 16),
-                 t["block_per_cu"]) for t in entry["tiles"])
+        out[tuple(entry["hdim"])] = tuple(table_tile(t) for t in entry["tiles"])
     return out
 
 
@@ -229,9 +228,25 @@ def check_vlayout(b):
 
 
 # --- get_pipelines rows
-def check_pipeline(b):
-    # get_pipelines(dtype, hdim, hdim_v, receipt): some row with this tag whose hdim/receipt guard holds
-    return _row_ok(b, pads=False, bias=False)
+def _row_check(pads: bool, bias: bool):
+    """A predicate: some get_pipelines row of this tag and vlayout holds (and has these pads / fits the bias)."""
+    def check(b):
+        return _row_ok(b, pads, bias)
+    return check
+
+
+def _padding_message(bias: bool):
+    """The padding rows listed for this tag (whose guards hold, with the bias guard when ``bias``)."""
+    def message(b):
+        ok = sorted({_pad_name(r["pads"]) for r in _rows(b) if _when(r["when"], b, bias)})
+        with_bias = f" with {_bias_word(b)}" if bias else ""
+        return (f"{b['pipeline']} {b['dtype']} kernels for hdim {_hd(b)}{with_bias} have no padding "
+                f"{_pad_name(_pads(b))} (available: {', '.join(ok) or 'none'})")
+    return message
+
+
+# get_pipelines(dtype, hdim, hdim_v, receipt): some row with this tag whose hdim/receipt guard holds
+check_pipeline = _row_check(pads=False, bias=False)
 
 
 def msg_pipeline(b):
@@ -240,21 +255,13 @@ def msg_pipeline(b):
             f"(vlayout {b['vlayout']}; available: {', '.join(ok) or 'none'})")
 
 
-def check_padding(b):
-    # get_pipelines: the (spad, skpad, dpad, dvpad) of the rows listed for this tag
-    return _row_ok(b, pads=True, bias=False)
+# get_pipelines: the (spad, skpad, dpad, dvpad) of the rows listed for this tag
+check_padding = _row_check(pads=True, bias=False)
+msg_padding = _padding_message(bias=False)
 
-
-def msg_padding(b):
-    ok = sorted({_pad_name(r["pads"]) for r in _rows(b) if _when(r["when"], b, False)})
-    return (f"{b['pipeline']} {b['dtype']} kernels for hdim {_hd(b)} have no padding {_pad_name(_pads(b))} "
-            f"(available: {', '.join(ok) or 'none'})")
-
-
-def check_bias_pipeline(b):
-    # KernelComponentFactoryGfx9.get_pipelines fp16/bf16, hdim != 256: `if bias == "bias"` -> qr ffff/tttt,
-    # else qr_async tftt/tttt (+ qr tttt when receipt == 1): the pipeline tag depends on the bias
-    return _row_ok(b, pads=False, bias=True)
+# KernelComponentFactoryGfx9.get_pipelines fp16/bf16, hdim != 256: `if bias == "bias"` -> qr ffff/tttt,
+# else qr_async tftt/tttt (+ qr tttt when receipt == 1): the pipeline tag depends on the bias
+check_bias_pipeline = _row_check(pads=False, bias=True)
 
 
 def msg_bias_pipeline(b):
@@ -262,15 +269,9 @@ def msg_bias_pipeline(b):
             f"{_bias_word(b)} (ck uses qr for elementwise bias and qr_async otherwise, rocm 6.2 workaround)")
 
 
-def check_bias_padding(b):
-    # same branch: the padding rows also depend on the bias (qr ffff only with elementwise bias)
-    return _row_ok(b, pads=True, bias=True)
-
-
-def msg_bias_padding(b):
-    ok = sorted({_pad_name(r["pads"]) for r in _rows(b) if _when(r["when"], b, True)})
-    return (f"{b['pipeline']} {b['dtype']} kernels for hdim {_hd(b)} with {_bias_word(b)} have no padding "
-            f"{_pad_name(_pads(b))} (available: {', '.join(ok) or 'none'})")
+# same branch: the padding rows also depend on the bias (qr ffff only with elementwise bias)
+check_bias_padding = _row_check(pads=True, bias=True)
+msg_bias_padding = _padding_message(bias=True)
 
 
 def check_trload(b):
@@ -311,11 +312,6 @@ def check_d192_bias(b):
 def check_d192_dropout(b):
     # CompatibilityRuleFactory.check_hdim: (192, 128) is inference-only (deepseek): no dropout
     return tuple(b["hdim"]) != tuple(_data()["check_hdim"]["hdim"]) or not b["dropout"]
-
-
-def check_logits_bias(b):
-    # CompatibilityRuleFactory.check_feature: logits soft-cap only without bias
-    return not b["logits"] or b["bias"] == "no"
 
 
 # --- CompatibilityRuleFactoryGfx9.check_hdim_tile (gfx9, gfx950)
@@ -475,7 +471,8 @@ RULES = (
     Rule("ck.fwd.d192-no-bias", ("hdim", "bias"), check_d192_bias,
          "hdim (192, 128) has no kernels with bias (inference only)", hint="use bias(no)", blame="bias"),
     _feature_rule("logits", "logits soft-cap"),
-    Rule("ck.fwd.logits-without-bias", ("bias", "logits"), check_logits_bias,
+    # CompatibilityRuleFactory.check_feature: logits soft-cap only without bias
+    Rule("ck.fwd.logits-without-bias", ("bias", "logits"), no_logits_with_bias,
          "logits soft-cap is only generated without bias", hint="use bias(no) with logits", blame="logits"),
     _feature_rule("lse", "lse"),
     _feature_rule("dropout", "dropout"),
@@ -510,7 +507,7 @@ def ck_name(b: dict) -> str:
     # FmhaFwdKernel.name + ArchTrait.filename_suffix (no .cpp); pipeline part = FmhaFwdPipeline.name
     pipe = "_".join((
         b["pipeline"], "v" + b["vlayout"], pad_token(b, tuple(zip(PADS, ("s", "sk", "d", "dv")))),
-        tf(b["logits"], "logits"), b["bias"] if b["bias"] != "no" else "nbias", _mask_token(b),
+        tf(b["logits"], "logits"), bias_token(b["bias"]), _mask_token(b),
         tf(b["lse"], "lse"), tf(b["dropout"], "dropout"), tf(b["skip"], "skip"),
         b["qscale"] if b["qscale"] != "no" else "nqscale", tf(b["trload"], "trload"), tf(b["sink"], "sink")))
     return (f"fmha_fwd_d{b['hdim'][0]}_{b['dtype']}_{b['mode']}_{_tile_name(b['tile'])}_{pipe}"

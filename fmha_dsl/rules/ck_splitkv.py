@@ -26,70 +26,14 @@ from __future__ import annotations
 import functools
 
 from .. import vocab as V
-from ..data import load
-from .base import ARCH_SUFFIX, FamilyRules, Rule, Tile, pad_token, tf, x
+from .base import ARCH_SUFFIX, FamilyRules, Rule, Tile, pad_token, tf
+from .ck_shared import FP16_BF16, PrefixTables, dtype_rule, fwd_domain, fwd_kernel_name, group_mode_pads, \
+    group_table, half_row_unquantized, hdim_rule, logits_without_bias, loop_rule, pad_variants, receipt_chain, \
+    receipt_rule, row_major_v, static_quant_iff_fp8, table_dtypes, table_hdims
 
-FP16_BF16 = ("fp16", "bf16")
-CK_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
-
-
-# ---------------------------------------------------------------------------------------------- data helpers
-
-def _data() -> dict:
-    return load("ck_splitkv")
-
-
-@functools.lru_cache(maxsize=None)
-def ck_factory(arch: str) -> str | None:
-    """Upstream ``get_factory``: the first target prefix that matches wins (gfx950 -> gfx9)."""
-    for prefix, factory in _data()["factory_by_target_prefix"]["value"]:
-        if arch.startswith(prefix):
-            return factory
-    return None
-
-
-def dtype_group(dtype: str) -> str | None:
-    """Key of the per-dtype tables: fp16/bf16 share one table; upstream tests `dtype in ["fp8", "bf8"]`."""
-    if dtype in FP16_BF16:
-        return "fp16_bf16"
-    if dtype in ("fp8", "bf8"):
-        return "fp8"
-    return None
-
-
-def ordered_dtypes(groups) -> tuple[str, ...]:
-    """Dtypes whose group is in ``groups``, in upstream's loop order (FWD_DTYPE_MAP keys)."""
-    keys = _data()["common"]["fwd_dtype_keys"]["value"]
-    return tuple(d for d in keys if dtype_group(d) in groups)
-
-
-def table_tile(t: dict) -> Tile:
-    """A fwd-style table entry as a Tile (6-element wave/warp padded with CK's (1,1,1) / (16,16,16))."""
-    return Tile(tuple(t["tile"]), tuple(t["wave"]) + (1, 1, 1), tuple(t["warp"]) + (16, 16, 16), t["block_per_cu"])
-
-
-def mask_domain(mask_impl: str) -> tuple[str, ...]:
-    # cpp_symbol_map.get_mask_map: simplified {s_no, s_mask}; generic {no, causal, generic}
-    return ("no", "top_left") if mask_impl == "simplified" else ("no", "top_left", "generic")
-
-
-def mask_token(b: dict) -> str:
-    # Fwd pipeline names: simplified -> nmask / mask; generic -> nmask / mc (causal) / mg (generic)
-    if b["mask"] == "no":
-        return "nmask"
-    if b["mask_impl"] == "simplified":
-        return "mask"
-    return "mg" if b["mask"] == "generic" else "mc"
-
-
-def bias_token(bias: str) -> str:
-    return "nbias" if bias == "no" else bias
-
-
-def tile_token(t: Tile) -> str:
-    # FmhaFwdTileSize.name: b{tile}_r{wave gemm0}_r{wave gemm1}_w{warp gemm0}_w{warp gemm1}[_o{occupancy}]
-    s = f"b{x(t.tile)}_r{x(t.wave[0:3])}_r{x(t.wave[3:6])}_w{x(t.warp[0:3])}_w{x(t.warp[3:6])}"
-    return s if t.block_per_cu == -1 else f"{s}_o{t.block_per_cu}"
+DATA = "ck_splitkv"
+TABLES = PrefixTables(DATA)
+ck_factory = TABLES.factory  # upstream get_factory: the first target prefix that matches wins (gfx950 -> gfx9)
 
 
 def suffix(arch: str) -> str:
@@ -97,139 +41,50 @@ def suffix(arch: str) -> str:
     return ARCH_SUFFIX.get(ck_factory(arch), "_" + str(ck_factory(arch)))
 
 
-def profile_text(b: dict) -> str:
-    r = b["receipt"]
-    return f"profile {V.RECEIPT_TO_PROFILE.get(r, r)} (receipt {r})"
-
-
-def unsupported_reason(family: str, arch: str, what: str) -> str | None:
-    if arch not in CK_ARCHS:
-        return f"{family} is not supported on {arch} (CK is AMD only)"
-    if ck_factory(arch) is None:
-        return f"{family} is not supported on {arch} (CK has no {what} kernels for it)"
-    return None
+def supported(family: str):
+    return lambda arch: TABLES.unsupported(family, arch, "CK has no split-KV kernels for it")
 
 
 # ---------------------------------------------------------------------------------------------- split kernel
-
-def _tiles(arch: str) -> dict:
-    return _data()["tiles"].get(ck_factory(arch), {})
-
-
-def _pipes(dtype: str) -> dict | None:
-    g = dtype_group(dtype)
-    return _data()["pipelines"].get(g) if g else None
-
-
-@functools.lru_cache(maxsize=None)
-def _split_dtypes(arch: str) -> tuple[str, ...]:
-    # get_hdim_tile_size_dict returns None for dtypes without a table -> skipped
-    return ordered_dtypes(set(_tiles(arch)))
-
-
-@functools.lru_cache(maxsize=None)
-def _split_hdims(arch: str, dtype: str) -> tuple[tuple[int, int], ...]:
-    g = dtype_group(dtype)
-    return tuple((int(h), int(h)) for h in _tiles(arch).get(g, {})) if g else ()
-
-
-@functools.lru_cache(maxsize=None)
-def _split_tiles(arch: str, dtype: str, hdim: tuple[int, int]) -> tuple[Tile, ...]:
-    if hdim[0] != hdim[1]:
-        return ()
-    g = dtype_group(dtype)
-    return tuple(table_tile(t) for t in _tiles(arch).get(g, {}).get(str(hdim[0]), ()))
-
 
 @functools.lru_cache(maxsize=None)
 def _split_variants(dtype: str) -> dict:
     """pipeline -> set of (vlayout, pads) upstream pairs it with (KernelComponentFactoryBase.get_pipelines)."""
     out: dict = {}
-    for v in (_pipes(dtype) or {}).get("variants", ()):
+    for v in (TABLES.pipes(dtype) or {}).get("variants", ()):
         out.setdefault(v["pipeline"], set()).add((v["vlayout"], tuple(v["pads"])))
     return out
-
-
-def _split_loop(dtype: str, key: str) -> list:
-    p = _pipes(dtype)
-    return p["loop"][key] if p else []
 
 
 SPLIT_PIPELINES = ("qr", "qr_nwarp_sshuffle")
 
 
 def split_domain(field: str, b: dict):
-    arch = b["arch"]
-    if field == "dtype":
-        return _split_dtypes(arch)
-    if field == "hdim":
-        return _split_hdims(arch, b["dtype"])
-    if field == "tile":
-        return _split_tiles(arch, b["dtype"], b["hdim"])
-    if field == "mode":
-        return V.MODES
-    if field == "vlayout":
-        return V.VLAYOUTS
     if field == "pipeline":
         return SPLIT_PIPELINES
-    if field in ("pad_s", "pad_sk", "pad_d", "pad_dv"):
-        return (0, 1)
-    if field == "mask":
-        return mask_domain(b["mask_impl"])
-    if field == "bias":
-        return V.BIASES
-    return (False, True)  # logits, sink, paged_kv, fp8_static_quant
+    return fwd_domain(field, b, TABLES.dtypes, TABLES.hdims, TABLES.tiles)  # + logits, sink, paged_kv, squant
 
 
-def _split_pads(b: dict) -> tuple[int, int, int, int]:
-    return (b["pad_s"], b["pad_sk"], b["pad_d"], b["pad_dv"])
-
-
-def _split_receipt_ok(b: dict) -> bool:
-    """get_fwd_splitkv_blobs' receipt chain (receipts it does not name keep everything)."""
-    r, d = b["receipt"], b["dtype"]
-    if r == -1:  # profile `all`: no receipt filter
-        return True
-    if r in (800, 801):  # fp32-only receipts; split-KV has no fp32 kernels
-        return d == "fp32"
-    row, squant = b["vlayout"] == "r", b["fp8_static_quant"]
-    if r == 2:  # Flash attention integration
-        return (d in FP16_BF16 and row and b["bias"] in ("no", "alibi") and not b["logits"] and not squant
-                and not b["sink"])
-    if r == 4:  # PyTorch integration
-        # Upstream quirk, kept for parity: it tests `dtype in ["fp16, bf16"]`, a list holding the single string
-        # "fp16, bf16", so no dtype ever matches and receipt 4 lists no split kernels (combine kernels remain).
-        return (d in ["fp16, bf16"] and row and b["bias"] in ("no", "bias") and not squant
-                and b["mode"] == "batch" and not b["sink"])
-    if r == 200:  # aiter mha_varlen_fwd
-        return d in FP16_BF16 and b["mode"] == "group" and row and not squant
-    if r == 600:  # aiter::mha_fwd_splitkv C++ api
-        return d in FP16_BF16 and row and not squant
-    if r == 700:  # TE does not use this API
-        return False
-    return True
-
-
-def _variants_text(b: dict) -> str:
-    pairs = sorted(p for _, p in _split_variants(b["dtype"]).get(b["pipeline"], ()))
-    return ", ".join("(" + ", ".join(map(str, p)) + ")" for p in pairs) or "none"
+# get_fwd_splitkv_blobs' receipt chain (receipts it does not name keep everything)
+_split_receipt_ok = receipt_chain({
+    # Flash attention integration
+    2: lambda b: half_row_unquantized(b) and b["bias"] in ("no", "alibi") and not b["logits"] and not b["sink"],
+    # PyTorch integration.  Upstream quirk, kept for parity: it tests `dtype in ["fp16, bf16"]`, a list holding
+    # the single string "fp16, bf16", so no dtype ever matches and receipt 4 lists no split kernels (combine
+    # kernels remain).
+    4: lambda b: (b["dtype"] in ["fp16, bf16"] and b["vlayout"] == "r" and b["bias"] in ("no", "bias")
+                  and not b["fp8_static_quant"] and b["mode"] == "batch" and not b["sink"]),
+    200: lambda b: half_row_unquantized(b) and b["mode"] == "group",  # aiter mha_varlen_fwd
+    600: half_row_unquantized,  # aiter::mha_fwd_splitkv C++ api
+    700: lambda b: False,  # TE does not use this API
+})
 
 
 SPLIT_RULES = (
-    Rule("ck.fwd_splitkv.dtype", ("dtype", "arch"),
-         lambda b: b["dtype"] in _split_dtypes(b["arch"]),
-         lambda b: f"fwd_splitkv has no {b['dtype']} kernels on {b['arch']}",
-         hint="split-KV kernels exist for fp16/bf16 (and fp8 on gfx9 / gfx12)", blame="dtype"),
-    Rule("ck.fwd_splitkv.hdim", ("dtype", "hdim", "arch"),
-         lambda b: b["hdim"] in _split_hdims(b["arch"], b["dtype"]),
-         lambda b: (f"fwd_splitkv has no {b['dtype']} kernels for hdim {b['hdim']} on {b['arch']}"
-                    f" (head dims: {', '.join(str(h[0]) for h in _split_hdims(b['arch'], b['dtype']))})"),
-         hint="pick one of the listed head dims (hdim_q = hdim_v)", blame="hdim"),
+    dtype_rule("fwd_splitkv", TABLES.dtypes, "split-KV kernels exist for fp16/bf16 (and fp8 on gfx9 / gfx12)"),
+    hdim_rule("fwd_splitkv", TABLES.hdims),
     # KernelComponentFactoryBase.get_pipelines: every split pipeline has row-major V
-    Rule("ck.fwd_splitkv.row-major-v", ("vlayout",),
-         lambda b: b["vlayout"] == "r",
-         "fwd_splitkv kernels only support row-major V",
-         hint="use vlayout(r)", blame="vlayout"),
+    row_major_v("fwd_splitkv"),
     Rule("ck.fwd_splitkv.pipeline", ("pipeline",),
          lambda b: b["pipeline"] in SPLIT_PIPELINES,
          lambda b: f"fwd_splitkv has no {b['pipeline']} pipeline (only qr and qr_nwarp_sshuffle)",
@@ -241,76 +96,49 @@ SPLIT_RULES = (
                     "along n0: qr_nwarp_sshuffle is used exactly when gemm0 has more than one n warp"),
          hint="use qr_nwarp_sshuffle for tiles with wave n0 > 1 and qr otherwise", blame="pipeline"),
     # get_pipelines: the (pipeline, padding) variants upstream instantiates for this dtype
-    Rule("ck.fwd_splitkv.pad-variants", ("dtype", "pipeline", "vlayout", "pad_s", "pad_sk", "pad_d", "pad_dv"),
-         lambda b: (b["vlayout"], _split_pads(b)) in _split_variants(b["dtype"]).get(b["pipeline"], ()),
-         lambda b: (f"fwd_splitkv {b['dtype']} {b['pipeline']} kernels come only with padding (s, sk, d, dv) in "
-                    f"{_variants_text(b)}"),
-         hint="pick one of the listed padding combinations", blame="pad_s"),
+    pad_variants("fwd_splitkv", lambda b: _split_variants(b["dtype"]).get(b["pipeline"], ()), with_pipeline=True),
     # get_fwd_splitkv_blobs: "in group mode, spad/skpad must be true"
-    Rule("ck.fwd_splitkv.group-mode-pads", ("mode", "pad_s", "pad_sk"),
-         lambda b: b["mode"] != "group" or (b["pad_s"] and b["pad_sk"]),
-         "group-mode fwd_splitkv kernels need seqlen padding (pad_s and pad_sk)",
-         hint="use padding(1, 1, ...) or batch mode", blame="mode"),
+    group_mode_pads("fwd_splitkv"),
     # get_fwd_splitkv_blobs: "logits_soft_cap is only allowed if no bias"
-    Rule("ck.fwd_splitkv.logits-without-bias", ("bias", "logits"),
-         lambda b: not b["logits"] or b["bias"] == "no",
-         "logits soft-cap cannot be combined with bias in fwd_splitkv kernels",
-         hint="drop `logits` or use bias(no)", blame="logits"),
+    logits_without_bias("fwd_splitkv"),
     # get_pipelines: fp8 loops sink over ["f"] only
-    Rule("ck.fwd_splitkv.sink", ("dtype", "sink"),
-         lambda b: b["sink"] in _split_loop(b["dtype"], "sink"),
-         lambda b: f"fwd_splitkv {b['dtype']} kernels have no sink variant",
-         hint="drop `sink` for this dtype", blame="sink"),
+    loop_rule("fwd_splitkv", "sink", TABLES.loop),
     # get_pipelines: fp8 loops pagedkv over ["f"] only
-    Rule("ck.fwd_splitkv.paged-kv", ("dtype", "paged_kv"),
-         lambda b: b["paged_kv"] in _split_loop(b["dtype"], "paged_kv"),
-         lambda b: f"fwd_splitkv {b['dtype']} kernels have no paged-kv variant",
-         hint="drop `paged_kv` for this dtype", blame="paged_kv"),
+    loop_rule("fwd_splitkv", "paged_kv", TABLES.loop),
     # get_pipelines: squant = (dtype == "fp8")
-    Rule("ck.fwd_splitkv.static-quant-iff-fp8", ("dtype", "fp8_static_quant"),
-         lambda b: b["fp8_static_quant"] == (_pipes(b["dtype"]) or {}).get("fp8_static_quant"),
-         lambda b: (f"fwd_splitkv {b['dtype']} kernels always use fp8 static quantization" if b["dtype"] == "fp8"
-                    else f"fwd_splitkv {b['dtype']} kernels have no fp8 static quantization"),
-         hint="fp8 split-KV kernels need `fp8_static_quant`; other dtypes must not set it",
-         blame="fp8_static_quant"),
-    Rule("receipt.fwd_splitkv",
-         ("receipt", "dtype", "mode", "vlayout", "bias", "logits", "sink", "fp8_static_quant"),
-         _split_receipt_ok,
-         lambda b: f"{profile_text(b)} leaves out this fwd_splitkv kernel",
-         filter=True),
+    static_quant_iff_fp8("fwd_splitkv", TABLES.pipes, "split-KV"),
+    receipt_rule("fwd_splitkv",
+                 ("receipt", "dtype", "mode", "vlayout", "bias", "logits", "sink", "fp8_static_quant"), _split_receipt_ok),
 )
 
 
 def split_name(b: dict) -> str:
     # FmhaFwdSplitKVKernel.name + FmhaFwdSplitKVPipeline.name
-    pad = pad_token(b, (("pad_s", "s"), ("pad_sk", "sk"), ("pad_d", "d"), ("pad_dv", "dv")))
-    return (f"fmha_fwd_splitkv_d{b['hdim'][0]}_{b['dtype']}_{b['mode']}_{tile_token(b['tile'])}_{b['pipeline']}"
-            f"_v{b['vlayout']}_{pad}_{tf(b['logits'], 'logits')}_{bias_token(b['bias'])}_{mask_token(b)}"
-            f"_{tf(b['lse'], 'lse')}_{tf(b['fp8_static_quant'], 'squant')}_{tf(b['paged_kv'], 'pagedkv')}"
-            f"_{tf(b['sink'], 'sink')}{suffix(b['arch'])}")
+    return fwd_kernel_name("fwd_splitkv", b, (("lse", "lse"), ("fp8_static_quant", "squant"),
+                                              ("paged_kv", "pagedkv"), ("sink", "sink")), suffix(b["arch"]))
 
 
 # ---------------------------------------------------------------------------------------------- combine kernel
 
 def _combine_tiles(dtype: str) -> dict:
-    g = dtype_group(dtype)
-    return _data()["combine_tiles"].get(g, {}) if g else {}
+    return group_table(DATA, "combine_tiles", dtype, {})
 
 
 def _combine_pipes(dtype: str) -> dict | None:
-    g = dtype_group(dtype)
-    return _data()["combine_pipelines"].get(g) if g else None
+    return group_table(DATA, "combine_pipelines", dtype)
 
 
-@functools.lru_cache(maxsize=None)
-def _combine_dtypes() -> tuple[str, ...]:
+def _combine_loop(dtype: str, key: str):
+    return (_combine_pipes(dtype) or {}).get(key, ())
+
+
+def _combine_dtypes(b: dict) -> tuple[str, ...]:
     # get_combine_hdim_tile_size_dict (factory base class): the same on every arch
-    return ordered_dtypes({k for k in _data()["combine_tiles"] if not k.startswith("_")})
+    return table_dtypes(DATA, "combine_tiles")
 
 
-@functools.lru_cache(maxsize=None)
 def _combine_hdims(dtype: str) -> tuple[tuple[int, int], ...]:
-    return tuple((int(h), int(h)) for h in _combine_tiles(dtype))  # built at hdim_v x hdim_v
+    return table_hdims(DATA, "combine_tiles", dtype)  # built at hdim_v x hdim_v
 
 
 def combine_tile(bn1: int, block_per_cu: int) -> Tile:
@@ -330,38 +158,21 @@ def _combine_bn1(b: dict) -> int | None:
 
 
 def combine_domain(field: str, b: dict):
-    if field == "dtype":
-        return _combine_dtypes()
-    if field == "hdim":
-        return _combine_hdims(b["dtype"])
-    if field == "tile":
-        return _combine_table_tiles(b["dtype"], b["hdim"])
-    if field == "mode":
-        return V.MODES
-    if field in ("pad_s", "pad_dv"):
-        return (0, 1)
-    return (False, True)  # lse, fp8_static_quant
+    return fwd_domain(field, b, _combine_dtypes, lambda b: _combine_hdims(b["dtype"]),
+                      lambda b: _combine_table_tiles(b["dtype"], b["hdim"]))  # + lse, fp8_static_quant
 
 
-def _combine_receipt_ok(b: dict) -> bool:
-    """get_fwd_splitkv_combine_blobs' receipt chain: only 200 and 600 (plus the fp32 receipts) filter."""
-    r, d = b["receipt"], b["dtype"]
-    if r == -1:
-        return True
-    if r in (800, 801):  # fp32-only receipts
-        return d == "fp32"
-    if r == 200:  # aiter mha_varlen_fwd
-        return d in FP16_BF16 and b["mode"] == "group"
-    if r == 600:  # aiter::mha_fwd_splitkv C++ api
-        return d in FP16_BF16
-    return True  # 2, 4, 100, 700, 888 ...: the combine kernel has no branch for them
+# get_fwd_splitkv_combine_blobs' receipt chain: only 200 and 600 (plus the fp32 receipts) filter;
+# 2, 4, 100, 700, 888 ...: the combine kernel has no branch for them
+_combine_receipt_ok = receipt_chain({
+    200: lambda b: b["dtype"] in FP16_BF16 and b["mode"] == "group",  # aiter mha_varlen_fwd
+    600: lambda b: b["dtype"] in FP16_BF16,  # aiter::mha_fwd_splitkv C++ api
+})
 
 
 COMBINE_RULES = (
-    Rule("ck.fwd_splitkv_combine.dtype", ("dtype",),
-         lambda b: b["dtype"] in _combine_dtypes(),
-         lambda b: f"fwd_splitkv_combine has no {b['dtype']} kernels",
-         hint="combine kernels exist for fp16, bf16 and fp8", blame="dtype"),
+    dtype_rule("fwd_splitkv_combine", _combine_dtypes, "combine kernels exist for fp16, bf16 and fp8",
+               on_arch=False),
     # CK's dispatcher builds combine kernels at hdim_v x hdim_v
     Rule("ck.fwd_splitkv_combine.hdim-square", ("hdim",),
          lambda b: b["hdim"][0] == b["hdim"][1],
@@ -378,27 +189,12 @@ COMBINE_RULES = (
          lambda b: f"fwd_splitkv_combine kernels need tile n1 = bn1 = {_combine_bn1(b)} (got {b['tile'].tile[3]})",
          hint="use tile(*) or tile_n1(32)", blame="tile"),
     # get_fwd_splitkv_combine_blobs: "in group mode, spad must be true"
-    Rule("ck.fwd_splitkv_combine.group-mode-pads", ("mode", "pad_s"),
-         lambda b: b["mode"] != "group" or b["pad_s"],
-         "group-mode fwd_splitkv_combine kernels need seqlen padding (pad_s)",
-         hint="use pad_s(1) or batch mode", blame="mode"),
+    group_mode_pads("fwd_splitkv_combine", ("pad_s",), hint="use pad_s(1) or batch mode"),
     # get_combine_pipelines: fp8 combine kernels loop lse over ["f"] only
-    Rule("ck.fwd_splitkv_combine.lse", ("dtype", "lse"),
-         lambda b: b["lse"] in (_combine_pipes(b["dtype"]) or {}).get("lse", ()),
-         lambda b: f"fwd_splitkv_combine {b['dtype']} kernels have no lse variant",
-         hint="drop `lse` for this dtype", blame="lse"),
+    loop_rule("fwd_splitkv_combine", "lse", _combine_loop),
     # get_combine_pipelines: squant = (dtype == "fp8")
-    Rule("ck.fwd_splitkv_combine.static-quant-iff-fp8", ("dtype", "fp8_static_quant"),
-         lambda b: b["fp8_static_quant"] == (_combine_pipes(b["dtype"]) or {}).get("fp8_static_quant"),
-         lambda b: (f"fwd_splitkv_combine {b['dtype']} kernels always use fp8 static quantization"
-                    if b["dtype"] == "fp8" else
-                    f"fwd_splitkv_combine {b['dtype']} kernels have no fp8 static quantization"),
-         hint="fp8 combine kernels need `fp8_static_quant`; other dtypes must not set it",
-         blame="fp8_static_quant"),
-    Rule("receipt.fwd_splitkv_combine", ("receipt", "dtype", "mode"),
-         _combine_receipt_ok,
-         lambda b: f"{profile_text(b)} leaves out this fwd_splitkv_combine kernel",
-         filter=True),
+    static_quant_iff_fp8("fwd_splitkv_combine", _combine_pipes, "combine"),
+    receipt_rule("fwd_splitkv_combine", ("receipt", "dtype", "mode"), _combine_receipt_ok),
 )
 
 
@@ -423,7 +219,7 @@ FAMILIES = {
         rules=SPLIT_RULES,
         domain=split_domain,
         ck_name=split_name,
-        supported=lambda arch: unsupported_reason("fwd_splitkv", arch, "split-KV"),
+        supported=supported("fwd_splitkv"),
         doc="CK split-KV forward, split kernel (get_fwd_splitkv_blobs)",
     ),
     "fwd_splitkv_combine": FamilyRules(
@@ -433,7 +229,7 @@ FAMILIES = {
         rules=COMBINE_RULES,
         domain=combine_domain,
         ck_name=combine_name,
-        supported=lambda arch: unsupported_reason("fwd_splitkv_combine", arch, "split-KV"),
+        supported=supported("fwd_splitkv_combine"),
         doc="CK split-KV forward, combine kernel (get_fwd_splitkv_combine_blobs)",
     ),
 }
