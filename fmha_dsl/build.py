@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 from .errors import UsageError, error
 from .expand import DeclResult, Report, expand_decl, merge
-from .registry import Entry, document, entry_line, sort_key, stat_row, statistics, write_atomic
+from .registry import Entry, document_chunks, entry_line, sort_key, stat_row, statistics, write_atomic
+from .rules import FAMILY_MODULES
 
 BACKENDS = ("none",)
-# rough relative sizes, so the pool starts the big declarations first and the workers finish together
-_FAMILY_WEIGHT = {"bwd_dq_dk_dv": 9, "fwd": 8, "batch_prefill": 7, "fwd_splitkv": 3}
+# rough relative costs per rule module, so the pool starts the big tasks first and the workers finish together
+_MODULE_WEIGHT = {"ck_bwd": 10, "ck_fwd": 9, "ck_batch_prefill": 5, "ck_splitkv": 2}
 
 
 @dataclass
@@ -38,33 +39,46 @@ class BuildResult:
 _STATE: tuple | None = None   # (declarations, archs, profile) inherited by forked workers
 
 
-def _task(i: int):
+def _task(group: tuple[int, ...]):
+    """Expand some declarations and encode their registry lines (runs in a worker process)."""
     decls, archs, profile = _STATE
-    res: DeclResult = expand_decl(decls[i], archs, profile)
-    rows = []
-    for k in res.report.kernels:
-        e = Entry(None, k.name, k.source, sig=k.sig, alg=k.alg, arch=k.arch, ident=k.identifier)
-        rows.append((sort_key(e), e.identifier, entry_line(e), stat_row(e)))
-    res.report.kernels = []
-    return i, res, rows
+    out = []
+    for i in group:
+        res: DeclResult = expand_decl(decls[i], archs, profile)
+        rows = []
+        for k in res.report.kernels:
+            e = Entry(None, k.name, k.source, sig=k.sig, alg=k.alg, arch=k.arch, ident=k.identifier)
+            rows.append((sort_key(e), e.identifier, entry_line(e), stat_row(e)))
+        res.report.kernels = []
+        out.append((i, res, rows))
+    return out
 
 
-def _weight(decl) -> int:
+def _module(decl) -> str:
     fam = decl.fields.get("family")
-    vals = fam.values if fam is not None and fam.values is not None else ("fwd",)
-    return sum(_FAMILY_WEIGHT.get(f, 1) for f in vals)
+    vals = fam.values if fam is not None and fam.values is not None else ("*",)
+    return FAMILY_MODULES.get(vals[0], "*") if len(vals) == 1 else "*"
+
+
+def _groups(decls) -> list[tuple[int, ...]]:
+    """Declarations of one rule module form one task (they share its cached tables), big tasks first."""
+    by: dict[str, list[int]] = {}
+    for i, d in enumerate(decls):
+        by.setdefault(_module(d), []).append(i)
+    return sorted((tuple(v) for v in by.values()),
+                  key=lambda g: (-_MODULE_WEIGHT.get(_module(decls[g[0]]), 1) * len(g), g))
 
 
 def _run(decls, archs, profile, jobs: int):
     global _STATE
     _STATE = (decls, archs, profile)
     try:
-        order = sorted(range(len(decls)), key=lambda i: -_weight(decls[i]))
-        use_pool = jobs > 1 and len(decls) > 1 and "fork" in multiprocessing.get_all_start_methods()
+        groups = _groups(decls)
+        use_pool = jobs > 1 and len(groups) > 1 and "fork" in multiprocessing.get_all_start_methods()
         if not use_pool:
-            return [_task(i) for i in order]
-        with multiprocessing.get_context("fork").Pool(min(jobs, len(decls))) as pool:
-            return list(pool.imap_unordered(_task, order, chunksize=1))
+            return [r for g in groups for r in _task(g)]
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(groups))) as pool:
+            return [r for part in pool.imap_unordered(_task, groups, chunksize=1) for r in part]
     finally:
         _STATE = None
 
@@ -95,8 +109,8 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
     stats = statistics(r[3] for r in rows)
     profiles = [prof] if prof else sorted({d.profile.values[0] for d in decls})
     sources = sorted({os.path.basename(f) for f in kernel_set.files})
-    text = document(kernel_set.name, sorted(stats["by_arch"]), profiles, sources, stats, [r[2] for r in rows])
-    path = write_atomic(os.path.join(out, "registry.json"), text)
+    chunks = document_chunks(kernel_set.name, sorted(stats["by_arch"]), profiles, sources, stats, [r[2] for r in rows])
+    path = write_atomic(os.path.join(out, "registry.json"), chunks)
     return BuildResult(path, len(rows), stats["by_arch"], report)
 
 

@@ -17,14 +17,14 @@ from . import vocab as V
 from .declare import Declaration, FieldSpec
 from .errors import Diagnostic, RuleError, Span
 from .expr import where_rule
-from .keys import Algorithm, KeyFields, Signature
+from .fields import ALG_KEYS, SIG_KEYS, KeyFields
 from .rules import family_rules
 from .rules.base import FACTORY, Rule, Tile, schedule, search
 from .rules.ck_common import common_rules
 
 AMD_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
-_SIG_KEYS = tuple(Signature.model_fields)
-_ALG_KEYS = tuple(Algorithm.model_fields)
+_SIG_KEYS = SIG_KEYS
+_ALG_KEYS = ALG_KEYS
 _DEFAULTS = {**V.SIG_DEFAULTS, **V.ALG_DEFAULTS}
 
 

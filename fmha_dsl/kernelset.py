@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Iterable, Optional, Union
+from typing import TYPE_CHECKING, Iterable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict
 
@@ -11,11 +11,12 @@ from . import vocab as V
 from .declare import Declaration, resolve
 from .errors import UsageError, did_you_mean, error
 from .expand import Report, expand
-from .keys import KernelKey
 from .parse import parse_file, parse_text
 from .registry import Registry
 
 ArchArg = Union[str, Iterable[str], None]
+if TYPE_CHECKING:
+    from .keys import KernelKey
 
 
 def _archs(arch: ArchArg) -> Optional[tuple[str, ...]]:

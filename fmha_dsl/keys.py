@@ -17,6 +17,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from . import vocab as V
+from .fields import KeyFields, identifier_from, trusted  # noqa: F401  (re-exported)
 
 Family = Literal["fwd", "fwd_pagedkv", "fwd_splitkv", "fwd_splitkv_combine", "fwd_appendkv",
                  "batch_prefill", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"]
@@ -114,46 +115,8 @@ class KernelKey(_Frozen):
         return identifier_of(self.signature, self.algorithm, self.arch)
 
 
-@functools.lru_cache(maxsize=4096)
-def _x(t) -> str:
-    return "x".join(map(str, t))
-
-
-def trusted(cls, fields: dict):
-    """Build a frozen key part from values the rule engine already canonicalised (no validation).
-
-    ``fields`` must hold every field of ``cls``; tests check that such values re-validate equal.
-    """
-    m = cls.__new__(cls)
-    object.__setattr__(m, "__dict__", fields)
-    object.__setattr__(m, "__pydantic_fields_set__", set(fields))
-    object.__setattr__(m, "__pydantic_extra__", None)
-    object.__setattr__(m, "__pydantic_private__", None)
-    return m
-
-
 def identifier_of(s: Signature, a: Algorithm, arch: str) -> str:
     return identifier_from(s.__dict__, a.__dict__, arch)
-
-
-def identifier_from(s: dict, a: dict, arch: str) -> str:
-    """Readable, collision-free key string: every field of the key, in a fixed order."""
-    b = _BIT
-    return (
-        f"fmha_{s['family']}_{s['dtype']}_{s['mode']}_v{s['vlayout']}_hq{s['hdim_q']}_hv{s['hdim_v']}"
-        f"_m{s['mask']}_b{s['bias']}_lse{b[s['lse']]}_do{b[s['dropout']]}_qs{s['qscale']}_rp{s['rope']}"
-        f"_lg{b[s['logits']]}_pkv{b[s['paged_kv']]}_sq{b[s['fp8_static_quant']]}_sk{b[s['skip']]}"
-        f"_sink{b[s['sink']]}_db{b[s['dbias']]}_sr{b[s['store_randval']]}_det{b[s['deterministic']]}"
-        f"_km{s['kv_layout']}_kl{s['kv_lookup']}_ps{s['page_size']}"
-        f"_p{a['pipeline']}_t{_x(a['tile'])}_w{_x(a['wave'])}_wt{_x(a['warp'])}"
-        f"_pad{a['pad_s']}{a['pad_sk']}{a['pad_d']}{a['pad_dv']}_tr{b[a['trload']]}_k64{b[a['kv64']]}"
-        f"_aq{a['hdim_q_alignment']}_av{a['hdim_v_alignment']}_bpc{a['block_per_cu']}_wg{a['num_wave_groups']}"
-        f"_ms{a['max_splits_log2']}_mq{a['max_seq_len_q']}_r{a['selection_rank']}"
-        f"_c{a['constraint']}_{arch}"
-    )
-
-
-_BIT = {False: "0", True: "1"}
 
 
 class Problem(_Frozen):
@@ -211,32 +174,6 @@ class Problem(_Frozen):
     def num_ops(self) -> int:
         return 2 * self.batch * self.nhead_q * self.effective_max_seqlen_q * self.effective_max_seqlen_k * (
             self.hdim_q + self.hdim_v)
-
-
-class KeyFields:
-    """A kernel's key as plain field dicts, with the Pydantic :class:`KernelKey` built on first use.
-
-    Expansion produces tens of thousands of these; most are only counted, named and written to
-    JSON, which needs no model objects.  ``sig``/``alg`` are kept in sorted key order.
-    """
-
-    __slots__ = ("sig", "alg", "arch", "_key", "_ident")
-
-    def __init__(self, sig: dict, alg: dict, arch: str, key: "KernelKey | None" = None, ident: str | None = None):
-        self.sig, self.alg, self.arch, self._key, self._ident = sig, alg, arch, key, ident
-
-    @property
-    def key(self) -> KernelKey:
-        if self._key is None:
-            self._key = trusted(KernelKey, {"signature": trusted(Signature, self.sig),
-                                            "algorithm": trusted(Algorithm, self.alg), "arch": self.arch})
-        return self._key
-
-    @property
-    def identifier(self) -> str:
-        if self._ident is None:
-            self._ident = identifier_from(self.sig, self.alg, self.arch)
-        return self._ident
 
 
 def json_schema() -> dict:

@@ -43,12 +43,79 @@ class _CommentSink:
         return tok
 
 
+_CALLBACKS = {"COMMENT": _CommentSink.add, "BLOCK_COMMENT": _CommentSink.add}
+
+
+def _tag(x):
+    """Lark's serialized tables -> JSON-safe data (int-keyed dicts and tuples are tagged)."""
+    if isinstance(x, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in x):
+            return {k: _tag(v) for k, v in x.items()}
+        return {"__d": [[_tag(k), _tag(v)] for k, v in x.items()]}
+    if isinstance(x, tuple):
+        return {"__t": [_tag(v) for v in x]}
+    if isinstance(x, list):
+        return [_tag(v) for v in x]
+    return x
+
+
+def _untag(x):
+    if isinstance(x, dict):
+        if "__d" in x:
+            return {_untag(k): _untag(v) for k, v in x["__d"]}
+        if "__t" in x:
+            return tuple(_untag(v) for v in x["__t"])
+        return {k: _untag(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_untag(v) for v in x]
+    return x
+
+
+def _cache_file(text: str) -> str | None:
+    """Content-addressed location of the parse tables: grammar text + Lark version."""
+    import hashlib
+
+    import lark
+
+    root = os.environ.get("FMHA_DSL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "fmha-dsl")
+    digest = hashlib.sha256(f"{lark.__version__}\0{text}".encode()).hexdigest()[:32]
+    return os.path.join(root, "parser", f"fmha-lalr-{digest}.json")
+
+
 @functools.lru_cache(maxsize=1)
 def _parser():
-    from lark import Lark
+    """The LALR parser; its tables are cached as JSON (never pickle) and rebuilt if anything is off."""
+    import json
 
-    return Lark(grammar_text(), parser="lalr", propagate_positions=True, maybe_placeholders=True,
-                lexer_callbacks={"COMMENT": _CommentSink.add, "BLOCK_COMMENT": _CommentSink.add})
+    from lark import Lark
+    from lark.grammar import Rule
+    from lark.lexer import TerminalDef
+
+    text = grammar_text()
+    path = _cache_file(text)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Lark.__new__(Lark)._load(_untag(json.load(f)), lexer_callbacks=_CALLBACKS)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # missing, stale or unreadable: build it
+    parser = Lark(text, parser="lalr", propagate_positions=True, maybe_placeholders=True,
+                  lexer_callbacks=_CALLBACKS)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        data, memo = parser.memo_serialize([TerminalDef, Rule])
+        data["options"] = {k: v for k, v in data["options"].items() if k != "lexer_callbacks"}
+        doc = json.dumps(_tag({"data": data, "memo": memo}))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(doc)
+        os.replace(tmp, path)
+    except (OSError, TypeError, ValueError):
+        pass  # a read-only home, or tables this Lark cannot serialise: parse without the cache
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return parser
 
 
 # ---- spans ---------------------------------------------------------------------------------

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from typing import Any, Callable, Iterable, Iterator, Optional
-
-from pydantic import BaseModel, ConfigDict, ValidationError
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
 from .errors import Diagnostic, RegistryError, Span
-from .keys import Algorithm, KernelKey, KeyFields, Signature
+from .fields import KeyFields
+
+if TYPE_CHECKING:
+    from .keys import KernelKey
 
 SCHEMA_VERSION = 1
 
@@ -51,44 +52,6 @@ class Entry(KeyFields):
         return f"Entry({self.name!r}, {self.arch})"
 
 
-# ---- schema of the JSON document (validated on load) -------------------------------------------
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class KernelEntryModel(_Strict):
-    name: str
-    identifier: str
-    family: str
-    dtype: str
-    pipeline: str
-    gfx_arch: str
-    source: str
-    signature: Signature
-    algorithm: Algorithm
-    build: Optional[dict[str, Any]] = None
-
-
-class MetadataModel(_Strict):
-    registry_name: str
-    total_kernels: int
-    generator: str
-    archs: list[str]
-    profiles: list[str] = []
-    sources: list[str] = []
-
-
-class RegistryModel(_Strict):
-    schema_version: int
-    metadata: MetadataModel
-    statistics: dict[str, dict[str, int]]
-    kernels: list[KernelEntryModel]
-
-
-def json_schema() -> dict:
-    return RegistryModel.model_json_schema()
-
-
 def _sort_key(e: Entry):
     return (e.arch, e.sig["family"], e.name, e.identifier)
 
@@ -106,8 +69,8 @@ class Registry:
             self.add(e)
 
     # -- building
-    def add(self, entry: Entry | KernelKey, name: str | None = None, source: str = "") -> bool:
-        if isinstance(entry, KernelKey):
+    def add(self, entry: "Entry | KernelKey", name: str | None = None, source: str = "") -> bool:
+        if not isinstance(entry, Entry):  # a KernelKey
             entry = Entry(entry, name or entry.identifier, source)
         ident = entry.identifier
         if ident in self._by_id:
@@ -166,10 +129,17 @@ class Registry:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file + rename): a killed write never leaves a torn registry."""
-        write_atomic(path, self.to_json())
+        lines = [entry_line(e) for e in self]
+        write_atomic(path, document_chunks(self.name, self.archs, self.profiles, self.sources, self.statistics(),
+                                           lines))
 
     @classmethod
     def from_json(cls, text: str, path: str | None = None) -> "Registry":
+        from pydantic import ValidationError
+
+        from .keys import KernelKey
+        from .registry_schema import RegistryModel
+
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -247,27 +217,36 @@ def entry_line(e: Entry, dumps=json.JSONEncoder(separators=(",", ":")).encode,
     return dumps(d)
 
 
-def document(name: str, archs, profiles, sources, stats: dict, lines: list[str]) -> str:
-    """The registry file: a sorted, indented head, then ``kernels`` with one kernel per line."""
+def document_chunks(name: str, archs, profiles, sources, stats: dict, lines: list[str]) -> Iterator[str]:
+    """The registry file, in pieces: a sorted, indented head, then ``kernels``, one kernel per line."""
     from . import __version__
 
     meta = {"archs": list(archs), "generator": f"fmha-dsl {__version__}", "profiles": list(profiles),
             "registry_name": name, "sources": list(sources), "total_kernels": len(lines)}
     head = json.dumps({"metadata": meta, "schema_version": SCHEMA_VERSION, "statistics": stats},
                       sort_keys=True, indent=1)
-    body = ",\n".join(lines)
     # `kernels` goes last (after the sorted head) so the small part of the file stays at the top
-    return head[:-2] + ',\n "kernels": [\n' + body + ("\n" if body else "") + " ]\n}\n"
+    yield head[:-2] + ',\n "kernels": [\n'
+    for i, line in enumerate(lines):
+        yield line if i == 0 else ",\n" + line
+    yield ("\n" if lines else "") + " ]\n}\n"
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> str:
+def document(name: str, archs, profiles, sources, stats: dict, lines: list[str]) -> str:
+    return "".join(document_chunks(name, archs, profiles, sources, stats, lines))
+
+
+def write_atomic(path: str | os.PathLike, chunks: Iterable[str] | str) -> str:
     """Write via a temp file and rename: a killed write never leaves a torn file."""
     p = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
     tmp = f"{p}.tmp.{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+            if isinstance(chunks, str):
+                f.write(chunks)
+            else:
+                f.writelines(chunks)
         os.replace(tmp, p)
     finally:
         if os.path.exists(tmp):
@@ -291,7 +270,7 @@ def _at(text, path, index, rule, msg, hint) -> Diagnostic:
     return Diagnostic(rule, msg, Span(path, line or 1, 1, source_line=src), hint)
 
 
-def _schema_diags(exc: ValidationError, text: str, path: str | None) -> list[Diagnostic]:
+def _schema_diags(exc, text: str, path: str | None) -> list[Diagnostic]:
     out = []
     for err in exc.errors()[:10]:
         loc = err["loc"]
@@ -306,6 +285,15 @@ def _schema_diags(exc: ValidationError, text: str, path: str | None) -> list[Dia
         out.append(Diagnostic("registry.schema", f"{where or '<root>'}: {err['msg']}",
                               Span(path, line or 1, 1, source_line=src), hint))
     return out
+
+
+
+
+def json_schema() -> dict:
+    """JSON Schema of a registry file (``fmha-dsl schema registry``)."""
+    from .registry_schema import json_schema as schema
+
+    return schema()
 
 
 __all__ = ["Registry", "Entry", "SCHEMA_VERSION", "json_schema"]

@@ -3,6 +3,8 @@ import shutil
 
 import pytest
 
+os.environ.setdefault("FMHA_DSL_CACHE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache"))
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 SHARED = os.environ.get("FMHA_SHARED", os.path.join(os.path.dirname(REPO), "shared"))

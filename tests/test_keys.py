@@ -98,3 +98,10 @@ def test_problem_validation():
     assert p.num_ops() == 2 * 2 * 8 * 100 * 300 * 128
     with pytest.raises(ValidationError):
         Problem(nhead_q=6, nhead_k=4)
+
+
+def test_plain_field_names_match_the_models():
+    from fmha_dsl.fields import ALG_KEYS, SIG_KEYS
+
+    assert SIG_KEYS == tuple(Signature.model_fields)
+    assert ALG_KEYS == tuple(Algorithm.model_fields)

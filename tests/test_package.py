@@ -39,3 +39,21 @@ def test_no_eval_in_package():
             if f.endswith(".py"):
                 text = open(os.path.join(dirpath, f)).read()
                 assert "eval(" not in text.replace("model_validate", "") and "exec(" not in text, f
+
+
+def test_parser_table_cache_is_content_addressed_and_self_healing(tmp_path, monkeypatch):
+    """The LALR tables are cached as JSON keyed by grammar text + Lark version; a corrupt file is rebuilt."""
+    from fmha_dsl import parse as P
+
+    monkeypatch.setenv("FMHA_DSL_CACHE_DIR", str(tmp_path))
+    text = "kernel_set a { kernel { signature { dtype(fp16) } } }  # c\n"
+    P._parser.cache_clear()
+    fresh = P.parse_text(text)                   # builds and writes the cache
+    files = list((tmp_path / "parser").iterdir())
+    assert len(files) == 1 and files[0].suffix == ".json"
+    P._parser.cache_clear()
+    assert P.parse_text(text) == fresh           # loaded from the cache: same tree, same comments
+    files[0].write_text("{ not json")
+    P._parser.cache_clear()
+    assert P.parse_text(text) == fresh           # corrupt cache: rebuilt, not trusted
+    P._parser.cache_clear()
