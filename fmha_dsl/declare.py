@@ -8,7 +8,7 @@ wrong arity and duplicates are located errors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import ast as A
@@ -488,13 +488,11 @@ def _bulk(c, sc: _Scope, st: A.Setter, args, kind):
             sc.tile_bulk[f"{kind}{i}"] = (vals, a.span)
     if kind == "tile":
         sc.tile_bulk["tile_len"] = ((n,), st.span)
-    else:  # CK's scraper pads short wave/warp lists
-        pad = (V.WAVE_DEFAULT if kind == "wave" else V.WARP_DEFAULT)
+    else:  # CK's scraper pads short lists: 3 values + (2,2,1,1,1,1) / (32,32,16,16,16,16); 6 values + the last 3
         filler = {"wave": (2, 2, 1, 1, 1, 1), "warp": (32, 32, 16, 16, 16, 16)}[kind]
         rest = filler[n - 3:] if n == 3 else filler[3:] if n == 6 else ()
         for j, val in enumerate(rest):
             sc.tile_bulk.setdefault(f"{kind}{n + j}", ((val,), st.span))
-        _ = pad
 
 
 # ---- kernel sets -> declarations ------------------------------------------------------------------

@@ -9,7 +9,7 @@ with the source line for a caret), what was expected and a hint.  Diagnostics ar
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 

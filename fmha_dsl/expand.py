@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import vocab as V
-from .declare import Declaration, FieldSpec
+from .declare import Declaration
 from .errors import Diagnostic, RuleError, Span
 from .expr import where_rule
 from .fields import ALG_KEYS, SIG_KEYS, KeyFields

@@ -166,8 +166,7 @@ def where_rule(w: Where, index: int) -> Rule:
         raise error("where.type", f"a where clause must be true or false, got a {c.type}", w.span,
                     "e.g. `where hdim_q == 128 and pipeline != \"qs\"`", cls=ParseError)
     src = w.span.source_line.strip() if w.span.source_line else "where"
-    env = {"arch", "factory"}
-    deps = tuple(sorted(d for d in c.deps))
+    deps = tuple(sorted(c.deps))
     return Rule(id=f"where#{index}", deps=deps, check=c.fn, message=f"filtered by `{src}`", filter=True,
                 blame=None)
 

@@ -13,7 +13,7 @@ import os
 from importlib import resources
 
 from . import ast as A
-from .errors import Diagnostic, ParseError, Span, error
+from .errors import ParseError, Span, error
 
 # Terminal names -> how a user writes them.
 _TOKEN_WORDS = {
@@ -408,4 +408,3 @@ def parse_file(path: str | os.PathLike) -> list[A.SourceFile]:
 
 
 __all__ = ["parse_text", "parse_file", "grammar_text", "read_source"]
-_ = Diagnostic  # re-exported type used in annotations by callers

@@ -47,8 +47,3 @@ class RegistryModel(_Strict):
 
 def json_schema() -> dict:
     return RegistryModel.model_json_schema()
-
-
-
-def json_schema() -> dict:
-    return RegistryModel.model_json_schema()

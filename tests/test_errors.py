@@ -29,7 +29,7 @@ CASES = [
     ("kernel_set a { kernel { signature { dtype(fp16 | ) } } }", "syntax.unexpected-token", 1, 50),
     ("kernel_set 1a { }", "syntax.unexpected-token", 1, 12),
     # --- setters
-    (f"kernel_set a {{ kernel {{ signature {{ dtpye(fp16) }} }} }}", "setter.unknown", 1, 37),
+    ("kernel_set a { kernel { signature { dtpye(fp16) } } }", "setter.unknown", 1, 37),
     ("kernel_set a { kernel { signature { tile(*) } } }", "setter.wrong-block", 1, 37),
     ("kernel_set a { kernel { algorithm { dtype(fp16) } } }", "setter.wrong-block", 1, 37),
     ("kernel_set a { kernel { signature { arch(gfx942) } } }", "setter.wrong-block", 1, 37),

@@ -199,3 +199,20 @@ def test_explicit_valid_tile_passes_all_checks(write):
     body = EXPLICIT.format(hdim="128", pipe="qr_async", tile="128, 128, 32, 128, 32, 128", wave="4, 1, 1, 4, 1, 1",
                            warp="32, 32, 16, 32, 32, 16", arch="gfx950")
     assert len(expand(write, body).kernels) == 1
+
+
+@pytest.mark.parametrize("setter,expect", [
+    ("wave(4, 1, 1)", (4, 1, 1, 2, 2, 1, 1, 1, 1)),
+    ("wave(4, 1, 1, 4, 1, 1)", (4, 1, 1, 4, 1, 1, 1, 1, 1)),
+    ("warp(16, 16, 32)", (16, 16, 32, 32, 32, 16, 16, 16, 16)),
+    ("warp(16, 16, 32, 16, 16, 16)", (16, 16, 32, 16, 16, 16, 16, 16, 16)),
+])
+def test_short_wave_warp_padded_like_ck(setter, expect):
+    """CK's scraper pads .wave(a,b,c) with (2,2,1,1,1,1) and .warp(a,b,c) with (32,32,16,16,16,16)."""
+    from fmha_dsl.expand import _explicit_tile
+    from fmha_dsl.declare import resolve
+    from fmha_dsl.parse import parse_text
+
+    d = resolve(parse_text(f"kernel_set s {{ kernel {{ algorithm {{ {setter} }} }} }}"))[0]
+    t = _explicit_tile(d)
+    assert (t.wave if setter.startswith("wave") else t.warp) == expect

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 # Expansion order of every key field.  Rules are checked as soon as all their deps are bound,
 # so the fields most rules read come first.
