@@ -203,11 +203,25 @@ class _Expander:
                                                "pick an arch that supports this family, or use `arch(*)`"))
                 return out
             mine = self.report.dropped - before
+            if any(rid.startswith("receipt.") for rid in mine) and self._nonempty_without_profile():
+                # the profile leaves nothing of this declaration (upstream lists nothing either)
+                self.report.notes.append(Diagnostic(
+                    "profile.empty", f"profile {self.profile} leaves no kernel of `{d.label}`", d.span,
+                    None, (), "warning"))
+                return out
             top = [r for r, _ in mine.most_common(3)]
             hint = ("the rules that dropped most: " + ", ".join(f"`{r}`" for r in top)
                     + "; run `fmha-dsl explain` for details") if top else "check the declaration's fields"
             raise RuleError(Diagnostic("decl.empty", f"declaration `{d.label}` expands to no kernel", d.span, hint))
         return out
+
+    def _nonempty_without_profile(self) -> bool:
+        """Would this declaration give kernels if no receipt filtered them?  (Only asked when empty.)"""
+        probe = _Expander(self.decl, Report(), self.archs, "all")
+        try:
+            return bool(probe.run())
+        except RuleError:
+            return False
 
     def _expand_one(self, fr, arch, receipt, out) -> int:
         d = self.decl

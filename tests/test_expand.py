@@ -216,3 +216,16 @@ def test_short_wave_warp_padded_like_ck(setter, expect):
     d = resolve(parse_text(f"kernel_set s {{ kernel {{ algorithm {{ {setter} }} }} }}"))[0]
     t = _explicit_tile(d)
     assert (t.wave if setter.startswith("wave") else t.warp) == expect
+
+
+def test_profile_that_leaves_a_declaration_empty_is_a_warning(write):
+    """Upstream's receipt 4 lists no split-KV kernels: a warning, like upstream's empty list, not an error."""
+    body = """
+    arch(gfx942)
+    dtype(*) hdim(*) mode(*) mask(*) bias(*) lse(*) logits(*) sink(*) paged_kv(*) fp8_static_quant(*)
+    pipeline(*) tile(*) padding(*)
+    kernel split { signature { family(fwd_splitkv) } }
+    kernel dot { signature { family(bwd_dot_do_o) } }"""
+    rep = expand(write, body, profile="pytorch")
+    assert rep.kernels and all(k.sig["family"] == "bwd_dot_do_o" for k in rep.kernels)
+    assert [d.rule for d in rep.notes] == ["profile.empty"] and rep.notes[0].severity == "warning"

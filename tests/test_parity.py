@@ -154,3 +154,22 @@ def test_engine_keys_revalidate(receipt0, arch):
         again = KernelKey.model_validate_json(k.key.model_dump_json())
         assert again == k.key
         assert again.identifier == k.identifier
+
+
+def _independent():
+    import json
+
+    with open(os.path.join(HERE, "data", "independent_enumerators.json")) as f:
+        return json.load(f)["lists"]
+
+
+@pytest.mark.parametrize("case", sorted(_independent()))
+def test_other_archs_and_receipts_match_independent_enumerators(receipt0, case):
+    """gfx90a/gfx950/gfx1100/gfx1201 at receipt 0 and receipts 2, 4, 100, 200, 600, 888 on gfx942/gfx950."""
+    import hashlib
+
+    arch, receipt = case.split("/")
+    want = _independent()[case]
+    got = sorted({k.name for k in receipt0.expand_report(arch=arch, profile=int(receipt)).kernels})
+    assert len(got) == want["count"]
+    assert hashlib.sha256("\n".join(got).encode()).hexdigest() == want["sha256"]
