@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import UsageError, error
 from .expand import DeclResult, Report, expand_decl, merge
 from .registry import Entry, document_chunks, entry_line, sort_key, stat_row, statistics, write_atomic
 from .rules import FAMILY_MODULES
 
-BACKENDS = ("none",)
 # rough relative costs per rule module, so the pool starts the big tasks first and the workers finish together
 _MODULE_WEIGHT = {"ck_bwd": 10, "ck_fwd": 9, "ck_batch_prefill": 5, "ck_splitkv": 2}
 
@@ -34,6 +33,10 @@ class BuildResult:
     total: int
     by_arch: dict
     report: Report        # drops, notes and per-declaration counts (kernels not kept)
+    compiled: int = 0     # kernels compiled by this build
+    cached: int = 0       # kernels taken from the cache
+    failures: list = field(default_factory=list)   # [{name, arch, reason}] left out of the registry
+    seconds: float = 0.0
 
 
 _STATE: tuple | None = None   # (declarations, archs, profile) inherited by forked workers
@@ -41,10 +44,10 @@ _STATE: tuple | None = None   # (declarations, archs, profile) inherited by fork
 
 def _task(group: tuple[int, ...]):
     """Expand some declarations and encode their registry lines (runs in a worker process)."""
-    decls, archs, profile = _STATE
+    decls, archs, profile, backend = _STATE
     out = []
     for i in group:
-        res: DeclResult = expand_decl(decls[i], archs, profile)
+        res: DeclResult = expand_decl(decls[i], archs, profile, backend)
         rows = []
         for k in res.report.kernels:
             e = Entry(None, k.name, k.source, sig=k.sig, alg=k.alg, arch=k.arch, ident=k.identifier)
@@ -69,9 +72,9 @@ def _groups(decls) -> list[tuple[int, ...]]:
                   key=lambda g: (-_MODULE_WEIGHT.get(_module(decls[g[0]]), 1) * len(g), g))
 
 
-def _run(decls, archs, profile, jobs: int):
+def _run(decls, archs, profile, backend, jobs: int):
     global _STATE
-    _STATE = (decls, archs, profile)
+    _STATE = (decls, archs, profile, backend)
     try:
         groups = _groups(decls)
         use_pool = jobs > 1 and len(groups) > 1 and "fork" in multiprocessing.get_all_start_methods()
@@ -83,21 +86,29 @@ def _run(decls, archs, profile, jobs: int):
         _STATE = None
 
 
-def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backend: str = "none",
-          jobs: int | None = None) -> BuildResult:
-    """Expand ``kernel_set`` and write ``out_dir/registry.json`` (atomically)."""
-    from .kernelset import _archs, _profile
+def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backend: str | None = None,
+          jobs: int | None = None, progress=None, no_spills: bool = False, cache_dir: str | None = None
+          ) -> BuildResult:
+    """Expand ``kernel_set``, compile what its backend compiles, write ``out_dir/registry.json``.
 
-    if backend not in BACKENDS:
-        raise error("usage.backend", f"unknown backend `{backend}`", None, f"one of: {', '.join(BACKENDS)}",
-                    cls=UsageError)
+    ``backend`` overrides the declarations' ``backend(...)``.  Triton kernels are compiled ahead of time
+    (see :mod:`fmha_dsl.compile_triton`) through a content-addressed cache; CK kernels are listed only
+    (C++ emission is a later stage).  ``progress(done, total, failed, cached)`` is called as kernels finish.
+    """
+    from .kernelset import _archs, _backend, _profile
+
     out = os.fspath(out_dir)
     if os.path.exists(out) and not os.path.isdir(out):
         raise error("usage.output", f"`{out}` exists and is not a directory", None,
                     "pass a directory with -o", cls=UsageError)
-    archs, prof = _archs(arch), _profile(profile)
+    archs, prof, backend = _archs(arch), _profile(profile), _backend(backend)
     decls = kernel_set.declarations
-    done = sorted(_run(decls, archs, prof, jobs or os.cpu_count() or 1), key=lambda t: t[0])
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    if any((backend or d.backend) == "triton" for d in decls):
+        from .build_triton import build_with_triton
+
+        return build_with_triton(kernel_set, out, archs, prof, backend, jobs, progress, no_spills, cache_dir)
+    done = sorted(_run(decls, archs, prof, backend, jobs), key=lambda t: t[0])
     report = merge([res for _, res, _ in done], decls, archs)
     seen, rows = set(), []
     for _, _, part in done:  # declaration order: the first declaration of a kernel wins
@@ -114,4 +125,4 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
     return BuildResult(path, len(rows), stats["by_arch"], report)
 
 
-__all__ = ["build", "BuildResult", "BACKENDS"]
+__all__ = ["build", "BuildResult"]

@@ -61,7 +61,7 @@ def _load(args):
 def _report(args):
     ks = _load(args)
     t0 = time.perf_counter()
-    rep = ks.expand_report(arch=args.arch, profile=args.profile)
+    rep = ks.expand_report(arch=args.arch, profile=args.profile, backend=getattr(args, "backend", None))
     return ks, rep, time.perf_counter() - t0
 
 
@@ -128,19 +128,49 @@ def cmd_explain(args) -> int:
     return EXIT_OK
 
 
+class _Progress:
+    """`[ 12/96] 3.1 kernels/s, ETA 25 s, 0 failed, 40 cached` on stderr (redrawn on a terminal)."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+        self.last_pct = -1
+
+    def __call__(self, done, total, failed, cached):
+        el = time.perf_counter() - self.t0
+        fresh = done - cached
+        rate = fresh / el if el > 0 and fresh else 0.0
+        eta = (total - done) / rate if rate else 0.0
+        line = (f"[{done:>{len(str(total))}}/{total}] {rate:.1f} kernels/s, ETA {eta:.0f} s, "
+                f"{failed} failed, {cached} cached")
+        if self.tty:
+            sys.stderr.write("\r" + line + ("\n" if done == total else ""))
+            sys.stderr.flush()
+        else:
+            pct = (100 * done // total) // 10 if total else 10
+            if pct != self.last_pct or done == total:
+                self.last_pct = pct
+                sys.stderr.write(line + "\n")
+
+
 def cmd_build(args) -> int:
     from .build import build
 
     ks = _load(args)
-    res = build(ks, args.output, arch=args.arch, profile=args.profile, backend=args.backend, jobs=args.jobs)
+    res = build(ks, args.output, arch=args.arch, profile=args.profile, backend=args.backend, jobs=args.jobs,
+                progress=None if args.quiet else _Progress(), no_spills=args.no_spills)
     _print_notes(res.report, "text")
+    for f in res.failures:
+        _err(f"failed: {f['arch']} {f['name']}: {f['reason']}")
     if not args.quiet:
         per = ", ".join(f"{a}: {n}" for a, n in res.by_arch.items())
-        _out(f"wrote {res.path}: {res.total} kernels ({per})")
+        extra = (f"; compiled {res.compiled}, from cache {res.cached}, failed {len(res.failures)}"
+                 if res.compiled or res.cached or res.failures else "")
+        _out(f"wrote {res.path}: {res.total} kernels ({per}){extra}")
         if args.verbose:
             for rid, n in sorted(res.report.dropped.items(), key=lambda t: (-t[1], t[0])):
                 _out(f"  dropped {n:>8} by {rid}")
-    return EXIT_OK
+    return EXIT_FAIL if res.failures and not res.total else EXIT_OK
 
 
 def cmd_fmt(args) -> int:
@@ -219,6 +249,9 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("file", help=".fmha file (or the name of a shipped set, e.g. ck_receipt0)")
         sp.add_argument("--arch", help="comma-separated archs (default: the set's arch list)")
         sp.add_argument("--profile", help="receipt profile name or number (overrides the set's)")
+        if sp.prog.split()[-1] != "build":
+            sp.add_argument("--backend", choices=["ck", "triton"], default=None,
+                            help="whose rules decide what exists (default: the set's backend(...), else ck)")
         sp.add_argument("--format", choices=formats, default=formats[0])
 
     sp = sub.add_parser("check", help="parse, validate and expand; report errors",
@@ -237,9 +270,11 @@ def _parser() -> argparse.ArgumentParser:
                         epilog="example: fmha-dsl build my.fmha --arch gfx942,gfx950 -o out/")
     common(sp, ["text"])
     sp.add_argument("-o", "--output", default="fmha-build", help="build directory (default: ./fmha-build)")
-    sp.add_argument("--backend", default="none", choices=["none"],
-                    help="compile backend (none: registry only; triton comes with the build issue)")
+    sp.add_argument("--backend", default=None, choices=["ck", "triton"],
+                    help="rules and compiler (default: each declaration's backend(...), else ck). triton compiles "
+                         "every kernel ahead of time (hsaco for gfx*, cubin for sm*); ck writes the registry only")
     sp.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: CPU count)")
+    sp.add_argument("--no-spills", action="store_true", help="leave out kernels that spill registers")
     sp.add_argument("-q", "--quiet", action="store_true")
     sp.add_argument("-v", "--verbose", action="store_true", help="also say what each rule dropped")
     sp.set_defaults(fn=cmd_build)

@@ -51,6 +51,7 @@ class Declaration:
     archs: FieldSpec
     profile: FieldSpec
     mask_impl: str
+    backend: str
     wheres: tuple
     span: Span
     path: str | None
@@ -235,6 +236,7 @@ class _Scope:
         self.archs: FieldSpec | None = None
         self.profile: FieldSpec | None = None
         self.mask_impl: tuple | None = None
+        self.backend: tuple | None = None
         self.seen: dict[str, Span] = {}
 
 
@@ -368,11 +370,11 @@ def _apply_setter(c: _Collector, sc: _Scope, st: A.Setter, block: str):
             sc.profile = FieldSpec((key,), v.span)
         else:
             c.err("value.type", "`profile` takes a profile name or receipt number", v.span)
-    elif name == "mask_impl":
+    elif name in ("mask_impl", "backend"):
         v = args[0].alt.options[0]
-        r = _enum_value(c, "mask_impl", v)
+        r = _enum_value(c, name, v)
         if r and r != WILD:
-            sc.mask_impl = (r, v.span)
+            setattr(sc, name, (r, v.span))
     else:  # a setter in vocab.SETTERS without a handler: our bug
         raise AssertionError(f"no handler for setter {name}")
 
@@ -550,9 +552,10 @@ def resolve(src: A.SourceFile) -> list[Declaration]:
             archs = sc.archs or top.archs or FieldSpec(("gfx942",), kd.span, explicit=False)
             profile = sc.profile or top.profile or FieldSpec(("ck_default",), kd.span, explicit=False)
             mask_impl = (sc.mask_impl or top.mask_impl or ("simplified", None))[0]
+            backend = (sc.backend or top.backend or ("ck", None))[0]
             decls.append(Declaration(
                 set_name=ks.name, name=kd.name, index=i, fields=_merge(top, sc), tile=_tile_spec(top, sc),
-                archs=archs, profile=profile, mask_impl=mask_impl, wheres=tuple(ks.wheres) + tuple(kd.wheres),
+                archs=archs, profile=profile, mask_impl=mask_impl, backend=backend, wheres=tuple(ks.wheres) + tuple(kd.wheres),
                 span=kd.span, path=src.path))
     c.raise_if_any()
     return decls

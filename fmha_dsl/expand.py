@@ -23,6 +23,7 @@ from .rules.base import FACTORY, Rule, Tile, schedule, search
 from .rules.ck_common import common_rules
 
 AMD_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
+ALL_ARCHS = {"ck": AMD_ARCHS, "triton": AMD_ARCHS + ("sm80", "sm90")}   # what `arch(*)` means per backend
 _SIG_KEYS = SIG_KEYS
 _ALG_KEYS = ALG_KEYS
 _DEFAULTS = {**V.SIG_DEFAULTS, **V.ALG_DEFAULTS}
@@ -31,11 +32,11 @@ _DEFAULTS = {**V.SIG_DEFAULTS, **V.ALG_DEFAULTS}
 class Kernel(KeyFields):
     """One expanded kernel: its key fields, CK instance name and where it was declared."""
 
-    __slots__ = ("name", "source", "decl")
+    __slots__ = ("name", "source", "decl", "backend")
 
-    def __init__(self, sig: dict, alg: dict, arch: str, name: str, source: str, decl: str):
+    def __init__(self, sig: dict, alg: dict, arch: str, name: str, source: str, decl: str, backend: str = "ck"):
         super().__init__(sig, alg, arch)
-        self.name, self.source, self.decl = name, source, decl
+        self.name, self.source, self.decl, self.backend = name, source, decl, backend
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, {self.arch})"
@@ -102,8 +103,9 @@ def _tile_candidates(decl: Declaration, explicit_tile):
 
 
 class _Expander:
-    def __init__(self, decl: Declaration, report: Report, archs, profile, max_errors=20):
+    def __init__(self, decl: Declaration, report: Report, archs, profile, backend=None, max_errors=20):
         self.decl = decl
+        self.backend = backend or decl.backend
         self.report = report
         self.archs = archs
         self.profile = profile
@@ -169,7 +171,7 @@ class _Expander:
         d = self.decl
         fam_spec = d.fields.get("family")
         families = fam_spec.values if fam_spec and fam_spec.values is not None else (
-            V.FAMILIES if fam_spec else ("fwd",))
+            tuple(f for f in V.FAMILIES if family_rules(f, self.backend)) if fam_spec else ("fwd",))
         archs = self.archs
         receipt = V.PROFILES[self.profile]
         out: list[Kernel] = []
@@ -180,8 +182,10 @@ class _Expander:
         for arch in archs:
             n_arch = 0
             for family in families:
-                fr = family_rules(family)
-                reason = fr.supported(arch)
+                fr = family_rules(family, self.backend)
+                reason = (fr.supported(arch) if fr is not None else
+                          f"{family} has no {self.backend} kernels (the {self.backend} backend implements "
+                          f"{', '.join(f for f in V.FAMILIES if family_rules(f, self.backend))})")
                 if reason:
                     unsupported.append(reason)
                     continue
@@ -217,7 +221,7 @@ class _Expander:
 
     def _nonempty_without_profile(self) -> bool:
         """Would this declaration give kernels if no receipt filtered them?  (Only asked when empty.)"""
-        probe = _Expander(self.decl, Report(), self.archs, "all")
+        probe = _Expander(self.decl, Report(), self.archs, "all", self.backend)
         try:
             return bool(probe.run())
         except RuleError:
@@ -226,7 +230,7 @@ class _Expander:
     def _expand_one(self, fr, arch, receipt, out) -> int:
         d = self.decl
         env = {"arch": arch, "factory": FACTORY[arch], "receipt": receipt, "mask_impl": d.mask_impl,
-               "family": fr.family}
+               "family": fr.family, "backend": self.backend}
         fixed_rules: list[Rule] = []
         # fields the family does not vary: its fixed value or CK's default; an explicit request for
         # another value is an error
@@ -252,7 +256,8 @@ class _Expander:
                 return [v for v in dom if fs.match(v)] if fs.match else dom
             return fs.values
 
-        rules = tuple(fixed_rules) + fr.rules + common_rules(fr.family, fr.fields) + self.where
+        ck_only = common_rules(fr.family, fr.fields) if self.backend == "ck" else ()
+        rules = tuple(fixed_rules) + fr.rules + ck_only + self.where
         fields = fr.fields + free
         plan = schedule(fields, rules)
         n = 0
@@ -261,7 +266,7 @@ class _Expander:
         for b in search(fields, candidates, plan, env, self.on_fail):
             name = fr.ck_name(b)
             sig, alg = _fields(b)  # rewrites b's tile entry: name it first
-            out.append(Kernel(sig, alg, arch, name, src, label))
+            out.append(Kernel(sig, alg, arch, name, src, label, self.backend))
             n += 1
         return n
 
@@ -304,13 +309,13 @@ def _fields(b: dict) -> tuple[dict, dict]:
     return {k: b[k] for k in _SIG_ORDER}, {k: b[k] for k in _ALG_ORDER}
 
 
-def resolve_archs(decl: Declaration, override: tuple[str, ...] | None) -> tuple[str, ...]:
+def resolve_archs(decl: Declaration, override: tuple[str, ...] | None, backend: str | None = None) -> tuple[str, ...]:
     """The archs one declaration expands for (the set's list, narrowed by ``--arch``)."""
     declared = decl.archs.values
-    if override is None:
-        return declared if declared is not None else AMD_ARCHS
     if declared is None:
-        return tuple(override)
+        declared = ALL_ARCHS[backend or decl.backend]
+    if override is None:
+        return declared
     return tuple(a for a in override if a in declared)
 
 
@@ -323,14 +328,15 @@ class DeclResult:
     skipped: bool
 
 
-def expand_decl(decl: Declaration, archs: tuple[str, ...] | None, profile: str | None) -> DeclResult:
+def expand_decl(decl: Declaration, archs: tuple[str, ...] | None, profile: str | None,
+                backend: str | None = None) -> DeclResult:
     report = Report()
-    mine = resolve_archs(decl, archs)
+    mine = resolve_archs(decl, archs, backend)
     if not mine:  # --arch names none of this declaration's archs: not asked for here
         report.per_decl[decl.label] = {}
         return DeclResult(report, [], True)
     try:
-        report.kernels.extend(_Expander(decl, report, mine, profile or decl.profile.values[0]).run())
+        report.kernels.extend(_Expander(decl, report, mine, profile or decl.profile.values[0], backend).run())
     except RuleError as exc:
         return DeclResult(report, list(exc.diagnostics), False)
     return DeclResult(report, [], False)
@@ -358,9 +364,14 @@ def merge(results: list[DeclResult], decls, archs) -> Report:
     return report
 
 
-def expand(decls, archs: tuple[str, ...] | None = None, profile: str | None = None) -> Report:
-    """Expand declarations into kernels.  Raises :class:`RuleError` for explicit invalid requests."""
-    return merge([expand_decl(d, archs, profile) for d in decls], decls, archs)
+def expand(decls, archs: tuple[str, ...] | None = None, profile: str | None = None,
+           backend: str | None = None) -> Report:
+    """Expand declarations into kernels.  Raises :class:`RuleError` for explicit invalid requests.
+
+    ``backend`` overrides the declarations' own ``backend(...)`` (CLI ``--backend``).
+    """
+    return merge([expand_decl(d, archs, profile, backend) for d in decls], decls, archs)
 
 
-__all__ = ["Kernel", "Report", "DeclResult", "expand", "expand_decl", "merge", "resolve_archs", "AMD_ARCHS"]
+__all__ = ["Kernel", "Report", "DeclResult", "expand", "expand_decl", "merge", "resolve_archs", "AMD_ARCHS",
+           "ALL_ARCHS"]

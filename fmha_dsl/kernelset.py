@@ -51,6 +51,15 @@ def _profile(profile) -> Optional[str]:
                 cls=UsageError)
 
 
+def _backend(backend) -> Optional[str]:
+    if backend is None:
+        return None
+    if backend not in V.BACKENDS:
+        raise error("usage.backend", f"unknown backend `{backend}`", None,
+                    did_you_mean(str(backend), V.BACKENDS) or f"one of: {', '.join(V.BACKENDS)}", cls=UsageError)
+    return backend
+
+
 class KernelSet(BaseModel):
     """All declarations of a ``.fmha`` file and the files it includes."""
 
@@ -62,15 +71,16 @@ class KernelSet(BaseModel):
     declarations: tuple[Declaration, ...]
     files: tuple[str, ...] = ()
 
-    def expand_report(self, arch: ArchArg = None, profile=None) -> Report:
-        return expand(self.declarations, _archs(arch), _profile(profile))
+    def expand_report(self, arch: ArchArg = None, profile=None, backend: str | None = None) -> Report:
+        return expand(self.declarations, _archs(arch), _profile(profile), _backend(backend))
 
-    def expand(self, arch: ArchArg = None, profile=None) -> list[KernelKey]:
+    def expand(self, arch: ArchArg = None, profile=None, backend: str | None = None) -> list[KernelKey]:
         """Every kernel key the declarations allow, deduplicated, in a deterministic order."""
-        return [e.key for e in self.registry(arch, profile)]
+        return [e.key for e in self.registry(arch, profile, backend=backend)]
 
-    def registry(self, arch: ArchArg = None, profile=None, report: Report | None = None) -> Registry:
-        rep = report or self.expand_report(arch, profile)
+    def registry(self, arch: ArchArg = None, profile=None, report: Report | None = None,
+                 backend: str | None = None) -> Registry:
+        rep = report or self.expand_report(arch, profile, backend)
         profiles = sorted({d.profile.values[0] for d in self.declarations}) if profile is None else [_profile(profile)]
         return Registry.from_kernels(rep.kernels, name=self.name, profiles=profiles,
                                      sources=[os.path.basename(f) for f in self.files])

@@ -24,6 +24,8 @@ ROPES = ("none", "inter", "half")
 KV_LAYOUTS = ("vectorized", "linear")
 KV_LOOKUPS = ("vllm", "sglang")
 MASK_IMPLS = ("simplified", "generic")
+# which rule set decides what exists: CK's generator rules, or what the Triton templates implement
+BACKENDS = ("ck", "triton")
 PIPELINES = (
     "qr", "qr_async", "qs", "qr_async_trload", "qr_async_trload_v3", "v3", "qr_pagedkv",
     "qr_nwarp_sshuffle", "appendkv", "splitkv_combine", "batch_prefill_gfx11", "bwd", "qr_hpad",
@@ -63,6 +65,7 @@ ALIASES: dict[str, dict[str, str]] = {
     "family": {f: f for f in FAMILIES} | {"fwd_paged_kv": "fwd_pagedkv", "fwd_split_kv": "fwd_splitkv",
                                           "fwd_append_kv": "fwd_appendkv"},
     "mask_impl": {"simplified": "simplified", "generic": "generic"},
+    "backend": {"ck": "ck", "triton": "triton"},
 }
 ALIASES["pipeline"]["v3"] = "qr_async_trload_v3"  # CK treats them as one pipeline
 
@@ -152,6 +155,7 @@ _s("profile", "set", ("value",), 1, "receipt profile (name or number)")
 _s("receipt", "set", ("value",), 1, "receipt number (alias of profile)")
 _s("arch", "set", ("archs",), 1, "target architectures")
 _s("mask_impl", "set", ("value",), 1, "CK mask implementation: simplified (default) or generic")
+_s("backend", "set", ("value",), 1, "rules and compiler: ck (CK's generator rules; default) or triton")
 _s("tile", "algorithm", ("m0", "n0", "k0", "n1", "k1", "k0max", "t6", "t7", "t8"), 1,
    "block tile, 6 values (9 for bwd_dq_dk_dv) or tile(*)")
 _s("wave", "algorithm", WAVE_NAMES, 1, "warps per block for the 3 gemm stages (9 values)")

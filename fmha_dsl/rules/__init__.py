@@ -24,10 +24,21 @@ FAMILY_MODULES = {
 }
 
 
+# the Triton backend implements the forward family (one template, see fmha_dsl/kernels/)
+TRITON_MODULES = {"fwd": "triton_fwd"}
+
+
+def backend_modules(backend: str) -> dict:
+    return TRITON_MODULES if backend == "triton" else FAMILY_MODULES
+
+
 @functools.lru_cache(maxsize=None)
-def family_rules(family: str) -> FamilyRules:
-    mod = importlib.import_module(f"{__name__}.{FAMILY_MODULES[family]}")
-    return mod.FAMILIES[family]
+def family_rules(family: str, backend: str = "ck") -> FamilyRules | None:
+    """Rules of one family for one backend, or None if that backend has no such family."""
+    mod = backend_modules(backend).get(family)
+    if mod is None:
+        return None
+    return importlib.import_module(f"{__name__}.{mod}").FAMILIES[family]
 
 
-__all__ = ["FamilyRules", "Rule", "Tile", "FACTORY", "FAMILY_MODULES", "family_rules"]
+__all__ = ["FamilyRules", "Rule", "Tile", "FACTORY", "FAMILY_MODULES", "TRITON_MODULES", "backend_modules", "family_rules"]

@@ -31,7 +31,7 @@ ORDER = (
     "skip", "sink", "trload", "rope", "paged_kv", "fp8_static_quant", "kv_layout", "kv_lookup",
     "page_size", "kv64",
 )
-ENV = ("arch", "factory", "receipt", "mask_impl", "family")
+ENV = ("arch", "factory", "receipt", "mask_impl", "family", "backend")
 
 # CK factory (arch trait) of each arch: the unit upstream's tables are keyed by.
 FACTORY = {"gfx90a": "gfx9", "gfx942": "gfx9", "gfx950": "gfx950", "gfx1100": "gfx11", "gfx1201": "gfx12",

@@ -1,0 +1,79 @@
+"""A persistent, content-addressed artifact cache (compiled kernels).
+
+An entry lives at ``<root>/<key[:2]>/<key>/`` with ``meta.json`` and the binary.  ``key`` is the sha256
+of everything that determines the bytes (kernel key, template source hash, toolchain version, target,
+compile options) -- never file times.  Entries are written into a temporary folder and renamed into
+place, so a build killed at any moment leaves either a whole entry or none; a damaged entry (unreadable
+meta, binary whose sha256 differs) counts as a miss and is rebuilt.
+
+Root: ``$FMHA_DSL_CACHE_DIR/kernels``, else ``$XDG_CACHE_HOME/fmha-dsl/kernels``, else
+``~/.cache/fmha-dsl/kernels``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+
+
+def cache_root() -> str:
+    base = os.environ.get("FMHA_DSL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "fmha-dsl")
+    return os.path.join(base, "kernels")
+
+
+def content_key(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class ArtifactCache:
+    def __init__(self, root: str | None = None):
+        self.root = root or cache_root()
+
+    def _dir(self, key: str) -> str:
+        return os.path.join(self.root, key[:2], key)
+
+    def get(self, key: str) -> tuple[dict, bytes] | None:
+        """The entry's metadata and binary, or None (missing or damaged: never raises)."""
+        d = self._dir(key)
+        try:
+            with open(os.path.join(d, "meta.json"), encoding="utf-8") as f:
+                meta = json.load(f)
+            with open(os.path.join(d, meta["file"]), "rb") as f:
+                data = f.read()
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if sha256_bytes(data) != meta.get("sha256"):
+            return None
+        return meta, data
+
+    def put(self, key: str, meta: dict, data: bytes, filename: str) -> None:
+        """Store atomically; a concurrent writer of the same key wins harmlessly."""
+        final = self._dir(key)
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{key[:8]}.", dir=os.path.dirname(final))
+        try:
+            with open(os.path.join(tmp, filename), "wb") as f:
+                f.write(data)
+            meta = dict(meta, file=filename, sha256=sha256_bytes(data), size=len(data))
+            with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+                json.dump(meta, f, sort_keys=True, indent=1)
+            if os.path.isdir(final) and self.get(key) is None:
+                shutil.rmtree(final, ignore_errors=True)  # a damaged entry: replace it
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                pass  # someone else finished the same entry first
+        finally:
+            if os.path.isdir(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+__all__ = ["ArtifactCache", "cache_root", "content_key", "sha256_bytes"]

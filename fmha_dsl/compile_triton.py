@@ -1,0 +1,163 @@
+"""[build] Compile one kernel key ahead of time with Triton, for an AMD (hsaco) or NVIDIA (cubin) target.
+
+No GPU is needed: Triton generates code for a ``GPUTarget`` in-process.  The result is the binary, the
+launch metadata (entry name, warps, stages, shared memory, grid rule, parameter order) and the resource
+usage read offline: the ``.amdgcn`` notes for AMD (VGPRs, SGPRs, spills, scratch, occupancy) and the
+bundled ``cuobjdump --dump-resource-usage`` for cubins (registers, stack, local memory).
+
+Failures are data: :func:`compile_key` returns ``(None, reason)`` instead of raising, so one bad kernel
+does not stop a build.  Runs in worker processes; triton is imported here only.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
+
+TEMPLATE = "fmha_dsl.kernels.triton_fwd"
+
+
+@functools.lru_cache(maxsize=None)
+def template_sha256() -> str:
+    """Hash of everything that shapes the generated code: the template and this mapping module."""
+    from importlib import import_module
+
+    h = hashlib.sha256()
+    for mod in (TEMPLATE, __name__):
+        with open(import_module(mod).__file__, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def arch_info(arch: str) -> dict:
+    from .rules.triton_fwd import arch_info as info
+
+    return info(arch)
+
+
+def compile_options(sig: dict, alg: dict, arch: str) -> dict:
+    """CK algorithm fields -> Triton compile options (docs/triton.md)."""
+    info = arch_info(arch)
+    stages = {"qr": 1, "qr_async": 2 if info["vendor"] == "amd" else 3}[alg["pipeline"]]
+    opts = {"num_warps": int(alg["wave"][0]), "num_stages": stages}
+    if info["vendor"] == "amd":
+        if info["matrix"] == "mfma":
+            opts["matrix_instr_nonkdim"] = int(alg["warp"][0]) if alg["warp"][0] in (16, 32) else 16
+        if alg["block_per_cu"] > 0:
+            opts["waves_per_eu"] = int(alg["block_per_cu"])
+    return opts
+
+
+def cache_parts(sig: dict, alg: dict, arch: str) -> dict:
+    """Everything that decides the binary's bytes (the cache key is its sha256)."""
+    return {"sig": sig, "alg": {k: list(v) if isinstance(v, tuple) else v for k, v in alg.items()}, "arch": arch,
+            "template": template_sha256(), "triton": triton_version(), "options": compile_options(sig, alg, arch)}
+
+
+def _target(arch: str):
+    from triton.backends.compiler import GPUTarget
+
+    info = arch_info(arch)
+    return GPUTarget(info["backend"], info["target"], info["warp_size"])
+
+
+def compile_key(sig: dict, alg: dict, arch: str) -> tuple[dict | None, object]:
+    """Compile one kernel.  Returns ``(meta, binary_bytes)`` or ``(None, reason)``."""
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    try:
+        import triton
+        from triton.compiler import ASTSource
+    except ImportError as exc:
+        return None, f"triton is not installed ({exc}); install fmha-dsl[triton]"
+    from importlib import import_module
+
+    tmpl = import_module(TEMPLATE)
+    info = arch_info(arch)
+    opts = compile_options(sig, alg, arch)
+    try:
+        const = tmpl.constexprs(sig, alg)
+        src = ASTSource(fn=tmpl.fmha_fwd, signature=tmpl.signature(sig["dtype"]), constexprs=const)
+        ck = triton.compile(src, target=_target(arch), options=opts)
+    except Exception as exc:  # noqa: BLE001  (a compiler failure is a result, not a crash)
+        text = str(exc).strip().splitlines()
+        return None, f"{type(exc).__name__}: {text[-1] if text else ''}"[:500]
+    kind = info["binary"]
+    data = ck.asm[kind]
+    md = ck.metadata
+    meta = {
+        "backend": "triton", "triton": triton_version(), "template_sha256": template_sha256(),
+        "target": f"{info['backend']}:{info['target']}", "entry": md.name, "binary_kind": kind,
+        "num_warps": md.num_warps, "num_stages": md.num_stages, "shared": md.shared, "warp_size": info["warp_size"],
+        "block": [md.num_warps * info["warp_size"], 1, 1], "options": opts,
+        "grid": "[cdiv(max_seqlen_q, BLOCK_M), nhead_q, batch]", "block_m": int(alg["tile"][0]),
+        "params": [name for name, _ in tmpl.ARGS] if hasattr(tmpl, "ARGS") else [],
+        "global_scratch": getattr(md, "global_scratch_size", 0) or 0,
+    }
+    meta["resources"] = amd_resources(ck.asm.get("amdgcn", "")) if kind == "hsaco" else cuda_resources(data)
+    return meta, data
+
+
+_AMD_NOTES = {
+    "vgpr": r"\.vgpr_count:\s+(\d+)", "sgpr": r"\.sgpr_count:\s+(\d+)",
+    "vgpr_spill": r"\.vgpr_spill_count:\s+(\d+)", "sgpr_spill": r"\.sgpr_spill_count:\s+(\d+)",
+    "scratch_bytes": r"\.private_segment_fixed_size:\s+(\d+)", "occupancy": r";\s*Occupancy:\s+(\d+)",
+    "agpr": r"\.agpr_count:\s+(\d+)",
+}
+
+
+def amd_resources(amdgcn: str) -> dict:
+    """VGPR/SGPR counts, spills, scratch and occupancy from the ``.amdgcn`` text's notes."""
+    out = {}
+    for key, pat in _AMD_NOTES.items():
+        m = re.search(pat, amdgcn)
+        if m:
+            out[key] = int(m.group(1))
+    out["spills"] = out.get("vgpr_spill", 0) + out.get("sgpr_spill", 0)
+    return out
+
+
+def _cuobjdump() -> str | None:
+    try:
+        import triton
+
+        path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    except ImportError:
+        return None
+    return path if os.path.exists(path) else None
+
+
+def cuda_resources(cubin: bytes) -> dict:
+    """REG/STACK/SHARED/LOCAL from the bundled cuobjdump (spills = local memory bytes)."""
+    tool = _cuobjdump()
+    if tool is None:
+        return {"note": "cuobjdump not found"}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        try:
+            out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                                 timeout=60).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            return {"note": f"cuobjdump failed: {exc}"}
+    res = {}
+    for key, name in (("regs", "REG"), ("stack", "STACK"), ("shared_static", "SHARED"), ("local", "LOCAL")):
+        m = re.search(rf"\b{name}:(\d+)", out)
+        if m:
+            res[key] = int(m.group(1))
+    res["spills"] = res.get("stack", 0) + res.get("local", 0)  # a stack frame in a Triton kernel means spills
+    return res
+
+
+__all__ = ["compile_key", "compile_options", "cache_parts", "template_sha256", "triton_version",
+           "amd_resources", "cuda_resources"]
