@@ -1,0 +1,372 @@
+"""NumPy reference of the attention forward pass (CPU; truth for every test, and the no-GPU backend).
+
+It computes exactly what ``docs/semantics.md`` defines::
+
+    out, lse = attention_fwd(q, k, v, causal="bottom_right", dropout_p=0.1, seed=7)
+
+No torch and no triton here.  Dropout is bit-exact with Triton's ``tl.rand(seed, offsets)``:
+:func:`philox_uniform` is Philox4x32-10 (Random123) with the counter ``(offset_lo, offset_hi, 0, 0)``
+and the key ``(seed_lo, seed_hi)``, followed by Triton's uint32 -> float conversion.
+
+Arguments of :func:`attention_fwd`
+    ``q, k, v``      batch mode ``[B, H, S, D]``; group mode (``cu_seqlens_q/k`` given) ``[T, H, D]``.
+    ``causal``       ``None``/``False`` (no mask), ``True`` or ``"top_left"``, ``"bottom_right"``.
+    ``window``       ``(left, right)``, negative = unbounded; bottom-right aligned unless ``causal`` is
+                     ``True``/``"top_left"``.  With ``causal`` set, the window's ``right`` becomes 0.
+    ``bias``         elementwise, ``[B|1, Hq|1, Sq, Sk]`` (group mode: ``Sq_max``, ``Sk_max``; sequence
+                     ``b`` uses ``bias[b, h, :Sq_b, :Sk_b]``).
+    ``alibi_slopes`` ``[Hq]`` or ``[B, Hq]``.
+    ``dropout_p``, ``seed``, ``offset``   dropout (``0 <= p < 1``), Philox seed and base offset.
+    ``softcap``      ``None`` (off) or ``> 0``.
+    ``sink``         number of sink key columns (``>= 0``).
+    ``scale``        defaults to ``1/sqrt(Dq)``.
+    ``accum``        accumulation dtype (``np.float32``, or ``np.float64`` for tests).
+
+Returns ``(out, lse)``: ``out`` in q's dtype, ``lse`` float32 (``[B, Hq, Sq]``, or ``[Hq, Tq]`` in
+group mode).  A row with no allowed column gives ``out = 0`` and ``lse = -inf``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from .errors import UsageError, error
+
+__all__ = ["attention_fwd", "philox4x32", "philox_uniform", "uint32_to_uniform_float"]
+
+# ----------------------------------------------------------------------------------------------
+# Philox4x32 (Random123), as Triton's python/triton/language/random.py uses it
+# ----------------------------------------------------------------------------------------------
+
+_M0 = np.uint64(0xD2511F53)  # round multiplier applied to c0
+_M1 = np.uint64(0xCD9E8D57)  # round multiplier applied to c2
+_W0 = 0x9E3779B9  # key schedule (golden ratio)
+_W1 = 0xBB67AE85  # key schedule (sqrt(3) - 1)
+_MASK32 = np.uint64(0xFFFFFFFF)
+_SHIFT32 = np.uint64(32)
+_UNIFORM_SCALE = np.float32(4.6566127342e-10)  # Triton's scale for int32 -> [0, 1)
+
+
+def philox4x32(counter, key, rounds: int = 10):
+    """Philox4x32-``rounds`` of a counter block ``(c0, c1, c2, c3)`` under ``key = (k0, k1)``.
+
+    Counter words are uint32 arrays (or ints; they broadcast), key words are ints.  Returns four
+    uint32 arrays.  With ``rounds=10`` this is Random123's ``philox4x32_10``.
+    """
+    c = np.broadcast_arrays(*[np.asarray(x, dtype=np.uint64) & _MASK32 for x in counter])
+    c0, c1, c2, c3 = (x.copy() for x in c)
+    k0, k1 = int(key[0]) & 0xFFFFFFFF, int(key[1]) & 0xFFFFFFFF
+    for _ in range(int(rounds)):
+        p0 = _M0 * c0  # < 2**64: exact in uint64
+        p1 = _M1 * c2
+        c0, c1, c2, c3 = ((p1 >> _SHIFT32) ^ c1 ^ np.uint64(k0), p1 & _MASK32,
+                          (p0 >> _SHIFT32) ^ c3 ^ np.uint64(k1), p0 & _MASK32)
+        k0 = (k0 + _W0) & 0xFFFFFFFF
+        k1 = (k1 + _W1) & 0xFFFFFFFF
+    return tuple(x.astype(np.uint32) for x in (c0, c1, c2, c3))
+
+
+def uint32_to_uniform_float(x: np.ndarray) -> np.ndarray:
+    """Triton's ``uint_to_uniform_float`` for 32-bit words: a float32 in ``[0, 1)``.
+
+    The word is read as int32, negative values are bit-inverted (``~x``), and the result is
+    ``float32(x) * float32(4.6566127342e-10)``.
+    """
+    s = np.asarray(x).astype(np.uint32).view(np.int32)
+    s = np.where(s < 0, ~s, s)
+    return s.astype(np.float32) * _UNIFORM_SCALE
+
+
+def philox_uniform(seed: int, offsets) -> np.ndarray:
+    """Bit-exact ``tl.rand(seed, offsets)``: float32 uniforms in ``[0, 1)``, shaped like ``offsets``.
+
+    ``seed`` is any int in ``[-2**63, 2**64)`` (taken as uint64: low word ``k0``, high word ``k1``).
+    ``offsets`` is an integer array: the counter is ``(lo32(offset), hi32(offset), 0, 0)``, where the
+    high word is used only for 64-bit offset dtypes (as Triton does for int64 offsets; a Python list
+    becomes int64).
+    """
+    seed = _check_seed(seed)
+    off = np.asarray(offsets)
+    if off.dtype.kind not in "iu":
+        raise error("usage.dtype", f"offsets must be an integer array, got dtype {off.dtype}", None,
+                    "pass e.g. np.arange(n, dtype=np.int64)", cls=UsageError)
+    if off.dtype.itemsize == 8:
+        u = off.astype(np.uint64, copy=False) if off.dtype.kind == "u" else off.view(np.uint64)
+        lo, hi = u & _MASK32, u >> _SHIFT32
+    else:
+        lo, hi = off.astype(np.int64) & 0xFFFFFFFF, 0
+    r0, _, _, _ = philox4x32((lo, hi, 0, 0), (seed & 0xFFFFFFFF, seed >> 32))
+    return uint32_to_uniform_float(r0).reshape(off.shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# validation helpers
+# ----------------------------------------------------------------------------------------------
+
+_FLOATS = (np.float16, np.float32, np.float64)
+_ROW_BLOCK_ELEMS = 1 << 22  # rows processed at once: keeps a score block under ~16 MiB (fp32)
+
+
+def _usage(rule, msg, hint=None):
+    return error(rule, msg, None, hint, cls=UsageError)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_seed(seed) -> int:
+    if not _is_int(seed) or not (-(1 << 63) <= int(seed) < (1 << 64)):
+        raise _usage("usage.value", f"seed must be an int in [-2**63, 2**64), got {seed!r}",
+                     "Triton converts the seed to uint64")
+    return int(seed) & 0xFFFFFFFFFFFFFFFF
+
+
+def _as_float_array(name, x):
+    if x is None:
+        raise _usage("usage.shape", f"`{name}` is required, got None")
+    a = np.asarray(x)
+    if a.dtype.type not in _FLOATS:
+        raise _usage("usage.dtype", f"`{name}` must be float16, float32 or float64, got dtype {a.dtype}",
+                     "pass bf16 data as float32")
+    return a
+
+
+def _normalize_causal(causal):
+    if causal is None or (isinstance(causal, (bool, np.bool_)) and not causal):
+        return None
+    if isinstance(causal, (bool, np.bool_)):
+        return "top_left"
+    if isinstance(causal, str) and causal in ("top_left", "bottom_right"):
+        return causal
+    from .errors import did_you_mean
+
+    hint = did_you_mean(causal, ["top_left", "bottom_right"]) if isinstance(causal, str) else None
+    raise _usage("usage.value", f"causal must be None, False, True, 'top_left' or 'bottom_right', got {causal!r}",
+                 hint or "True means top-left; use 'bottom_right' for the bottom-right corner")
+
+
+def _normalize_window(window):
+    if window is None:
+        return None
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise _usage("usage.value", f"window must be a pair (left, right) of ints, got {window!r}",
+                     "negative means unbounded, e.g. (128, 0)") from None
+    if not (_is_int(left) and _is_int(right)):
+        raise _usage("usage.value", f"window must be a pair (left, right) of ints, got {window!r}",
+                     "negative means unbounded, e.g. (128, 0)")
+    return int(left), int(right)
+
+
+def _check_cu(name, cu, total):
+    a = np.asarray(cu)
+    if a.ndim != 1 or a.dtype.kind not in "iu":
+        raise _usage("usage.shape", f"`{name}` must be a 1-D integer array, got shape {a.shape} dtype {a.dtype}",
+                     "int32 with B + 1 entries")
+    if a.shape[0] < 1:
+        raise _usage("usage.shape", f"`{name}` must have B + 1 >= 1 entries, got an empty array")
+    a = a.astype(np.int64)
+    if a[0] != 0:
+        raise _usage("usage.shape", f"`{name}` must start at 0, got {int(a[0])}",
+                     "cu_seqlens[b] is the first row of sequence b")
+    d = np.diff(a)
+    if np.any(d < 0):
+        bad = int(np.argmax(d < 0))
+        raise _usage("usage.shape", f"`{name}` must be non-decreasing, got {int(a[bad])} then {int(a[bad + 1])} "
+                     f"at index {bad}")
+    if a[-1] != total:
+        raise _usage("usage.shape", f"`{name}` must end at the total length {total}, got {int(a[-1])}",
+                     "the last entry is the number of rows of the 3-D tensor")
+    return a
+
+
+# ----------------------------------------------------------------------------------------------
+# the forward pass
+# ----------------------------------------------------------------------------------------------
+
+
+def attention_fwd(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0,
+                  offset=0, softcap=None, sink=0, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                  accum=np.float32):
+    """Forward attention per ``docs/semantics.md``; returns ``(out, lse)``. See the module docstring."""
+    q = _as_float_array("q", q)
+    k = _as_float_array("k", k)
+    v = _as_float_array("v", v)
+    for name, a in (("k", k), ("v", v)):
+        if a.dtype != q.dtype:
+            raise _usage("usage.dtype", f"`{name}` must have q's dtype {q.dtype}, got {a.dtype}")
+    accum = np.dtype(accum)
+    if accum.type not in (np.float32, np.float64):
+        raise _usage("usage.dtype", f"accum must be float32 or float64, got {accum}")
+
+    group = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if group and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise _usage("usage.shape", "group mode needs both cu_seqlens_q and cu_seqlens_k, got only "
+                     + ("cu_seqlens_q" if cu_seqlens_k is None else "cu_seqlens_k"))
+    rank = 3 if group else 4
+    layout = "[T, H, D] (group mode)" if group else "[B, H, S, D] (batch mode)"
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if a.ndim != rank:
+            raise _usage("usage.shape", f"`{name}` must be {rank}-D {layout}, got shape {a.shape}",
+                         "group mode takes 3-D tensors with cu_seqlens_q/k; batch mode 4-D without")
+    # canonical [B, H, S, D] views (group: B = 1, sequences sliced below)
+    if group:
+        Tq, Hq, Dq = q.shape
+        Tk, Hk, Dk = k.shape
+        Tv, Hv, Dv = v.shape
+        if (Tv, Hv) != (Tk, Hk):
+            raise _usage("usage.shape", f"`v` must be [Tk={Tk}, Hk={Hk}, Dv], got shape {v.shape}")
+        cq = _check_cu("cu_seqlens_q", cu_seqlens_q, Tq)
+        ck = _check_cu("cu_seqlens_k", cu_seqlens_k, Tk)
+        if cq.shape != ck.shape:
+            raise _usage("usage.shape", f"cu_seqlens_q and cu_seqlens_k must have the same length B + 1, "
+                         f"got {cq.shape[0]} and {ck.shape[0]}")
+        B = cq.shape[0] - 1
+        lens_q, lens_k = np.diff(cq), np.diff(ck)
+        Sq_max = int(lens_q.max()) if B else 0
+        Sk_max = int(lens_k.max()) if B else 0
+    else:
+        B, Hq, Sq_max, Dq = q.shape
+        Bk, Hk, Sk_max, Dk = k.shape
+        if Bk != B:
+            raise _usage("usage.shape", f"`k` must have batch {B} like q, got shape {k.shape}")
+        if v.shape[:3] != k.shape[:3]:
+            raise _usage("usage.shape", f"`v` must be [B={B}, Hk={Hk}, Sk={Sk_max}, Dv], got shape {v.shape}")
+        Dv = v.shape[3]
+    if Dk != Dq:
+        raise _usage("usage.shape", f"`k` must have q's head dim Dq={Dq}, got {Dk} (shape {k.shape})")
+    if Hk == 0 or Hq % Hk != 0:
+        raise _usage("usage.shape", f"query heads must be a multiple of key heads (Hq % Hk == 0), got Hq={Hq}, "
+                     f"Hk={Hk}", "GQA/MQA: each key head serves Hq // Hk query heads")
+    if Dq < 1 and scale is None:
+        raise _usage("usage.shape", f"head dim Dq must be >= 1, got {Dq}")
+
+    # scalar arguments
+    mode = _normalize_causal(causal)
+    win = _normalize_window(window)
+    if scale is None:
+        scale = 1.0 / math.sqrt(Dq)
+    if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
+        raise _usage("usage.value", f"scale must be a finite number, got {scale!r}", "None means 1/sqrt(Dq)")
+    if softcap is not None and (not isinstance(softcap, numbers.Real) or isinstance(softcap, bool)
+                                or not softcap > 0 or not math.isfinite(softcap)):
+        raise _usage("usage.value", f"softcap must be None (off) or a finite number > 0, got {softcap!r}")
+    if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool) or not 0.0 <= dropout_p < 1.0:
+        raise _usage("usage.value", f"dropout_p must be in [0, 1), got {dropout_p!r}", "0 disables dropout")
+    if not _is_int(sink) or sink < 0:
+        raise _usage("usage.value", f"sink must be an int >= 0, got {sink!r}", "0 disables sink tokens")
+    seed = _check_seed(seed)
+    if not _is_int(offset) or offset < 0:
+        raise _usage("usage.value", f"offset must be an int >= 0, got {offset!r}")
+
+    # bias and slopes
+    if bias is not None:
+        bias = _as_float_array("bias", bias)
+        want = (Sq_max, Sk_max)
+        if bias.ndim != 4 or bias.shape[2:] != want or bias.shape[0] not in (1, B) or bias.shape[1] not in (1, Hq):
+            what = "[B|1, Hq|1, Sq_max, Sk_max]" if group else "[B|1, Hq|1, Sq, Sk]"
+            raise _usage("usage.shape", f"`bias` must be {what} = [{B}|1, {Hq}|1, {Sq_max}, {Sk_max}], "
+                         f"got shape {bias.shape}", "size-1 batch/head dims broadcast")
+    if alibi_slopes is not None:
+        alibi_slopes = np.asarray(alibi_slopes)
+        if alibi_slopes.dtype.kind != "f":
+            raise _usage("usage.dtype", f"`alibi_slopes` must be a float array, got dtype {alibi_slopes.dtype}")
+        if alibi_slopes.shape not in ((Hq,), (B, Hq)):
+            raise _usage("usage.shape", f"`alibi_slopes` must be [Hq] = [{Hq}] or [B, Hq] = [{B}, {Hq}], "
+                         f"got shape {alibi_slopes.shape}")
+        alibi_slopes = alibi_slopes.astype(np.float32)
+        if alibi_slopes.ndim == 1:
+            alibi_slopes = np.broadcast_to(alibi_slopes, (B, Hq))
+
+    # mask as a window (left, right, top_left?) or None; causal + window clips right to 0
+    mask_none = mode is None and (win is None or (win[0] < 0 and win[1] < 0))
+    if mask_none:
+        mwin = None
+    else:
+        left, right = win if win is not None else (-1, 0)
+        if mode is not None:
+            right = 0
+        mwin = (left, right, mode == "top_left")
+
+    cfg = {"scale": float(scale), "softcap": None if softcap is None else float(softcap), "mwin": mwin,
+               "sink": int(sink) if not mask_none else 0, "dropout_p": float(dropout_p), "seed": seed, "offset": int(offset),
+               "Hq": Hq, "Sq_max": Sq_max, "Sk_max": Sk_max, "accum": accum.type}
+    G = Hq // Hk
+    if group:
+        out = np.zeros((Tq, Hq, Dv), dtype=q.dtype)
+        lse = np.full((Hq, Tq), -np.inf, dtype=np.float32)
+        for b in range(B):
+            qs, ks = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
+            for h in range(Hq):
+                bh = None if bias is None else bias[min(b, bias.shape[0] - 1), min(h, bias.shape[1] - 1),
+                                                    :int(lens_q[b]), :int(lens_k[b])]
+                o, l = _head(q[qs, h, :], k[ks, h // G, :], v[ks, h // G, :], b, h, bh,
+                             None if alibi_slopes is None else float(alibi_slopes[b, h]), cfg)
+                out[qs, h, :] = o
+                lse[h, qs] = l
+    else:
+        out = np.zeros((B, Hq, Sq_max, Dv), dtype=q.dtype)
+        lse = np.full((B, Hq, Sq_max), -np.inf, dtype=np.float32)
+        for b in range(B):
+            for h in range(Hq):
+                bh = None if bias is None else bias[min(b, bias.shape[0] - 1), min(h, bias.shape[1] - 1)]
+                o, l = _head(q[b, h], k[b, h // G], v[b, h // G], b, h, bh,
+                             None if alibi_slopes is None else float(alibi_slopes[b, h]), cfg)
+                out[b, h] = o
+                lse[b, h] = l
+    return out, lse
+
+
+def _head(qh, kh, vh, b, h, bias, slope, cfg):
+    """One (sequence, query head): qh [Sq, Dq], kh [Sk, Dq], vh [Sk, Dv] -> out [Sq, Dv], lse [Sq]."""
+    acc = cfg["accum"]
+    Sq, Sk, Dv = qh.shape[0], kh.shape[0], vh.shape[1]
+    out = np.zeros((Sq, Dv), dtype=acc)
+    lse = np.full((Sq,), -np.inf, dtype=np.float32)
+    if Sq == 0 or Sk == 0:
+        return out, lse
+    kT = kh.astype(acc).T
+    va = vh.astype(acc)
+    j = np.arange(Sk)[None, :]
+    step = max(1, _ROW_BLOCK_ELEMS // Sk)
+    with np.errstate(all="ignore"):
+        for r0 in range(0, Sq, step):
+            r1 = min(Sq, r0 + step)
+            i = np.arange(r0, r1)[:, None]
+            s = (qh[r0:r1].astype(acc) @ kT) * acc(cfg["scale"])
+            if cfg["softcap"] is not None:
+                c = acc(cfg["softcap"])
+                s = c * np.tanh(s / c)
+            if bias is not None:
+                s = s + bias[r0:r1].astype(acc)
+            if slope is not None:
+                s = s - acc(slope) * np.abs((i + (Sk - Sq)) - j).astype(acc)
+            if cfg["mwin"] is not None:
+                left, right, top_left = cfg["mwin"]
+                d = i + (0 if top_left else Sk - Sq)
+                allowed = np.ones((r1 - r0, Sk), dtype=bool)
+                if left >= 0:
+                    allowed &= j >= d - left
+                if right >= 0:
+                    allowed &= j <= d + right
+                if cfg["sink"] > 0:
+                    allowed |= j < cfg["sink"]
+                s = np.where(allowed, s, acc(-np.inf))
+            m = s.max(axis=1, keepdims=True)
+            live = ~(m == acc(-np.inf))  # rows with an allowed column whose score is not -inf (NaN propagates)
+            m = np.where(live, m, acc(0))
+            e = np.exp(s - m)  # masked: exp(-inf) = 0
+            l = e.sum(axis=1, keepdims=True)
+            p = np.where(live, e / np.where(live, l, acc(1)), acc(0))
+            lse[r0:r1] = np.where(live[:, 0], (m + np.log(l))[:, 0], -np.inf).astype(np.float32)
+            if cfg["dropout_p"] > 0.0:
+                off = cfg["offset"] + ((b * cfg["Hq"] + h) * cfg["Sq_max"] + i) * cfg["Sk_max"] + j
+                keep = philox_uniform(cfg["seed"], off.astype(np.int64)) >= np.float32(cfg["dropout_p"])
+                p = np.where(keep, p / acc(1.0 - cfg["dropout_p"]), acc(0))
+            out[r0:r1] = p @ va
+    return out, lse
