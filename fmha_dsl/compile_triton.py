@@ -123,7 +123,8 @@ def amd_resources(amdgcn: str) -> dict:
         m = re.search(pat, amdgcn)
         if m:
             out[key] = int(m.group(1))
-    out["spills"] = out.get("vgpr_spill", 0) + out.get("sgpr_spill", 0)
+    # SGPR spills go to VGPR lanes (v_writelane), not memory; VGPR spills and scratch go to memory
+    out["spills"] = out.get("vgpr_spill", 0) + out.get("scratch_bytes", 0)
     return out
 
 

@@ -1,0 +1,134 @@
+"""Ahead-of-time Triton builds on a machine without a GPU: binaries, metadata, cache, failures."""
+
+import hashlib
+import json
+import os
+
+import pytest
+
+pytest.importorskip("triton")
+
+import fmha_dsl  # noqa: E402
+from fmha_dsl.build import build  # noqa: E402
+
+SET = """
+kernel_set small {
+    backend(triton)
+    arch(gfx942, gfx950, sm90)
+    kernel k {
+        signature { family(fwd) dtype(fp16) mode(batch) hdim(64) mask(causal) lse(true) }
+        algorithm { pipeline(qr_async) tile(128, 64, *, *, *, *) wave(4, *, *, *, *, *, *, *, *)
+                    padding(true, true, false, false) }
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("b")
+    src = root / "small.fmha"
+    src.write_text(SET)
+    cache = str(root / "cache")
+    ks = fmha_dsl.load(str(src))
+    first = build(ks, str(root / "out"), jobs=1, cache_dir=cache)
+    return ks, root, cache, first
+
+
+def test_every_target_compiles_without_a_gpu(built):
+    ks, root, cache, res = built
+    assert res.failures == []
+    assert res.by_arch == {"gfx942": 1, "gfx950": 1, "sm90": 1}
+    assert res.compiled == 3 and res.cached == 0
+
+
+def test_registry_metadata_describes_the_binaries(built):
+    ks, root, cache, res = built
+    reg = fmha_dsl.Registry.load(str(root / "out" / "registry.json"))
+    for e in reg:
+        b = e.build
+        path = root / "out" / b["binary"]
+        data = path.read_bytes()
+        assert hashlib.sha256(data).hexdigest() == b["sha256"] and len(data) == b["size"]
+        assert b["entry"] and b["num_warps"] == 4 and b["block"][0] == 4 * b["warp_size"]
+        assert b["shared"] > 0 and b["block_m"] == 128 and b["params"]
+        if e.arch.startswith("gfx"):
+            assert path.suffix == ".hsaco" and data[:4] == b"\x7fELF"
+            assert b["warp_size"] == 64 and b["resources"]["vgpr"] > 0 and "occupancy" in b["resources"]
+        else:
+            assert path.suffix == ".cubin" and data[:4] == b"\x7fELF"
+            assert b["warp_size"] == 32 and b["resources"].get("regs", 0) > 0
+        assert b["template_sha256"] and b["triton"] and b["cache_key"]
+
+
+def test_rebuild_with_nothing_changed_compiles_nothing(built):
+    ks, root, cache, first = built
+    again = build(ks, str(root / "out2"), jobs=1, cache_dir=cache)
+    assert again.compiled == 0 and again.cached == 3
+    a = (root / "out" / "registry.json").read_bytes()
+    b = (root / "out2" / "registry.json").read_bytes()
+    assert a == b  # byte-identical output from the cache
+
+
+def test_changed_template_changes_every_cache_key(built, monkeypatch):
+    from fmha_dsl import compile_triton as ct
+
+    ks, root, cache, _ = built
+    e = next(iter(fmha_dsl.Registry.load(str(root / "out" / "registry.json"))))
+    before = ct.cache_parts(e.sig, e.alg, e.arch)
+    monkeypatch.setattr(ct, "template_sha256", lambda: "0" * 64)
+    after = ct.cache_parts(e.sig, e.alg, e.arch)
+    assert before["template"] != after["template"]
+
+
+def test_failures_are_listed_and_the_build_goes_on(built, monkeypatch):
+    from fmha_dsl import build_triton as bt
+
+    ks, root, cache, _ = built
+    real = bt._compile_in_worker
+
+    def flaky(sig, alg, arch):
+        if arch == "gfx950":
+            return None, "OutOfResources: shared memory"
+        return real(sig, alg, arch)
+
+    monkeypatch.setattr(bt, "_compile_in_worker", flaky)
+    res = build(ks, str(root / "out3"), jobs=1, cache_dir=str(root / "cache-empty"))
+    assert [f["arch"] for f in res.failures] == ["gfx950"] and "OutOfResources" in res.failures[0]["reason"]
+    assert res.by_arch == {"gfx942": 1, "sm90": 1}
+    report = json.loads((root / "out3" / "build-report.json").read_text())
+    assert report["failed"][0]["arch"] == "gfx950"
+
+
+def test_interrupted_build_resumes_from_the_cache(built):
+    ks, root, cache, _ = built
+    fresh = str(root / "cache-interrupt")
+    calls = []
+
+    def stop_after_first(done, total, failed, cached):
+        calls.append(done)
+        if done == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build(ks, str(root / "out4"), jobs=1, cache_dir=fresh, progress=stop_after_first)
+    assert not os.path.exists(root / "out4" / "registry.json")
+    res = build(ks, str(root / "out4"), jobs=1, cache_dir=fresh)
+    assert res.cached == 1 and res.compiled == 2
+
+
+def test_no_spills_drops_spilling_kernels(built, monkeypatch):
+    from fmha_dsl import build_triton as bt
+
+    ks, root, cache, _ = built
+    real = bt._compile_in_worker
+
+    def spilling(sig, alg, arch):
+        meta, data = real(sig, alg, arch)
+        if meta is not None and arch == "sm90":
+            meta = dict(meta, resources=dict(meta["resources"], spills=64))
+        return meta, data
+
+    monkeypatch.setattr(bt, "_compile_in_worker", spilling)
+    res = build(ks, str(root / "out5"), jobs=1, cache_dir=str(root / "cache-spill"), no_spills=True)
+    assert "sm90" not in res.by_arch and res.by_arch == {"gfx942": 1, "gfx950": 1}
