@@ -9,6 +9,7 @@ Public API (re-exported lazily: importing fmha_dsl does no work)::
     ks = fmha_dsl.load("set.fmha")          # KernelSet
     keys = ks.expand(arch="gfx942")         # list[KernelKey]
     reg = ks.registry(arch="gfx942")        # Registry; reg.save("out/registry.json")
+    out = fmha_dsl.attention(q, k, v)       # NumPy: the reference; torch GPU tensors: the kernels
 """
 
 __version__ = "0.1.0"
@@ -20,6 +21,7 @@ _EXPORTS = {
     "FmhaError": "errors", "ParseError": "errors", "RuleError": "errors", "RegistryError": "errors",
     "UsageError": "errors", "Diagnostic": "errors", "Span": "errors",
     "format_source": "fmt",
+    "attention": "attention",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -59,10 +59,11 @@ def compile_options(sig: dict, alg: dict, arch: str) -> dict:
     return opts
 
 
-def cache_parts(sig: dict, alg: dict, arch: str) -> dict:
+def cache_parts(sig: dict, alg: dict, arch: str, aligned: bool = True) -> dict:
     """Everything that decides the binary's bytes (the cache key is its sha256)."""
     return {"sig": sig, "alg": {k: list(v) if isinstance(v, tuple) else v for k, v in alg.items()}, "arch": arch,
-            "template": template_sha256(), "triton": triton_version(), "options": compile_options(sig, alg, arch)}
+            "template": template_sha256(), "triton": triton_version(), "options": compile_options(sig, alg, arch),
+            "aligned": aligned}
 
 
 def _target(arch: str):
@@ -72,8 +73,14 @@ def _target(arch: str):
     return GPUTarget(info["backend"], info["target"], info["warp_size"])
 
 
-def compile_key(sig: dict, alg: dict, arch: str) -> tuple[dict | None, object]:
-    """Compile one kernel.  Returns ``(meta, binary_bytes)`` or ``(None, reason)``."""
+def compile_key(sig: dict, alg: dict, arch: str, aligned: bool = True) -> tuple[dict | None, object]:
+    """Compile one kernel.  Returns ``(meta, binary_bytes)`` or ``(None, reason)``.
+
+    ``aligned`` promises the compiler 16-divisible pointers and strides (the template's
+    ``aligned_names``): 16-byte vector loads, async copies and no spills where it would otherwise load
+    element by element.  Such a binary records the promise in ``meta["aligned"]`` and may only be launched
+    with arguments that keep it; the dispatcher checks.
+    """
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     try:
         import triton
@@ -87,7 +94,9 @@ def compile_key(sig: dict, alg: dict, arch: str) -> tuple[dict | None, object]:
     opts = compile_options(sig, alg, arch)
     try:
         const = tmpl.constexprs(sig, alg)
-        src = ASTSource(fn=tmpl.fmha_fwd, signature=tmpl.signature(sig["dtype"]), constexprs=const)
+        promised = tmpl.aligned_names(sig["vlayout"]) if aligned else ()
+        attrs = tmpl.attrs(sig["dtype"], sig["vlayout"], promised) if promised else {}
+        src = ASTSource(fn=tmpl.fmha_fwd, signature=tmpl.signature(sig["dtype"]), constexprs=const, attrs=attrs)
         ck = triton.compile(src, target=_target(arch), options=opts)
     except Exception as exc:  # noqa: BLE001  (a compiler failure is a result, not a crash)
         text = str(exc).strip().splitlines()
@@ -103,6 +112,8 @@ def compile_key(sig: dict, alg: dict, arch: str) -> tuple[dict | None, object]:
         "grid": "[cdiv(max_seqlen_q, BLOCK_M), nhead_q, batch]", "block_m": int(alg["tile"][0]),
         "params": [name for name, _ in tmpl.ARGS] if hasattr(tmpl, "ARGS") else [],
         "global_scratch": getattr(md, "global_scratch_size", 0) or 0,
+        "profile_scratch": getattr(md, "profile_scratch_size", 0) or 0,
+        "aligned": list(promised),
     }
     meta["resources"] = amd_resources(ck.asm.get("amdgcn", "")) if kind == "hsaco" else cuda_resources(data)
     return meta, data

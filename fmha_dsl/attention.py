@@ -1,0 +1,575 @@
+"""``fmha_dsl.attention``: forward attention on NumPy arrays (the reference) or torch GPU tensors (the kernels).
+
+    out = fmha_dsl.attention(q, k, v, causal=True)                     # torch CUDA/ROCm tensors, [B, H, S, D]
+    out, lse = fmha_dsl.attention(q, k, v, return_lse=True, registry="build/bench")
+    out = fmha_dsl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk)
+
+What it computes is ``docs/semantics.md`` (the same as :func:`fmha_dsl.reference.attention_fwd`).
+
+* NumPy arrays run the reference (float64 accumulation is not used: float32, like the kernels).
+* torch tensors on a GPU run a kernel.  Shapes are logical ``[B, Hq, Sq, D]`` (group mode ``[T, H, D]`` with
+  ``cu_seqlens_q/k``); any strides work as long as the head dim has stride 1 (V may instead have its key
+  axis at stride 1: column-major V).  A BSHD tensor is passed as ``x.transpose(1, 2)``; the output then has the
+  same memory order as ``q``.
+* ``registry``: a build directory, a ``registry.json`` path, a :class:`~fmha_dsl.registry.Registry` or a
+  :class:`~fmha_dsl.runtime.dispatch.Dispatcher`.  ``None`` (default): the one kernel the problem needs is
+  compiled on first use (Triton, tile from :data:`fmha_dsl.runtime.jit.TILE_TABLE`), cached on disk with the
+  build's artifact cache and in memory per problem class; ``FMHA_DSL_NO_BUILD=1`` makes a missing kernel an
+  error (``dispatch.no-kernel``) instead.
+* Group mode: ``max_seqlen_q/k`` (ints) avoid a device-to-host copy of ``cu_seqlens``; without them the
+  lengths are read back (one synchronisation) and fully checked.
+* Dropout: ``seed=None`` draws a seed from torch's CPU generator (NumPy inputs: from NumPy's); ``offset`` is
+  the Philox base offset.  With a fixed seed the kernels and the reference drop the same elements.
+
+Every input problem is a :class:`fmha_dsl.errors.UsageError` naming the argument, the expected and the
+actual value, and a hint.  Importing this module does no work (torch and numpy are imported on first call).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+
+from .errors import UsageError, error
+
+__all__ = ["attention"]
+
+class _NoTensor:  # stands for torch.Tensor until torch is first seen
+    pass
+
+
+_T = _NoTensor              # torch.Tensor once torch is imported
+_torch = None               # the torch module
+_fwd_args = None            # fmha_dsl.runtime.dispatch.fwd_args
+_Dispatcher = _NoTensor     # fmha_dsl.runtime.dispatch.Dispatcher
+_raw_stream = None          # torch._C._cuda_getCurrentRawStream
+_TORCH_DTYPES: dict = {}    # torch dtype -> key dtype name
+_DISPATCHERS: dict = {}     # registry key -> (Dispatcher, keepalive)
+_JIT: dict = {}             # device -> the compile-on-first-use dispatcher
+_ARCHS: dict = {}           # device index -> arch
+_INF = math.inf
+
+
+def _usage(rule: str, msg: str, hint: str | None = None) -> UsageError:
+    return error(rule, f"attention(): {msg}", None, hint, cls=UsageError)
+
+
+def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=None, dropout_p=0.0, seed=None,
+              softcap=None, sink=None, scale=None, return_lse=False, cu_seqlens_q=None, cu_seqlens_k=None,
+              registry=None, offset=0, max_seqlen_q=None, max_seqlen_k=None):
+    """Forward attention; returns ``out`` or ``(out, lse)`` with ``return_lse=True``.  See the module docstring.
+
+    ``causal``: ``False``/``None``, ``True`` or ``"top_left"`` (``j <= i``), ``"bottom_right"``.
+    ``window``: ``(left, right)``, negative = unbounded, bottom-right aligned unless ``causal`` is top-left;
+    with ``causal`` set, ``right`` becomes 0.  ``bias``: ``[B|1, Hq|1, Sq, Sk]`` in q's dtype.
+    ``alibi_slopes``: ``[Hq]`` or ``[B, Hq]`` float32.  ``softcap``: ``None`` or ``> 0``.  ``sink``: number of
+    key columns every masked row also sees.  ``scale``: default ``1/sqrt(Dq)``.
+    """
+    if type(q) is not _T:
+        return _other(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale, return_lse,
+                      cu_seqlens_q, cu_seqlens_k, registry, offset, max_seqlen_q, max_seqlen_k)
+    # torch tensors.  The common case runs straight through (this is the per-call overhead that
+    # bench/bench_dispatch.py measures); every branch that can fail calls a helper that raises.
+    if type(k) is not _T or type(v) is not _T:
+        _bad_types(k, v)
+    dt = q.dtype
+    dname = _TORCH_DTYPES.get(dt)
+    if dname is None or k.dtype is not dt or v.dtype is not dt:
+        _bad_dtypes(q, k, v)
+    qsh, ksh, vsh = q.shape, k.shape, v.shape
+    group = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if group:
+        tq, hq, dq, tk, hk, dv = _group_shapes(qsh, ksh, vsh, cu_seqlens_q, cu_seqlens_k)
+    else:
+        if len(qsh) != 4 or len(ksh) != 4 or len(vsh) != 4:
+            _bad_rank(qsh, ksh, vsh, False)
+        b, hq, sq, dq = qsh
+        bk, hk, sk, dk = ksh
+        bv, hv, sv, dv = vsh
+        if bk != b or bv != b or hv != hk or sv != sk or dk != dq or hk < 1 or hq % hk or dq < 1 or dv < 1:
+            _bad_batch_shapes(qsh, ksh, vsh)
+    dev = q.get_device()
+    if dev < 0 or k.get_device() != dev or v.get_device() != dev:
+        _check_devices(q, k, v, registry)
+    qs, ks, vs = q.stride(), k.stride(), v.stride()
+    if (qs[-1] != 1 or ks[-1] != 1) and dq > 1:
+        _bad_strides(q, k)
+    if vs[-1] == 1 or dv == 1:
+        vc = False
+    elif vs[0 if group else 2] == 1:
+        vc = True
+    else:
+        raise _usage("usage.stride", f"`v` needs stride 1 along the head dim (or the key axis), got strides {vs}",
+                     "pass v.contiguous()")
+    # scalars
+    if causal is False and window is None:
+        mask, wl, wr, br = "no", -1, -1, 1
+    else:
+        mask, wl, wr, br = _mask(causal, window)
+    if dropout_p:
+        seed = _check_dropout(dropout_p, seed, offset)
+    elif dropout_p is not None and dropout_p.__class__ not in (float, int):
+        _check_dropout(dropout_p, seed, offset)
+    if softcap is not None and (softcap.__class__ is not float or not 0.0 < softcap < _INF):
+        _check_softcap(softcap)
+    if scale is not None and (scale.__class__ is not float or not -_INF < scale < _INF):
+        _check_scale(scale)
+    if sink:
+        if sink.__class__ is not int or sink < 0:
+            _check_sink(sink)
+        if mask == "no":
+            sink = 0  # every column is visible anyway
+    elif sink is not None and sink.__class__ is not int:
+        _check_sink(sink)
+    else:
+        sink = 0
+    if group:
+        cu_seqlens_q, cu_seqlens_k, b, sq, sk = _group_lengths(cu_seqlens_q, cu_seqlens_k, tq, tk, dev, max_seqlen_q,
+                                                               max_seqlen_k)
+    if bias is None and alibi_slopes is None:
+        bias_kind = "no"
+        bst = ast = None
+    else:
+        bias_kind, bst, ast = _check_bias(bias, alibi_slopes, q, b, hq, sq, sk, group, dev)
+
+    # outputs: same memory order as q (a BSHD q gives a BSHD out)
+    if dv == dq:
+        out = _torch.empty_like(q)
+    elif not group and qs[1] < qs[2]:
+        out = q.new_empty((b, sq, hq, dv)).transpose(1, 2)
+    else:
+        out = q.new_empty((tq, hq, dv) if group else (b, hq, sq, dv))
+    lse = q.new_empty((hq, tq) if group else (b, hq, sq), dtype=_torch.float32) if return_lse else None
+    if (tq == 0 or tk == 0 or b == 0) if group else (sq == 0 or sk == 0 or b == 0 or hq == 0):
+        return _nothing_to_do(out, lse, return_lse)
+
+    if registry is None:
+        disp = _JIT.get(dev)
+        if disp is None:
+            disp = _JIT[dev] = _dispatcher(None, dev)
+    elif type(registry) is _Dispatcher:
+        disp = registry
+    else:
+        disp = _dispatcher(registry, dev)
+    key = (dname, group, dq, dv, vc, mask != "no", bias_kind, bool(return_lse), bool(dropout_p),
+           softcap is not None, sink > 0, sq % disp.lq, sk % disp.lk)
+    if disp.sq_bounds:
+        key += (sum(1 for x in disp.sq_bounds if sq > x),)
+    plan = disp.fast.get(key)
+    if plan is None:
+        plan = _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vc, mask, wl, wr, bias_kind, return_lse,
+                     dropout_p, softcap, sink)
+    if dev >= 0 and not group:  # the common case, inlined (same order as runtime.dispatch.fwd_args)
+        args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
+                0 if bias is None else bias.data_ptr(), 0 if alibi_slopes is None else alibi_slopes.data_ptr(), 0, 0,
+                1.0 / math.sqrt(dq) if scale is None else float(scale), 0.0 if softcap is None else float(softcap),
+                float(dropout_p) if dropout_p else 0.0, seed if dropout_p else 0, offset if dropout_p else 0,
+                sq, sk, sq, sk, hq, hk, dq, dv, wl, wr, br, sink, *qs, *ks, *vs, *out.stride(),
+                *((0, 0, 1) if lse is None else lse.stride()), *((0, 0, 0, 1) if bst is None else bst),
+                *((0, 1) if ast is None else ast)]
+    else:
+        if dev >= 0:
+            ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
+                    0 if bias is None else bias.data_ptr(), 0 if alibi_slopes is None else alibi_slopes.data_ptr(),
+                    cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()]
+        else:  # the CPU interpreter takes the tensors themselves
+            ptrs = [q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q if group else None,
+                    cu_seqlens_k if group else None]
+        args = _fwd_args(ptrs, group, qs, ks, vs, out.stride(), None if lse is None else lse.stride(), bst, ast, hq,
+                         hk, dq, dv, 0 if group else sq, 0 if group else sk, sq, sk, scale, softcap, dropout_p, seed,
+                         offset, wl, wr, br, sink)
+    kern = plan._kernels.get(dev)
+    if kern is None or plan._aligned_idx:
+        plan.launch(dev, b, hq, sq, args)  # first launch on this device, or a binary with alignment promises
+    else:
+        bm = plan.block_m
+        kern.launch(((sq + bm - 1) // bm, hq, b), args, _raw_stream(dev) if dev >= 0 else 0)
+    return (out, lse) if return_lse else out
+
+
+def _nothing_to_do(out, lse, return_lse):
+    """No query row, or no key column: out = 0, lse = -inf (docs/semantics.md), no launch."""
+    out.zero_()
+    if lse is not None:
+        lse.fill_(-math.inf)
+    return (out, lse) if return_lse else out
+
+
+def _other(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale, return_lse,
+           cu_seqlens_q, cu_seqlens_k, registry, offset, max_seqlen_q, max_seqlen_k):
+    """Everything but a plain torch.Tensor q once torch is loaded: NumPy, the first torch call, subclasses."""
+    mod = type(q).__module__ or ""
+    if mod.startswith("torch") or _T is not _NoTensor and isinstance(q, _T):
+        _init_torch()
+        if isinstance(q, _T):
+            if type(q) is not _T:
+                q = q.detach().as_subclass(_T)  # forward only: a Parameter or other subclass as a plain tensor
+            return attention(q, k, v, causal=causal, window=window, bias=bias, alibi_slopes=alibi_slopes,
+                             dropout_p=dropout_p, seed=seed, softcap=softcap, sink=sink, scale=scale,
+                             return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                             registry=registry, offset=offset, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    if mod == "numpy":
+        return _numpy_attention(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale,
+                                return_lse, cu_seqlens_q, cu_seqlens_k, offset)
+    raise _usage("usage.type", f"`q` must be a numpy array or a torch tensor, got {type(q).__name__}",
+                 "numpy runs the reference; torch GPU tensors run the kernels")
+
+
+def _init_torch():
+    global _T, _torch, _fwd_args, _Dispatcher, _raw_stream
+    if _torch is not None:
+        return
+    import torch
+
+    from .runtime.dispatch import Dispatcher, fwd_args
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:  # pragma: no cover  (old torch)
+        def raw(dev):
+            return torch.cuda.current_stream(dev).cuda_stream
+    _TORCH_DTYPES.update({torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"})
+    _fwd_args, _Dispatcher, _raw_stream = fwd_args, Dispatcher, raw
+    _torch = torch
+    _T = torch.Tensor
+
+
+# ---------------------------------------------------------------------------------------------------------
+# NumPy: the reference
+# ---------------------------------------------------------------------------------------------------------
+def _numpy_attention(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale,
+                     return_lse, cu_seqlens_q, cu_seqlens_k, offset):
+    import numpy as np
+
+    from .reference import attention_fwd
+
+    for name, x in (("k", k), ("v", v)):
+        if not isinstance(x, np.ndarray):
+            raise _usage("usage.type", f"`{name}` must be a numpy array like q, got {type(x).__name__}",
+                         "pass q, k and v of one kind")
+    if seed is None:
+        seed = int(np.random.default_rng().integers(0, 1 << 63)) if dropout_p else 0
+    out, lse = attention_fwd(q, k, v, causal=causal, window=window, bias=bias, alibi_slopes=alibi_slopes,
+                             dropout_p=dropout_p, seed=seed, offset=offset, softcap=softcap,
+                             sink=0 if sink is None else sink, scale=scale, cu_seqlens_q=cu_seqlens_q,
+                             cu_seqlens_k=cu_seqlens_k)
+    return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# torch: the kernels
+# ---------------------------------------------------------------------------------------------------------
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _num(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _dispatcher(registry, dev: int):
+    """The dispatcher for ``registry`` on device ``dev`` (made once; a path or a Registry object is the key)."""
+    from .runtime.dispatch import Dispatcher
+
+    if isinstance(registry, Dispatcher):
+        return registry
+    fast_key = (registry if isinstance(registry, (str, os.PathLike)) else id(registry), dev)
+    got = _DISPATCHERS.get(fast_key)
+    if got is not None and (got[1] is registry or isinstance(registry, (str, os.PathLike))):
+        return got[0]
+    arch = _ARCHS.get(dev)
+    if arch is None:
+        from .runtime.dispatch import detect_arch
+
+        arch = _ARCHS[dev] = detect_arch(None if dev < 0 else dev)
+    if isinstance(registry, (str, os.PathLike)):
+        key = ("path", os.path.abspath(os.fspath(registry)), arch)
+        got = _DISPATCHERS.get(key)
+        if got is None:
+            got = _DISPATCHERS[key] = (Dispatcher(registry, arch), registry)
+    else:
+        got = (Dispatcher(registry, arch, jit=registry is None), registry)
+    _DISPATCHERS[fast_key] = got
+    return got[0]
+
+
+def _mask(causal, window):
+    """(mask name, window_left, window_right, bottom_right) per docs/semantics.md."""
+    if causal is False or causal is None:
+        mode = None
+    elif causal is True or causal == "top_left":
+        mode = "top_left"
+    elif causal == "bottom_right":
+        mode = "bottom_right"
+    else:
+        from .errors import did_you_mean
+
+        hint = did_you_mean(causal, ["top_left", "bottom_right"]) if isinstance(causal, str) else None
+        raise _usage("usage.value", f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}",
+                     hint or "True means top-left (torch's is_causal); 'bottom_right' aligns the last rows")
+    if window is None:
+        if mode is None:
+            return "no", -1, -1, 1
+        return mode, -1, 0, int(mode == "bottom_right")
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        left = right = None
+    if not (_is_int(left) and _is_int(right)):
+        raise _usage("usage.value", f"window must be a pair (left, right) of ints, got {window!r}",
+                     "negative means unbounded, e.g. window=(128, 0) for a 128-token causal window")
+    left, right = int(left), int(right)
+    if mode is None:
+        if left < 0 and right < 0:
+            return "no", -1, -1, 1
+        return "generic", left, right, 1
+    return mode, left, 0, int(mode == "bottom_right")
+
+
+def _cu_seqlens(name, cu, total, dev, torch):
+    """cu_seqlens as an int32 tensor on q's device, and its values when they are on the host (else None)."""
+    host = None
+    if not isinstance(cu, torch.Tensor):
+        import numpy as np
+
+        a = np.asarray(cu)
+        if a.dtype.kind not in "iu":
+            raise _usage("usage.dtype", f"`{name}` must hold integers, got dtype {a.dtype}", "int32, B + 1 entries")
+        cu = torch.from_numpy(a.astype(np.int32))
+    if cu.dim() != 1 or cu.shape[0] < 1:
+        raise _usage("usage.shape", f"`{name}` must be 1-D with B + 1 >= 1 entries, got shape {tuple(cu.shape)}",
+                     "cu_seqlens[b] is the first row of sequence b; the last entry is the total length")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise _usage("usage.dtype", f"`{name}` must be int32, got {cu.dtype}", f"pass {name}.to(torch.int32)")
+    where = cu.get_device()
+    if where < 0:
+        host = cu.tolist()
+    elif where != dev:
+        raise _usage("usage.device", f"`{name}` is on cuda:{where} but q is on {'cpu' if dev < 0 else f'cuda:{dev}'}",
+                     f"move it with {name}.to(q.device)")
+    if where != dev:
+        cu = cu.to(device=f"cuda:{dev}", dtype=torch.int32)
+    elif cu.dtype != torch.int32:
+        cu = cu.to(torch.int32)
+    return cu, host
+
+
+def _check_cu_host(name, vals, total):
+    if vals[0] != 0:
+        raise _usage("usage.value", f"`{name}` must start at 0, got {vals[0]}", "cu_seqlens[0] is always 0")
+    for i in range(len(vals) - 1):
+        if vals[i + 1] < vals[i]:
+            raise _usage("usage.value", f"`{name}` must be non-decreasing, got {vals[i]} then {vals[i + 1]} at index "
+                         f"{i}", "sequence b owns rows cu_seqlens[b] : cu_seqlens[b + 1]")
+    if vals[-1] != total:
+        raise _usage("usage.value", f"`{name}` must end at the total length {total}, got {vals[-1]}",
+                     "the last entry is the number of rows of the 3-D tensor")
+    return max((vals[i + 1] - vals[i] for i in range(len(vals) - 1)), default=0)
+
+
+# ---- validation helpers (cold: they run only to raise, or on uncommon arguments) -----------------------
+def _bad_types(k, v):
+    for name, x in (("k", k), ("v", v)):
+        if not isinstance(x, _T):
+            raise _usage("usage.type", f"`{name}` must be a torch tensor like q, got {type(x).__name__}",
+                         "pass q, k and v of one kind")
+
+
+def _bad_dtypes(q, k, v):
+    dt = q.dtype
+    if dt not in _TORCH_DTYPES:
+        raise _usage("usage.dtype", f"`q` must be float16, bfloat16 or float32, got {dt}", "convert with q.half()")
+    name, x = ("k", k) if k.dtype is not dt else ("v", v)
+    raise _usage("usage.dtype", f"`{name}` must have q's dtype {dt}, got {x.dtype}", f"pass {name}.to(q.dtype)")
+
+
+def _bad_rank(qsh, ksh, vsh, group):
+    nd = 3 if group else 4
+    name, sh = next((n, s) for n, s in (("q", qsh), ("k", ksh), ("v", vsh)) if len(s) != nd)
+    layout = "[T, H, D] (group mode, with cu_seqlens)" if group else "[B, H, S, D] (batch mode)"
+    raise _usage("usage.shape", f"`{name}` must be {nd}-D {layout}, got shape {tuple(sh)}",
+                 "BSHD tensors go in as x.transpose(1, 2); varlen needs cu_seqlens_q/k and 3-D tensors")
+
+
+def _check_heads(hq, hk, dq, dk, dv, ksh):
+    if dk != dq:
+        raise _usage("usage.shape", f"`k` must have q's head dim Dq={dq}, got {dk} (shape {tuple(ksh)})")
+    if hk < 1 or hq % hk:
+        raise _usage("usage.shape", f"query heads must be a multiple of key heads (GQA/MQA), got Hq={hq}, Hk={hk}",
+                     "each key head serves Hq // Hk query heads")
+    if dq < 1 or dv < 1:
+        raise _usage("usage.shape", f"head dims must be >= 1, got Dq={dq}, Dv={dv}")
+
+
+def _bad_batch_shapes(qsh, ksh, vsh):
+    b, hq, _, dq = qsh
+    bk, hk, sk, dk = ksh
+    bv, hv, sv, dv = vsh
+    if bk != b or bv != b:
+        name, sh = ("k", ksh) if bk != b else ("v", vsh)
+        raise _usage("usage.shape", f"`{name}` must have q's batch {b}, got shape {tuple(sh)}",
+                     "q, k and v are [B, H, S, D]; pass BSHD tensors as x.transpose(1, 2)")
+    if (hv, sv) != (hk, sk):
+        raise _usage("usage.shape", f"`v` must be [B, Hk={hk}, Sk={sk}, Dv] like k, got {tuple(vsh)}",
+                     "k and v need the same heads and sequence length")
+    _check_heads(hq, hk, dq, dk, dv, ksh)
+
+
+def _group_shapes(qsh, ksh, vsh, cu_q, cu_k):
+    if cu_q is None or cu_k is None:
+        raise _usage("usage.shape", "group mode needs both cu_seqlens_q and cu_seqlens_k, got only "
+                     + ("cu_seqlens_q" if cu_k is None else "cu_seqlens_k"))
+    if len(qsh) != 3 or len(ksh) != 3 or len(vsh) != 3:
+        _bad_rank(qsh, ksh, vsh, True)
+    tq, hq, dq = qsh
+    tk, hk, dk = ksh
+    tv, hv, dv = vsh
+    if (tv, hv) != (tk, hk):
+        raise _usage("usage.shape", f"`v` must be [Tk={tk}, Hk={hk}, Dv] like k, got {tuple(vsh)}")
+    _check_heads(hq, hk, dq, dk, dv, ksh)
+    return tq, hq, dq, tk, hk, dv
+
+
+def _check_devices(q, k, v, registry):
+    dev = q.get_device()
+    if dev < 0 and not (isinstance(registry, _Dispatcher) and registry.launcher == "interpret"):
+        raise _usage("usage.device", f"`q` is on {q.device}; torch tensors run on a GPU",
+                     "move the tensors with .cuda(), or pass numpy arrays to run the reference")
+    if k.get_device() != dev or v.get_device() != dev:
+        name, x = ("k", k) if k.get_device() != dev else ("v", v)
+        raise _usage("usage.device", f"`{name}` is on {x.device} but q is on {q.device}",
+                     f"move it with {name}.to(q.device)")
+
+
+def _bad_strides(q, k):
+    name, x = ("q", q) if q.stride(-1) != 1 else ("k", k)
+    raise _usage("usage.stride", f"`{name}`'s last dim (head dim) must have stride 1, got strides {x.stride()}",
+                 f"pass {name}.contiguous(); the other dims may be strided (e.g. BSHD via transpose)")
+
+
+def _check_dropout(p, seed, offset):
+    if not _num(p) or not 0.0 <= p < 1.0:
+        raise _usage("usage.value", f"dropout_p must be in [0, 1), got {p!r}", "0 disables dropout")
+    if not p:
+        return seed
+    if seed is None:
+        torch = _torch
+        seed = int(torch.randint(0, (1 << 63) - 1, (), dtype=torch.int64).item())
+    elif not _is_int(seed) or not -(1 << 63) <= seed < (1 << 64):
+        raise _usage("usage.value", f"seed must be an int in [-2**63, 2**64), got {seed!r}",
+                     "None draws one from torch's generator")
+    if not _is_int(offset) or not 0 <= offset < (1 << 63):
+        raise _usage("usage.value", f"offset must be an int in [0, 2**63), got {offset!r}")
+    seed = int(seed) & ((1 << 64) - 1)
+    return seed - (1 << 64) if seed >= 1 << 63 else seed  # the kernel reads an i64: pass uint64 as its twin
+
+
+def _check_softcap(softcap):
+    if not _num(softcap) or softcap <= 0:
+        raise _usage("usage.value", f"softcap must be None (off) or a finite number > 0, got {softcap!r}")
+
+
+def _check_scale(scale):
+    if not _num(scale):
+        raise _usage("usage.value", f"scale must be a finite number, got {scale!r}", "None means 1/sqrt(Dq)")
+
+
+def _check_sink(sink):
+    if not _is_int(sink) or sink < 0:
+        raise _usage("usage.value", f"sink must be an int >= 0, got {sink!r}", "0 or None disables sink tokens")
+
+
+def _group_lengths(cu_q, cu_k, tq, tk, dev, max_q, max_k):
+    torch = _torch
+    cu_q, host_q = _cu_seqlens("cu_seqlens_q", cu_q, tq, dev, torch)
+    cu_k, host_k = _cu_seqlens("cu_seqlens_k", cu_k, tk, dev, torch)
+    if cu_q.shape[0] != cu_k.shape[0]:
+        raise _usage("usage.shape", f"cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got "
+                     f"{cu_q.shape[0]} and {cu_k.shape[0]}")
+    maxes = []
+    for name, given, vals, cu, total in (("max_seqlen_q", max_q, host_q, cu_q, tq),
+                                         ("max_seqlen_k", max_k, host_k, cu_k, tk)):
+        if given is not None and (not _is_int(given) or given < 0):
+            raise _usage("usage.value", f"{name} must be an int >= 0, got {given!r}")
+        if vals is None and given is None:
+            vals = cu.tolist()  # one device-to-host copy; pass max_seqlen_q/k to avoid it
+        if vals is not None:
+            m = _check_cu_host("cu_seqlens_" + name[-1], vals, total)
+            if given is not None and given < m:
+                raise _usage("usage.value", f"{name}={given} is below the longest sequence ({m})",
+                             "max_seqlen_* must be >= every cu_seqlens difference")
+            if given is None:
+                given = m
+        maxes.append(int(given))
+    return cu_q, cu_k, cu_q.shape[0] - 1, maxes[0], maxes[1]
+
+
+def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):
+    T, torch = _T, _torch
+    dt = q.dtype
+    if bias is not None:
+        if alibi is not None:
+            raise _usage("usage.value", "bias and alibi_slopes cannot be combined in one kernel",
+                         "fold the ALiBi term into the bias tensor")
+        if not isinstance(bias, T):
+            raise _usage("usage.type", f"`bias` must be a torch tensor, got {type(bias).__name__}")
+        bsh = bias.shape
+        if len(bsh) != 4 or bsh[0] not in (1, b) or bsh[1] not in (1, hq) or bsh[2] != sq or bsh[3] != sk:
+            what = "[B|1, Hq|1, Sq_max, Sk_max]" if group else "[B|1, Hq|1, Sq, Sk]"
+            raise _usage("usage.shape", f"`bias` must be {what} = [{b}|1, {hq}|1, {sq}, {sk}], got {tuple(bsh)}",
+                         "size-1 batch/head dims broadcast (or use bias.expand)")
+        if bias.dtype is not dt:
+            raise _usage("usage.dtype", f"`bias` must have q's dtype {dt}, got {bias.dtype}", "pass bias.to(q.dtype)")
+        if bias.get_device() != dev:
+            raise _usage("usage.device", f"`bias` is on {bias.device} but q is on {q.device}",
+                         "move it with bias.to(q.device)")
+        if bias.stride(3) != 1 and sk > 1:
+            raise _usage("usage.stride", f"`bias`'s last dim must have stride 1, got strides {bias.stride()}",
+                         "pass bias.contiguous()")
+        from .runtime.dispatch import bias_strides
+
+        return "bias", bias_strides(bias), None
+    if not isinstance(alibi, T):
+        raise _usage("usage.type", f"`alibi_slopes` must be a torch tensor, got {type(alibi).__name__}")
+    if tuple(alibi.shape) not in ((hq,), (b, hq)):
+        raise _usage("usage.shape", f"`alibi_slopes` must be [Hq] = [{hq}] or [B, Hq] = [{b}, {hq}], got "
+                     f"{tuple(alibi.shape)}")
+    if alibi.dtype != torch.float32:
+        raise _usage("usage.dtype", f"`alibi_slopes` must be float32, got {alibi.dtype}", "pass alibi_slopes.float()")
+    if alibi.get_device() != dev:
+        raise _usage("usage.device", f"`alibi_slopes` is on {alibi.device} but q is on {q.device}",
+                     "move it with alibi_slopes.to(q.device)")
+    from .runtime.dispatch import alibi_strides
+
+    return "alibi", None, alibi_strides(alibi)
+
+
+def _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vlayout_c, mask, wl, wr, bias_kind, return_lse,
+          dropout_p, softcap, sink):
+    from .keys import Problem
+
+    problem = Problem(family="fwd", dtype=dname, arch=disp.arch, batch=max(1, int(b)), nhead_q=int(hq),
+                      nhead_k=int(hk), seqlen_q=int(sq), seqlen_k=int(sk), max_seqlen_q=int(sq), max_seqlen_k=int(sk),
+                      hdim_q=int(dq), hdim_v=int(dv), mode="group" if group else "batch",
+                      vlayout="c" if vlayout_c else "r", mask=mask, window_left=int(wl), window_right=int(wr),
+                      bias=bias_kind, lse=bool(return_lse), dropout=bool(dropout_p), logits=softcap is not None,
+                      sink=bool(sink))
+    plan = disp.plan(problem)
+    # a JIT compile changes the tile lcm (and so the key's residues): store under the key of the new moduli
+    key = key[:11] + (sq % disp.lq, sk % disp.lk)
+    if disp.sq_bounds:
+        key += (sum(1 for x in disp.sq_bounds if sq > x),)
+    disp.fast[key] = plan
+    return plan
+
+
+class _CallableModule(__import__("types").ModuleType):
+    """``import fmha_dsl.attention`` binds the package attribute ``fmha_dsl.attention`` to this module (the
+    import system does that for submodules); calling the module calls the function, so ``fmha_dsl.attention(q,
+    k, v)`` works whichever of the two the attribute holds."""
+
+    def __call__(self, *args, **kwargs):
+        return attention(*args, **kwargs)
+
+
+__import__("sys").modules[__name__].__class__ = _CallableModule

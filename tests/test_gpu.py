@@ -1,0 +1,385 @@
+"""fmha_dsl.attention on a GPU: every feature against the NumPy reference, and against torch SDPA where SDPA has
+the feature.  Kernels are compiled on first use (registry=None) -- a session fixture compiles the ones these
+tests need in parallel first -- except in the prebuilt-registry tests.
+
+    python3 -P -m pytest -q tests/test_gpu.py -p no:cacheprovider      (see bench/README_device.md)
+"""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import fmha_dsl  # noqa: E402
+from fmha_dsl.errors import FmhaError  # noqa: E402
+from fmha_dsl.keys import Problem  # noqa: E402
+from fmha_dsl.reference import attention_fwd, philox_uniform  # noqa: E402
+
+DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+TOL = {torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float32: 2e-4}
+LSE_TOL = 2e-3
+
+
+def P(dtype="fp16", d=64, dv=None, **kw):
+    return Problem(dtype=dtype, hdim_q=d, hdim_v=dv or d, **kw)
+
+
+# the kernels the tests below use (compiled in parallel up front; a missing one is compiled on first use)
+NEEDED = (
+    [P(dtype=dt, d=d, mask=m, lse=True) for dt in ("fp16", "bf16") for d in (64, 128) for m in ("no", "top_left")]
+    + [P(mask=m) for m in ("no", "top_left")]
+    + [P(d=128), P(d=128, mask="top_left"), P(mode="group", lse=True), P(mode="group", mask="top_left", lse=True),
+       P(mask="top_left", sink=True, lse=True), P(bias="bias"), P(bias="alibi"), P(bias="alibi", mask="top_left"),
+       P(mask="top_left", logits=True), P(dtype="fp32", dropout=True), P(dropout=True),
+       P(mode="group", dropout=True), P(vlayout="c"), P(dtype="fp32", lse=True), P(d=80, lse=True),
+       P(dtype="bf16", d=96, dv=64)]
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_kernels():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from fmha_dsl.runtime import jit
+    from fmha_dsl.runtime.dispatch import detect_arch
+
+    n = jit.precompile(NEEDED, detect_arch(), jobs=min(16, os.cpu_count() or 1))
+    print(f"\n[test_gpu] compiled {n} kernels into the artifact cache")
+
+
+def rnd(*shape, dtype=torch.float16, scale=1.0):
+    return (torch.randn(*shape, device="cuda", dtype=torch.float32) * scale).to(dtype)
+
+
+def npy(x):
+    return None if x is None else x.detach().float().cpu().numpy()
+
+
+def reference(q, k, v, **kw):
+    """The NumPy reference on the same (rounded) inputs, as float32 torch tensors on the GPU."""
+    for name in ("bias", "alibi_slopes"):
+        if kw.get(name) is not None:
+            kw[name] = npy(kw[name])
+    for name in ("cu_seqlens_q", "cu_seqlens_k"):
+        if kw.get(name) is not None:
+            kw[name] = np.asarray(kw[name].cpu() if torch.is_tensor(kw[name]) else kw[name])
+    out, lse = attention_fwd(npy(q), npy(k), npy(v), **kw)
+    return torch.from_numpy(out).cuda(), torch.from_numpy(lse).cuda()
+
+
+def close(got, want, dtype, what="out"):
+    got, want = got.float(), want.float()
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    assert not torch.isnan(got).any(), f"{what}: NaN"
+    fin = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), fin), f"{what}: -inf pattern differs"
+    assert torch.equal(got[~fin], want[~fin]), what
+    tol = TOL[dtype] if what == "out" else LSE_TOL
+    err = (got[fin] - want[fin]).abs().max().item() if fin.any() else 0.0
+    assert err <= tol * (1 + want[fin].abs().max().item() if fin.any() else 1), f"{what}: max error {err}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_sdpa_and_the_reference(dtype, d, causal):
+    dt = DT[dtype]
+    q, k, v = rnd(2, 4, 256, d, dtype=dt), rnd(2, 4, 256, d, dtype=dt), rnd(2, 4, 256, d, dtype=dt)
+    out, lse = fmha_dsl.attention(q, k, v, causal=causal, return_lse=True)
+    assert out.dtype == dt and lse.dtype == torch.float32 and lse.shape == (2, 4, 256)
+    close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal), dt)
+    r_out, r_lse = reference(q, k, v, causal=causal)
+    close(out, r_out, dt)
+    close(lse, r_lse, dt, "lse")
+    out2 = fmha_dsl.attention(q, k, v, causal=causal)  # the no-LSE kernel
+    close(out2, r_out, dt)
+
+
+@pytest.mark.parametrize("sq,sk,causal", [(77, 131, "bottom_right"), (131, 77, "top_left"), (1, 200, True),
+                                          (200, 1, "bottom_right"), (300, 300, "top_left")])
+def test_unaligned_lengths_and_both_corners(sq, sk, causal):
+    q, k, v = rnd(1, 3, sq, 64), rnd(1, 3, sk, 64), rnd(1, 3, sk, 64)
+    out, lse = fmha_dsl.attention(q, k, v, causal=causal, return_lse=True)
+    r_out, r_lse = reference(q, k, v, causal=causal)
+    close(out, r_out, torch.float16)
+    close(lse, r_lse, torch.float16, "lse")
+
+
+def test_fully_masked_rows_give_zero_and_minus_infinity():
+    q, k, v = rnd(2, 2, 70, 64), rnd(2, 2, 30, 64), rnd(2, 2, 30, 64)
+    out, lse = fmha_dsl.attention(q, k, v, causal="bottom_right", return_lse=True)
+    assert torch.all(out[:, :, :40] == 0) and torch.all(lse[:, :, :40] == -math.inf)
+    assert not torch.isnan(out).any()
+    close(out, reference(q, k, v, causal="bottom_right")[0], torch.float16)
+
+
+@pytest.mark.parametrize("hk", [2, 1])
+def test_gqa_and_mqa(hk):
+    q, k, v = rnd(2, 8, 128, 64), rnd(2, hk, 128, 64), rnd(2, hk, 128, 64)
+    out = fmha_dsl.attention(q, k, v)
+    close(out, F.scaled_dot_product_attention(q, k, v, enable_gqa=True), torch.float16)
+    close(out, reference(q, k, v)[0], torch.float16)
+
+
+def test_bshd_views_keep_their_layout():
+    q, k, v = (rnd(2, 200, 4, 128).transpose(1, 2) for _ in range(3))
+    out = fmha_dsl.attention(q, k, v)
+    assert out.shape == (2, 4, 200, 128) and out.transpose(1, 2).is_contiguous()
+    close(out, F.scaled_dot_product_attention(q, k, v), torch.float16)
+
+
+def test_column_major_v():
+    q, k = rnd(2, 4, 96, 64), rnd(2, 4, 96, 64)
+    v = rnd(2, 4, 64, 96).transpose(2, 3)  # logical [B, H, S, D], key axis contiguous
+    assert v.stride(2) == 1
+    out = fmha_dsl.attention(q, k, v)
+    close(out, F.scaled_dot_product_attention(q, k, v), torch.float16)
+
+
+@pytest.mark.parametrize("with_max", [False, True])
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+def test_group_mode(with_max, causal):
+    lens_q, lens_k = [5, 0, 130, 64, 1], [9, 7, 100, 64, 0]
+    cq = torch.tensor([0] + np.cumsum(lens_q).tolist(), dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0] + np.cumsum(lens_k).tolist(), dtype=torch.int32, device="cuda")
+    q, k, v = rnd(sum(lens_q), 4, 64), rnd(sum(lens_k), 2, 64), rnd(sum(lens_k), 2, 64)
+    kw = dict(max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k)) if with_max else {}
+    out, lse = fmha_dsl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal=causal, return_lse=True, **kw)
+    assert out.shape == (sum(lens_q), 4, 64) and lse.shape == (4, sum(lens_q))
+    r_out, r_lse = reference(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal=causal)
+    close(out, r_out, torch.float16)
+    close(lse, r_lse, torch.float16, "lse")
+    if not causal:  # each sequence against SDPA
+        for b in range(len(lens_q)):
+            if lens_q[b] and lens_k[b]:
+                qs = q[cq[b]:cq[b + 1]].transpose(0, 1)[None]
+                ks = k[ck[b]:ck[b + 1]].transpose(0, 1)[None]
+                vs = v[ck[b]:ck[b + 1]].transpose(0, 1)[None]
+                want = F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)[0].transpose(0, 1)
+                close(out[cq[b]:cq[b + 1]], want, torch.float16)
+
+
+@pytest.mark.parametrize("kw", [dict(window=(16, 8)), dict(window=(32, 0), causal=True),
+                                dict(window=(8, 0), sink=4), dict(window=(-1, 5), causal="top_left"),
+                                dict(causal="bottom_right", sink=3), dict(window=(0, 0))])
+def test_windows_and_sinks(kw):
+    q, k, v = rnd(2, 2, 150, 64), rnd(2, 2, 170, 64), rnd(2, 2, 170, 64)
+    out, lse = fmha_dsl.attention(q, k, v, return_lse=True, **kw)
+    r_out, r_lse = reference(q, k, v, **kw)
+    close(out, r_out, torch.float16)
+    close(lse, r_lse, torch.float16, "lse")
+
+
+def test_elementwise_bias():
+    q, k, v = rnd(2, 4, 128, 64), rnd(2, 4, 160, 64), rnd(2, 4, 160, 64)
+    bias = rnd(2, 1, 128, 160)
+    out = fmha_dsl.attention(q, k, v, bias=bias)
+    close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=bias), torch.float16)
+    close(out, reference(q, k, v, bias=bias)[0], torch.float16)
+    full = rnd(2, 4, 128, 160)
+    close(fmha_dsl.attention(q, k, v, bias=full), reference(q, k, v, bias=full)[0], torch.float16)
+
+
+@pytest.mark.parametrize("per_batch", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi(per_batch, causal):
+    q, k, v = rnd(2, 4, 100, 64), rnd(2, 4, 120, 64), rnd(2, 4, 120, 64)
+    slopes = torch.rand(2, 4, device="cuda") if per_batch else torch.rand(4, device="cuda")
+    out = fmha_dsl.attention(q, k, v, alibi_slopes=slopes, causal=causal)
+    close(out, reference(q, k, v, alibi_slopes=slopes, causal=causal)[0], torch.float16)
+
+
+def test_softcap():
+    q, k, v = rnd(2, 4, 128, 64, scale=3.0), rnd(2, 4, 128, 64, scale=3.0), rnd(2, 4, 128, 64)
+    out = fmha_dsl.attention(q, k, v, softcap=5.0, causal=True)
+    close(out, reference(q, k, v, softcap=5.0, causal=True)[0], torch.float16)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_dropout_is_bit_exact(dtype):
+    """q = 0 makes every probability 1/Sk; V = identity makes out[i, j] = keep(i, j) / (Sk (1 - p))."""
+    dt = DT[dtype]
+    B, H, S, p, seed, offset = 2, 3, 64, 0.3, (1 << 64) - 12345, 77
+    q = torch.zeros(B, H, S, S, device="cuda", dtype=dt)
+    k = rnd(B, H, S, S, dtype=dt)
+    v = torch.eye(S, device="cuda", dtype=dt).expand(B, H, S, S).contiguous()
+    out = fmha_dsl.attention(q, k, v, dropout_p=p, seed=seed, offset=offset)
+    i, j = np.arange(S)[:, None], np.arange(S)[None, :]
+    for b in range(B):
+        for h in range(H):
+            keep = philox_uniform(seed, offset + ((b * H + h) * S + i) * S + j) >= np.float32(p)
+            assert np.array_equal(npy(out[b, h]) > 0, keep), (b, h)
+    # and on random inputs, against the reference
+    q, k, v = rnd(B, H, 100, 64, dtype=dt), rnd(B, H, 90, 64, dtype=dt), rnd(B, H, 90, 64, dtype=dt)
+    out = fmha_dsl.attention(q, k, v, dropout_p=p, seed=seed, offset=offset)
+    close(out, reference(q, k, v, dropout_p=p, seed=seed, offset=offset)[0], dt)
+
+
+def test_dropout_in_group_mode_and_seed_from_torch():
+    lens = [33, 0, 70]
+    cu = torch.tensor([0] + np.cumsum(lens).tolist(), dtype=torch.int32, device="cuda")
+    q, k, v = rnd(sum(lens), 2, 64), rnd(sum(lens), 2, 64), rnd(sum(lens), 2, 64)
+    out = fmha_dsl.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, dropout_p=0.2, seed=5)
+    close(out, reference(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, dropout_p=0.2, seed=5)[0], torch.float16)
+    torch.manual_seed(1)
+    a = fmha_dsl.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, dropout_p=0.2)
+    torch.manual_seed(1)
+    b = fmha_dsl.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, dropout_p=0.2)
+    assert torch.equal(a, b)
+
+
+def test_fp32_is_ieee():
+    q, k, v = (rnd(2, 2, 96, 64, dtype=torch.float32) for _ in range(3))
+    out, lse = fmha_dsl.attention(q, k, v, return_lse=True)
+    r_out, r_lse = reference(q, k, v)
+    close(out, r_out, torch.float32)
+    close(lse, r_lse, torch.float32, "lse")
+
+
+@pytest.mark.parametrize("dtype,dq,dv", [("fp16", 80, 80), ("bf16", 96, 64)])
+def test_head_dims_that_are_not_powers_of_two(dtype, dq, dv):
+    dt = DT[dtype]
+    q, k, v = rnd(2, 4, 100, dq, dtype=dt), rnd(2, 4, 100, dq, dtype=dt), rnd(2, 4, 100, dv, dtype=dt)
+    kw = dict(return_lse=True) if dq == dv else {}
+    res = fmha_dsl.attention(q, k, v, **kw)
+    out = res[0] if kw else res
+    assert out.shape == (2, 4, 100, dv)
+    close(out, reference(q, k, v)[0], dt)
+    close(out, F.scaled_dot_product_attention(q, k, v), dt)
+
+
+def test_empty_problems():
+    q, k = rnd(2, 4, 0, 64), rnd(2, 4, 50, 64)
+    out, lse = fmha_dsl.attention(q, k, k, return_lse=True)
+    assert out.shape == (2, 4, 0, 64) and lse.shape == (2, 4, 0)
+    q, k = rnd(2, 4, 10, 64), rnd(2, 4, 0, 64)
+    out, lse = fmha_dsl.attention(q, k, k, return_lse=True)
+    assert torch.all(out == 0) and torch.all(lse == -math.inf)
+    cq = torch.tensor([0, 4, 9], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, 0, 0], dtype=torch.int32, device="cuda")
+    out, lse = fmha_dsl.attention(rnd(9, 4, 64), rnd(0, 4, 64), rnd(0, 4, 64), cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                  return_lse=True)
+    assert torch.all(out == 0) and torch.all(lse == -math.inf)
+
+
+def test_large_problem_against_sdpa():
+    q, k, v = rnd(2, 16, 4096, 128), rnd(2, 16, 4096, 128), rnd(2, 16, 4096, 128)
+    out = fmha_dsl.attention(q, k, v, causal=True)
+    close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), torch.float16)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the run-time machinery
+# ---------------------------------------------------------------------------------------------------------
+def test_both_launchers_agree():
+    from fmha_dsl.runtime.dispatch import Dispatcher
+
+    q, k, v = rnd(2, 4, 128, 64), rnd(2, 4, 128, 64), rnd(2, 4, 128, 64)
+    a = fmha_dsl.attention(q, k, v, causal=True)
+    tri = Dispatcher(None, jit=True, launcher="triton")
+    b = fmha_dsl.attention(q, k, v, causal=True, registry=tri)
+    cu = Dispatcher(None, jit=True, launcher="cuda")
+    c = fmha_dsl.attention(q, k, v, causal=True, registry=cu)
+    assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_plan_run_directly():
+    from fmha_dsl.runtime.dispatch import Dispatcher
+
+    disp = Dispatcher(None, jit=True)
+    q, k, v = rnd(2, 4, 200, 64), rnd(2, 4, 200, 64), rnd(2, 4, 200, 64)
+    plan = disp.plan(P(mask="bottom_right", lse=True, batch=2, nhead_q=4, nhead_k=4, seqlen_q=200, seqlen_k=200))
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 200, device="cuda")
+    plan.run(q, k, v, out, lse, window=(-1, 0), bottom_right=True)
+    r_out, r_lse = reference(q, k, v, causal="bottom_right")
+    close(out, r_out, torch.float16)
+    close(lse, r_lse, torch.float16, "lse")
+
+
+def test_streams_and_cuda_graphs():
+    q, k, v = rnd(2, 4, 128, 64), rnd(2, 4, 128, 64), rnd(2, 4, 128, 64)
+    want = fmha_dsl.attention(q, k, v)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = fmha_dsl.attention(q, k, v)
+    torch.cuda.current_stream().wait_stream(s)
+    assert torch.equal(got, want)
+    # capture into a graph, replay on new data
+    sq, sk, sv = q.clone(), k.clone(), v.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        fmha_dsl.attention(sq, sk, sv)  # warm-up outside capture
+        with torch.cuda.graph(g, stream=s):
+            gout = fmha_dsl.attention(sq, sk, sv)
+    torch.cuda.synchronize()
+    q2 = rnd(2, 4, 128, 64)
+    sq.copy_(q2)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(gout, fmha_dsl.attention(q2, k, v))
+
+
+def test_prebuilt_registry_prefers_unpadded_kernels(tmp_path):
+    from fmha_dsl.build import build
+    from fmha_dsl.runtime.dispatch import detect_arch
+
+    arch = detect_arch()
+    src = tmp_path / "set.fmha"
+    src.write_text(f"""
+kernel_set gpu_test {{
+    backend(triton)
+    arch({arch})
+    kernel exact {{
+        signature {{ family(fwd) dtype(fp16) mode(batch) hdim(64) mask(no | causal) lse(true) }}
+        algorithm {{ pipeline(qr_async) tile(128, 64, *, *, *, *) padding(false, false, false, false) }}
+    }}
+    kernel padded {{
+        signature {{ family(fwd) dtype(fp16) mode(batch) hdim(64) mask(no | causal) lse(true) }}
+        algorithm {{ pipeline(qr_async) tile(128, 64, *, *, *, *) padding(true, true, true, true) }}
+    }}
+}}
+""")
+    res = build(fmha_dsl.load(str(src)), str(tmp_path / "out"), jobs=min(8, os.cpu_count() or 1))
+    assert not res.failures, res.failures
+    reg = str(tmp_path / "out")
+    from fmha_dsl.runtime.dispatch import Dispatcher
+
+    disp = Dispatcher(reg)
+    for s, padded in ((256, 0), (200, 1)):
+        q, k, v = rnd(2, 4, s, 64), rnd(2, 4, s, 64), rnd(2, 4, s, 64)
+        out, lse = fmha_dsl.attention(q, k, v, causal=True, return_lse=True, registry=disp)
+        plan = disp.plan(P(mask="top_left", lse=True, seqlen_q=s, seqlen_k=s))
+        assert plan.entry.alg["pad_s"] == padded
+        r_out, r_lse = reference(q, k, v, causal=True)
+        close(out, r_out, torch.float16)
+        close(lse, r_lse, torch.float16, "lse")
+    # a path works too, and a problem the set does not cover names the closest kernels
+    q = rnd(1, 2, 64, 128)
+    with pytest.raises(FmhaError) as ei:
+        fmha_dsl.attention(q, q, q, registry=reg)
+    assert ei.value.rule == "dispatch.no-kernel" and "hdim(128, 128)" in ei.value.hint
+
+
+def test_no_build_makes_a_missing_kernel_an_error(monkeypatch):
+    import sys
+
+    monkeypatch.setenv("FMHA_DSL_NO_BUILD", "1")
+    monkeypatch.setattr(sys.modules["fmha_dsl.attention"], "_JIT", {})
+    q = rnd(1, 2, 64, 48)
+    with pytest.raises(FmhaError) as ei:
+        fmha_dsl.attention(q, q, q, bias=rnd(1, 1, 64, 64))
+    assert ei.value.rule == "dispatch.no-kernel"
+
+
+def test_device_mismatch_is_a_usage_error():
+    q = rnd(1, 2, 64, 64)
+    with pytest.raises(fmha_dsl.UsageError) as ei:
+        fmha_dsl.attention(q, q.cpu(), q)
+    assert ei.value.rule == "usage.device"

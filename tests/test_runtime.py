@@ -1,0 +1,1031 @@
+"""The run-time side without a GPU: kernel-argument packing (CUDA and HIP), the dispatcher's matching,
+selection, caching and errors on hand-made registries, ``fmha_dsl.attention`` on NumPy (== the reference),
+input validation, import hygiene, and -- where torch and triton are installed -- the whole torch path
+(validation, dispatch, argument packing) run end to end under Triton's CPU interpreter."""
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import fmha_dsl
+from fmha_dsl.errors import FmhaError, UsageError
+from fmha_dsl.keys import Algorithm, KernelKey, Problem, Signature
+from fmha_dsl.reference import attention_fwd
+from fmha_dsl.registry import Entry, Registry
+from fmha_dsl.runtime import abi, hip
+from fmha_dsl.runtime.dispatch import (
+    Dispatcher,
+    Plan,
+    declaration_for,
+    fwd_args,
+    mismatches,
+    preference,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# argument packing (pure)
+# ---------------------------------------------------------------------------------------------------------
+def test_layout_aligns_every_parameter_naturally_and_appends_two_scratch_pointers():
+    lay = abi.layout(["i32", "*fp16", "fp32", "i64", "i32", "i32"])
+    assert lay.offsets == (0, 8, 16, 24, 32, 36, 40, 48)
+    assert lay.sizes == (4, 8, 4, 8, 4, 4, 8, 8)
+    assert lay.size == 56 and lay.count == 8
+    assert struct.calcsize(lay.fmt) == lay.size
+    assert abi.layout(["i32"], trailing_pointers=0).size == 8  # rounded up to 8
+
+
+def test_hip_kernargs_byte_layout_and_trailing_scratch_pointers():
+    types = ["*fp16", "i32", "fp32", "i64", "*i32", "i32"]
+    values = [0x7F00_0000_1000, -5, 0.5, -(1 << 40), 0, 123]
+    buf = hip.pack_kernargs(types, values, scratch=(0xAAAA_0000, 0))
+    assert len(buf) == 56
+    assert struct.unpack_from("<Q", buf, 0)[0] == 0x7F00_0000_1000
+    assert struct.unpack_from("<i", buf, 8)[0] == -5
+    assert struct.unpack_from("<f", buf, 12)[0] == 0.5
+    assert struct.unpack_from("<q", buf, 16)[0] == -(1 << 40)
+    assert struct.unpack_from("<Q", buf, 24)[0] == 0
+    assert struct.unpack_from("<i", buf, 32)[0] == 123
+    assert buf[36:40] == b"\0\0\0\0"  # padding before the 8-aligned scratch pointers
+    assert struct.unpack_from("<QQ", buf, 40) == (0xAAAA_0000, 0)
+    # the default: two NULL scratch pointers
+    assert hip.pack_kernargs(types, values)[40:] == b"\0" * 8 + b"\0" * 8
+
+
+def test_forward_abi_layout():
+    lay = abi.layout(abi.fwd_types("bf16"))
+    off = dict(zip(abi.FWD_NAMES + abi.SCRATCH_PARAMS, lay.offsets))
+    assert [off[n] for n in ("Q", "K", "cu_seqlens_k")] == [0, 8, 64]
+    assert (off["sm_scale"], off["softcap"], off["dropout_p"]) == (72, 76, 80)
+    assert off["seed"] == 88 and off["philox_offset"] == 96  # i64: 4 bytes of padding after dropout_p
+    assert off["seqlen_q"] == 104 and off["stride_ah"] == 104 + 4 * (len(abi.FWD_NAMES) - 15)
+    assert off["global_scratch"] % 8 == 0 and off["profile_scratch"] == off["global_scratch"] + 8
+    assert lay.size == off["profile_scratch"] + 8
+
+
+def test_pack_rejects_values_that_do_not_fit_naming_the_parameter():
+    with pytest.raises(ValueError, match=r"argument 1 \(i32\) = 4294967296"):
+        hip.pack_kernargs(["*fp16", "i32"], [0, 1 << 32])
+    with pytest.raises(ValueError, match="expected 4 kernel arguments"):
+        abi.pack(abi.layout(["i32", "i32"]), [1, 2])
+
+
+def test_hip_extra_block_points_at_the_packed_buffer_and_its_size():
+    import ctypes
+
+    lay = abi.layout(["*fp32", "i32"])
+    blk = hip.ExtraBlock(lay)
+    blk.pack([0x1234_5678_9ABC, 7, 0, 0])
+    words = blk.words()
+    assert words[0] == hip.HIP_LAUNCH_PARAM_BUFFER_POINTER == 1
+    assert words[2] == hip.HIP_LAUNCH_PARAM_BUFFER_SIZE == 2
+    assert words[4] == hip.HIP_LAUNCH_PARAM_END == 3
+    assert ctypes.string_at(words[1], lay.size) == hip.pack_kernargs(["*fp32", "i32"], [0x1234_5678_9ABC, 7])
+    assert ctypes.c_size_t.from_address(words[3]).value == lay.size == 32
+    assert hip.extra_words(10, 20) == (1, 10, 2, 20, 3)
+    with pytest.raises(FmhaError) as ei:
+        blk.pack([0, 1 << 31, 0, 0])
+    assert ei.value.rule == "runtime.args"
+
+
+def test_hip_launch_param_constants_match_hip_python():
+    pytest.importorskip("hip", reason="hip-python not installed")
+    from hip import hip as h
+
+    assert (h.HIP_LAUNCH_PARAM_BUFFER_POINTER, h.HIP_LAUNCH_PARAM_BUFFER_SIZE, h.HIP_LAUNCH_PARAM_END) == (
+        hip.HIP_LAUNCH_PARAM_BUFFER_POINTER, hip.HIP_LAUNCH_PARAM_BUFFER_SIZE, hip.HIP_LAUNCH_PARAM_END)
+
+
+def _has_rocm() -> bool:
+    try:
+        hip.hip()
+    except FmhaError:
+        return False
+    return True
+
+
+def test_missing_rocm_is_a_clear_error():
+    if _has_rocm():
+        pytest.skip("a ROCm GPU is present")
+    for call in (hip.hip, lambda: hip.load_hsaco(b"\x7fELF", entry="fmha_fwd", shared=0, num_warps=4, device=0,
+                                                 types=abi.fwd_types("fp16"))):
+        with pytest.raises(FmhaError) as ei:
+            call()
+        assert ei.value.rule == "runtime.no-rocm"
+        assert "ROCm runtime not found" in str(ei.value)
+        assert ei.value.hint
+
+
+def test_missing_cuda_driver_is_a_clear_error():
+    from fmha_dsl.runtime import cuda
+
+    try:
+        cuda.primary_context(0)
+    except FmhaError as exc:
+        assert exc.rule in ("runtime.no-cuda", "runtime.no-cuda-python", "runtime.cuda")
+        assert exc.hint
+    else:
+        pytest.skip("a CUDA driver and device are present")
+
+
+def test_trailing_scratch_pointers_are_read_from_the_binary_and_checked():
+    from fmha_dsl.runtime.cuda import trailing_pointers
+
+    types = ["*fp16", "i32", "i64"]
+    assert trailing_pointers(None, types) == 2  # driver cannot tell: Triton >= 3.5's two pointers
+    assert trailing_pointers([(0, 8), (8, 4), (16, 8), (24, 8), (32, 8)], types) == 2
+    assert trailing_pointers([(0, 8), (8, 4), (16, 8), (24, 8)], types) == 1
+    with pytest.raises(FmhaError, match="4 bytes in the binary, 8"):
+        trailing_pointers([(0, 8), (8, 4), (16, 4), (24, 8), (32, 8)], types)
+    with pytest.raises(FmhaError, match="takes 7 parameters"):
+        trailing_pointers([(0, 8)] * 7, types)
+
+
+def test_check_params_names_the_first_difference():
+    assert abi.check_params(list(abi.FWD_NAMES)) is None
+    assert abi.check_params([]) is None
+    bad = list(abi.FWD_NAMES)
+    bad[3] = "O"
+    assert "parameter 3 is 'O'" in abi.check_params(bad)
+    assert "has 3 parameters" in abi.check_params(abi.FWD_NAMES[:3])
+
+
+def test_runtime_abi_matches_the_triton_template():
+    pytest.importorskip("triton")
+    from fmha_dsl.kernels import triton_fwd as T
+
+    assert abi.FWD_ARGS == T.ARGS
+    for dt in ("fp16", "bf16", "fp32"):
+        sig = T.signature(dt)
+        assert abi.fwd_types(dt) == tuple(sig[n] for n in abi.FWD_NAMES)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# dispatcher: matching, selection, caching, errors
+# ---------------------------------------------------------------------------------------------------------
+def key(arch="sm90", *, dtype="fp16", mode="batch", hdim=(128, 128), mask="no", lse=False, bias="no",
+        dropout=False, logits=False, sink=False, vlayout="r", tile=(128, 64), warps=4, pads=(1, 1, 1, 1), rank=0,
+        pipeline="qr_async", max_seq_len_q=0):
+    sig = Signature(family="fwd", dtype=dtype, mode=mode, vlayout=vlayout, hdim_q=hdim[0], hdim_v=hdim[1], mask=mask,
+                    bias=bias, lse=lse, dropout=dropout, logits=logits, sink=sink)
+    m0, n0 = tile
+    alg = Algorithm(pipeline=pipeline, tile=(m0, n0, 128, 128, n0, 128), wave=(warps, 1, 1, warps, 1, 1, 1, 1, 1),
+                    pad_s=pads[0], pad_sk=pads[1], pad_d=pads[2], pad_dv=pads[3], selection_rank=rank,
+                    max_seq_len_q=max_seq_len_q)
+    return KernelKey(signature=sig, algorithm=alg, arch=arch)
+
+
+def registry(*keys, name="hand"):
+    reg = Registry(name)
+    for i, k in enumerate(keys):
+        reg.add(Entry(k, f"k{i}", f"hand.fmha:{i + 1}"))
+    return reg
+
+
+def problem(**kw):
+    base = dict(dtype="fp16", hdim_q=128, hdim_v=128, seqlen_q=256, seqlen_k=256)
+    base.update(kw)
+    return Problem(**base)
+
+
+def names(d, p, **kw):
+    return [e.name for e in d.candidates(p, **kw)]
+
+
+def test_exact_fields_and_mask_kernels():
+    reg = registry(key(), key(mask="top_left"), key(dtype="bf16"), key(lse=True), key(bias="alibi"),
+                   key(mask="top_left", sink=True), key(logits=True, dropout=True), key(vlayout="c"))
+    d = Dispatcher(reg, arch="sm90")
+    assert names(d, problem()) == ["k0"]
+    # one causal kernel serves top-left, bottom-right and windows
+    for m in ("top_left", "bottom_right", "generic"):
+        assert names(d, problem(mask=m)) == ["k1"]
+    assert names(d, problem(dtype="bf16")) == ["k2"]
+    assert names(d, problem(lse=True)) == ["k3"]
+    assert names(d, problem(bias="alibi")) == ["k4"]
+    assert names(d, problem(mask="bottom_right", sink=True)) == ["k5"]
+    assert names(d, problem(logits=True, dropout=True)) == ["k6"]
+    assert names(d, problem(vlayout="c")) == ["k7"]
+    assert names(d, problem(bias="bias")) == []
+    assert names(d, problem(mode="group")) == []
+
+
+def test_head_dims_are_upper_bounds_unless_unpadded():
+    reg = registry(key(hdim=(64, 64)), key(hdim=(128, 128), pads=(1, 1, 0, 0)), key(hdim=(128, 128)),
+                   key(hdim=(256, 256)))
+    d = Dispatcher(reg, arch="sm90")
+    assert names(d, problem(hdim_q=64, hdim_v=64)) == ["k0", "k2", "k3"]  # smallest padded head dim first
+    assert names(d, problem(hdim_q=100, hdim_v=100)) == ["k2", "k3"]      # pad_d=0 needs Dq == 128
+    assert names(d, problem()) == ["k1", "k2", "k3"]                       # exact fit: the unpadded kernel first
+    assert names(d, problem(hdim_q=128, hdim_v=64)) == ["k2", "k3"]
+    assert names(d, problem(hdim_q=300, hdim_v=300)) == []
+    why = dict(mismatches(reg.by_name("k1")[0], problem(hdim_q=100, hdim_v=100)))
+    assert "needs exactly 128" in why["hdim_q"] and "hdim_v" in why
+
+
+def test_sequence_padding_rules():
+    reg = registry(key(tile=(128, 64), pads=(0, 0, 1, 1)), key(tile=(64, 64), pads=(0, 1, 1, 1)),
+                   key(tile=(128, 64), pads=(1, 1, 1, 1)))
+    d = Dispatcher(reg, arch="sm90")
+    assert names(d, problem(seqlen_q=256, seqlen_k=256)) == ["k0", "k1", "k2"]
+    assert names(d, problem(seqlen_q=192, seqlen_k=256)) == ["k1", "k2"]       # 192 % 128 != 0
+    assert names(d, problem(seqlen_q=256, seqlen_k=100)) == ["k1", "k2"]       # 100 % 64 != 0
+    assert names(d, problem(seqlen_q=100, seqlen_k=100)) == ["k2"]
+    assert names(d, problem(seqlen_q=0, seqlen_k=0)) == ["k0", "k1", "k2"]     # 0 is divisible by anything
+    # group mode: pad_sk = 0 never serves (variable seqlen_k); pad_s = 0 only for aligned max_seqlen_q
+    reg = registry(key(mode="group", pads=(0, 1, 1, 1)), key(mode="group", pads=(1, 0, 1, 1)), key(mode="group"))
+    d = Dispatcher(reg, arch="sm90")
+    assert names(d, problem(mode="group", max_seqlen_q=256, max_seqlen_k=256)) == ["k0", "k2"]
+    assert names(d, problem(mode="group", max_seqlen_q=200, max_seqlen_k=256)) == ["k2"]
+
+
+def test_selection_order_rank_then_larger_m0_then_pipeline():
+    reg = registry(key(tile=(64, 64)), key(tile=(128, 64)), key(tile=(128, 64), rank=1), key(tile=(128, 128)),
+                   key(tile=(128, 128), pipeline="qr"))
+    d = Dispatcher(reg, arch="sm90")
+    assert names(d, problem()) == ["k3", "k4", "k1", "k0", "k2"]
+    assert d.plan(problem()).entry.name == "k3"
+    e = reg.by_name("k3")[0]
+    assert preference(e) < preference(reg.by_name("k4")[0])
+
+
+def test_max_seq_len_q_bound_and_class_key():
+    reg = registry(key(tile=(64, 64), max_seq_len_q=128), key(tile=(128, 64)))
+    d = Dispatcher(reg, arch="sm90")
+    assert names(d, problem(seqlen_q=64)) == ["k1", "k0"]
+    assert names(d, problem(seqlen_q=256)) == ["k1"]
+    assert d.class_key(problem(seqlen_q=64)) != d.class_key(problem(seqlen_q=256 + 64))
+
+
+def test_plans_are_cached_per_problem_class():
+    reg = registry(key(tile=(128, 64), pads=(0, 0, 0, 0)), key(tile=(128, 64)))
+    d = Dispatcher(reg, arch="sm90")
+    assert (d.lq, d.lk) == (128, 64)
+    p1 = d.plan(problem(seqlen_q=256, seqlen_k=128, batch=2))
+    p2 = d.plan(problem(seqlen_q=1024, seqlen_k=512, nhead_q=8, nhead_k=8))  # same class: same residues
+    assert p1 is p2 and p1.entry.name == "k0"
+    p3 = d.plan(problem(seqlen_q=1000, seqlen_k=512))
+    assert p3 is not p1 and p3.entry.name == "k1"
+    assert isinstance(p1, Plan) and p1.is_valid() and p1.api_family == "fwd" and len(p1.stages) == 1
+    assert p1.stages[0].kernel_id == p1.kernel_id == reg.by_name("k0")[0].identifier
+
+
+def test_only_entries_of_the_dispatcher_arch_serve():
+    reg = registry(key(arch="sm80"), key(arch="gfx942"))
+    assert names(Dispatcher(reg, arch="sm80"), problem()) == ["k0"]
+    assert names(Dispatcher(reg, arch="gfx942"), problem()) == ["k1"]
+    with pytest.raises(FmhaError) as ei:
+        Dispatcher(reg, arch="sm90").plan(problem())
+    assert ei.value.rule == "dispatch.no-kernel"
+    assert any("no kernels for sm90 (it has: gfx942, sm80)" in n for n in ei.value.diagnostics[0].notes)
+    with pytest.raises(UsageError, match="problem is for sm80"):
+        Dispatcher(reg, arch="sm90").plan(problem(arch="sm80"))
+
+
+def test_alignment_promise_of_a_binary():
+    k = key()
+    reg = Registry("a")
+    reg.add(Entry(k, "aligned", "", {"aligned": ["Q", "K", "V", "Out", "stride_qm"]}))
+    reg.add(Entry(key(rank=1), "plain", ""))
+    d = Dispatcher(reg, arch="sm90")
+    assert d.plan(problem()).entry.name == "aligned"
+    assert d.plan(problem(), aligned=False).entry.name == "plain"
+
+
+def test_no_kernel_error_lists_closest_entries_and_a_declaration_that_adds_one():
+    reg = registry(key(dtype="bf16", mask="top_left"), key(hdim=(64, 64), mask="top_left", lse=True),
+                   key(mask="top_left", lse=True, tile=(128, 64), pads=(0, 0, 1, 1)), key(bias="alibi", dtype="bf16"),
+                   name="small")
+    d = Dispatcher(reg, arch="sm90")
+    p = problem(mask="bottom_right", lse=True, seqlen_q=100, seqlen_k=128, hdim_q=96, hdim_v=96)
+    with pytest.raises(FmhaError) as ei:
+        d.plan(p)
+    err = ei.value
+    assert err.rule == "dispatch.no-kernel"
+    assert "no kernel in registry `small` for sm90 serves fwd fp16 batch Dq=96 Dv=96" in str(err)
+    notes = err.diagnostics[0].notes
+    assert len(notes) == 3 and all(n.startswith("closest: ") for n in notes)
+    assert notes == (  # fewest differences first, then head-dim distance, then name
+        ("closest: k2 [hand.fmha:3]: differs in pad_s (kernel pads no query rows: needs max_seqlen_q % 128 == 0, "
+         "problem 100)"),
+        "closest: k0 [hand.fmha:1]: differs in dtype (kernel bf16, problem fp16); lse (kernel false, problem true)",
+        "closest: k1 [hand.fmha:2]: differs in hdim_q (kernel 64 < problem 96); hdim_v (kernel 64 < problem 96)")
+    assert "= help: add this declaration" in err.render()
+    # the suggested declaration is valid .fmha and adds a kernel that serves the problem
+    decl = declaration_for(p, "sm90")
+    assert decl in err.hint
+    added = fmha_dsl.loads(decl, path="extra.fmha").registry(arch="sm90")
+    assert len(added) >= 1
+    assert Dispatcher(added, arch="sm90").plan(p).entry.sig["hdim_q"] == 96
+
+
+@pytest.mark.parametrize("arch", ["sm80", "sm90", "gfx942", "gfx1100"])
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(dtype="bf16", mode="group", mask="generic", bias="alibi", lse=True, dropout=True, logits=True, sink=True,
+         vlayout="c", hdim_q=80, hdim_v=48, max_seqlen_q=9, max_seqlen_k=9),
+    dict(dtype="fp32", hdim_q=256, hdim_v=256, bias="bias"),
+])
+def test_suggested_declarations_expand_for_every_arch(arch, kw):
+    p = problem(**kw)
+    reg = fmha_dsl.loads(declaration_for(p, arch)).registry(arch=arch)
+    assert Dispatcher(reg, arch=arch).plan(p).entry.arch == arch
+
+
+def test_dispatcher_from_a_build_directory(tmp_path):
+    reg = Registry("dir")
+    reg.add(Entry(key(), "k0", "x.fmha:1", {"binary": "kernels/sm90/k0.cubin", "entry": "fmha_fwd",
+                                            "params": list(abi.FWD_NAMES), "sha256": "00", "num_warps": 4}))
+    reg.save(tmp_path / "registry.json")
+    for src in (tmp_path, tmp_path / "registry.json", str(tmp_path)):
+        d = Dispatcher(src, arch="sm90")
+        assert d.root == str(tmp_path) and d.plan(problem()).entry.name == "k0"
+    with pytest.raises(FmhaError) as ei:
+        d.binary(d.plan(problem()).entry)
+    assert ei.value.rule == "dispatch.no-binary" and "cannot read" in str(ei.value)
+    (tmp_path / "kernels" / "sm90").mkdir(parents=True)
+    (tmp_path / "kernels" / "sm90" / "k0.cubin").write_bytes(b"not it")
+    with pytest.raises(FmhaError) as ei:
+        d.binary(d.plan(problem()).entry)
+    assert ei.value.rule == "dispatch.binary-hash"
+    # a registry built without binaries, and a Registry object without a root
+    reg2 = registry(key())
+    with pytest.raises(FmhaError) as ei:
+        Dispatcher(reg2, arch="sm90").binary(reg2.by_name("k0")[0])
+    assert ei.value.rule == "dispatch.no-binary"
+    with pytest.raises(FmhaError) as ei:
+        Dispatcher(tmp_path / "nothing", arch="sm90")
+    assert ei.value.rule == "registry.missing"
+    with pytest.raises(UsageError):
+        Dispatcher(42, arch="sm90")
+    with pytest.raises(UsageError, match="unknown launcher 'cuda-python'"):
+        Dispatcher(reg2, arch="sm90", launcher="cuda-python")
+
+
+def test_abi_mismatch_of_a_build_is_reported_before_loading():
+    reg = Registry("abi")
+    reg.add(Entry(key(), "k0", "", {"binary": "/nonexistent", "entry": "fmha_fwd", "params": ["Q", "K"]}))
+    d = Dispatcher(reg, arch="sm90", launcher="cuda")
+    with pytest.raises(FmhaError) as ei:
+        d.load(reg.by_name("k0")[0], 0)
+    assert ei.value.rule == "runtime.abi" and "rebuild" in ei.value.hint
+
+
+def test_arch_detection_without_a_gpu_is_a_clear_error():
+    try:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+    except ImportError:
+        pass
+    with pytest.raises(UsageError) as ei:
+        Dispatcher(Registry("x"))
+    assert ei.value.rule == "dispatch.no-device" and "arch=" in ei.value.hint
+
+
+def test_no_build_turns_a_jit_miss_into_the_no_kernel_error(monkeypatch):
+    monkeypatch.setenv("FMHA_DSL_NO_BUILD", "1")
+    d = Dispatcher(None, arch="sm90", jit=True)
+    with pytest.raises(FmhaError) as ei:
+        d.plan(problem())
+    assert ei.value.rule == "dispatch.no-kernel" and "kernel_set extra" in ei.value.hint
+
+
+def test_jit_picks_the_table_tile():
+    from fmha_dsl.runtime import jit
+
+    for arch, hd, want in (("sm90", 64, (128, 64, 4)), ("sm90", 128, (128, 64, 8)), ("sm80", 128, (64, 64, 4)),
+                           ("gfx942", 128, (128, 64, 4))):
+        p = problem(hdim_q=hd, hdim_v=hd, mask="top_left", lse=True)
+        e = jit.choose(jit.candidates(p, arch), p, arch)
+        assert (e.alg["tile"][0], e.alg["tile"][1], e.alg["wave"][0]) == want
+        assert e.alg["pipeline"] == "qr_async" and all(e.alg[f] for f in ("pad_s", "pad_sk"))
+        assert not mismatches(e, p)
+
+
+def test_jit_compiles_once_into_the_artifact_cache(tmp_path):
+    pytest.importorskip("triton")
+    from fmha_dsl.runtime import jit
+
+    cache = str(tmp_path / "c")
+    p = problem(hdim_q=64, hdim_v=64, mask="top_left", lse=True)
+    e, data = jit.compile_for(p, "sm90", cache_dir=cache)
+    assert data[:4] == b"\x7fELF" and e.build["entry"] and e.build["params"] == list(abi.FWD_NAMES)
+    assert e.build["block_m"] == e.alg["tile"][0]
+    assert jit.precompile([p], "sm90", cache_dir=cache) == 0  # already cached
+    e2, data2 = jit.compile_for(p, "sm90", cache_dir=cache)
+    assert data2 == data and e2.identifier == e.identifier
+
+
+def test_dispatcher_reads_what_the_triton_build_writes(tmp_path):
+    pytest.importorskip("triton")
+    from fmha_dsl.build import build
+
+    src = tmp_path / "s.fmha"
+    src.write_text(textwrap.dedent("""
+        kernel_set s {
+            backend(triton)
+            arch(sm90)
+            kernel k {
+                signature { family(fwd) dtype(fp16) mode(batch) hdim(64) mask(causal) lse(true) }
+                algorithm { pipeline(qr_async) tile(128, 64, *, *, *, *) wave(4, *, *, *, *, *, *, *, *)
+                            padding(true, true, false, false) }
+            }
+        }
+    """))
+    res = build(fmha_dsl.load(str(src)), str(tmp_path / "out"), jobs=1, cache_dir=str(tmp_path / "cache"))
+    assert not res.failures
+    d = Dispatcher(tmp_path / "out", arch="sm90")
+    plan = d.plan(problem(hdim_q=64, hdim_v=64, mask="bottom_right", lse=True, seqlen_q=77, seqlen_k=77))
+    b = plan.entry.build
+    assert abi.check_params(b["params"]) is None and plan.block_m == 128
+    assert d.binary(plan.entry)[:4] == b"\x7fELF"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the argument list
+# ---------------------------------------------------------------------------------------------------------
+def test_fwd_args_maps_group_mode_strides_and_defaults():
+    ptrs = list(range(1, 10))
+    args = fwd_args(ptrs, True, (48, 16, 1), (32, 16, 1), (32, 16, 1), (48, 16, 1), (40, 1), None, (0, 1), 3, 2, 16,
+                    16, 0, 0, 7, 9, None, None, 0.0, 5, 0, -1, -1, 1, 0)
+    a = dict(zip(abi.FWD_NAMES, args))
+    assert [a[n] for n in ("stride_qb", "stride_qh", "stride_qm", "stride_qd")] == [0, 16, 48, 1]
+    assert [a[n] for n in ("stride_lb", "stride_lh", "stride_lm")] == [0, 40, 1]
+    assert [a[n] for n in ("stride_bb", "stride_bh", "stride_bm", "stride_bn")] == [0, 0, 0, 1]
+    assert a["sm_scale"] == 0.25 and a["softcap"] == 0.0 and a["seed"] == 0  # no dropout: no seed
+    assert (a["seqlen_q"], a["max_seqlen_q"], a["max_seqlen_k"]) == (0, 7, 9)
+    args = fwd_args(
+        ptrs, False, (64, 16, 4, 1), (64, 16, 4, 1), (64, 16, 4, 1), (64, 16, 4, 1), None, (0, 4, 2, 1), (3, 1),
+        4, 4, 4, 4, 4, 2, 4, 2, 0.5, 30.0, 0.1, (1 << 64) - 1, 3, 8, 0, 0, 2)
+    a = dict(zip(abi.FWD_NAMES, args))
+    assert a["seed"] == -1 and a["philox_offset"] == 3 and a["softcap"] == 30.0 and a["sm_scale"] == 0.5
+    assert [a[n] for n in ("stride_lb", "stride_lh", "stride_lm")] == [0, 0, 1]
+    assert (a["window_left"], a["window_right"], a["mask_bottom_right"], a["sink"]) == (8, 0, 0, 2)
+    assert len(abi.pack(abi.layout(abi.fwd_types("fp16")), args + [0, 0])) == abi.layout(abi.fwd_types("fp16")).size
+
+
+def test_fwd_args_agree_with_the_template_pack_args_in_batch_mode():
+    pytest.importorskip("triton")
+    from fmha_dsl.kernels import triton_fwd as T
+
+    kw = dict(q=1, k=2, v=3, out=4, q_strides=(512, 128, 32, 1), k_strides=(256, 64, 32, 1),
+              v_strides=(256, 64, 1, 8), out_strides=(512, 128, 32, 1), nhead_q=4, nhead_k=2, head_dim_q=32,
+              head_dim_v=32, seqlen_q=4, seqlen_k=8, lse=5, lse_strides=(16, 4, 1), bias=6,
+              bias_strides=(0, 32, 8, 1), sm_scale=0.3, softcap=2.0, dropout_p=0.2, seed=(1 << 63) + 5, offset=9,
+              window_left=3, window_right=0, bottom_right=False, sink=1, vlayout="c")
+    want = T.pack_args(**kw)
+    got = fwd_args([1, 2, 3, 4, 5, 6, 0, 0, 0], False, (512, 128, 32, 1), (256, 64, 32, 1), (256, 64, 1, 8),
+                   (512, 128, 32, 1), (16, 4, 1), (0, 32, 8, 1), None, 4, 2, 32, 32, 4, 8, 4, 8, 0.3, 2.0, 0.2,
+                   (1 << 63) + 5, 9, 3, 0, 0, 1)
+    assert got == want
+
+
+# ---------------------------------------------------------------------------------------------------------
+# fmha_dsl.attention on NumPy: the reference
+# ---------------------------------------------------------------------------------------------------------
+def rnd(*shape, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(causal=True),
+    dict(causal="bottom_right", return_lse=True),
+    dict(window=(3, 1), sink=2),
+    dict(softcap=5.0, scale=0.3),
+    dict(dropout_p=0.25, seed=3, offset=11),
+    dict(alibi_slopes=np.array([0.5, 0.25], np.float32)),
+])
+def test_attention_on_numpy_is_the_reference(kw):
+    q, k, v = rnd(2, 2, 9, 16, seed=1), rnd(2, 2, 12, 16, seed=2), rnd(2, 2, 12, 8, seed=3)
+    got = fmha_dsl.attention(q, k, v, **kw)
+    ref_kw = {n: x for n, x in kw.items() if n != "return_lse"}
+    want_out, want_lse = attention_fwd(q, k, v, **ref_kw)
+    if kw.get("return_lse"):
+        np.testing.assert_array_equal(got[0], want_out)
+        np.testing.assert_array_equal(got[1], want_lse)
+    else:
+        np.testing.assert_array_equal(got, want_out)
+
+
+def test_attention_on_numpy_group_mode_and_bias():
+    cq, ck = np.array([0, 3, 3, 8]), np.array([0, 4, 9, 9])
+    q, k, v = rnd(8, 4, 16, seed=4), rnd(9, 2, 16, seed=5), rnd(9, 2, 16, seed=6)
+    bias = rnd(3, 1, 5, 5, seed=7)
+    out, lse = fmha_dsl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, bias=bias, causal=True,
+                                  return_lse=True)
+    w_out, w_lse = attention_fwd(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, bias=bias, causal=True)
+    np.testing.assert_array_equal(out, w_out)
+    np.testing.assert_array_equal(lse, w_lse)
+
+
+def test_attention_on_numpy_dropout_without_seed_is_random_but_valid():
+    q = rnd(1, 1, 4, 8)
+    a = fmha_dsl.attention(q, q, q, dropout_p=0.5)
+    assert a.shape == (1, 1, 4, 8) and np.isfinite(a).all()
+
+
+def test_attention_numpy_errors_are_usage_errors():
+    q = rnd(1, 1, 4, 8)
+    with pytest.raises(UsageError, match="`k` must be a numpy array like q"):
+        fmha_dsl.attention(q, [1], q)
+    with pytest.raises(UsageError, match="dropout_p"):
+        fmha_dsl.attention(q, q, q, dropout_p=1.0)
+    with pytest.raises(UsageError, match="must be a numpy array or a torch tensor"):
+        fmha_dsl.attention("q", q, q)
+    with pytest.raises(UsageError, match="`k` must have q's head dim"):
+        fmha_dsl.attention(q, rnd(1, 1, 4, 4), rnd(1, 1, 4, 4))
+
+
+def test_attention_is_callable_as_the_package_attribute_and_the_module():
+    import importlib
+
+    mod = importlib.import_module("fmha_dsl.attention")
+    q = rnd(1, 1, 3, 4)
+    np.testing.assert_array_equal(mod(q, q, q), mod.attention(q, q, q))
+    np.testing.assert_array_equal(fmha_dsl.attention(q, q, q), mod.attention(q, q, q))
+    assert "attention" in fmha_dsl.__all__
+
+
+# ---------------------------------------------------------------------------------------------------------
+# fmha_dsl.attention on torch: validation (CPU tensors; the interpreter dispatcher accepts the CPU)
+# ---------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture
+def cpu_disp():
+    reg = registry(key(hdim=(16, 16)), key(hdim=(16, 16), mask="top_left"))
+    return Dispatcher(reg, arch="sm90", launcher="interpret")
+
+
+def _t(torch, *shape, dtype=None):
+    return torch.randn(*shape, dtype=dtype or torch.float16)
+
+
+@pytest.mark.parametrize("case,rule,text", [
+    ("k_numpy", "usage.type", "`k` must be a torch tensor like q"),
+    ("dtype_mismatch", "usage.dtype", "`v` must have q's dtype torch.float16, got torch.float32"),
+    ("float64", "usage.dtype", "`q` must be float16, bfloat16 or float32, got torch.float64"),
+    ("rank", "usage.shape", "`k` must be 4-D [B, H, S, D] (batch mode), got shape (2, 8, 16)"),
+    ("batch", "usage.shape", "`k` must have q's batch 2"),
+    ("kv_len", "usage.shape", "`v` must be [B, Hk=2, Sk=8, Dv] like k"),
+    ("head_dim", "usage.shape", "`k` must have q's head dim Dq=16, got 8"),
+    ("gqa", "usage.shape", "multiple of key heads (GQA/MQA), got Hq=4, Hk=3"),
+    ("cpu", "usage.device", "torch tensors run on a GPU"),
+    ("one_cu", "usage.shape", "group mode needs both cu_seqlens_q and cu_seqlens_k, got only cu_seqlens_q"),
+    ("group_rank", "usage.shape", "`q` must be 3-D [T, H, D] (group mode, with cu_seqlens)"),
+])
+def test_torch_input_errors_before_the_device(torch, case, rule, text):
+    q, k, v = _t(torch, 2, 4, 8, 16), _t(torch, 2, 2, 8, 16), _t(torch, 2, 2, 8, 16)
+    kw = {}
+    if case == "k_numpy":
+        k = k.numpy()
+    elif case == "dtype_mismatch":
+        v = v.float()
+    elif case == "float64":
+        q, k, v = q.double(), k.double(), v.double()
+    elif case == "rank":
+        k = k[0]
+    elif case == "batch":
+        k = _t(torch, 3, 2, 8, 16)
+    elif case == "kv_len":
+        v = _t(torch, 2, 2, 9, 16)
+    elif case == "head_dim":
+        k = _t(torch, 2, 2, 8, 8)
+    elif case == "gqa":
+        k, v = _t(torch, 2, 3, 8, 16), _t(torch, 2, 3, 8, 16)
+    elif case == "one_cu":
+        kw = dict(cu_seqlens_q=[0, 8])
+    elif case == "group_rank":
+        kw = dict(cu_seqlens_q=[0, 8], cu_seqlens_k=[0, 8])
+    with pytest.raises(UsageError) as ei:
+        fmha_dsl.attention(q, k, v, **kw)
+    assert ei.value.rule == rule
+    assert text in str(ei.value)
+    assert str(ei.value).startswith("[") and "attention():" in str(ei.value)
+    if rule != "usage.shape" or case in ("batch", "kv_len", "gqa"):
+        assert ei.value.hint
+
+
+@pytest.mark.parametrize("case,rule,text", [
+    ("last_dim", "usage.stride", "`q`'s last dim (head dim) must have stride 1"),
+    ("v_stride", "usage.stride", "`v` needs stride 1 along the head dim (or the key axis)"),
+    ("dropout", "usage.value", "dropout_p must be in [0, 1), got 1.5"),
+    ("dropout_bool", "usage.value", "dropout_p must be in [0, 1), got False"),
+    ("seed", "usage.value", "seed must be an int"),
+    ("softcap", "usage.value", "softcap must be None (off) or a finite number > 0, got -1.0"),
+    ("scale", "usage.value", "scale must be a finite number, got nan"),
+    ("sink", "usage.value", "sink must be an int >= 0, got -2"),
+    ("causal", "usage.value", "causal must be False, True, 'top_left' or 'bottom_right', got 'bottom_rigth'"),
+    ("window", "usage.value", "window must be a pair (left, right) of ints, got 5"),
+    ("bias_shape", "usage.shape", "`bias` must be [B|1, Hq|1, Sq, Sk] = [2|1, 4|1, 8, 8], got (2, 4, 8, 9)"),
+    ("bias_dtype", "usage.dtype", "`bias` must have q's dtype"),
+    ("bias_alibi", "usage.value", "bias and alibi_slopes cannot be combined"),
+    ("alibi_shape", "usage.shape", "`alibi_slopes` must be [Hq] = [4] or [B, Hq] = [2, 4], got (3,)"),
+    ("alibi_dtype", "usage.dtype", "`alibi_slopes` must be float32"),
+])
+def test_torch_input_errors(torch, cpu_disp, case, rule, text):
+    q, k, v = _t(torch, 2, 4, 8, 16), _t(torch, 2, 2, 8, 16), _t(torch, 2, 2, 8, 16)
+    kw = {}
+    if case == "last_dim":
+        q = _t(torch, 2, 4, 16, 8).transpose(2, 3)
+    elif case == "v_stride":
+        v = _t(torch, 2, 2, 8, 32)[..., ::2]
+    elif case == "dropout":
+        kw = dict(dropout_p=1.5)
+    elif case == "dropout_bool":
+        kw = dict(dropout_p=False)
+    elif case == "seed":
+        kw = dict(dropout_p=0.1, seed="x")
+    elif case == "softcap":
+        kw = dict(softcap=-1.0)
+    elif case == "scale":
+        kw = dict(scale=float("nan"))
+    elif case == "sink":
+        kw = dict(causal=True, sink=-2)
+    elif case == "causal":
+        kw = dict(causal="bottom_rigth")
+    elif case == "window":
+        kw = dict(window=5)
+    elif case == "bias_shape":
+        kw = dict(bias=_t(torch, 2, 4, 8, 9))
+    elif case == "bias_dtype":
+        kw = dict(bias=_t(torch, 1, 1, 8, 8, dtype=torch.float32))
+    elif case == "bias_alibi":
+        kw = dict(bias=_t(torch, 1, 1, 8, 8), alibi_slopes=torch.ones(4))
+    elif case == "alibi_shape":
+        kw = dict(alibi_slopes=torch.ones(3))
+    elif case == "alibi_dtype":
+        kw = dict(alibi_slopes=torch.ones(4, dtype=torch.float16))
+    with pytest.raises(UsageError) as ei:
+        fmha_dsl.attention(q, k, v, registry=cpu_disp, **kw)
+    assert ei.value.rule == rule
+    assert text in str(ei.value)
+    if case == "causal":
+        assert ei.value.hint == "did you mean `bottom_right`?"
+
+
+@pytest.mark.parametrize("cu_q,cu_k,kw,text", [
+    ([1, 8], [0, 8], {}, "`cu_seqlens_q` must start at 0, got 1"),
+    ([0, 5, 3, 8], [0, 2, 4, 8], {}, "`cu_seqlens_q` must be non-decreasing, got 5 then 3 at index 1"),
+    ([0, 7], [0, 8], {}, "`cu_seqlens_q` must end at the total length 8, got 7"),
+    ([0, 4, 8], [0, 8], {}, "cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got 3 and 2"),
+    ([0, 4, 8], [0, 4, 8], dict(max_seqlen_q=3), "max_seqlen_q=3 is below the longest sequence (4)"),
+    ([[0, 8]], [0, 8], {}, "`cu_seqlens_q` must be 1-D with B + 1 >= 1 entries"),
+    ([0.0, 8.0], [0, 8], {}, "`cu_seqlens_q` must hold integers"),
+    ([0, 8], [0, 8], dict(max_seqlen_k=-1), "max_seqlen_k must be an int >= 0, got -1"),
+])
+def test_torch_group_mode_errors(torch, cpu_disp, cu_q, cu_k, kw, text):
+    q, k = _t(torch, 8, 4, 16), _t(torch, 8, 2, 16)
+    with pytest.raises(UsageError) as ei:
+        fmha_dsl.attention(q, k, k, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, registry=cpu_disp, **kw)
+    assert text in str(ei.value)
+
+
+def test_torch_empty_problems_need_no_kernel(torch, cpu_disp):
+    q, k = _t(torch, 2, 4, 0, 16), _t(torch, 2, 2, 8, 16)
+    out, lse = fmha_dsl.attention(q, k, k, return_lse=True, registry=cpu_disp)
+    assert out.shape == (2, 4, 0, 16) and lse.shape == (2, 4, 0)
+    q, k = _t(torch, 2, 4, 5, 16), _t(torch, 2, 2, 0, 16)
+    out, lse = fmha_dsl.attention(q, k, k, return_lse=True, registry=cpu_disp)
+    assert torch.all(out == 0) and torch.all(lse == -float("inf"))
+    out = fmha_dsl.attention(_t(torch, 3, 4, 16), _t(torch, 0, 2, 16), _t(torch, 0, 2, 16),
+                             cu_seqlens_q=[0, 3], cu_seqlens_k=[0, 0], registry=cpu_disp)
+    assert out.shape == (3, 4, 16) and torch.all(out == 0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# import hygiene
+# ---------------------------------------------------------------------------------------------------------
+def test_importing_the_runtime_does_no_work():
+    code = textwrap.dedent("""
+        import sys
+        import fmha_dsl, fmha_dsl.runtime
+        from fmha_dsl.runtime import abi, cuda, hip, dispatch, jit, interpret
+        import fmha_dsl.attention
+        bad = [m for m in ("lark", "triton", "triton.compiler", "torch", "numpy", "cuda.bindings", "hip",
+                           "pydantic", "fmha_dsl.parse", "fmha_dsl.kernelset", "fmha_dsl.compile_triton")
+               if m in sys.modules]
+        assert not bad, bad
+        assert fmha_dsl.runtime.Dispatcher is dispatch.Dispatcher
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# end to end on the CPU: attention() and Plan.run through the interpreter, against the reference
+# ---------------------------------------------------------------------------------------------------------
+INTERP = r'''
+import os, sys, json
+os.environ["TRITON_INTERPRET"] = "1"
+import numpy as np, torch, fmha_dsl
+from fmha_dsl.keys import Problem
+from fmha_dsl.reference import attention_fwd, philox_uniform
+from fmha_dsl.runtime.dispatch import Dispatcher, declaration_for
+
+def disp(**kw):
+    reg = fmha_dsl.loads(declaration_for(Problem(**kw), "sm90")).registry(arch="sm90")
+    return Dispatcher(reg, arch="sm90", launcher="interpret")
+
+def check(name, got, want, tol=2e-6):
+    got = [x.detach().numpy() if hasattr(x, "detach") else x for x in got]
+    for g, w in zip(got, want):
+        fin = np.isfinite(w)
+        assert np.array_equal(np.isfinite(g), fin), name
+        err = float(np.abs(g[fin] - w[fin]).max()) if fin.any() else 0.0
+        assert err <= tol, (name, err)
+        assert np.array_equal(g[~fin], w[~fin]), name
+    print(name, "ok")
+
+torch.manual_seed(0)
+# 1. batch, BSHD q, GQA 4:2, causal bottom-right with Sq != Sk, lse; out keeps q's BSHD order
+B, Hq, Hk, Sq, Sk, D = 2, 4, 2, 37, 23, 24
+q = torch.randn(B, Sq, Hq, D).transpose(1, 2)
+k, v = torch.randn(B, Hk, Sk, D), torch.randn(B, Hk, Sk, D)
+d = disp(dtype="fp32", hdim_q=D, hdim_v=D, mask="bottom_right", lse=True)
+o, l = fmha_dsl.attention(q, k, v, causal="bottom_right", return_lse=True, registry=d)
+assert o.transpose(1, 2).is_contiguous()
+check("batch-gqa-causal-bshd", (o, l), attention_fwd(q.numpy(), k.numpy(), v.numpy(), causal="bottom_right"))
+# 2. the same through Plan.run with the plan the call used
+plan = next(iter(d.fast.values()))
+o2, l2 = torch.empty_like(o), torch.empty(B, Hq, Sq)
+plan.run(q, k, v, o2, l2, window=(-1, 0), bottom_right=True)
+check("plan.run", (o2, l2), (o.numpy(), l.numpy()), 0.0)
+# 3. group mode, column-major V, ALiBi [B, Hq], dropout, window + sink, Dq != Dv
+cq, ck = [0, 5, 5, 17], [0, 9, 12, 30]
+q = torch.randn(17, 4, 16); k = torch.randn(30, 2, 16); v = torch.randn(2, 8, 30).permute(2, 0, 1)
+sl = torch.rand(3, 4)
+d = disp(dtype="fp32", mode="group", hdim_q=16, hdim_v=8, mask="generic", bias="alibi", dropout=True,
+         sink=True, vlayout="c", lse=True)
+kw = dict(window=(3, 2), sink=2, alibi_slopes=sl, dropout_p=0.3, seed=11, offset=5)
+o, l = fmha_dsl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, return_lse=True, registry=d, **kw)
+kw["alibi_slopes"] = sl.numpy()
+check("group-vc-alibi-dropout-window-sink", (o, l), attention_fwd(q.numpy(), k.numpy(), v.numpy(),
+      cu_seqlens_q=np.array(cq), cu_seqlens_k=np.array(ck), **kw))
+# 4. group mode with max_seqlen given and cu_seqlens as tensors; bias broadcast over heads, softcap, top-left
+cqt, ckt = torch.tensor(cq, dtype=torch.int32), torch.tensor(ck, dtype=torch.int64)
+v = torch.randn(30, 2, 16)
+bias = torch.randn(3, 1, 12, 18)
+d = disp(dtype="fp32", mode="group", hdim_q=16, hdim_v=16, mask="top_left", bias="bias", logits=True)
+o = fmha_dsl.attention(q, k, v, cu_seqlens_q=cqt, cu_seqlens_k=ckt, max_seqlen_q=12, max_seqlen_k=18, bias=bias,
+                       softcap=2.5, causal=True, registry=d)
+check("group-bias-softcap", (o,), attention_fwd(q.numpy(), k.numpy(), v.numpy(), cu_seqlens_q=np.array(cq),
+      cu_seqlens_k=np.array(ck), bias=bias.numpy(), softcap=2.5, causal=True)[:1])
+# 5. fp16, head dim 40 (padded to 64), no mask, custom scale, fully masked rows via a window
+q, k, v = torch.randn(1, 2, 20, 40).half(), torch.randn(1, 2, 12, 40).half(), torch.randn(1, 2, 12, 40).half()
+d = disp(dtype="fp16", hdim_q=40, hdim_v=40, mask="generic", lse=True)
+o, l = fmha_dsl.attention(q, k, v, window=(1, 0), scale=0.2, return_lse=True, registry=d)
+r = attention_fwd(q.numpy(), k.numpy(), v.numpy(), window=(1, 0), scale=0.2)
+assert np.isinf(r[1]).any()  # rows with no allowed column: out 0, lse -inf
+check("fp16-window-fully-masked", (o.float(), l), (r[0].astype(np.float32), r[1]), 2e-3)
+# 6. dropout bit-exact: q = 0 makes p uniform, V = identity exposes each kept element
+B, H, S = 1, 2, 32
+q = torch.zeros(B, H, S, S); k = torch.randn(B, H, S, S); v = torch.eye(S).expand(B, H, S, S).contiguous()
+d = disp(dtype="fp32", hdim_q=S, hdim_v=S, dropout=True)
+o = fmha_dsl.attention(q, k, v, dropout_p=0.4, seed=(1 << 64) - 3, offset=7, registry=d)
+i = np.arange(S)[:, None]; j = np.arange(S)[None, :]
+for h in range(H):
+    keep = philox_uniform((1 << 64) - 3, 7 + ((0 * H + h) * S + i) * S + j) >= np.float32(0.4)
+    assert np.array_equal(o[0, h].numpy() > 0, keep)
+print("dropout-bit-exact ok")
+print("ALL OK")
+'''
+
+
+def test_torch_path_end_to_end_under_the_interpreter():
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", INTERP], capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    assert "ALL OK" in out.stdout
+
+
+def test_interpret_launcher_needs_the_interpreter(torch, cpu_disp, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q = _t(torch, 1, 2, 4, 16)
+    with pytest.raises(UsageError, match="TRITON_INTERPRET=1"):
+        fmha_dsl.attention(q, q, q, registry=cpu_disp)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the CUDA launch path against a fake driver: calls, shared memory, ABI checks, and the bytes the kernel gets
+# ---------------------------------------------------------------------------------------------------------
+class FakeDriver:
+    """Just the cuda.bindings.driver surface runtime/cuda.py uses; records calls, reads launch parameters back."""
+
+    class CUresult:
+        CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_CONTEXT = 0, 1, 201
+        CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_CONTEXT_IS_DESTROYED, CUDA_ERROR_NOT_SUPPORTED = 400, 709, 801
+
+    class CUfunction_attribute:
+        CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 0, 1
+        CU_FUNC_ATTRIBUTE_NUM_REGS, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 4, 8
+
+    class CUdevice_attribute:
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+
+    class CUstream(int):
+        pass
+
+    def __init__(self, types, trailing=2, max_threads=1024, optin=232448):
+        import ctypes
+
+        self.ctypes = ctypes
+        self.calls, self.launches, self.errors = [], [], []
+        self.current = 0
+        lay = abi.layout(types, trailing)
+        self.info = list(zip(lay.offsets, lay.sizes))
+        self.types = lay.types
+        self.max_threads, self.optin = max_threads, optin
+
+    def _rec(self, name, *a):
+        self.calls.append((name, *a))
+
+    def cuInit(self, flags):
+        self._rec("cuInit", flags)
+        return (0,)
+
+    def cuDeviceGetCount(self):
+        return (0, 1)
+
+    def cuDeviceGet(self, i):
+        return (0, i)
+
+    def cuDevicePrimaryCtxRetain(self, dev):
+        self._rec("retain", dev)
+        return (0, 7000 + dev)
+
+    def cuCtxGetCurrent(self):
+        return (0, self.current)
+
+    def cuCtxPushCurrent(self, ctx):
+        self._rec("push", ctx)
+        self.saved, self.current = self.current, ctx
+        return (0,)
+
+    def cuCtxPopCurrent(self):
+        self._rec("pop")
+        ctx, self.current = self.current, self.saved
+        return (0, ctx)
+
+    def cuCtxSetCurrent(self, ctx):
+        self.current = ctx
+        return (0,)
+
+    def cuModuleLoadData(self, image):
+        self._rec("load", bytes(image))
+        return (0, 55)
+
+    def cuModuleGetFunction(self, mod, name):
+        self._rec("getfn", mod, name)
+        return (0, 66)
+
+    def cuFuncGetAttribute(self, attr, fn):
+        return (0, {0: self.max_threads, 1: 0, 4: 128}[attr])
+
+    def cuDeviceGetAttribute(self, attr, dev):
+        return (0, self.optin)
+
+    def cuFuncSetAttribute(self, fn, attr, value):
+        self._rec("setattr", attr, value)
+        return (0,)
+
+    def cuFuncGetParamInfo(self, fn, i):
+        return (0, *self.info[i]) if i < len(self.info) else (1, 0, 0)
+
+    def cuGetErrorName(self, err):
+        return (0, b"CUDA_ERROR_FAKE")
+
+    def cuGetErrorString(self, err):
+        return (0, b"fake failure")
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        ct = self.ctypes
+        slots = (ct.c_void_p * len(self.types)).from_address(params)
+        vals = [struct.unpack("<" + abi.code_of(t)[0], ct.string_at(slots[i], abi.code_of(t)[1]))[0]
+                for i, t in enumerate(self.types)]
+        self.launches.append(dict(f=f, grid=(gx, gy, gz), block=(bx, by, bz), shared=shared, stream=int(stream),
+                                  values=vals, ctx=self.current))
+        return (self.errors.pop(0) if self.errors else 0,)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    from fmha_dsl.runtime import cuda
+
+    def install(types=abi.fwd_types("fp16"), **kw):
+        fake = FakeDriver(types, **kw)
+        monkeypatch.setattr(cuda, "_STATE", {"driver": fake})
+        return fake
+
+    return install
+
+
+def test_cuda_load_and_launch_pass_exactly_the_packed_arguments(fake_cuda):
+    from fmha_dsl.runtime import cuda
+
+    types = ["*fp16", "i32", "fp32", "i64", "i32"]
+    fake = fake_cuda(types)
+    kern = cuda.load_cubin(b"CUBIN", entry="fmha_fwd", shared=65536, num_warps=8, device=0, types=types)
+    assert ("load", b"CUBIN") in fake.calls and ("getfn", 55, b"fmha_fwd") in fake.calls
+    assert ("setattr", 8, 65536) in fake.calls  # > 48 KiB: MAX_DYNAMIC_SHARED_SIZE_BYTES
+    assert fake.calls.count(("push", 7000)) == 1 and fake.calls.count(("pop",)) == 1  # loaded in the primary ctx
+    assert kern.fn.trailing == 2 and kern.layout.size == 48
+    fake.current = 7000  # torch's context is current
+    kern.launch((3, 4, 5), [0xDEAD_BEE0, -7, 0.25, -(1 << 50), 9], stream=1234)
+    kern.launch((1, 1, 1), [16, 1, 1.5, 2, 3], stream=1234)
+    first, second = fake.launches
+    assert first["grid"] == (3, 4, 5) and first["block"] == (256, 1, 1) and first["shared"] == 65536
+    assert first["stream"] == 1234 and first["f"] == 66
+    assert first["values"] == [0xDEAD_BEE0, -7, 0.25, -(1 << 50), 9, 0, 0]  # + NULL scratch pointers
+    assert second["values"] == [16, 1, 1.5, 2, 3, 0, 0]
+    with pytest.raises(FmhaError) as ei:
+        kern.launch((1, 1, 1), [0, 1 << 40, 0.0, 0, 0], stream=0)
+    assert ei.value.rule == "runtime.args" and "argument 1 (i32)" in str(ei.value)
+
+
+def test_cuda_launch_retries_in_the_kernels_context_and_reports_errors(fake_cuda):
+    from fmha_dsl.runtime import cuda
+
+    types = ["*fp32"]
+    fake = fake_cuda(types)
+    kern = cuda.load_cubin(b"X", entry="k", shared=0, num_warps=4, device=0, types=types)
+    assert not any(c[0] == "setattr" for c in fake.calls)
+    fake.current = 9999  # another device's context is current
+    fake.errors = [FakeDriver.CUresult.CUDA_ERROR_INVALID_HANDLE]
+    kern.launch((1, 1, 1), [64], stream=0)
+    assert [launch["ctx"] for launch in fake.launches] == [9999, 7000] and fake.current == 9999  # restored
+    fake.errors = [FakeDriver.CUresult.CUDA_ERROR_INVALID_VALUE]
+    with pytest.raises(FmhaError) as ei:
+        kern.launch((1, 1, 1), [64], stream=0)
+    assert ei.value.rule == "runtime.cuda" and "CUDA_ERROR_FAKE (1): fake failure" in str(ei.value)
+    assert "cuLaunchKernel(k, grid=(1, 1, 1), block=128, shared=0)" in str(ei.value)
+
+
+def test_cuda_load_checks_resources_and_the_binary_abi(fake_cuda):
+    from fmha_dsl.runtime import cuda
+
+    types = ["*fp16", "i32"]
+    fake_cuda(types, max_threads=128)
+    with pytest.raises(FmhaError, match="launched with 256 threads per block but can run at most 128"):
+        cuda.load_cubin(b"X", entry="k", shared=0, num_warps=8, device=0, types=types)
+    fake_cuda(types, optin=100000)
+    with pytest.raises(FmhaError, match="needs 150000 bytes of shared memory; device 0 allows 100000"):
+        cuda.load_cubin(b"X", entry="k", shared=150000, num_warps=4, device=0, types=types)
+    fake_cuda(["*fp16", "i64"])  # the binary's second parameter is 8 bytes
+    with pytest.raises(FmhaError) as ei:
+        cuda.load_cubin(b"X", entry="k", shared=0, num_warps=4, device=0, types=types)
+    assert ei.value.rule == "runtime.abi"
+    fake_cuda(types, trailing=1)  # an older Triton: one scratch pointer
+    assert cuda.load_cubin(b"X", entry="k", shared=0, num_warps=4, device=0, types=types).fn.trailing == 1
+    fake_cuda(types)
+    with pytest.raises(FmhaError, match="CUDA device 3 does not exist"):
+        cuda.load_cubin(b"X", entry="k", shared=0, num_warps=4, device=3, types=types)
+
+
+def test_plan_run_through_the_cuda_launcher(fake_cuda, torch, tmp_path):
+    """Dispatcher -> Plan.run -> CudaKernel on CPU tensors: the launched parameters are fwd_args of the tensors."""
+    fake = fake_cuda()
+    binary = b"\x7fELF fake cubin"
+    import hashlib
+
+    reg = Registry("fake")
+    k = key(hdim=(64, 64), mask="top_left", lse=True, tile=(128, 64), warps=8)
+    reg.add(Entry(k, "k0", "", {"binary": "k0.cubin", "entry": "fmha_fwd", "params": list(abi.FWD_NAMES),
+                                "sha256": hashlib.sha256(binary).hexdigest(), "num_warps": 8, "warp_size": 32,
+                                "shared": 49152, "block_m": 128}))
+    reg.save(tmp_path / "registry.json")
+    (tmp_path / "k0.cubin").write_bytes(binary)
+    d = Dispatcher(tmp_path, arch="sm90", launcher="cuda")
+    plan = d.plan(problem(hdim_q=64, hdim_v=64, mask="bottom_right", lse=True, seqlen_q=200, seqlen_k=300))
+    plan._kernels[-1] = d.load(plan.entry, 0)  # CPU tensors report device -1: use device 0's kernel
+    q, kk, v = torch.randn(2, 4, 200, 64), torch.randn(2, 2, 300, 64), torch.randn(2, 2, 300, 64)
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 200)
+    plan.run(q, kk, v, out, lse, window=(-1, 0), bottom_right=True, stream=77)
+    (launch,) = fake.launches
+    assert ("load", binary) in fake.calls
+    assert launch["grid"] == (2, 4, 2) and launch["block"] == (256, 1, 1) and launch["stream"] == 77
+    _, _, _, want = plan.args(q, kk, v, out, lse, window=(-1, 0), bottom_right=True)
+    got = dict(zip(abi.FWD_NAMES, launch["values"]))
+    exp = dict(zip(abi.FWD_NAMES, want))
+    assert got.pop("sm_scale") == pytest.approx(exp.pop("sm_scale"))
+    exp.pop("softcap"), exp.pop("dropout_p"), got.pop("softcap"), got.pop("dropout_p")
+    assert got == exp
+    assert exp["Q"] == q.data_ptr() and exp["stride_kh"] == 300 * 64 and exp["nhead_k"] == 2
+    assert launch["values"][-2:] == [0, 0]

@@ -1,0 +1,412 @@
+"""The Triton forward template (fmha_dsl/kernels/triton_fwd.py) against the NumPy reference, on the CPU.
+
+The kernel runs under TRITON_INTERPRET=1 in one spawned worker process (the flag must be set before
+triton is imported, and this process keeps a compiling triton for the ahead-of-time checks).  Shapes are
+tiny and blocks 16x16 so that every loop range (sink / masked / unmasked / tail) is exercised.  The
+reference runs in float64 on the same (rounded) inputs.
+"""
+
+import concurrent.futures as cf
+import math
+import multiprocessing
+import os
+import re
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("triton")
+
+from fmha_dsl.reference import attention_fwd  # noqa: E402
+
+TOL = {"fp32": 2e-5, "fp16": 2.5e-3, "bf16": 2e-2}
+NP = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32}
+
+
+@pytest.fixture(scope="module")
+def interp():
+    """``run(q, k, v, **kw) -> (out, lse)`` executed by the interpreter in a worker process."""
+    from fmha_dsl.kernels import triton_fwd
+
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"  # inherited by the worker spawned on the first submit
+    try:
+        ex = cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        z = np.zeros((1, 1, 1, 16), np.float32)  # imports triton in the worker
+        ex.submit(triton_fwd.run_interpreted, z, z, z).result()
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+    def run(q, k, v, **kw):
+        return ex.submit(triton_fwd.run_interpreted, q, k, v, **kw).result()
+
+    yield run
+    ex.shutdown()
+
+
+def _bf16(x):
+    from fmha_dsl.kernels.triton_fwd import bf16_round
+
+    return bf16_round(x)
+
+
+def make(dtype, B=1, Hq=2, Hk=None, Sq=40, Sk=50, Dq=32, Dv=None, seed=0, group=None):
+    """Random q, k, v already rounded to ``dtype`` (group: ``group = (lens_q, lens_k)``)."""
+    rng = np.random.default_rng(seed)
+    Hk = Hk or Hq
+    Dv = Dv or Dq
+    if group:
+        tq, tk = sum(group[0]), sum(group[1])
+        shapes = ((tq, Hq, Dq), (tk, Hk, Dq), (tk, Hk, Dv))
+    else:
+        shapes = ((B, Hq, Sq, Dq), (B, Hk, Sk, Dq), (B, Hk, Sk, Dv))
+    out = []
+    for s in shapes:
+        x = rng.standard_normal(s).astype(np.float32)
+        out.append(_bf16(x) if dtype == "bf16" else x.astype(NP[dtype]))
+    return out
+
+
+def check(interp, dtype, q, k, v, *, lse=True, tol=None, **kw):
+    """Run kernel and reference; assert out/lse agree and that fully masked rows are 0 / -inf."""
+    run_kw = {key: kw.pop(key) for key in ("block_m", "block_n", "vlayout", "hdim_q", "hdim_v", "pad",
+                                           "mask_kernel") if key in kw}
+    out, l = interp(q, k, v, dtype=dtype, lse=lse, **kw, **run_kw)
+    f64 = [np.asarray(x, np.float64) for x in (q, k, v)]
+    ref_kw = dict(kw)
+    if ref_kw.get("bias") is not None:
+        ref_kw["bias"] = np.asarray(ref_kw["bias"], np.float64)
+    ro, rl = attention_fwd(*f64, accum=np.float64, **ref_kw)
+    out = np.asarray(out, np.float64)
+    assert not np.isnan(out).any(), "NaN (or an unwritten row) in out"
+    err = float(np.abs(out - ro).max()) if out.size else 0.0
+    assert err <= (tol or TOL[dtype]), f"max |out - ref| = {err:.3g}"
+    if lse:
+        assert not np.isnan(l).any(), "NaN (or an unwritten row) in lse"
+        assert np.array_equal(np.isneginf(l), np.isneginf(rl)), "-inf rows differ"
+        fin = np.isfinite(rl)
+        lerr = float(np.abs(l[fin] - rl[fin]).max()) if fin.any() else 0.0
+        assert lerr <= 1e-4, f"max |lse - ref| = {lerr:.3g}"
+    return out, l, ro, rl
+
+
+# ---------------------------------------------------------------------------------------------
+# features, fp32 and fp16
+# ---------------------------------------------------------------------------------------------
+
+FEATURES = {
+    "plain": {},
+    "even_blocks": dict(shape=dict(Sq=32, Sk=48)),  # no bounds checks at all (pad 0)
+    "causal_top_left": dict(causal=True),
+    "causal_bottom_right": dict(causal="bottom_right"),
+    "causal_br_sq_gt_sk": dict(causal="bottom_right", shape=dict(Sq=50, Sk=20)),  # first 30 rows fully masked
+    "window": dict(window=(7, 3), shape=dict(Sq=70, Sk=64)),
+    "window_top_left": dict(causal=True, window=(20, 5), shape=dict(Sq=64, Sk=80)),  # right clipped to 0
+    "window_left_only": dict(window=(9, -1), shape=dict(Sq=48, Sk=48)),
+    "window_right_only": dict(window=(-1, 2), shape=dict(Sq=30, Sk=64)),
+    "window_sink": dict(window=(5, 0), sink=3, shape=dict(Sq=64, Sk=64)),
+    "causal_sink_wide": dict(causal=True, sink=20, shape=dict(Sq=40, Sk=40)),  # sink spans two key blocks
+    "mask_kernel_unbounded": dict(mask_kernel=True),  # mask kernel, window (-1, -1): same as no mask
+    "window_huge_sink_huge": dict(window=(2**31 - 1, 2**31 - 2), sink=2**31 - 1),  # no int32 overflow
+    "bias": dict(bias="full"),
+    "bias_broadcast": dict(bias="bcast"),
+    "alibi_heads": dict(alibi="h"),
+    "alibi_batch": dict(alibi="bh", shape=dict(B=2), causal="bottom_right"),
+    "softcap": dict(softcap=3.0),
+    "dropout": dict(dropout_p=0.3, seed=1234, offset=77),
+    "gqa": dict(shape=dict(Hq=4, Hk=2)),
+    "mqa_causal": dict(shape=dict(Hq=3, Hk=1), causal=True),
+    "hdim_80_96": dict(shape=dict(Dq=80, Dv=96, Sq=20, Sk=24)),  # padded to 128, hq != hv
+    "hdim_pad_runtime": dict(shape=dict(Dq=40, Dv=24, Sq=20, Sk=24), hdim_q=64, hdim_v=32),  # PAD_D kernel
+    "vlayout_c": dict(vlayout="c"),
+    "no_lse": dict(lse=False),
+}
+
+
+def _setup(dtype, spec, seed=0):
+    spec = dict(spec)
+    shape = spec.pop("shape", {})
+    q, k, v = make(dtype, seed=seed, **shape)
+    B, Hq, Sq = q.shape[:3]
+    Sk = k.shape[2]
+    rng = np.random.default_rng(seed + 1)
+    b = spec.pop("bias", None)
+    if b is not None:
+        bs = (B, Hq, Sq, Sk) if b == "full" else (1, Hq, Sq, Sk)
+        x = rng.standard_normal(bs).astype(np.float32)
+        spec["bias"] = _bf16(x) if dtype == "bf16" else x.astype(NP[dtype])
+    a = spec.pop("alibi", None)
+    if a is not None:
+        spec["alibi_slopes"] = (rng.uniform(0.05, 0.5, (Hq,)) if a == "h" else
+                                rng.uniform(0.05, 0.5, (B, Hq))).astype(np.float32)
+    return q, k, v, spec
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("name", list(FEATURES))
+def test_feature(interp, dtype, name):
+    q, k, v, kw = _setup(dtype, FEATURES[name])
+    check(interp, dtype, q, k, v, **kw)
+
+
+def test_bf16(interp):
+    q, k, v, kw = _setup("bf16", dict(causal="bottom_right", softcap=5.0, shape=dict(Hq=4, Hk=2, Sq=40, Sk=56)))
+    check(interp, "bf16", q, k, v, **kw)
+
+
+def test_fully_masked_rows_give_zero_and_neg_inf(interp):
+    """Rows with no allowed column: causal bottom-right with Sq > Sk, and a bias row of -inf."""
+    q, k, v = make("fp32", Sq=40, Sk=16)
+    bias = np.zeros((1, 2, 40, 16), np.float32)
+    bias[0, 1, 35, :] = -np.inf
+    out, l, _, _ = check(interp, "fp32", q, k, v, causal="bottom_right", bias=bias)
+    assert (out[:, :, :24] == 0).all() and np.isneginf(l[:, :, :24]).all()
+    assert (out[0, 1, 35] == 0).all() and np.isneginf(l[0, 1, 35])
+    assert np.isfinite(l[:, 0, 24:]).all()
+
+
+def test_seqlen_zero_batch(interp):
+    q, k, v = make("fp16", Sq=0, Sk=20)
+    out, l = interp(q, k, v)
+    assert out.shape == (1, 2, 0, 32) and l.shape == (1, 2, 0)
+    q, k, v = make("fp16", Sq=17, Sk=0)
+    out, l, _, _ = check(interp, "fp16", q, k, v, causal=True)
+    assert (out == 0).all() and np.isneginf(l).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# group mode
+# ---------------------------------------------------------------------------------------------
+
+GROUP = ([5, 0, 33, 12], [7, 20, 40, 0])  # an empty query sequence and an empty key sequence
+
+
+@pytest.mark.parametrize("dtype,spec", [
+    ("fp32", dict()),
+    ("fp16", dict(causal="bottom_right", dropout_p=0.25, seed=99)),
+    ("fp32", dict(window=(6, 2), sink=2, alibi=True, softcap=4.0)),
+    ("fp16", dict(causal=True, bias=True, vlayout="c", Hk=1)),
+])
+def test_group_mode(interp, dtype, spec):
+    spec = dict(spec)
+    Hk = spec.pop("Hk", 2)
+    q, k, v = make(dtype, Hq=2, Hk=Hk, Dq=24, Dv=40, group=GROUP)
+    cq = np.concatenate([[0], np.cumsum(GROUP[0])]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(GROUP[1])]).astype(np.int32)
+    rng = np.random.default_rng(5)
+    if spec.pop("alibi", False):
+        spec["alibi_slopes"] = rng.uniform(0.05, 0.5, (4, 2)).astype(np.float32)
+    if spec.pop("bias", False):
+        spec["bias"] = rng.standard_normal((4, 1, max(GROUP[0]), max(GROUP[1]))).astype(NP[dtype])
+    out, l, _, _ = check(interp, dtype, q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, **spec)
+    # the 12 query rows of the last sequence see no key: 0 and -inf
+    assert (out[38:50] == 0).all() and np.isneginf(l[:, 38:50]).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# dropout: the keep mask is bit-exact with the reference (tl.rand)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype,seed,offset", [("fp32", 2**64 - 3, 2**32 - 700), ("fp16", 41, 0)])
+def test_dropout_keep_mask_bit_exact(interp, dtype, seed, offset):
+    """V = identity makes out[i, j] the dropped probability p[i, j]: zeros must coincide exactly.
+
+    The first case uses a seed with both words set and an offset whose counter crosses 2**32 (the
+    high counter word)."""
+    Sq, Sk = 24, 32
+    q, k, _ = make(dtype, B=2, Sq=Sq, Sk=Sk, Dq=16)
+    v = np.broadcast_to(np.eye(Sk, dtype=NP[dtype]), (2, 2, Sk, Sk)).copy()
+    out, _, ro, _ = check(interp, dtype, q, k, v, dropout_p=0.4, seed=seed, offset=offset, causal="bottom_right",
+                          sink=2)
+    zero, rzero = out == 0, ro == 0
+    assert np.array_equal(zero, rzero)
+    kept = (~rzero).sum() / ro.size
+    assert 0.2 < kept < 0.8
+
+
+# ---------------------------------------------------------------------------------------------
+# strides, tiles, random configurations
+# ---------------------------------------------------------------------------------------------
+
+
+def test_bshd_strided_views(interp):
+    """q/k/v/bias passed as BSHD memory viewed as [B, H, S, D] (non-contiguous head/sequence strides)."""
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 30, 4, 32)).astype(np.float16).transpose(0, 2, 1, 3)
+    k = rng.standard_normal((2, 36, 2, 32)).astype(np.float16).transpose(0, 2, 1, 3)
+    v = rng.standard_normal((2, 36, 2, 32)).astype(np.float16).transpose(0, 2, 1, 3)
+    check(interp, "fp16", q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("bm,bn", [(32, 16), (16, 64), (64, 32)])
+def test_tiles(interp, bm, bn):
+    q, k, v = make("fp32", Sq=70, Sk=90, Dq=16)
+    check(interp, "fp32", q, k, v, window=(10, 4), sink=5, block_m=bm, block_n=bn)
+
+
+def test_forced_padding_flags(interp):
+    """pad = 1 everywhere on shapes that would not need it."""
+    q, k, v = make("fp16", Sq=32, Sk=32, Dq=64)
+    check(interp, "fp16", q, k, v, causal=True, pad=(1, 1, 1, 1), hdim_q=64, hdim_v=64)
+
+
+def test_random_configurations(interp):
+    """Random mixes of every flag on odd sizes (deterministic)."""
+    rng = np.random.default_rng(2024)
+    for case in range(10):
+        dtype = ["fp32", "fp16"][case % 2]
+        Hk = int(rng.choice([1, 2]))
+        shape = dict(B=int(rng.integers(1, 3)), Hq=Hk * int(rng.integers(1, 3)), Hk=Hk, Sq=int(rng.integers(1, 60)),
+                     Sk=int(rng.integers(1, 60)), Dq=int(rng.choice([8, 16, 24, 48])), Dv=int(rng.choice([8, 16, 40])))
+        q, k, v = make(dtype, seed=case, **shape)
+        kw = {}
+        r = rng.random(6)
+        if r[0] < 0.5:
+            kw["causal"] = [True, "bottom_right", None][int(rng.integers(0, 3))]
+            kw["window"] = (int(rng.integers(-2, 20)), int(rng.integers(-2, 20)))
+            kw["sink"] = int(rng.integers(0, 20))
+        if r[1] < 0.3:
+            kw["softcap"] = float(rng.uniform(1, 10))
+        if r[2] < 0.3:
+            kw["bias"] = rng.standard_normal((shape["B"], shape["Hq"], shape["Sq"], shape["Sk"])).astype(NP[dtype])
+        elif r[2] < 0.5:
+            kw["alibi_slopes"] = rng.uniform(0, 0.3, (shape["Hq"],)).astype(np.float32)
+        if r[3] < 0.3:
+            kw.update(dropout_p=0.2, seed=int(rng.integers(0, 2**40)), offset=int(rng.integers(0, 1000)))
+        if r[4] < 0.3:
+            kw["vlayout"] = "c"
+        kw["block_m"], kw["block_n"] = int(rng.choice([16, 32])), int(rng.choice([16, 32]))
+        try:
+            check(interp, dtype, q, k, v, **kw)
+        except AssertionError as e:
+            raise AssertionError(f"case {case}: {dtype} {shape} {kw.keys()}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# host API (no interpreter)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_api_shapes():
+    import inspect
+
+    from fmha_dsl.kernels import triton_fwd as T
+
+    params = list(inspect.signature(T.fmha_fwd.fn).parameters)
+    sig = T.signature("bf16")
+    assert list(sig) == params
+    assert sig["Q"] == "*bf16" and sig["Lse"] == "*fp32" and sig["seed"] == "i64" and sig["BLOCK_M"] == "constexpr"
+    with pytest.raises(ValueError):
+        T.signature("fp8")
+    s = dict(dtype="fp16", mode="group", vlayout="c", hdim_q=80, hdim_v=64, mask="bottom_right", bias="alibi",
+             lse=True, dropout=True, logits=True, sink=True)
+    a = dict(tile=(128, 64, 128, 64, 64, 128), pad_s=0, pad_sk=0, pad_d=0, pad_dv=0)
+    c = T.constexprs(s, a)
+    assert set(c) == set(T.CONSTEXPRS)
+    assert (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_DMODEL"], c["BLOCK_DV"]) == (128, 64, 128, 64)
+    assert c["PAD_M"] and c["PAD_N"]  # group mode always checks sequence bounds
+    assert c["CHECK_D"] and not c["PAD_D"] and not c["CHECK_DV"]
+    assert c["MASK"] and c["SINK"] and c["BIAS_TYPE"] == 2 and c["VLAYOUT_C"] and not c["IEEE"]
+    assert T.constexprs(dict(s, dtype="fp32", mask="no"), a)["SINK"] is False
+    with pytest.raises(ValueError):
+        T.constexprs(dict(s, rope="inter"), a)
+    assert T.grid(3, 8, 1000, 128) == (8, 8, 3) and T.grid(2, 4, 0, 64)[0] == 0
+    args = T.pack_args(q=4096, k=8192, v=12288, out=16384, q_strides=(4096, 2048, 64, 1),
+                       k_strides=(4096, 2048, 64, 1), v_strides=(4096, 2048, 1, 32), out_strides=(4096, 2048, 64, 1),
+                       nhead_q=2, nhead_k=2, head_dim_q=64, head_dim_v=64, seqlen_q=32, seqlen_k=32, vlayout="c",
+                       seed=2**64 - 1)
+    assert len(args) == len(T.ARGS)
+    named = dict(zip([n for n, _ in T.ARGS], args))
+    assert named["seed"] == -1 and named["max_seqlen_k"] == 32 and math.isclose(named["sm_scale"], 0.125)
+    assert T.aligned(args, "c") and not T.aligned(args, "r")
+    with pytest.raises(ValueError):  # row-major V needs a unit head-dim stride
+        T.pack_args(q=0, k=0, v=0, out=0, q_strides=(1, 1, 1, 1), k_strides=(1, 1, 1, 1), v_strides=(1, 1, 1, 2),
+                    out_strides=(1, 1, 1, 1), nhead_q=1, nhead_k=1, head_dim_q=8, head_dim_v=8)
+    with pytest.raises(ValueError):  # i32 overflow
+        T.pack_args(q=0, k=0, v=0, out=0, q_strides=(2**31, 1, 1, 1), k_strides=(1, 1, 1, 1),
+                    v_strides=(1, 1, 1, 1), out_strides=(1, 1, 1, 1), nhead_q=1, nhead_k=1, head_dim_q=8, head_dim_v=8)
+
+
+# ---------------------------------------------------------------------------------------------
+# ahead-of-time compile without a GPU (one config per target)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target,opts", [
+    (("hip", "gfx942", 64), {"num_warps": 4, "num_stages": 2}),
+    (("cuda", 90, 32), {"num_warps": 8, "num_stages": 3}),
+])
+def test_aot_compile(tmp_path, monkeypatch, target, opts):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fmha_dsl.kernels import triton_fwd as T
+
+    if not hasattr(T.fmha_fwd, "params"):
+        pytest.skip("TRITON_INTERPRET=1 in this process: fmha_fwd is interpreted")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    sig = dict(dtype="fp16", mode="batch", vlayout="r", hdim_q=128, hdim_v=128, mask="top_left", bias="no",
+               lse=True, dropout=False, logits=False, sink=False)
+    alg = dict(tile=(128, 64, 128, 128, 64, 128), pad_s=1, pad_sk=1, pad_d=0, pad_dv=0)
+    src = ASTSource(fn=T.fmha_fwd, signature=T.signature("fp16"), constexprs=T.constexprs(sig, alg),
+                    attrs=T.attrs("fp16"))
+    t0 = time.time()
+    ck = triton.compile(src, target=GPUTarget(*target), options=opts)
+    dt = time.time() - t0
+    assert ck.metadata.name == "fmha_fwd" and ck.metadata.shared > 0
+    if target[0] == "hip":
+        asm = ck.asm["amdgcn"]
+        assert "v_mfma" in asm
+        vgpr = int(re.search(r"\.vgpr_count:\s+(\d+)", asm).group(1))
+        spill = int(re.search(r"\.vgpr_spill_count:\s+(\d+)", asm).group(1))
+        print(f"gfx942: {dt:.1f} s, shared {ck.metadata.shared} B, VGPR {vgpr}, VGPR spills {spill}")
+        assert len(ck.asm["hsaco"]) > 0
+    else:
+        ptx = ck.asm["ptx"]
+        assert "wgmma.mma_async" in ptx  # Hopper tensor cores
+        assert "cp.async.cg.shared.global" in ptx  # 16-byte async copies (needs attrs())
+        print(f"sm90: {dt:.1f} s, shared {ck.metadata.shared} B")
+        assert len(ck.asm["cubin"]) > 0
+
+
+@pytest.mark.parametrize("sq,sk", [(48, 56), (40, 40), (56, 31)])
+def test_window_edges(interp, sq, sk):
+    """Windows whose edges fall on, just before and just after key-block boundaries (BLOCK 16): the
+    split into masked and unmasked key blocks must be exact (bottom-right windows, and top-left ones
+    through ``causal=True``, which clips ``right`` to 0)."""
+    q, k, v = make("fp32", Sq=sq, Sk=sk, Dq=8, Hq=1)
+    cases = [dict(window=w) for w in [(0, 0), (1, 1), (15, 14), (14, 15), (16, 16), (17, 1), (-1, 14), (30, -1)]]
+    cases += [dict(window=(w, 0), causal=True) for w in (0, 1, 15, 16)]
+    for kw in cases:
+        try:
+            check(interp, "fp32", q, k, v, **kw)
+        except AssertionError as e:
+            raise AssertionError(f"{kw}: {e}") from None
+
+
+def test_invisible_key_blocks_are_not_loaded(interp):
+    """NaN in V where a query block's mask hides whole key blocks: those rows stay exact, so the kernel
+    never loaded the blocks (loop bounds skip them; a masked load would give 0 * NaN = NaN)."""
+    q, k, v = make("fp32", Sq=64, Sk=64, Dq=8, Hq=1)
+    ro, _ = attention_fwd(q, k, v, causal=True, accum=np.float64)
+    vp = v.copy()
+    vp[:, :, 16:] = np.nan  # query block 0 (rows 0-15) sees key block 0 only
+    out, _ = interp(q, k, vp, causal=True)
+    assert np.abs(out[:, :, :16] - ro[:, :, :16]).max() < 2e-5
+    # window (3, 0) + 2 sink columns: rows 32-47 see keys 0-1 (block 0) and 29-47 (blocks 1-2)
+    ro, _ = attention_fwd(q, k, v, window=(3, 0), sink=2, accum=np.float64)
+    vp = v.copy()
+    vp[:, :, 48:] = np.nan
+    out, _ = interp(q, k, vp, window=(3, 0), sink=2)
+    assert np.abs(out[:, :, 32:48] - ro[:, :, 32:48]).max() < 2e-5
+    vp = v.copy()
+    vp[:, :, 16:28] = np.nan  # rows 0-15 see keys 0-15 only: key block 1 is never loaded for them
+    out, _ = interp(q, k, vp, window=(3, 0), sink=2)
+    assert np.abs(out[:, :, :16] - ro[:, :, :16]).max() < 2e-5
