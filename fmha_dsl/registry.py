@@ -62,6 +62,7 @@ class Registry:
     def __init__(self, name: str = "default", entries: Iterable[Entry] = (), profiles: Iterable[str] = (),
                  sources: Iterable[str] = ()):
         self.name = name
+        self.path: str | None = None          # the file it was loaded from (binaries are relative to its folder)
         self._by_id: dict[str, Entry] = {}
         self.profiles = sorted(set(profiles))
         self.sources = sorted(set(sources))
@@ -184,7 +185,9 @@ class Registry:
                                            "build one with `fmha-dsl build SET.fmha -o DIR`")) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise RegistryError(Diagnostic("registry.unreadable", f"cannot read `{p}`: {exc}", None)) from None
-        return cls.from_json(text, p)
+        reg = cls.from_json(text, p)
+        reg.path = os.path.abspath(p)
+        return reg
 
 
 # ---- the JSON text, shared by Registry.to_json and the parallel build ----------------------------

@@ -82,7 +82,7 @@ def detect_arch(device=None) -> str:
 def open_registry(registry) -> tuple[Registry, str | None]:
     """``(Registry, root)`` from a Registry, a build directory or a registry.json path (root: where binaries are)."""
     if isinstance(registry, Registry):
-        return registry, None
+        return registry, (os.path.dirname(registry.path) if getattr(registry, "path", None) else None)
     if registry is None:
         return Registry("jit"), None
     if isinstance(registry, (str, os.PathLike)):

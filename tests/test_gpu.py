@@ -367,9 +367,10 @@ kernel_set gpu_test {{
     assert ei.value.rule == "dispatch.no-kernel" and "hdim(128, 128)" in ei.value.hint
 
 
-def test_no_build_makes_a_missing_kernel_an_error(monkeypatch):
+def test_no_build_makes_a_missing_kernel_an_error(monkeypatch, tmp_path):
     import sys
 
+    monkeypatch.setenv("FMHA_DSL_CACHE_DIR", str(tmp_path))  # an empty cache: the kernel is missing
     monkeypatch.setenv("FMHA_DSL_NO_BUILD", "1")
     monkeypatch.setattr(sys.modules["fmha_dsl.attention"], "_JIT", {})
     q = rnd(1, 2, 64, 48)
