@@ -64,8 +64,14 @@ def main() -> None:
     flex = None
     flex_spent = 0.0
     if "flex" in peers:
+        import torch._dynamo
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+        # one compiled kernel per shape (static shapes, FlexAttention's fastest mode); without a higher limit
+        # dynamo stops recompiling after 8 shapes and falls back to the unfused implementation
+        torch._dynamo.config.cache_size_limit = 1024
+        if hasattr(torch._dynamo.config, "recompile_limit"):
+            torch._dynamo.config.recompile_limit = 1024
         flex = torch.compile(flex_attention, dynamic=False)
 
     rows = []
