@@ -57,3 +57,17 @@ def test_parser_table_cache_is_content_addressed_and_self_healing(tmp_path, monk
     P._parser.cache_clear()
     assert P.parse_text(text) == fresh           # corrupt cache: rebuilt, not trusted
     P._parser.cache_clear()
+
+
+def test_every_subpackage_is_installed():
+    """Each folder of the source package with an __init__.py must be in the wheel (pyproject's list)."""
+    import importlib
+
+    import fmha_dsl
+
+    root = os.path.dirname(fmha_dsl.__file__)
+    for name in sorted(os.listdir(root)):
+        if os.path.isfile(os.path.join(root, name, "__init__.py")):
+            importlib.import_module(f"fmha_dsl.{name}")
+    for sub in ("grammar", "kernelsets", "runtime", "kernels", "rules", "data"):
+        importlib.import_module(f"fmha_dsl.{sub}")
