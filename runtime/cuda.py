@@ -31,7 +31,6 @@ selects the other one.
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 import threading
 
@@ -247,32 +246,6 @@ class LoadedFunction:
         return int(self.function)
 
 
-_RAW_LAUNCH: list = []
-
-
-def raw_launch_fn():
-    """libcuda's ``cuLaunchKernel`` through ctypes (None where the library cannot be opened).
-
-    cuda-python's binding converts its eleven arguments into driver objects on every call (about 3 us);
-    the same C function called through ctypes with plain integers costs well under a microsecond.  The
-    function handle and the parameter slots are the ones cuda-python loaded and built.
-    """
-    if not _RAW_LAUNCH:
-        fn = None
-        if os.environ.get("FMHA_DSL_RAW_LAUNCH", "1") != "0":
-            try:
-                lib = ctypes.CDLL("libcuda.so.1")
-                fn = lib.cuLaunchKernel
-                u = ctypes.c_uint
-                fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p,
-                               ctypes.c_void_p]
-                fn.restype = ctypes.c_int
-            except (OSError, AttributeError):
-                fn = None
-        _RAW_LAUNCH.append(fn)
-    return _RAW_LAUNCH[0]
-
-
 class CudaKernel:
     """Launch path 1: ``struct.pack_into`` a preallocated buffer, ``cuLaunchKernel`` with its slot array.
 
@@ -305,8 +278,6 @@ class CudaKernel:
         self._alloc = alloc
         self._lock = threading.Lock()
         self._streams: dict[int, object] = {}
-        self._raw = raw_launch_fn()
-        self._handle = fn.handle
 
     def _stream(self, stream: int):
         s = self._stream_cls(stream)
@@ -329,27 +300,19 @@ class CudaKernel:
         return tuple(tail), keep
 
     def launch(self, grid, args, stream: int = 0) -> None:
+        hs = self._streams.get(stream)
+        if hs is None:
+            hs = self._stream(stream)
         tail, keep = self._scratch_tail(grid) if self._has_scratch else (self._tail, None)
-        raw = self._raw
         with self._lock:
             try:
                 self._pack_into(self._buf, 0, *args, *tail)
             except struct.error:
                 raise error("runtime.args", str(abi._explain(self.layout, tuple(args) + tail)), None,
                             "a size or stride does not fit the kernel's 32-bit arguments") from None
-            if raw is not None:
-                code = raw(self._handle, grid[0], grid[1], grid[2], self._block, 1, 1, self._shared, stream or None,
-                           self._params, None)
-                err = self._ok if code == 0 else driver().CUresult(code)
-            else:
-                hs = self._streams.get(stream)
-                if hs is None:
-                    hs = self._stream(stream)
-                err = self._launch_fn(self._function, grid[0], grid[1], grid[2], self._block, 1, 1, self._shared,
-                                      hs, self._params, 0)[0]
+            err = self._launch_fn(self._function, grid[0], grid[1], grid[2], self._block, 1, 1, self._shared, hs,
+                                  self._params, 0)[0]
         if err != self._ok:
-            if stream not in self._streams:
-                self._stream(stream)
             self._retry(err, grid, args, stream, tail)
         del keep  # scratch buffers live until the launch is enqueued (the caching allocator is stream-ordered)
 
