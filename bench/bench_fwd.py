@@ -141,7 +141,6 @@ def main() -> None:
                                                                       "flex") if p in row and "tflops" in row[p])
         best_txt = f"best={row['best']['tflops']:.0f} ({len(timed)} kernels)" if timed else "best=none"
         print(f"{dtype} d{d} {'causal' if causal else 'full  '} s{s:>5} b{b:>2}: {best_txt}  {peer_txt}", flush=True)
-        del q, k, v, out, ref
         torch.cuda.empty_cache()
 
     doc = {"device": dev, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,

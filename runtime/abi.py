@@ -15,6 +15,8 @@ Every parameter is naturally aligned (its offset is a multiple of its size), whi
 
 from __future__ import annotations
 
+from fmha_dsl.kernels.fwd_abi import ARGS
+
 import struct
 from dataclasses import dataclass
 
@@ -26,25 +28,9 @@ _SCALARS = {
 }
 POINTER = ("Q", 8)
 
-# The forward template's run-time parameters (fmha_dsl/kernels/triton_fwd.py ARGS), kept here so that the
-# runtime never imports the template (which imports triton).  "*{dtype}" is the input dtype's pointer.
-# tests/test_runtime.py checks this tuple against the template; Plan loading checks it against the
-# ``params`` a build recorded.
-FWD_ARGS: tuple[tuple[str, str], ...] = (
-    ("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Out", "*{dtype}"), ("Lse", "*fp32"),
-    ("Bias", "*{dtype}"), ("Alibi", "*fp32"), ("cu_seqlens_q", "*i32"), ("cu_seqlens_k", "*i32"),
-    ("sm_scale", "fp32"), ("softcap", "fp32"), ("dropout_p", "fp32"), ("seed", "i64"), ("philox_offset", "i64"),
-    ("seqlen_q", "i32"), ("seqlen_k", "i32"), ("max_seqlen_q", "i32"), ("max_seqlen_k", "i32"),
-    ("nhead_q", "i32"), ("nhead_k", "i32"), ("head_dim_q", "i32"), ("head_dim_v", "i32"),
-    ("window_left", "i32"), ("window_right", "i32"), ("mask_bottom_right", "i32"), ("sink", "i32"),
-    ("stride_qb", "i32"), ("stride_qh", "i32"), ("stride_qm", "i32"), ("stride_qd", "i32"),
-    ("stride_kb", "i32"), ("stride_kh", "i32"), ("stride_kn", "i32"), ("stride_kd", "i32"),
-    ("stride_vb", "i32"), ("stride_vh", "i32"), ("stride_vn", "i32"), ("stride_vd", "i32"),
-    ("stride_ob", "i32"), ("stride_oh", "i32"), ("stride_om", "i32"), ("stride_od", "i32"),
-    ("stride_lb", "i32"), ("stride_lh", "i32"), ("stride_lm", "i32"),
-    ("stride_bb", "i32"), ("stride_bh", "i32"), ("stride_bm", "i32"), ("stride_bn", "i32"),
-    ("stride_ab", "i32"), ("stride_ah", "i32"),
-)
+# The forward template's run-time parameters, from the Triton-free module the template itself uses;
+# Plan loading checks them against the ``params`` a build recorded.
+FWD_ARGS: tuple[tuple[str, str], ...] = ARGS
 FWD_NAMES: tuple[str, ...] = tuple(n for n, _ in FWD_ARGS)
 FWD_TYPES: tuple[str, ...] = tuple(t for _, t in FWD_ARGS)
 N_POINTERS = 9  # the leading pointer parameters of FWD_ARGS

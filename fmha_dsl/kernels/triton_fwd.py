@@ -382,21 +382,7 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
 
 DTYPES = ("fp16", "bf16", "fp32")
 
-ARGS: tuple[tuple[str, str], ...] = (
-    ("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Out", "*{dtype}"), ("Lse", "*fp32"),
-    ("Bias", "*{dtype}"), ("Alibi", "*fp32"), ("cu_seqlens_q", "*i32"), ("cu_seqlens_k", "*i32"),
-    ("sm_scale", "fp32"), ("softcap", "fp32"), ("dropout_p", "fp32"), ("seed", "i64"), ("philox_offset", "i64"),
-    ("seqlen_q", "i32"), ("seqlen_k", "i32"), ("max_seqlen_q", "i32"), ("max_seqlen_k", "i32"),
-    ("nhead_q", "i32"), ("nhead_k", "i32"), ("head_dim_q", "i32"), ("head_dim_v", "i32"),
-    ("window_left", "i32"), ("window_right", "i32"), ("mask_bottom_right", "i32"), ("sink", "i32"),
-    ("stride_qb", "i32"), ("stride_qh", "i32"), ("stride_qm", "i32"), ("stride_qd", "i32"),
-    ("stride_kb", "i32"), ("stride_kh", "i32"), ("stride_kn", "i32"), ("stride_kd", "i32"),
-    ("stride_vb", "i32"), ("stride_vh", "i32"), ("stride_vn", "i32"), ("stride_vd", "i32"),
-    ("stride_ob", "i32"), ("stride_oh", "i32"), ("stride_om", "i32"), ("stride_od", "i32"),
-    ("stride_lb", "i32"), ("stride_lh", "i32"), ("stride_lm", "i32"),
-    ("stride_bb", "i32"), ("stride_bh", "i32"), ("stride_bm", "i32"), ("stride_bn", "i32"),
-    ("stride_ab", "i32"), ("stride_ah", "i32"),
-)
+from .fwd_abi import ARGS  # noqa: E402  (the parameter list, shared with the runtime)
 
 CONSTEXPRS: tuple[str, ...] = (
     "BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DV", "HEAD_DIM_Q", "HEAD_DIM_V",
