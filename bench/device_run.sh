@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine run (see bench/README_device.md): lay the tree out as the installed package, build the
 # benchmark set for the local GPU, run the GPU tests and the benchmarks.  Logs and JSON go to $OUT.
-#   bash bench/device_run.sh [all|tests|fwd|flex|dispatch]
+#   bash bench/device_run.sh [all|tests|fwd|flex|dispatch|select]
 set -uo pipefail
 what="${1:-all}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -11,7 +11,7 @@ rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r fmha_dsl /tmp/pkg/ && cp -r runtim
 export PYTHONPATH=/tmp/pkg:/tmp/site PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1 FMHA_DSL_CACHE_DIR=/tmp/fmha-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 arch=$(python3 -c "import torch; c=torch.cuda.get_device_capability(); print(f'sm{c[0]}{c[1]}')")
-if [[ $what == all || $what == fwd || $what == flex ]]; then
+if [[ $what == all || $what == fwd || $what == flex || $what == select ]]; then
   python3 -P -m fmha_dsl.cli build bench_fwd --arch "$arch" -o /tmp/bench -j 16 -q 2>&1 | tail -5 | tee "$OUT/build.log"
   cp /tmp/bench/build-report.json "$OUT/" 2>/dev/null
 fi
@@ -26,4 +26,10 @@ if [[ $what == all || $what == fwd ]]; then
 fi
 if [[ $what == flex ]]; then
   python3 -P bench/bench_fwd.py --build /tmp/bench --peers flex --json "$OUT/bench_fwd_flex.json" 2>&1 | tee "$OUT/bench_flex.log"
+fi
+if [[ $what == select ]]; then
+  # tune the bench_fwd build on the default matrix (fmha-dsl tune), then evaluate on held-out shapes
+  python3 -P -m fmha_dsl.cli tune /tmp/bench --budget "${TUNE_BUDGET:-420}" 2>&1 | tail -20 | tee "$OUT/tune.log"
+  cp /tmp/bench/registry.json "$OUT/registry_tuned.json" 2>/dev/null
+  python3 -P bench/bench_select.py --build /tmp/bench --skip-tune --json "$OUT/bench_select.json" 2>&1 | tee "$OUT/bench_select.log"
 fi

@@ -156,6 +156,8 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
            softcap is not None, sink > 0, sq % disp.lq, sk % disp.lk)
     if disp.sq_bounds:
         key += (sum(1 for x in disp.sq_bounds if sq > x),)
+    if disp.ranking:  # measured / cost-model selection: the decision depends on the seqlen and batch x heads buckets
+        key += disp.bucket_key(sq, sk, b * hq)
     plan = disp.fast.get(key)
     if plan is None:
         plan = _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vc, mask, wl, wr, bias_kind, return_lse,
@@ -559,6 +561,8 @@ def _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vlayout_c, mask, w
     key = key[:11] + (sq % disp.lq, sk % disp.lk)
     if disp.sq_bounds:
         key += (sum(1 for x in disp.sq_bounds if sq > x),)
+    if disp.ranking:
+        key += disp.bucket_key(sq, sk, b * hq)
     disp.fast[key] = plan
     return plan
 

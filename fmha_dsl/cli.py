@@ -24,8 +24,12 @@ examples:
   fmha-dsl explain my.fmha --arch gfx950
   fmha-dsl build my.fmha --arch gfx942,gfx950 -o out/
   fmha-dsl fmt my.fmha --write
+  fmha-dsl tune build/bench --budget 600
   fmha-dsl schema registry > registry.schema.json
   fmha-dsl schema rules
+  fmha-dsl build bench_fwd --backend triton --arch sm90 -o build/bench
+  fmha-dsl tune build/bench --budget 600          (on the GPU)
+  fmha-dsl report build/bench -o report.html --png
 
 exit codes: 0 ok, 1 failures (invalid combinations, fmt --check diffs),
             2 usage or input errors, 70 internal error
@@ -173,6 +177,56 @@ def cmd_build(args) -> int:
     return EXIT_FAIL if res.failures and not res.total else EXIT_OK
 
 
+def cmd_report(args) -> int:
+    from .report import write_report
+
+    files = write_report(args.dir, args.output, png=args.png)
+    if not args.quiet:
+        for f in files:
+            _out(f"wrote {f}")
+    return EXIT_OK
+
+
+def cmd_tune(args) -> int:
+    import warnings
+
+    from .runtime.tune import tune
+
+    last = {"class": None}
+
+    def progress(ev):
+        if args.quiet:
+            return
+        c = ev["cls"]
+        name = f"{c['dtype']} d{c['hdim_q']}x{c['hdim_v']} {c['mask']}" + (" lse" if c["lse"] else "")
+        if ev["event"] == "class":
+            _err(f"[{ev['class_index'] + 1}/{ev['classes']}] {name}: saved")
+        elif ev["event"] == "failed":
+            _err(f"  failed: {ev['kernel']} at {ev['point']}: {ev['why']}")
+        elif args.verbose:
+            _err(f"  {name} s={ev['point'][0]}x{ev['point'][1]} b={ev['point'][2]}: {ev['kernel']} "
+                 f"{ev['us']:.1f} us")
+        elif last["class"] != (ev["class_index"], ev["point_index"]):
+            last["class"] = (ev["class_index"], ev["point_index"])
+            _err(f"[{ev['class_index'] + 1}/{ev['classes']}] {name} point {ev['point_index'] + 1}/{ev['points']} "
+                 f"(s={ev['point'][0]}x{ev['point'][1]} b={ev['point'][2]} h={ev['point'][3]}/{ev['point'][4]})")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = tune(args.dir, shapes=args.shapes, budget=args.budget, arch=args.arch, progress=progress,
+                   warmup_ms=args.warmup, rep_ms=args.rep)
+    for w in caught:
+        _err(f"note: {w.message}")
+    if res.note:
+        _err(f"note: {res.note}")
+    d = res.device
+    _out(f"wrote {res.path}: measured {res.measured}, skipped {res.skipped} (already in the table), failed "
+         f"{res.failed}; {res.classes} classes in {res.seconds:.0f} s on {d.get('name')} ({d.get('arch')}, driver "
+         f"{d.get('driver')}, triton {d.get('triton')}, torch {d.get('torch')})"
+         + ("; budget spent: run again to continue" if res.budget_spent else ""))
+    return EXIT_OK
+
+
 def cmd_fmt(args) -> int:
     from .fmt import format_source
     from .parse import read_source
@@ -278,6 +332,24 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("-q", "--quiet", action="store_true")
     sp.add_argument("-v", "--verbose", action="store_true", help="also say what each rule dropped")
     sp.set_defaults(fn=cmd_build)
+    sp = sub.add_parser("tune", help="time every kernel of a build directory on the GPU into its seqtune table",
+                        epilog="example: fmha-dsl tune build/bench --budget 600")
+    sp.add_argument("dir", help="build directory (with registry.json and the compiled kernels)")
+    sp.add_argument("--shapes", default=None, help="shape matrix, JSON or YAML (default: the shipped matrix)")
+    sp.add_argument("--budget", type=float, default=None, help="stop after this many seconds (resumable)")
+    sp.add_argument("--arch", default=None, help="registry arch to tune (default: the GPU's)")
+    sp.add_argument("--warmup", type=float, default=10.0, help="warm-up per timing, ms (default 10)")
+    sp.add_argument("--rep", type=float, default=40.0, help="repeats per timing, ms (default 40)")
+    sp.add_argument("-q", "--quiet", action="store_true")
+    sp.add_argument("-v", "--verbose", action="store_true", help="print every timing")
+    sp.set_defaults(fn=cmd_tune)
+    sp = sub.add_parser("report", help="HTML (and PNG) charts of a tuned build directory's seqtune table",
+                        epilog="example: fmha-dsl report build/bench -o report.html --png")
+    sp.add_argument("dir", help="build directory (or its registry.json) after `fmha-dsl tune`")
+    sp.add_argument("-o", "--output", default="report.html", help="report.html, or report.png for the image only")
+    sp.add_argument("--png", action="store_true", help="also write the charts as <output>.png")
+    sp.add_argument("-q", "--quiet", action="store_true")
+    sp.set_defaults(fn=cmd_report)
     sp = sub.add_parser("fmt", help="format .fmha files canonically",
                         epilog="example: fmha-dsl fmt --check kernelsets/*.fmha")
     sp.add_argument("files", nargs="+")

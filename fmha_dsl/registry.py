@@ -20,7 +20,8 @@ from .fields import KeyFields
 if TYPE_CHECKING:
     from .keys import KernelKey
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2          # 2 adds the optional "seqtune" table; a registry without one is written as version 1
+READABLE_VERSIONS = (1, 2)
 
 
 class Entry(KeyFields):
@@ -66,6 +67,7 @@ class Registry:
         self._by_id: dict[str, Entry] = {}
         self.profiles = sorted(set(profiles))
         self.sources = sorted(set(sources))
+        self.seqtune: dict | None = None      # the measured table (fmha_dsl.seqtune owns its format)
         for e in entries:
             self.add(e)
 
@@ -126,13 +128,13 @@ class Registry:
     # -- JSON
     def to_json(self) -> str:
         lines = [entry_line(e) for e in self]
-        return document(self.name, self.archs, self.profiles, self.sources, self.statistics(), lines)
+        return document(self.name, self.archs, self.profiles, self.sources, self.statistics(), lines, self.seqtune)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file + rename): a killed write never leaves a torn registry."""
         lines = [entry_line(e) for e in self]
         write_atomic(path, document_chunks(self.name, self.archs, self.profiles, self.sources, self.statistics(),
-                                           lines))
+                                           lines, self.seqtune))
 
     @classmethod
     def from_json(cls, text: str, path: str | None = None) -> "Registry":
@@ -149,16 +151,22 @@ class Registry:
             raise RegistryError(Diagnostic("registry.json", f"not valid JSON: {exc.msg}",
                                            Span(path, exc.lineno, exc.colno, source_line=src),
                                            "was the file truncated or edited by hand?")) from None
-        if isinstance(doc, dict) and doc.get("schema_version") not in (None, SCHEMA_VERSION):
+        if isinstance(doc, dict) and doc.get("schema_version") not in (None, *READABLE_VERSIONS):
             raise RegistryError(Diagnostic(
                 "registry.schema-version", f"registry schema_version {doc.get('schema_version')!r} is not "
-                f"supported (this fmha-dsl reads version {SCHEMA_VERSION})", Span(path, 1, 1),
+                f"supported (this fmha-dsl reads versions {', '.join(map(str, READABLE_VERSIONS))})",
+                Span(path, 1, 1),
                 "rebuild the registry with this version: `fmha-dsl build`"))
         try:
             model = RegistryModel.model_validate_json(text)
         except ValidationError as exc:
             raise RegistryError(_schema_diags(exc, text, path)) from None
         reg = cls(model.metadata.registry_name, profiles=model.metadata.profiles, sources=model.metadata.sources)
+        if isinstance(doc, dict) and doc.get("seqtune") is not None:
+            if model.schema_version < 2:
+                raise RegistryError(Diagnostic("registry.schema-version", "a `seqtune` table needs schema_version 2",
+                                               Span(path, 1, 1), "re-run `fmha-dsl tune` to rewrite the file"))
+            reg.seqtune = doc["seqtune"]
         for i, k in enumerate(model.kernels):
             key = KernelKey(signature=k.signature, algorithm=k.algorithm, arch=k.gfx_arch)
             if key.identifier != k.identifier:
@@ -220,14 +228,20 @@ def entry_line(e: Entry, dumps=json.JSONEncoder(separators=(",", ":")).encode,
     return dumps(d)
 
 
-def document_chunks(name: str, archs, profiles, sources, stats: dict, lines: list[str]) -> Iterator[str]:
-    """The registry file, in pieces: a sorted, indented head, then ``kernels``, one kernel per line."""
+def document_chunks(name: str, archs, profiles, sources, stats: dict, lines: list[str],
+                    seqtune: dict | None = None) -> Iterator[str]:
+    """The registry file, in pieces: a sorted, indented head, then ``kernels``, one kernel per line.
+
+    With a ``seqtune`` table the head carries it and ``schema_version`` is 2; without one the file is version 1
+    (byte for byte what earlier versions wrote)."""
     from . import __version__
 
     meta = {"archs": list(archs), "generator": f"fmha-dsl {__version__}", "profiles": list(profiles),
             "registry_name": name, "sources": list(sources), "total_kernels": len(lines)}
-    head = json.dumps({"metadata": meta, "schema_version": SCHEMA_VERSION, "statistics": stats},
-                      sort_keys=True, indent=1)
+    doc = {"metadata": meta, "schema_version": 1 if seqtune is None else SCHEMA_VERSION, "statistics": stats}
+    if seqtune is not None:
+        doc["seqtune"] = seqtune
+    head = json.dumps(doc, sort_keys=True, indent=1)
     # `kernels` goes last (after the sorted head) so the small part of the file stays at the top
     yield head[:-2] + ',\n "kernels": [\n'
     for i, line in enumerate(lines):
@@ -235,8 +249,8 @@ def document_chunks(name: str, archs, profiles, sources, stats: dict, lines: lis
     yield ("\n" if lines else "") + " ]\n}\n"
 
 
-def document(name: str, archs, profiles, sources, stats: dict, lines: list[str]) -> str:
-    return "".join(document_chunks(name, archs, profiles, sources, stats, lines))
+def document(name: str, archs, profiles, sources, stats: dict, lines: list[str], seqtune: dict | None = None) -> str:
+    return "".join(document_chunks(name, archs, profiles, sources, stats, lines, seqtune))
 
 
 def write_atomic(path: str | os.PathLike, chunks: Iterable[str] | str) -> str:

@@ -5,9 +5,9 @@ Imported only when a registry is read or its schema printed, so writing a regist
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .keys import Algorithm, Signature
 
@@ -38,11 +38,60 @@ class MetadataModel(_Strict):
     sources: list[str] = []
 
 
+class SeqtuneDeviceModel(_Strict):
+    name: Optional[str] = None
+    arch: Optional[str] = None
+    driver: Optional[str] = None
+    triton: Optional[str] = None
+    torch: Optional[str] = None
+    compute_units: Optional[int] = None
+
+
+class SeqtuneClassKeyModel(_Strict):
+    family: str
+    dtype: str
+    mode: str
+    vlayout: str
+    hdim_q: int
+    hdim_v: int
+    mask: Literal["no", "causal"]
+    bias: str
+    lse: bool
+    dropout: bool
+    logits: bool
+    sink: bool
+
+
+class SeqtunePointModel(_Strict):
+    seqlen_q: int
+    seqlen_k: int
+    batch: int
+    nhead_q: int
+    nhead_k: int
+    times_us: dict[str, float]
+    failed: dict[str, str] = {}
+
+
+class SeqtuneClassModel(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    class_: SeqtuneClassKeyModel = Field(alias="class")
+    points: list[SeqtunePointModel]
+
+
+class SeqtuneModel(_Strict):
+    """Measured kernel times per signature class and (seqlen_q, seqlen_k, batch, heads) point (schema_version 2)."""
+
+    device: SeqtuneDeviceModel
+    shapes: str = "default"
+    classes: list[SeqtuneClassModel]
+
+
 class RegistryModel(_Strict):
-    schema_version: int
+    schema_version: Literal[1, 2]
     metadata: MetadataModel
     statistics: dict[str, dict[str, int]]
     kernels: list[KernelEntryModel]
+    seqtune: Optional[SeqtuneModel] = None
 
 
 def json_schema() -> dict:

@@ -251,24 +251,48 @@ def _coord(v: float) -> str:
 # the model of one class panel
 # ---------------------------------------------------------------------------------------------
 def _shape_groups(points: list[dict]) -> list[tuple[tuple, list[dict]]]:
-    """Points grouped by (batch, Hq, Hk, seqlen relation); x = seqlen_q (= seqlen_k) or seqlen_k."""
-    groups: dict[tuple, list[dict]] = {}
+    """Points split into lines: same (Hq, Hk, seqlen relation), then chains along seqlen.
+
+    A chain is either one batch size or one token count (batch x seqlen_q, the issue's fixed-token matrix);
+    the longest chain is taken first, so a matrix measured at batch 1 and at 16k tokens gives two lines.
+    Key: (kind, value, Hq, Hk, eq, seqlen_q) with kind 0 = batch, 1 = tokens; x = seqlen_q (= seqlen_k) or
+    seqlen_k.
+    """
+    by: dict[tuple, list[dict]] = {}
     for p in points:
-        rel = "eq" if p["seqlen_q"] == p["seqlen_k"] else p["seqlen_q"]
-        key = (p["batch"], p["nhead_q"], p.get("nhead_k", p["nhead_q"]), 0 if rel == "eq" else 1,
-               0 if rel == "eq" else rel)
-        groups.setdefault(key, []).append(p)
-    return [(k, sorted(v, key=lambda p: (p["seqlen_k"], p["seqlen_q"]))) for k, v in sorted(groups.items())]
+        eq = p["seqlen_q"] == p["seqlen_k"]
+        by.setdefault((p["nhead_q"], p.get("nhead_k", p["nhead_q"]), 0 if eq else 1, 0 if eq else p["seqlen_q"]),
+                      []).append(p)
+    out: list[tuple[tuple, list[dict]]] = []
+    for (hq, hk, rel, sq), pts in sorted(by.items()):
+        left = list(pts)
+        while left:
+            chains: dict[tuple, list[dict]] = {}
+            for p in left:
+                chains.setdefault((0, p["batch"]), []).append(p)
+                chains.setdefault((1, p["batch"] * p["seqlen_q"]), []).append(p)
+            (kind, val), chain = max(chains.items(), key=lambda kv: (len(kv[1]), -kv[0][0], -kv[0][1]))
+            seen, line = set(), []
+            for p in sorted(chain, key=lambda p: (p["seqlen_k"], p["seqlen_q"])):
+                x = p["seqlen_q"] if rel == 0 else p["seqlen_k"]
+                if x not in seen:  # one point per x on a line
+                    seen.add(x)
+                    line.append(p)
+            out.append(((kind, val, hq, hk, rel, sq), line))
+            ids = {id(p) for p in line}
+            left = [p for p in left if id(p) not in ids]
+    return out
 
 
 def _x_of(key: tuple, p: dict) -> int:
-    return p["seqlen_q"] if key[3] == 0 else p["seqlen_k"]
+    return p["seqlen_q"] if key[4] == 0 else p["seqlen_k"]
 
 
 def _group_title(key: tuple) -> str:
-    b, hq, hk, eq, sq = key
+    kind, val, hq, hk, eq, sq = key
     rel = "seqlen_q = seqlen_k" if eq == 0 else f"seqlen_q = {sq}"
-    return f"B={b} Hq={hq} Hk={hk}, {rel}"
+    what = f"B={val}" if kind == 0 else f"B x seqlen_q = {val} tokens"
+    return f"{what}, Hq={hq} Hk={hk}, {rel}"
 
 
 def _class_model(entry: dict, kernels: dict, chooser: Chooser) -> dict:

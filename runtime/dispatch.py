@@ -18,14 +18,20 @@ dispatcher's arch:
 * a binary whose build promised 16-divisible pointers/strides (``build["aligned"]``) only serves problems
   whose arguments keep the promise.
 
-Selection among the matches (static; a later issue adds measured selection): the smallest padded head dims
-``(hdim_q, hdim_v)``, then the fewest padded dims (pad_s, pad_sk, pad_d, pad_dv), then the lowest
-``selection_rank``, then the larger ``m0``, then the larger ``n0``, then ``qr_async`` before ``qr``, then the
-identifier (deterministic).
+Selection among the matches (:mod:`fmha_dsl.seqtune`): with a usable seqtune table in the registry (measured on
+this arch and device; another device's table is ignored with :class:`fmha_dsl.seqtune.SeqtuneDeviceWarning`), by
+the predicted time (interpolated in log seqlen, scaled by wave quantisation for batch x heads); kernels without
+measurements after those, by the cost model (tile waste, waves over the compute units, occupancy from the build's
+resource usage) when every one has a build, else by the static order.  The static order (``candidates()``, and the
+whole selection for registries without builds or table): the smallest padded head dims ``(hdim_q, hdim_v)``, then
+the fewest padded dims (pad_s, pad_sk, pad_d, pad_dv), then the lowest ``selection_rank``, then the larger ``m0``,
+then the larger ``n0``, then ``qr_async`` before ``qr``, then the identifier (deterministic).
 
 Decisions are cached per problem class: the matching fields, the head dims, and ``seqlen mod L`` where ``L`` is
 the lcm of the tile sizes in the registry (so divisibility by every ``m0``/``n0`` is known), a dict lookup on a
-small tuple.  No match raises :class:`fmha_dsl.errors.FmhaError` (rule ``dispatch.no-kernel``) naming the
+small tuple; when the selection ranks (a table, or compiled kernels for the cost model) the key adds the
+(seqlen_q, seqlen_k, batch x nhead_q) buckets (:func:`fmha_dsl.seqtune.bucket`: eighth-octaves) and the ranking is
+evaluated at the bucket's smallest member, so a decision depends on the bucket only.  No match raises :class:`fmha_dsl.errors.FmhaError` (rule ``dispatch.no-kernel``) naming the
 three closest entries, the fields where they differ, and the ``.fmha`` declaration that would add a match.
 
 With ``jit=True`` a miss compiles the one key the problem needs instead (:mod:`fmha_dsl.runtime.jit`;
@@ -39,6 +45,7 @@ import os
 import threading
 from functools import reduce
 
+from fmha_dsl import seqtune
 from fmha_dsl.errors import Diagnostic, FmhaError, UsageError, error
 from fmha_dsl.registry import Entry, Registry
 
@@ -447,10 +454,12 @@ class Dispatcher:
     """
 
     def __init__(self, registry=None, arch: str | None = None, *, root: str | None = None,
-                 launcher: str | None = None, jit: bool = False):
+                 launcher: str | None = None, jit: bool = False, device_name: str | None = None):
         reg, found_root = open_registry(registry)
         if jit and registry is not None:  # compiled kernels are added here, not to the caller's registry
+            seq = reg.seqtune
             reg = Registry(reg.name, iter(reg), reg.profiles, reg.sources)
+            reg.seqtune = seq
         self.registry = reg
         self.root = root if root is not None else found_root
         self.arch = arch or detect_arch()
@@ -462,6 +471,16 @@ class Dispatcher:
         self._lock = threading.RLock()
         self._binaries: dict[str, bytes] = {}
         self._stages: dict[str, Stage] = {}
+        # the seqtune table, when measured on this arch and device (else a SeqtuneDeviceWarning, and None)
+        self.table_note: str | None = None
+        table = seqtune.Table.of(self.registry)
+        if table is not None:
+            if device_name is None:
+                device_name = _device_name()
+            self.table_note = seqtune.device_mismatch(table, self.arch, device_name)
+            table = seqtune.usable(table, self.arch, device_name)
+        self.table = table
+        self.compute_units = seqtune.compute_units(self.arch, table)
         self._reindex()
 
     # -- index ------------------------------------------------------------------------------------------
@@ -476,7 +495,10 @@ class Dispatcher:
         self.lk = _lcm({t[1] for t in tiles})
         self.sq_bounds = sorted({e.alg["max_seq_len_q"] for e in self.entries if e.alg["max_seq_len_q"] > 0})
         self._plans: dict[tuple, Plan] = {}
+        self._plan_of: dict[str, Plan] = {}  # one Plan per selected kernel
         self.fast: dict[tuple, Plan] = {}  # attention()'s own problem-class keys
+        # the selection depends on seqlen / batch x heads (table or cost model): the class key adds buckets
+        self.ranking = getattr(self, "table", None) is not None or any(e.build for e in self.entries)
 
     def add(self, entry: Entry, binary: bytes | None = None) -> None:
         """Add a kernel (and its binary bytes) to this dispatcher's registry; cached decisions are redone."""
@@ -494,29 +516,94 @@ class Dispatcher:
                p.kv_layout, p.kv_lookup, p.page_size, p.num_splits)
         if self.sq_bounds:
             key += (sum(1 for b in self.sq_bounds if sq > b),)
+        if self.ranking:
+            key += self.bucket_key(sq, sk, p.batch * p.nhead_q)
         return key
+
+    @staticmethod
+    def bucket_key(sq: int, sk: int, bh: int) -> tuple:
+        """The (seqlen_q, seqlen_k, batch x nhead_q) buckets a ranked decision is cached under."""
+        b = seqtune.bucket
+        return (b(sq), b(sk), b(bh))
+
+    def _representative(self, p):
+        """The problem the ranking of ``p``'s bucket is evaluated at (the bucket's smallest lengths)."""
+        r = seqtune.bucket_rep
+        sq, sk = _max_sq(p), _max_sk(p)
+        rq, rk = r(seqtune.bucket(sq)), r(seqtune.bucket(sk))
+        bh = p.batch * p.nhead_q
+        rbh = r(seqtune.bucket(bh))
+        upd = {"seqlen_q": rq, "seqlen_k": rk, "max_seqlen_q": rq if p.max_seqlen_q else 0,
+               "max_seqlen_k": rk if p.max_seqlen_k else 0}
+        if rbh != bh:  # keep nhead_q (it fixes the class); batch takes the rest, rounded up
+            upd["batch"] = max(1, -(-rbh // p.nhead_q))
+        return p.model_copy(update=upd)
+
+    def ranked(self, p, aligned: bool = True, candidates=None) -> list[dict]:
+        """The candidates of ``p`` ranked fastest first (:func:`fmha_dsl.seqtune.rank`): rows with ``entry``,
+        ``source`` and the prediction."""
+        c = self.candidates(p, aligned) if candidates is None else candidates
+        return seqtune.rank(p, c, self.table, self.arch, self.compute_units)
+
+    def explain(self, problem, aligned: bool = True) -> list[dict]:
+        """Every kernel of this arch for ``problem``: the candidates ranked (``rank`` 0 is what :meth:`select`
+        chooses for this problem's bucket), with predicted and measured times, then each excluded kernel and why."""
+        cands = self.candidates(problem, aligned)
+        rows = []
+        decided = self.ranked(self._representative(problem), aligned, cands) if self.ranking else [
+            {"entry": e, "source": "static"} for e in cands]
+        chosen = decided[0]["entry"].identifier if decided else None
+        exact = seqtune.rank(problem, cands, self.table, self.arch, self.compute_units) if self.ranking else decided
+        pts = self.table.points(seqtune.class_of_problem(problem)) if self.table is not None else {}
+        here = pts.get((_max_sq(problem), _max_sk(problem), problem.batch, problem.nhead_q, problem.nhead_k))
+        order = {r["entry"].identifier: i for i, r in enumerate(decided)}
+        for r in sorted(exact, key=lambda r: order.get(r["entry"].identifier, len(order))):
+            e = r["entry"]
+            row = {"kernel": e.identifier, "name": e.name, "rank": order.get(e.identifier), "selected":
+                   e.identifier == chosen, "source": r["source"], "predicted_us": r.get("predicted_us"),
+                   "measured_us": (here or {}).get("times_us", {}).get(e.identifier), "points": r.get("points", []),
+                   "tile": list(e.alg["tile"][:2]), "pipeline": e.alg["pipeline"]}
+            if "cost" in r:
+                row["cost"] = r["cost"]
+                row["cost_detail"] = r["detail"]
+            rows.append(row)
+        for e, why in seqtune.excluded_by_table(problem, cands, self.table):
+            rows.append({"kernel": e.identifier, "name": e.name, "excluded": True, "why": [why]})
+        ids = {e.identifier for e in cands}
+        for e in self.entries:
+            if e.identifier not in ids:
+                rows.append({"kernel": e.identifier, "name": e.name, "excluded": True,
+                             "why": [f"{f}: {w}" for f, w in mismatches(e, problem, aligned)]})
+        return rows
 
     def candidates(self, p, aligned: bool = True) -> list[Entry]:
         """Every entry of this arch that serves ``p``, most preferred first."""
         group = self._groups.get(_exact_key(p, getattr), ())
         return sorted((e for e in group if not mismatches(e, p, aligned)), key=preference)
 
+    def _best(self, p, c: list, aligned: bool):
+        if len(c) > 1 and self.ranking:
+            r = self.ranked(self._representative(p), aligned, c)
+            if r:
+                return r[0]["entry"]
+        return c[0] if c else None
+
     def select(self, p, aligned: bool = True) -> Entry:
         c = self.candidates(p, aligned)
         if c:
-            return c[0]
+            return self._best(p, c, aligned)
         if self.jit and os.environ.get("FMHA_DSL_NO_BUILD", "") not in ("1", "true", "yes"):
             from . import jit
 
             with self._lock:
                 c = self.candidates(p, aligned)
                 if c:
-                    return c[0]
+                    return self._best(p, c, aligned)
                 entry, binary = jit.compile_for(p, self.arch)
                 self.add(entry, binary)
                 c = self.candidates(p, aligned)
                 if c:
-                    return c[0]
+                    return self._best(p, c, aligned)
         raise no_kernel_error(p, self.arch, self.entries, self.registry.name, self.registry.archs, aligned)
 
     def plan(self, problem, aligned: bool = True) -> Plan:
@@ -529,7 +616,9 @@ class Dispatcher:
         if plan is None:
             entry = self.select(problem, aligned)
             key = self.class_key(problem, aligned)  # a JIT compile may have changed the tile lcm
-            plan = Plan(problem, [self.stage(entry)])
+            plan = self._plan_of.get(entry.identifier)
+            if plan is None:
+                plan = self._plan_of[entry.identifier] = Plan(problem, [self.stage(entry)])
             self._plans[key] = plan
         return plan
 
@@ -596,6 +685,18 @@ class Dispatcher:
         return load_cubin(data, entry=b["entry"], shared=int(b.get("shared", 0)), num_warps=num_warps,
                           device=device, types=types, warp_size=int(b.get("warp_size") or 32),
                           launcher=self.launcher, scratch=scratch, alloc=_torch_alloc, names=abi.FWD_NAMES)
+
+
+def _device_name() -> str | None:
+    """The current GPU's name when torch sees one (compared with a seqtune table's), else None."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return str(torch.cuda.get_device_name())
+    except Exception:  # noqa: BLE001  (no device: only the arch is compared)
+        return None
+    return None
 
 
 def _torch_alloc(nbytes: int, device: int):

@@ -1,0 +1,174 @@
+"""Measured selection vs the alternatives, on shapes the tuning never saw.
+
+    python bench/bench_select.py --build DIR [--json OUT.json] [--budget SECONDS] [--skip-tune]
+
+1. ``fmha-dsl tune DIR`` on the default matrix (``fmha_dsl/data/seqtune_shapes.json``), resumable.
+2. Held-out shapes per class (bf16/fp16 x head dim 64/128 x causal or not): other seqlens (384 ... 12288, 16k tokens
+   per batch), other batches (1 and 3 at 1536 / 6144), GQA 16/4 and MQA 16/1.  Every kernel serving a shape is timed
+   (do_bench: warm-up, L2 flush, median) after a check against SDPA: the exhaustive best.
+3. Per shape, the choice of: the seqtune table (``Dispatcher.select``), the cost model (same registry, table
+   removed), CK's first-fit rule (``fmha_dsl.seqtune.ck_first_fit``), and the best single fixed kernel of the class
+   (the one kernel with the lowest geomean over the class's shapes, chosen with hindsight).
+   regret = t(choice) / t(best) - 1, geomean over shapes; gain = geomean t(fixed) / t(seqtune) - 1.
+Goals (issue 4): seqtune regret <= 3 %, gain over the best fixed kernel >= 10 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import warnings
+
+HELD_SEQLENS = (384, 768, 1536, 3072, 6144, 12288)
+TOKENS, HEADS = 16384, 16
+
+
+def held_out(cls):
+    for s in HELD_SEQLENS:
+        yield (s, s, max(1, TOKENS // s), HEADS, HEADS)
+    for s in (1536, 6144):
+        for b in (1, 3):
+            yield (s, s, b, HEADS, HEADS)
+    for s in (768, 3072):
+        for hk in (4, 1):
+            yield (s, s, max(1, TOKENS // s), HEADS, hk)
+
+
+def geomean(xs):
+    xs = [x for x in xs if x and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--budget", type=float, default=900.0, help="seconds of tuning at most (resumable)")
+    ap.add_argument("--skip-tune", action="store_true")
+    ap.add_argument("--dtypes", default="bf16,fp16")
+    args = ap.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+
+    from fmha_dsl import seqtune
+    from fmha_dsl.registry import Registry
+    from fmha_dsl.runtime.dispatch import Dispatcher, Plan
+    from fmha_dsl.runtime.tune import expand_shapes, load_shapes, problem_of, tune
+
+    tune_info = None
+    if not args.skip_tune:
+        t0 = time.perf_counter()
+        res = tune(args.build, budget=args.budget,
+                   progress=lambda ev: ev["event"] == "class" and print(
+                       f"tuned class {ev['class_index'] + 1}/{ev['classes']}", file=sys.stderr, flush=True))
+        tune_info = {"measured": res.measured, "skipped": res.skipped, "failed": res.failed,
+                     "seconds": round(time.perf_counter() - t0, 1), "budget_spent": res.budget_spent,
+                     "device": res.device}
+        print(f"tune: {tune_info}", file=sys.stderr, flush=True)
+
+    path = os.path.join(args.build, "registry.json")
+    disp_tab = Dispatcher(path)
+    if disp_tab.table is None:
+        print(f"warning: no usable seqtune table ({disp_tab.table_note})", file=sys.stderr)
+    reg_plain = Registry.load(path)
+    reg_plain.seqtune = None
+    disp_cost = Dispatcher(reg_plain, disp_tab.arch, root=args.build)
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+    rows = []
+    classes = [c for c, _ in expand_shapes(load_shapes()) if c["dtype"] in args.dtypes.split(",")]
+    for cls in classes:
+        for pt in held_out(cls):
+            prob = problem_of(cls, pt, disp_tab.arch)
+            cands = disp_tab.candidates(prob)
+            if not cands:
+                continue
+            sq, sk, b, hq, hk = pt
+            torch.manual_seed(0)
+            dt = tdt[cls["dtype"]]
+            q = torch.randn(b, hq, sq, cls["hdim_q"], device="cuda", dtype=dt)
+            k = torch.randn(b, hk, sk, cls["hdim_q"], device="cuda", dtype=dt)
+            v = torch.randn(b, hk, sk, cls["hdim_v"], device="cuda", dtype=dt)
+            out = torch.empty_like(q)
+            causal = cls["mask"] == "causal"
+            kw = {"window": (-1, 0), "bottom_right": False} if causal else {}
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hk).float()
+            times = {}
+            for e in cands:
+                plan = Plan(prob, [disp_tab.stage(e)])
+
+                def run(plan=plan):
+                    plan.run(q, k, v, out, **kw)
+
+                try:
+                    run()
+                    torch.cuda.synchronize()
+                    err = ((out.float() - ref).norm() / ref.norm()).item()
+                    if not math.isfinite(err) or err > 2e-2:
+                        continue
+                    times[e.identifier] = do_bench(run, warmup=10, rep=40, return_mode="median") * 1000.0
+                except Exception as exc:  # noqa: BLE001
+                    print(f"  {e.name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            if not times:
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                pick_tab = disp_tab.select(prob).identifier
+                pick_cost = disp_cost.select(prob).identifier
+            pick_ck = seqtune.ck_first_fit(prob, cands).identifier
+            best = min(times, key=times.get)
+            name = {e.identifier: e.name for e in cands}
+            row = {"class": cls, "point": list(pt), "times_us": {name[i]: t for i, t in times.items()},
+                   "best": name[best], "best_us": times[best]}
+            for tag, pick in (("seqtune", pick_tab), ("cost_model", pick_cost), ("ck_first_fit", pick_ck)):
+                row[tag] = {"kernel": name[pick], "us": times.get(pick),
+                            "ratio": times[pick] / times[best] if pick in times else None}
+            rows.append(row)
+            print(f"{cls['dtype']} d{cls['hdim_q']} {cls['mask']:6} s={sq:>5} b={b:>3} h={hq}/{hk}: best "
+                  f"{times[best]:9.1f} us  seqtune x{row['seqtune']['ratio'] or float('nan'):.3f}  cost "
+                  f"x{row['cost_model']['ratio'] or float('nan'):.3f}  ck x{row['ck_first_fit']['ratio'] or float('nan'):.3f}",
+                  flush=True)
+            del q, k, v, out, ref
+            torch.cuda.empty_cache()
+
+    # the best single fixed kernel per class (with hindsight), over the shapes it serves and was timed on
+    fixed_ratio = []
+    for key in {json.dumps(r["class"], sort_keys=True) for r in rows}:
+        mine = [r for r in rows if json.dumps(r["class"], sort_keys=True) == key]
+        kernels = set.intersection(*(set(r["times_us"]) for r in mine))
+        if not kernels:
+            continue
+        fixed = min(kernels, key=lambda kn: geomean([r["times_us"][kn] / r["best_us"] for r in mine]))
+        for r in mine:
+            r["fixed"] = {"kernel": fixed, "us": r["times_us"][fixed]}
+            if r["seqtune"]["us"]:
+                fixed_ratio.append(r["times_us"][fixed] / r["seqtune"]["us"])
+    summary = {
+        "shapes": len(rows),
+        "seqtune_regret": geomean([r["seqtune"]["ratio"] for r in rows]) - 1,
+        "cost_model_regret": geomean([r["cost_model"]["ratio"] for r in rows]) - 1,
+        "ck_first_fit_regret": geomean([r["ck_first_fit"]["ratio"] for r in rows]) - 1,
+        "fixed_regret": geomean([r["fixed"]["us"] / r["best_us"] for r in rows if "fixed" in r]) - 1,
+        "gain_over_best_fixed": geomean(fixed_ratio) - 1,
+        "seqtune_picks_best": sum(1 for r in rows if r["seqtune"]["kernel"] == r["best"]),
+    }
+    print("\n| selection | geomean regret vs exhaustive best |\n|---|---|")
+    for tag in ("seqtune", "cost_model", "ck_first_fit", "fixed"):
+        print(f"| {tag} | {100 * summary[tag + '_regret']:.1f} % |")
+    print(f"\nseqtune vs best single fixed kernel per class: {100 * summary['gain_over_best_fixed']:+.1f} % "
+          f"(goal >= 10 %); seqtune regret goal <= 3 %; {summary['seqtune_picks_best']}/{len(rows)} shapes exact")
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": __import__("triton").__version__, "tune": tune_info, "summary": summary, "rows": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

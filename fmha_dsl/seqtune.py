@@ -1,0 +1,451 @@
+"""[seqtune] Measured per-sequence-length kernel selection: the table, its lookup and the cost model.
+
+Pure Python (no torch / triton at import).  The table lives in ``registry.json`` under ``"seqtune"`` (registry
+``schema_version`` 2; the format is ``/work/research/SEQTUNE_FORMAT.md``, summarised in ``docs/registry.md``)::
+
+    "seqtune": {"device": {"name", "arch", "driver", "triton", "torch", "compute_units"}, "shapes": "default",
+                "classes": [{"class": {...signature class...}, "points": [{"seqlen_q", "seqlen_k", "batch",
+                             "nhead_q", "nhead_k", "times_us": {kernel id: us}, "failed": {kernel id: why}}]}]}
+
+Prediction of a kernel's time for a problem from the table (:func:`predict`):
+
+1. the kernel's points of the problem's signature class (not failed);
+2. the points on the seqlen_k/seqlen_q ratio nearest (in log) to the problem's (usually sq == sk);
+3. at each measured seqlen_q of that line, the point whose batch x nhead_q is nearest (in log), its time scaled
+   for batch x heads by wave quantisation: ``t * waves(problem) / waves(point)``, ``waves = ceil(programs / CUs)``,
+   ``programs = ceil(seqlen_q / m0) * nhead_q * batch``;
+4. between the two neighbouring measured seqlens, ``log t`` is interpolated linearly in ``log seqlen_q`` (exact for
+   a power law, e.g. ``t ~ s^2``); outside the measured range the nearest point is used, scaled by waves (with the
+   problem's seqlen_q) and by the key-loop length ``ceil(seqlen_k / n0)``.
+
+Kernels with no data (or all kernels, with no usable table) are ranked by :func:`cost` (documented there).
+Measured kernels always rank before unmeasured ones; ties go to the dispatcher's static preference.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import math
+import warnings
+from typing import Iterable
+
+CLASS_FIELDS = ("family", "dtype", "mode", "vlayout", "hdim_q", "hdim_v", "mask", "bias", "lse", "dropout",
+                "logits", "sink")
+POINT_FIELDS = ("seqlen_q", "seqlen_k", "batch", "nhead_q", "nhead_k")
+
+
+class SeqtuneDeviceWarning(UserWarning):
+    """A seqtune table measured on another device (name or arch) than the current one: it is ignored."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# signature classes
+# ---------------------------------------------------------------------------------------------------------
+def _mask_class(m: str) -> str:
+    return "no" if m == "no" else "causal"
+
+
+def class_of_problem(p) -> dict:
+    """The signature class of a problem (its own head dims; any causal/window mask is ``causal``)."""
+    return {"family": p.family, "dtype": p.dtype, "mode": p.mode, "vlayout": p.vlayout, "hdim_q": int(p.hdim_q),
+            "hdim_v": int(p.hdim_v), "mask": _mask_class(p.mask), "bias": p.bias, "lse": bool(p.lse),
+            "dropout": bool(p.dropout), "logits": bool(p.logits), "sink": bool(p.sink)}
+
+
+def class_of_entry(e) -> dict:
+    """The signature class a kernel was built for (its head-dim bounds)."""
+    s = e.sig
+    return {"family": s["family"], "dtype": s["dtype"], "mode": s["mode"], "vlayout": s["vlayout"],
+            "hdim_q": int(s["hdim_q"]), "hdim_v": int(s["hdim_v"]), "mask": _mask_class(s["mask"]),
+            "bias": s["bias"], "lse": bool(s["lse"]), "dropout": bool(s["dropout"]), "logits": bool(s["logits"]),
+            "sink": bool(s["sink"])}
+
+
+def class_key(cls: dict) -> tuple:
+    return tuple(cls[f] for f in CLASS_FIELDS)
+
+
+def _class_sort(cls: dict) -> str:
+    return json.dumps(cls, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the table
+# ---------------------------------------------------------------------------------------------------------
+class Table:
+    """The seqtune table: device, shape-matrix name, and per class ``{point tuple: {"times_us", "failed"}}``."""
+
+    def __init__(self, device: dict | None = None, shapes: str = "default"):
+        self.device = dict(device or {})
+        self.shapes = shapes
+        self.classes: dict[tuple, tuple[dict, dict]] = {}   # class key -> (class dict, {point: record})
+
+    # -- building
+    def _cls(self, cls: dict) -> dict:
+        k = class_key(cls)
+        got = self.classes.get(k)
+        if got is None:
+            got = self.classes[k] = ({f: cls[f] for f in CLASS_FIELDS}, {})
+        return got[1]
+
+    def record(self, cls: dict, point: tuple, kernel: str, time_us: float | None = None,
+               failed: str | None = None) -> None:
+        """Store one measurement (``time_us``) or failure (``failed``: the reason) of ``kernel`` at ``point``."""
+        pts = self._cls(cls)
+        rec = pts.setdefault(tuple(int(x) for x in point), {"times_us": {}, "failed": {}})
+        if failed is not None:
+            rec["failed"][kernel] = str(failed)
+            rec["times_us"].pop(kernel, None)
+        else:
+            rec["times_us"][kernel] = round(float(time_us), 4)
+            rec["failed"].pop(kernel, None)
+
+    def has(self, cls: dict, point: tuple, kernel: str) -> bool:
+        got = self.classes.get(class_key(cls))
+        if got is None:
+            return False
+        rec = got[1].get(tuple(point))
+        return rec is not None and (kernel in rec["times_us"] or kernel in rec["failed"])
+
+    def failed(self, cls: dict, kernel: str) -> str | None:
+        """The reason ``kernel`` failed on any point of ``cls`` (a wrong result or crash excludes it), or None."""
+        got = self.classes.get(class_key(cls))
+        if got is None:
+            return None
+        for pt in sorted(got[1]):
+            why = got[1][pt]["failed"].get(kernel)
+            if why is not None:
+                return why
+        return None
+
+    def merge(self, other: "Table") -> "Table":
+        """Add ``other``'s measurements (``other`` wins on the same point and kernel); returns self."""
+        for cls, pts in other.classes.values():
+            for pt, rec in pts.items():
+                for kid, t in rec["times_us"].items():
+                    self.record(cls, pt, kid, t)
+                for kid, why in rec["failed"].items():
+                    self.record(cls, pt, kid, failed=why)
+        return self
+
+    def points(self, cls: dict) -> dict:
+        got = self.classes.get(class_key(cls))
+        return got[1] if got else {}
+
+    def __len__(self) -> int:
+        return sum(len(p) for _, p in self.classes.values())
+
+    # -- JSON form
+    def to_dict(self) -> dict:
+        classes = []
+        for cls, pts in sorted(self.classes.values(), key=lambda cp: _class_sort(cp[0])):
+            plist = []
+            for pt in sorted(pts):
+                rec = pts[pt]
+                d = dict(zip(POINT_FIELDS, pt))
+                d["times_us"] = dict(sorted(rec["times_us"].items()))
+                if rec["failed"]:
+                    d["failed"] = dict(sorted(rec["failed"].items()))
+                plist.append(d)
+            classes.append({"class": dict(sorted(cls.items())), "points": plist})
+        return {"classes": classes, "device": dict(sorted(self.device.items())), "shapes": self.shapes}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Table | None":
+        if not d:
+            return None
+        t = cls(d.get("device") or {}, d.get("shapes", "default"))
+        for c in d.get("classes", ()):
+            for p in c.get("points", ()):
+                pt = tuple(int(p[f]) for f in POINT_FIELDS)
+                for kid, us in (p.get("times_us") or {}).items():
+                    t.record(c["class"], pt, kid, us)
+                for kid, why in (p.get("failed") or {}).items():
+                    t.record(c["class"], pt, kid, failed=why)
+            t._cls(c["class"])
+        return t
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, indent=1)
+
+    # -- the registry
+    @classmethod
+    def of(cls, registry) -> "Table | None":
+        return cls.from_dict(getattr(registry, "seqtune", None))
+
+    def store(self, registry) -> None:
+        registry.seqtune = self.to_dict()
+
+
+def device_mismatch(table: Table, arch: str | None, device_name: str | None) -> str | None:
+    """Why ``table`` may not be used on (``arch``, ``device_name``), or None.  Unknown values are not compared."""
+    tarch, tname = table.device.get("arch"), table.device.get("name")
+    if arch and tarch and tarch != arch:
+        return f"the seqtune table was measured on {tarch} ({tname or 'unknown device'}), this is {arch}"
+    if device_name and tname and tname != device_name:
+        return f"the seqtune table was measured on {tname!r}, this device is {device_name!r}"
+    return None
+
+
+def usable(doc_or_table, arch: str | None, device_name: str | None = None) -> "Table | None":
+    """The table if it may be used here; a table of another device gives :class:`SeqtuneDeviceWarning` and None."""
+    t = doc_or_table if isinstance(doc_or_table, Table) or doc_or_table is None else Table.from_dict(doc_or_table)
+    if t is None:
+        return None
+    why = device_mismatch(t, arch, device_name)
+    if why:
+        warnings.warn(f"{why}: it is ignored (re-run `fmha-dsl tune` on this device)", SeqtuneDeviceWarning,
+                      stacklevel=3)
+        return None
+    return t
+
+
+# ---------------------------------------------------------------------------------------------------------
+# buckets (the dispatcher's cache granularity)
+# ---------------------------------------------------------------------------------------------------------
+def bucket(n: int) -> int:
+    """Eighth-of-an-octave bucket of a positive length: exact below 16, then 8 linear steps per power of two."""
+    if n < 16:
+        return n
+    e = n.bit_length() - 4
+    return (e << 3) + (n >> e)      # n >> e is in 8 .. 15
+
+
+def bucket_rep(b: int) -> int:
+    """The smallest length in bucket ``b`` (powers of two represent their own bucket)."""
+    if b < 16:
+        return b
+    e, m = divmod(b, 8)
+    e -= 1
+    return (8 + m) << e
+
+
+# ---------------------------------------------------------------------------------------------------------
+# waves and the cost model
+# ---------------------------------------------------------------------------------------------------------
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def programs(seqlen_q: int, m0: int, nhead_q: int, batch: int) -> int:
+    return _cdiv(max(seqlen_q, 1), m0) * nhead_q * batch
+
+
+def waves(nprog: int, slots: int) -> int:
+    return max(1, _cdiv(nprog, max(1, slots)))
+
+
+@functools.lru_cache(maxsize=None)
+def arch_info(arch: str) -> dict:
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "data", "triton.json")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)["archs"].get(arch, {})
+
+
+def compute_units(arch: str | None, table: Table | None = None) -> int:
+    if table is not None and table.device.get("compute_units"):
+        return int(table.device["compute_units"])
+    return int(arch_info(arch).get("compute_units", 100)) if arch else 100
+
+
+def occupancy(entry, arch: str | None) -> int:
+    """Programs resident per SM/CU from the build's resource usage (1 when unknown).
+
+    NVIDIA: min over registers (65536 per SM / (regs x threads)), shared memory (the arch's per-block limit taken as
+    the per-SM budget / the kernel's ``shared``) and threads (2048 per SM).  AMD: the ``; Occupancy:`` note (waves
+    per SIMD) x 4 SIMDs / warps per program.
+    """
+    b = getattr(entry, "build", None) or {}
+    if not b:
+        return 1
+    res = b.get("resources") or {}
+    warps = int(b.get("num_warps") or entry.alg["wave"][0] or 4)
+    info = arch_info(arch) if arch else {}
+    if info.get("vendor") == "amd" or (arch or "").startswith("gfx"):
+        occ = res.get("occupancy")
+        return max(1, (int(occ) * 4) // warps) if occ else 1
+    threads = warps * int(b.get("warp_size") or 32)
+    limits = [2048 // threads]
+    if res.get("regs"):
+        limits.append(65536 // (int(res["regs"]) * threads))
+    if b.get("shared"):
+        limits.append(int(info.get("shared_bytes", 232448)) // max(1, int(b["shared"])))
+    return max(1, min(limits))
+
+
+# FLOP-equivalents a K/V element load costs against one multiply-add: the heuristic load/math balance of a tile
+LOAD_COST = 16.0
+
+
+def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dict]:
+    """A unit-less time estimate of ``entry`` on problem ``p`` (smaller is faster) and its components.
+
+    ``cost = rounds x work_per_program / (efficiency x hiding)`` with
+
+    * tile waste from padding: the work per program uses the padded lengths ``m0`` x ``ceil(sk/n0)*n0`` (the query
+      tile waste ``ceil(sq/m0)*m0/sq`` enters through the number of programs; causal: about half the keys);
+    * waves over the compute units: ``programs = ceil(sq/m0) x nhead_q x batch`` run in
+      ``waves = ceil(programs / (CUs x occupancy))``; a full wave of ``occupancy`` co-resident programs per SM takes
+      ``occupancy`` program-times, the partial last one ``ceil(remainder / CUs)``: ``rounds`` is their sum, so a
+      partial wave costs as much as its most loaded SM;
+    * occupancy (:func:`occupancy`, from the build's resource usage) hides latency: ``hiding = 1 - 0.25 / occupancy``;
+    * efficiency ``m0 n0 / (m0 n0 + LOAD_COST (m0 + n0))``: larger tiles reuse each loaded element more.
+    """
+    a = entry.alg
+    m0, n0 = int(a["tile"][0]), int(a["tile"][1])
+    sq = max(int(p.max_seqlen_q or p.seqlen_q), 1)
+    sk = max(int(p.max_seqlen_k or p.seqlen_k), 1)
+    cus = cus or compute_units(arch)
+    occ = occupancy(entry, arch)
+    nprog = programs(sq, m0, p.nhead_q, p.batch)
+    w = waves(nprog, cus * occ)
+    sk_pad = _cdiv(sk, n0) * n0
+    work = m0 * sk_pad * (p.hdim_q + p.hdim_v)
+    if p.mask != "no":
+        work *= 0.5 + 0.5 * min(1.0, m0 / sq)   # causal: half the keys, plus the diagonal tile
+    eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0))
+    full, rem = divmod(nprog, cus * occ)
+    rounds = full * occ + _cdiv(rem, cus)
+    c = rounds * work / (eff * (1.0 - 0.25 / occ))
+    return c, {"waves": w, "rounds": rounds, "programs": nprog, "occupancy": occ,
+               "tile_waste_q": _cdiv(sq, m0) * m0 / sq,
+               "tile_waste_k": sk_pad / sk, "efficiency": round(eff, 4)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# prediction from measurements
+# ---------------------------------------------------------------------------------------------------------
+def _log(x: float) -> float:
+    return math.log(max(x, 1e-12))
+
+
+def predict(pts: dict, kernel: str, m0: int, n0: int, p, cus: int) -> tuple[float | None, list]:
+    """Predicted time (us) of ``kernel`` on problem ``p`` from a class's points, and the points used."""
+    mine = [(pt, rec["times_us"][kernel]) for pt, rec in pts.items() if kernel in rec["times_us"]]
+    if not mine:
+        return None, []
+    sq = max(int(p.max_seqlen_q or p.seqlen_q), 1)
+    sk = max(int(p.max_seqlen_k or p.seqlen_k), 1)
+    bh = p.batch * p.nhead_q
+    ratio = _log(sk / sq)
+    best_r = min(abs(_log(max(pt[1], 1) / max(pt[0], 1)) - ratio) for pt, _ in mine)
+    line = [(pt, t) for pt, t in mine if abs(abs(_log(max(pt[1], 1) / max(pt[0], 1)) - ratio) - best_r) < 1e-9]
+    by_sq: dict[int, tuple] = {}
+    for pt, t in line:
+        d = abs(_log(pt[2] * pt[3]) - _log(bh))
+        cur = by_sq.get(pt[0])
+        if cur is None or (d, pt) < (cur[0], cur[1]):
+            by_sq[pt[0]] = (d, pt, t)
+    xs = sorted(by_sq)
+
+    def scaled(s_at: int, full: bool) -> tuple[float, tuple]:
+        _, pt, t = by_sq[s_at]
+        s_to = sq if full else pt[0]
+        f = waves(programs(s_to, m0, p.nhead_q, p.batch), cus) / waves(programs(pt[0], m0, pt[3], pt[2]), cus)
+        if full:
+            f *= _cdiv(sk, n0) / _cdiv(max(pt[1], 1), n0)
+        return t * f, pt
+
+    i = bisect.bisect_left(xs, sq)
+    if i < len(xs) and xs[i] == sq:
+        t, pt = scaled(sq, False)
+        return t, [pt]
+    if i == 0 or i == len(xs):
+        t, pt = scaled(xs[0] if i == 0 else xs[-1], True)
+        return t, [pt]
+    lo, hi = xs[i - 1], xs[i]
+    t0, p0 = scaled(lo, False)
+    t1, p1 = scaled(hi, False)
+    w = (_log(sq) - _log(lo)) / (_log(hi) - _log(lo))
+    return math.exp((1 - w) * _log(t0) + w * _log(t1)), [p0, p1]
+
+
+def rank(p, candidates: Iterable, table: Table | None = None, arch: str | None = None,
+         cus: int | None = None) -> list[dict]:
+    """Candidates (already matching, in static preference order) ranked fastest first.
+
+    Each row: ``{"entry", "source": "seqtune" | "cost-model" | "static", "predicted_us" (seqtune) or "cost",
+    "points" (measured points used), "detail"}``.  Kernels that failed in tuning are left out (see
+    :func:`excluded_by_table`).  Measured kernels first (by predicted time), then the others by the cost model when
+    every one of them has a build (resource usage), else in the given order.
+    """
+    cands = list(candidates)
+    cus = cus or compute_units(arch, table)
+    pts = table.points(class_of_problem(p)) if table is not None else {}
+    measured, rest = [], []
+    for i, e in enumerate(cands):
+        if table is not None and table.failed(class_of_problem(p), e.identifier):
+            continue
+        t, used = predict(pts, e.identifier, int(e.alg["tile"][0]), int(e.alg["tile"][1]), p, cus) if pts else (
+            None, [])
+        if t is not None:
+            measured.append((t, i, {"entry": e, "source": "seqtune", "predicted_us": t,
+                                    "points": [dict(zip(POINT_FIELDS, pt)) for pt in used]}))
+        else:
+            rest.append((i, e))
+    out = [row for _, _, row in sorted(measured, key=lambda r: (r[0], r[1]))]
+    if rest and all(getattr(e, "build", None) for _, e in rest):
+        scored = []
+        for i, e in rest:
+            c, detail = cost(e, p, arch, cus)
+            scored.append((c, i, {"entry": e, "source": "cost-model", "cost": c, "detail": detail}))
+        out += [row for _, _, row in sorted(scored, key=lambda r: (r[0], r[1]))]
+    else:
+        out += [{"entry": e, "source": "static"} for _, e in rest]
+    return out
+
+
+def excluded_by_table(p, candidates: Iterable, table: Table | None) -> list[tuple]:
+    """``[(entry, reason)]`` for candidates the table records as failed (crash or wrong result)."""
+    if table is None:
+        return []
+    cls = class_of_problem(p)
+    out = []
+    for e in candidates:
+        why = table.failed(cls, e.identifier)
+        if why:
+            out.append((e, f"failed in tuning: {why}"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CK's first-fit rule (reference section 5.2), for comparison only
+# ---------------------------------------------------------------------------------------------------------
+def ck_first_fit(p, candidates: Iterable):
+    """CK ``select_first_fit``: score ``(category, selection_rank, m0)``, lowest wins, ties keep the earlier.
+
+    Category: 0 if ``max_sq <= m0`` and aligned, 1 if ``m0 == 64``, 2 if ``m0`` is the largest ``m0`` among the
+    candidates, 3 if aligned (``max_sq % m0 == 0``), else 4.
+    """
+    cands = list(candidates)
+    if not cands:
+        return None
+    max_sq = int(p.max_seqlen_q or p.seqlen_q)
+    max_m0 = max(int(e.alg["tile"][0]) for e in cands)
+    best, best_score = None, None
+    for e in cands:
+        m0 = int(e.alg["tile"][0])
+        aligned = m0 > 0 and max_sq > 0 and max_sq % m0 == 0
+        if max_sq <= m0 and aligned:
+            cat = 0
+        elif m0 == 64:
+            cat = 1
+        elif m0 == max_m0:
+            cat = 2
+        elif aligned:
+            cat = 3
+        else:
+            cat = 4
+        score = (cat, int(e.alg["selection_rank"]), m0)
+        if best_score is None or score < best_score:
+            best, best_score = e, score
+    return best
+
+
+__all__ = ["Table", "SeqtuneDeviceWarning", "class_of_problem", "class_of_entry", "class_key", "usable",
+           "device_mismatch", "bucket", "bucket_rep", "programs", "waves", "occupancy", "cost", "predict", "rank",
+           "excluded_by_table", "ck_first_fit", "compute_units", "CLASS_FIELDS", "POINT_FIELDS"]

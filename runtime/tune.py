@@ -1,0 +1,261 @@
+"""Tune a build directory on the GPU: time every compiled kernel over a shape matrix into the seqtune table.
+
+    from fmha_dsl.runtime.tune import tune
+    res = tune("build/bench", shapes=None, budget=600, progress=print)   # -> TuneResult; DIR/registry.json updated
+
+* Shape matrix: ``fmha_dsl/data/seqtune_shapes.json`` by default; ``shapes=`` a JSON file, or YAML
+  (``.yaml``/``.yml``, needs PyYAML: ``pip install fmha-dsl[tune]``).  Each entry of ``classes`` expands over its
+  lists (``dtype``, ``hdim`` (or ``hdim_q``/``hdim_v`` pairs), ``mask``: ``no``/``causal``, optional ``lse``),
+  with points at every ``seqlens`` value: ``batch`` = ``tokens // seqlen`` (at least 1) or the ``batch`` list, plus
+  ``extra_batches``; ``nhead_q``/``nhead_k``; ``seqlen_k`` = seqlen (or ``seqlen_k_ratio`` x seqlen).
+* Each kernel that serves a point (the dispatcher's matching) is timed with CUDA events through
+  ``triton.testing.do_bench`` (warm-up, L2 flushed between runs, median of the repeats).
+* Before its first timing in a class a kernel's output is checked against torch SDPA (relative Frobenius error
+  <= 2e-2); a wrong result or a crash is recorded under ``failed`` and the kernel is not ranked for that class.
+* Resumable and incremental: a (point, kernel) already in the table is skipped; the registry is rewritten
+  atomically after each class (and when the budget runs out), so a killed run keeps what it measured.
+* A table measured on another device (name or arch) is not merged into: it is replaced (``TuneResult.note`` says so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import subprocess
+import time
+from typing import Callable, Optional
+
+from fmha_dsl import seqtune
+from fmha_dsl.errors import UsageError, error
+from fmha_dsl.registry import Registry
+
+DEFAULT_SHAPES = os.path.join(os.path.dirname(seqtune.__file__), "data", "seqtune_shapes.json")
+
+
+@dataclasses.dataclass
+class TuneResult:
+    path: str
+    measured: int = 0
+    skipped: int = 0
+    failed: int = 0
+    classes: int = 0
+    budget_spent: bool = False
+    seconds: float = 0.0
+    note: Optional[str] = None
+    device: dict = dataclasses.field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the shape matrix
+# ---------------------------------------------------------------------------------------------------------
+def load_shapes(path: str | None = None) -> dict:
+    p = path or DEFAULT_SHAPES
+    try:
+        with open(p, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise error("usage.file", f"cannot read the shape matrix `{p}`: {exc.strerror}", None,
+                    "pass --shapes FILE (JSON or YAML)", cls=UsageError) from None
+    if p.endswith((".yaml", ".yml")):
+        try:
+            import yaml
+        except ImportError:
+            raise error("usage.dependency", "a YAML shape matrix needs PyYAML", None,
+                        "pip install 'fmha-dsl[tune]' (or pass a JSON file)", cls=UsageError) from None
+        doc = yaml.safe_load(text)
+    else:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise error("usage.file", f"`{p}` is not valid JSON: {exc.msg} (line {exc.lineno})", None,
+                        cls=UsageError) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("classes"), list):
+        raise error("usage.file", f"`{p}`: a shape matrix is an object with a `classes` list", None,
+                    "see fmha_dsl/data/seqtune_shapes.json", cls=UsageError)
+    doc.setdefault("name", "default" if path is None else os.path.basename(p))
+    return doc
+
+
+def _list(v):
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def expand_shapes(doc: dict) -> list[tuple[dict, list[tuple]]]:
+    """``[(class dict, [point tuples (seqlen_q, seqlen_k, batch, nhead_q, nhead_k)])]``, sorted, deduplicated."""
+    out: dict[tuple, tuple[dict, set]] = {}
+    for c in doc["classes"]:
+        if "hdim_q" in c:
+            hdims = list(zip(_list(c["hdim_q"]), _list(c.get("hdim_v", c["hdim_q"]))))
+        else:
+            hdims = [(h, h) if isinstance(h, int) else tuple(h) for h in _list(c.get("hdim", 128))]
+        for dtype, (dq, dv), mask, lse in itertools.product(_list(c.get("dtype", "bf16")), hdims,
+                                                            _list(c.get("mask", "no")), _list(c.get("lse", False))):
+            cls = {"family": "fwd", "dtype": dtype, "mode": "batch", "vlayout": "r", "hdim_q": int(dq),
+                   "hdim_v": int(dv), "mask": "no" if mask in ("no", False, 0) else "causal", "bias": "no",
+                   "lse": bool(lse), "dropout": False, "logits": False, "sink": False}
+            _, pts = out.setdefault(seqtune.class_key(cls), (cls, set()))
+            hq, hk = int(c.get("nhead_q", 16)), int(c.get("nhead_k", c.get("nhead_q", 16)))
+            for s in _list(c["seqlens"]):
+                sk = int(round(s * float(c.get("seqlen_k_ratio", 1))))
+                batches = _list(c["batch"]) if "batch" in c else [max(1, int(c.get("tokens", 16384)) // s)]
+                for b in batches + _list(c.get("extra_batches", [])):
+                    pts.add((int(s), sk, int(b), hq, hk))
+    return [(cls, sorted(pts)) for cls, pts in sorted(out.values(), key=lambda cp: json.dumps(cp[0], sort_keys=True))]
+
+
+def problem_of(cls: dict, pt: tuple, arch: str | None = None):
+    from fmha_dsl.keys import Problem
+
+    sq, sk, b, hq, hk = pt
+    return Problem(family=cls["family"], dtype=cls["dtype"], arch=arch, batch=b, nhead_q=hq, nhead_k=hk,
+                   seqlen_q=sq, seqlen_k=sk, hdim_q=cls["hdim_q"], hdim_v=cls["hdim_v"], mode=cls["mode"],
+                   vlayout=cls["vlayout"], mask="top_left" if cls["mask"] == "causal" else "no", bias=cls["bias"],
+                   lse=cls["lse"], dropout=cls["dropout"], logits=cls["logits"], sink=cls["sink"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the device
+# ---------------------------------------------------------------------------------------------------------
+def device_info(arch: str) -> dict:
+    import torch
+
+    try:
+        import triton
+
+        tv = triton.__version__
+    except ImportError:
+        tv = None
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    driver = None
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        driver = getattr(torch.version, "hip", None)
+    return {"name": str(torch.cuda.get_device_name()), "arch": arch, "driver": driver, "triton": tv,
+            "torch": torch.__version__, "compute_units": int(props.multi_processor_count)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tuning
+# ---------------------------------------------------------------------------------------------------------
+def tune(build_dir: str, shapes: str | None = None, budget: float | None = None, arch: str | None = None,
+         progress: Callable[[dict], None] | None = None, warmup_ms: float = 10.0, rep_ms: float = 40.0,
+         check_tol: float = 2e-2) -> TuneResult:
+    import torch
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+
+    from .dispatch import Dispatcher, Plan, detect_arch
+
+    t_start = time.perf_counter()
+    path = os.path.join(build_dir, "registry.json") if os.path.isdir(build_dir) else build_dir
+    reg = Registry.load(path)
+    arch = arch or detect_arch()
+    dev = device_info(arch)
+    doc = load_shapes(shapes)
+    res = TuneResult(path=path, device=dev)
+
+    old = seqtune.Table.of(reg)
+    table = seqtune.Table(dev, doc["name"])
+    if old is not None:
+        why = seqtune.device_mismatch(old, arch, dev["name"])
+        if why:
+            res.note = f"{why}: that table is replaced by this run's measurements"
+        else:
+            table.merge(old)
+    reg.seqtune = None
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", seqtune.SeqtuneDeviceWarning)
+        disp = Dispatcher(reg, arch)
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+    def save():
+        table.store(reg)
+        reg.save(path)
+
+    def say(**kw):
+        if progress is not None:
+            progress(kw)
+
+    classes = expand_shapes(doc)
+    for ci, (cls, pts) in enumerate(classes):
+        touched = False
+        checked: set[str] = {kid for rec in table.points(cls).values() for kid in rec["times_us"]}
+        for pi, pt in enumerate(pts):
+            prob = problem_of(cls, pt, arch)
+            cands = disp.candidates(prob)
+            todo = [e for e in cands if not table.has(cls, pt, e.identifier)
+                    and not table.failed(cls, e.identifier)]
+            res.skipped += len(cands) - len(todo)
+            if not todo:
+                continue
+            if budget is not None and time.perf_counter() - t_start > budget:
+                res.budget_spent = True
+                break
+            sq, sk, b, hq, hk = pt
+            torch.manual_seed(0)
+            dt = tdt[cls["dtype"]]
+            q = torch.randn(b, hq, sq, cls["hdim_q"], device="cuda", dtype=dt)
+            k = torch.randn(b, hk, sk, cls["hdim_q"], device="cuda", dtype=dt)
+            v = torch.randn(b, hk, sk, cls["hdim_v"], device="cuda", dtype=dt)
+            out = q.new_empty(b, hq, sq, cls["hdim_v"])
+            lse = torch.empty(b, hq, sq, device="cuda", dtype=torch.float32) if cls["lse"] else None
+            causal = cls["mask"] == "causal"
+            kw = {"window": (-1, 0), "bottom_right": False} if causal else {}
+            ref = None
+            for e in todo:
+                if budget is not None and time.perf_counter() - t_start > budget:
+                    res.budget_spent = True
+                    break
+                plan = Plan(prob, [disp.stage(e)])
+
+                def run(plan=plan):
+                    plan.run(q, k, v, out, lse, **kw)
+
+                touched = True
+                try:
+                    run()
+                    torch.cuda.synchronize()
+                    if e.identifier not in checked:
+                        if ref is None:
+                            ref = F.scaled_dot_product_attention(
+                                q, k, v, is_causal=causal, enable_gqa=hq != hk).float()
+                        err = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+                        if not math.isfinite(err) or err > check_tol:
+                            raise ValueError(f"wrong result: relative error {err:.3g} vs SDPA at "
+                                             f"seqlen {sq}x{sk} batch {b} heads {hq}/{hk}")
+                        checked.add(e.identifier)
+                    ms = do_bench(run, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+                    table.record(cls, pt, e.identifier, ms * 1000.0)
+                    res.measured += 1
+                    say(event="time", cls=cls, point=pt, kernel=e.name, us=ms * 1000.0, class_index=ci,
+                        classes=len(classes), point_index=pi, points=len(pts))
+                except Exception as exc:  # noqa: BLE001  (a failing kernel is a result)
+                    why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                    table.record(cls, pt, e.identifier, failed=why)
+                    res.failed += 1
+                    say(event="failed", cls=cls, point=pt, kernel=e.name, why=why, class_index=ci,
+                        classes=len(classes))
+                    torch.cuda.synchronize()
+            del q, k, v, out, lse, ref
+            if res.budget_spent:
+                break
+        if touched:
+            save()
+        res.classes += 1
+        say(event="class", cls=cls, class_index=ci, classes=len(classes))
+        if res.budget_spent:
+            break
+    if reg.seqtune is None:  # nothing new measured: still record the device and shape matrix
+        save()
+    res.seconds = time.perf_counter() - t_start
+    return res
+
+
+__all__ = ["tune", "TuneResult", "load_shapes", "expand_shapes", "problem_of", "device_info", "DEFAULT_SHAPES"]

@@ -1,0 +1,267 @@
+"""The seqtune table, its lookup, the cost model, the dispatcher's measured selection and CK's first-fit rule,
+on synthetic timings (no GPU)."""
+
+import json
+import math
+import random
+import warnings
+
+import pytest
+
+from fmha_dsl import seqtune
+from fmha_dsl.keys import Algorithm, KernelKey, Problem, Signature
+from fmha_dsl.registry import Entry, Registry
+from fmha_dsl.runtime.dispatch import Dispatcher
+
+CLS = {"family": "fwd", "dtype": "fp16", "mode": "batch", "vlayout": "r", "hdim_q": 128, "hdim_v": 128,
+       "mask": "no", "bias": "no", "lse": False, "dropout": False, "logits": False, "sink": False}
+DEV = {"name": "NVIDIA H100 80GB HBM3", "arch": "sm90", "compute_units": 132, "driver": "1", "triton": "3",
+       "torch": "2"}
+
+
+def key(tile=(128, 64), pads=(1, 1, 1, 1), dtype="fp16", mask="no", rank=0, pipeline="qr_async"):
+    sig = Signature(family="fwd", dtype=dtype, mode="batch", hdim_q=128, hdim_v=128, mask=mask)
+    m0, n0 = tile
+    alg = Algorithm(pipeline=pipeline, tile=(m0, n0, 128, 128, n0, 128), wave=(4, 1, 1, 4, 1, 1, 1, 1, 1),
+                    pad_s=pads[0], pad_sk=pads[1], pad_d=pads[2], pad_dv=pads[3], selection_rank=rank)
+    return KernelKey(signature=sig, algorithm=alg, arch="sm90")
+
+
+def entry(name, build=None, **kw):
+    return Entry(key(**kw), name, f"t.fmha:{name}", build)
+
+
+def problem(sq=512, sk=None, b=1, hq=16, hk=None, **kw):
+    return Problem(dtype="fp16", hdim_q=128, hdim_v=128, seqlen_q=sq, seqlen_k=sq if sk is None else sk, batch=b,
+                   nhead_q=hq, nhead_k=hq if hk is None else hk, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# format
+# ---------------------------------------------------------------------------------------------------------
+def _table(order):
+    t = seqtune.Table(DEV, "default")
+    rows = [((s, s, 16384 // s, 16, 16), kid, float(s) / 7 + i) for s in (128, 512, 2048) for i, kid in
+            enumerate(("kA", "kB", "kC"))]
+    rows.append(((512, 512, 32, 16, 16), "kD", None))
+    random.Random(order).shuffle(rows)
+    for pt, kid, us in rows:
+        if us is None:
+            t.record(CLS, pt, kid, failed="wrong result")
+        else:
+            t.record(CLS, pt, kid, us)
+    t.record(dict(CLS, mask="causal"), (128, 128, 1, 16, 16), "kA", 1.5)
+    return t
+
+
+def test_table_json_is_deterministic_and_round_trips(tmp_path):
+    texts = {_table(seed).to_json() for seed in range(5)}
+    assert len(texts) == 1
+    d = json.loads(texts.pop())
+    assert [c["class"]["mask"] for c in d["classes"]] == ["causal", "no"]      # sorted by the class dict
+    pts = d["classes"][1]["points"]
+    assert [(p["seqlen_q"], p["batch"]) for p in pts] == [(128, 128), (512, 32), (2048, 8)]
+    assert pts[1]["failed"] == {"kD": "wrong result"} and "failed" not in pts[0]
+    assert seqtune.Table.from_dict(d).to_dict() == d
+
+    reg = Registry("r", [entry("k0")])
+    _table(0).store(reg)
+    reg.save(tmp_path / "registry.json")
+    text = (tmp_path / "registry.json").read_text()
+    assert json.loads(text)["schema_version"] == 2
+    back = Registry.load(tmp_path / "registry.json")
+    assert back.seqtune == reg.seqtune
+    back.save(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_text() == text
+    # a registry without a table stays version 1, byte for byte
+    plain = Registry("r", [entry("k0")])
+    plain.save(tmp_path / "v1.json")
+    assert json.loads((tmp_path / "v1.json").read_text())["schema_version"] == 1
+    assert Registry.load(tmp_path / "v1.json").seqtune is None
+
+
+def test_schema_rejects_a_bad_table(tmp_path):
+    from fmha_dsl.errors import RegistryError
+
+    reg = Registry("r", [entry("k0")])
+    _table(0).store(reg)
+    doc = json.loads(reg.to_json())
+    doc["seqtune"]["classes"][0]["points"][0]["times_us"]["kA"] = "fast"
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(RegistryError):
+        Registry.load(tmp_path / "bad.json")
+    doc = json.loads(reg.to_json())
+    doc["schema_version"] = 1
+    (tmp_path / "v1.json").write_text(json.dumps(doc))
+    with pytest.raises(RegistryError, match="schema_version 2"):
+        Registry.load(tmp_path / "v1.json")
+
+
+def test_merge_is_incremental_and_resumable():
+    a = seqtune.Table(DEV)
+    a.record(CLS, (512, 512, 1, 16, 16), "kA", 10.0)
+    b = seqtune.Table(DEV)
+    b.record(CLS, (512, 512, 1, 16, 16), "kB", 12.0)
+    b.record(CLS, (1024, 1024, 1, 16, 16), "kA", 30.0)
+    a.merge(b)
+    assert a.has(CLS, (512, 512, 1, 16, 16), "kA") and a.has(CLS, (512, 512, 1, 16, 16), "kB")
+    assert a.has(CLS, (1024, 1024, 1, 16, 16), "kA") and not a.has(CLS, (1024, 1024, 1, 16, 16), "kB")
+    assert len(a) == 2
+    c = seqtune.Table(DEV)
+    c.record(CLS, (512, 512, 1, 16, 16), "kA", failed="crashed")
+    a.merge(c)
+    assert a.failed(CLS, "kA") == "crashed"
+    assert "kA" not in a.points(CLS)[(512, 512, 1, 16, 16)]["times_us"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# prediction
+# ---------------------------------------------------------------------------------------------------------
+def _pts(*rows):
+    t = seqtune.Table(DEV)
+    for pt, us in rows:
+        t.record(CLS, pt, "k", us)
+    return t.points(CLS)
+
+
+def test_interpolation_in_log_seqlen():
+    pts = _pts(((512, 512, 1, 16, 16), 100.0), ((2048, 2048, 1, 16, 16), 1600.0))
+    # power law between the neighbours: 100 * (1024/512)^2 = 400; 100 * (768/512)^2 = 225
+    t, used = seqtune.predict(pts, "k", 128, 64, problem(1024), cus=10_000)
+    assert t == pytest.approx(400.0) and [u[0] for u in used] == [512, 2048]
+    assert seqtune.predict(pts, "k", 128, 64, problem(768), cus=10_000)[0] == pytest.approx(225.0)
+    assert seqtune.predict(pts, "k", 128, 64, problem(512), cus=10_000)[0] == pytest.approx(100.0)
+    # outside the range: the nearest point, scaled by waves and key blocks (1 wave here; 256/64 vs 512/64 blocks)
+    assert seqtune.predict(pts, "k", 128, 64, problem(256), cus=10_000)[0] == pytest.approx(50.0)
+    assert seqtune.predict(pts, "k", 128, 64, problem(4096), cus=10_000)[0] == pytest.approx(1600.0 * 2)
+    assert seqtune.predict(pts, "nobody", 128, 64, problem(1024), cus=10_000) == (None, [])
+
+
+def test_wave_quantisation_scales_batch_times_heads():
+    # m0 128 at seqlen 512: 4 programs per (batch, head); 33 heads x 1 batch = 132 programs = one wave on 132 SMs
+    pts = _pts(((512, 512, 1, 33, 33), 100.0))
+    assert seqtune.predict(pts, "k", 128, 64, problem(512, b=1, hq=33), cus=132)[0] == pytest.approx(100.0)
+    assert seqtune.predict(pts, "k", 128, 64, problem(512, b=2, hq=33), cus=132)[0] == pytest.approx(200.0)
+    assert seqtune.predict(pts, "k", 128, 64, problem(512, b=1, hq=34), cus=132)[0] == pytest.approx(200.0)
+    assert seqtune.predict(pts, "k", 128, 64, problem(512, b=1, hq=11), cus=132)[0] == pytest.approx(100.0)
+    assert seqtune.waves(133, 132) == 2 and seqtune.programs(100, 64, 2, 3) == 12
+
+
+def test_buckets():
+    assert [seqtune.bucket(n) for n in (15, 16, 17, 18, 512, 576, 1024)] == [15, 16, 16, 17, 56, 57, 64]
+    for n in range(1, 5000):
+        b = seqtune.bucket(n)
+        assert seqtune.bucket_rep(b) <= n and seqtune.bucket(seqtune.bucket_rep(b)) == b
+    assert seqtune.bucket_rep(seqtune.bucket(4096)) == 4096
+
+
+def test_cost_model_on_hand_checked_cases():
+    small, big = entry("m64", tile=(64, 64)), entry("m128", tile=(128, 64))
+    # seqlen 100, one head: one wave either way; m0 128 pads 100 -> 128 rows and does twice the work per program
+    c64, d64 = seqtune.cost(small, problem(100, b=1, hq=1), "sm90", 132)
+    c128, d128 = seqtune.cost(big, problem(100, b=1, hq=1), "sm90", 132)
+    assert c64 < c128 and d64["tile_waste_q"] == pytest.approx(128 / 100) and d128["programs"] == 1
+    # 16k x 8 x 16: many waves; the larger tile's reuse wins (249 x 64 / 0.667 vs 125 x 128 / 0.727)
+    c64, d64 = seqtune.cost(small, problem(16384, b=8, hq=16), "sm90", 132)
+    c128, d128 = seqtune.cost(big, problem(16384, b=8, hq=16), "sm90", 132)
+    assert (d64["rounds"], d128["rounds"]) == (249, 125) and c128 < c64
+    assert c64 / c128 == pytest.approx((249 * 64 / (4096 / 6144)) / (125 * 128 / (8192 / 11264)))
+    # a partial last wave costs a full one: 133 programs take two rounds on 132 SMs
+    assert seqtune.cost(big, problem(128, b=133, hq=1), "sm90", 132)[1]["rounds"] == 2
+    # occupancy from the build: 64 regs x 128 threads -> 8 by registers, 16 by threads, by shared 232448 // 40000
+    e = entry("occ", build={"num_warps": 4, "warp_size": 32, "shared": 40000, "resources": {"regs": 64}})
+    assert seqtune.occupancy(e, "sm90") == 5
+    assert seqtune.occupancy(entry("none"), "sm90") == 1
+    assert seqtune.occupancy(entry("amd", build={"num_warps": 4, "resources": {"occupancy": 2}}), "gfx942") == 2
+
+
+def test_ck_first_fit_reference_example():
+    m64, m128 = entry("m64", tile=(64, 64)), entry("m128", tile=(128, 64))
+    assert seqtune.ck_first_fit(problem(100), [m128, m64]).name == "m64"          # category 1 beats 2
+    u64, u128 = entry("u64", tile=(64, 64), pads=(0, 0, 1, 1)), entry("u128", tile=(128, 64), pads=(0, 0, 1, 1))
+    assert seqtune.ck_first_fit(problem(128), [u64, u128]).name == "u128"         # max_sq == m0: category 0
+    assert seqtune.ck_first_fit(problem(100), []) is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the dispatcher
+# ---------------------------------------------------------------------------------------------------------
+def _crossing_registry(device=DEV):
+    reg = Registry("x", [entry("small", tile=(64, 64)), entry("large", tile=(128, 128)),
+                         entry("bf16", dtype="bf16")])
+    t = seqtune.Table(device)
+    ids = {e.name: e.identifier for e in reg}
+    for s, a, b in ((512, 100.0, 150.0), (1024, 300.0, 320.0), (2048, 1100.0, 900.0), (4096, 4000.0, 3000.0)):
+        t.record(CLS, (s, s, 1, 16, 16), ids["small"], a)
+        t.record(CLS, (s, s, 1, 16, 16), ids["large"], b)
+    t.store(reg)
+    return reg
+
+
+def test_dispatcher_selection_flips_at_the_measured_crossover():
+    reg = _crossing_registry()
+    d = Dispatcher(reg, arch="sm90", device_name=DEV["name"])
+    assert d.table is not None and d.ranking and d.table_note is None
+    picks = {s: d.plan(problem(s)).entry.name for s in (512, 1024, 1536, 2048, 4096, 300, 16384)}
+    assert picks == {512: "small", 1024: "small", 1536: "large", 2048: "large", 4096: "large", 300: "small",
+                     16384: "large"}
+    # static order alone would have taken the larger tile everywhere
+    assert [e.name for e in d.candidates(problem(512))] == ["large", "small"]
+    # cached per bucket: a second call is a dict hit returning the same plan
+    assert d.plan(problem(512)) is d.plan(problem(512))
+    assert d.class_key(problem(512)) != d.class_key(problem(2048))
+
+
+def test_explain_lists_ranked_candidates_and_exclusions():
+    d = Dispatcher(_crossing_registry(), arch="sm90", device_name=DEV["name"])
+    rows = d.explain(problem(1024))
+    ranked = [r for r in rows if not r.get("excluded")]
+    assert [r["name"] for r in ranked] == ["small", "large"]
+    assert ranked[0]["selected"] and ranked[0]["rank"] == 0 and ranked[0]["source"] == "seqtune"
+    assert ranked[0]["measured_us"] == 300.0 and ranked[0]["predicted_us"] == pytest.approx(300.0)
+    mid = [r for r in d.explain(problem(1448)) if not r.get("excluded")]
+    assert mid[0]["measured_us"] is None and len(mid[0]["points"]) == 2
+    ex = [r for r in rows if r.get("excluded")]
+    assert [r["name"] for r in ex] == ["bf16"] and any("dtype" in w for w in ex[0]["why"])
+
+
+def test_a_table_of_another_device_is_ignored_with_a_warning():
+    reg = _crossing_registry(dict(DEV, name="NVIDIA A100-SXM4-80GB", arch="sm80"))
+    with pytest.warns(seqtune.SeqtuneDeviceWarning, match="sm80"):
+        d = Dispatcher(reg, arch="sm90", device_name=DEV["name"])
+    assert d.table is None and "sm80" in d.table_note
+    reg = _crossing_registry(dict(DEV, name="NVIDIA H200"))
+    with pytest.warns(seqtune.SeqtuneDeviceWarning, match="H200"):
+        d = Dispatcher(reg, arch="sm90", device_name=DEV["name"])
+    assert d.table is None
+    assert d.plan(problem(512)).entry.name == "large"   # static order (no builds, no table)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Dispatcher(_crossing_registry(), arch="sm90", device_name=DEV["name"]).table is not None
+
+
+def test_failed_kernels_are_excluded_and_unmeasured_ones_ranked_after():
+    reg = _crossing_registry()
+    t = seqtune.Table.of(reg)
+    ids = {e.name: e.identifier for e in reg}
+    t.record(CLS, (512, 512, 1, 16, 16), ids["small"], failed="wrong result")
+    t.store(reg)
+    d = Dispatcher(reg, arch="sm90", device_name=DEV["name"])
+    assert d.plan(problem(512)).entry.name == "large"
+    rows = d.explain(problem(512))
+    assert any(r.get("excluded") and r["name"] == "small" and "wrong result" in r["why"][0] for r in rows)
+    reg.add(entry("new", tile=(64, 32)))
+    d = Dispatcher(reg, arch="sm90", device_name=DEV["name"])
+    r = d.ranked(problem(512))
+    assert [x["entry"].name for x in r] == ["large", "new"] and r[1]["source"] == "static"
+
+
+def test_cost_model_selects_without_a_table():
+    b = {"num_warps": 4, "warp_size": 32, "shared": 65536, "resources": {"regs": 128}}
+    reg = Registry("c", [entry("small", build=dict(b), tile=(64, 64)), entry("large", build=dict(b), tile=(128, 64))])
+    d = Dispatcher(reg, arch="sm90")
+    assert d.table is None and d.ranking
+    assert d.plan(problem(100, b=1, hq=1)).entry.name == "small"
+    assert d.plan(problem(16384, b=8, hq=16)).entry.name == "large"
+    rows = d.explain(problem(100, b=1, hq=1))
+    assert rows[0]["source"] == "cost-model" and "rounds" in rows[0]["cost_detail"] and math.isfinite(rows[0]["cost"])
