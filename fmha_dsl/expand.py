@@ -306,7 +306,13 @@ def _fields(b: dict) -> tuple[dict, dict]:
     b["hdim_q"], b["hdim_v"] = hq, hv
     b["wave"], b["warp"], b["block_per_cu"], b["max_seq_len_q"] = t.wave, t.warp, t.block_per_cu, t.max_seq_len_q
     b["tile"] = t.tile
-    return {k: b[k] for k in _SIG_ORDER}, {k: b[k] for k in _ALG_ORDER}
+    alg = {k: b[k] for k in _ALG_ORDER}
+    # CK's auto_fill: an unset (<= 0) head-dim alignment is the tile's k0max (the padded head dim it loads)
+    if alg["hdim_q_alignment"] <= 0:
+        alg["hdim_q_alignment"] = t.tile[5]
+    if alg["hdim_v_alignment"] <= 0:
+        alg["hdim_v_alignment"] = t.tile[5]
+    return {k: b[k] for k in _SIG_ORDER}, alg
 
 
 def resolve_archs(decl: Declaration, override: tuple[str, ...] | None, backend: str | None = None) -> tuple[str, ...]:

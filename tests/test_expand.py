@@ -229,3 +229,18 @@ def test_profile_that_leaves_a_declaration_empty_is_a_warning(write):
     rep = expand(write, body, profile="pytorch")
     assert rep.kernels and all(k.sig["family"] == "bwd_dot_do_o" for k in rep.kernels)
     assert [d.rule for d in rep.notes] == ["profile.empty"] and rep.notes[0].severity == "warning"
+
+
+def test_alignments_auto_fill_from_k0max(write):
+    """CK's auto_fill: hdim_q/v_alignment <= 0 take tile_k0max; explicit alignments are kept."""
+    base = """
+    kernel k {{
+        signature {{ family(fwd) dtype(fp16) hdim(128) }}
+        algorithm {{ pipeline(qr_async) tile(128, 128, 32, 128, 32, 128) wave(4, 1, 1, 4, 1, 1)
+                    warp(32, 32, 16, 32, 32, 16) padding(true, true, true, true) {extra} }}
+        arch(gfx942)
+    }}"""
+    a = expand(write, base.format(extra="")).kernels[0].key.algorithm
+    assert (a.hdim_q_alignment, a.hdim_v_alignment) == (128, 128)
+    a = expand(write, base.format(extra="alignments(8, 16)")).kernels[0].key.algorithm
+    assert (a.hdim_q_alignment, a.hdim_v_alignment) == (8, 16)
