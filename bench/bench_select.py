@@ -59,7 +59,7 @@ def main() -> None:
     from fmha_dsl import seqtune
     from fmha_dsl.registry import Registry
     from fmha_dsl.runtime.dispatch import Dispatcher, Plan
-    from fmha_dsl.runtime.tune import expand_shapes, load_shapes, problem_of, tune
+    from fmha_dsl.runtime.tune import expand_shapes, load_shapes, make_inputs, problem_of, tune
 
     tune_info = None
     if not args.skip_tune:
@@ -79,7 +79,6 @@ def main() -> None:
     reg_plain = Registry.load(path)
     reg_plain.seqtune = None
     disp_cost = Dispatcher(reg_plain, disp_tab.arch, root=args.build)
-    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
     rows = []
     classes = [c for c, _ in expand_shapes(load_shapes()) if c["dtype"] in args.dtypes.split(",")]
@@ -89,15 +88,9 @@ def main() -> None:
             cands = disp_tab.candidates(prob)
             if not cands:
                 continue
+            q, k, v, out, lse, kw = make_inputs(cls, pt)
             sq, sk, b, hq, hk = pt
-            torch.manual_seed(0)
-            dt = tdt[cls["dtype"]]
-            q = torch.randn(b, hq, sq, cls["hdim_q"], device="cuda", dtype=dt)
-            k = torch.randn(b, hk, sk, cls["hdim_q"], device="cuda", dtype=dt)
-            v = torch.randn(b, hk, sk, cls["hdim_v"], device="cuda", dtype=dt)
-            out = torch.empty_like(q)
             causal = cls["mask"] == "causal"
-            kw = {"window": (-1, 0), "bottom_right": False} if causal else {}
             ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hk).float()
             times = {}
             for e in cands:
@@ -134,7 +127,7 @@ def main() -> None:
                   f"{times[best]:9.1f} us  seqtune x{row['seqtune']['ratio'] or float('nan'):.3f}  cost "
                   f"x{row['cost_model']['ratio'] or float('nan'):.3f}  ck x{row['ck_first_fit']['ratio'] or float('nan'):.3f}",
                   flush=True)
-            del q, k, v, out, ref
+            q = k = v = out = ref = None  # free this point's tensors before the next
             torch.cuda.empty_cache()
 
     # the best single fixed kernel per class (with hindsight), over the shapes it serves and was timed on

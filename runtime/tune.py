@@ -142,6 +142,24 @@ def device_info(arch: str) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 # tuning
 # ---------------------------------------------------------------------------------------------------------
+
+def make_inputs(cls: dict, pt, seed: int = 0):
+    """Random q, k, v (fixed seed), an output, the LSE buffer the class needs, and the causal run-time
+    arguments, for one measured point ``(seqlen_q, seqlen_k, batch, nhead_q, nhead_k)`` on the GPU."""
+    import torch
+
+    sq, sk, b, hq, hk = pt
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[cls["dtype"]]
+    torch.manual_seed(seed)
+    q = torch.randn(b, hq, sq, cls["hdim_q"], device="cuda", dtype=dt)
+    k = torch.randn(b, hk, sk, cls["hdim_q"], device="cuda", dtype=dt)
+    v = torch.randn(b, hk, sk, cls["hdim_v"], device="cuda", dtype=dt)
+    out = q.new_empty(b, hq, sq, cls["hdim_v"])
+    lse = torch.empty(b, hq, sq, device="cuda", dtype=torch.float32) if cls["lse"] else None
+    kw = {"window": (-1, 0), "bottom_right": False} if cls["mask"] == "causal" else {}
+    return q, k, v, out, lse, kw
+
+
 def tune(build_dir: str, shapes: str | None = None, budget: float | None = None, arch: str | None = None,
          progress: Callable[[dict], None] | None = None, warmup_ms: float = 10.0, rep_ms: float = 40.0,
          check_tol: float = 2e-2) -> TuneResult:
@@ -173,7 +191,6 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", seqtune.SeqtuneDeviceWarning)
         disp = Dispatcher(reg, arch)
-    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
     def save():
         table.store(reg)
@@ -198,16 +215,9 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
             if budget is not None and time.perf_counter() - t_start > budget:
                 res.budget_spent = True
                 break
+            q, k, v, out, lse, kw = make_inputs(cls, pt)
             sq, sk, b, hq, hk = pt
-            torch.manual_seed(0)
-            dt = tdt[cls["dtype"]]
-            q = torch.randn(b, hq, sq, cls["hdim_q"], device="cuda", dtype=dt)
-            k = torch.randn(b, hk, sk, cls["hdim_q"], device="cuda", dtype=dt)
-            v = torch.randn(b, hk, sk, cls["hdim_v"], device="cuda", dtype=dt)
-            out = q.new_empty(b, hq, sq, cls["hdim_v"])
-            lse = torch.empty(b, hq, sq, device="cuda", dtype=torch.float32) if cls["lse"] else None
             causal = cls["mask"] == "causal"
-            kw = {"window": (-1, 0), "bottom_right": False} if causal else {}
             ref = None
             for e in todo:
                 if budget is not None and time.perf_counter() - t_start > budget:
@@ -243,7 +253,7 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
                     say(event="failed", cls=cls, point=pt, kernel=e.name, why=why, class_index=ci,
                         classes=len(classes))
                     torch.cuda.synchronize()
-            del q, k, v, out, lse, ref
+            q = k = v = out = lse = ref = None  # free this point's tensors before the next
             if res.budget_spent:
                 break
         if touched:
