@@ -31,7 +31,6 @@ selects the other one.
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 import threading
 
@@ -272,14 +271,6 @@ class CudaKernel:
         base = ctypes.addressof(self._buf)
         self._slots = (ctypes.c_void_p * self.layout.count)(*[base + o for o in self.layout.offsets])
         self._params = ctypes.addressof(self._slots)
-        # FMHA_DSL_CUDA_PARAMS=extra: hand the driver the packed buffer itself (CU_LAUNCH_PARAM_BUFFER_POINTER)
-        # instead of one pointer per parameter; both describe the same byte image (runtime/abi.py)
-        self._extra = 0
-        if os.environ.get("FMHA_DSL_CUDA_PARAMS", "") == "extra":
-            self._size = ctypes.c_size_t(self.layout.size)
-            self._extra_words = (ctypes.c_void_p * 5)(1, ctypes.addressof(self._buf), 2,
-                                                      ctypes.addressof(self._size), 0)
-            self._extra = ctypes.addressof(self._extra_words)
         self._pack_into = struct.Struct(self.layout.fmt).pack_into
         self._tail = (0,) * fn.trailing
         self._scratch = tuple(int(x) for x in scratch)[: fn.trailing]
@@ -319,12 +310,8 @@ class CudaKernel:
             except struct.error:
                 raise error("runtime.args", str(abi._explain(self.layout, tuple(args) + tail)), None,
                             "a size or stride does not fit the kernel's 32-bit arguments") from None
-            if self._extra:
-                err = self._launch_fn(self._function, grid[0], grid[1], grid[2], self._block, 1, 1, self._shared,
-                                      hs, 0, self._extra)[0]
-            else:
-                err = self._launch_fn(self._function, grid[0], grid[1], grid[2], self._block, 1, 1, self._shared,
-                                      hs, self._params, 0)[0]
+            err = self._launch_fn(self._function, grid[0], grid[1], grid[2], self._block, 1, 1, self._shared, hs,
+                                  self._params, 0)[0]
         if err != self._ok:
             self._retry(err, grid, args, stream, tail)
         del keep  # scratch buffers live until the launch is enqueued (the caching allocator is stream-ordered)
