@@ -224,7 +224,8 @@ def _init_torch():
         return
     import torch
 
-    from .runtime.dispatch import Dispatcher, fwd_args
+    from .runtime.dispatch import Dispatcher
+    from .runtime.plan import fwd_args
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is None:  # pragma: no cover  (old torch)
@@ -528,7 +529,7 @@ def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):
         if bias.stride(3) != 1 and sk > 1:
             raise _usage("usage.stride", f"`bias`'s last dim must have stride 1, got strides {bias.stride()}",
                          "pass bias.contiguous()")
-        from .runtime.dispatch import bias_strides
+        from .runtime.plan import bias_strides
 
         return "bias", bias_strides(bias), None
     if not isinstance(alibi, T):
@@ -541,7 +542,7 @@ def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):
     if alibi.get_device() != dev:
         raise _usage("usage.device", f"`alibi_slopes` is on {alibi.device} but q is on {q.device}",
                      "move it with alibi_slopes.to(q.device)")
-    from .runtime.dispatch import alibi_strides
+    from .runtime.plan import alibi_strides
 
     return "alibi", None, alibi_strides(alibi)
 

@@ -51,7 +51,7 @@ def table_tile(arch: str, hdim: int):
 
 def choose(entries, problem, arch: str):
     """The entry to compile among rule-checked ``entries`` that serve ``problem``."""
-    from .dispatch import mismatches, preference
+    from .match import mismatches, preference
 
     ok = sorted((e for e in entries if not mismatches(e, problem)), key=preference)
     if not ok:
@@ -68,7 +68,7 @@ def candidates(problem, arch: str):
     """Rule-checked entries of the declaration that serves ``problem`` (parsing and expansion: lark)."""
     import fmha_dsl
 
-    from .dispatch import declaration_for
+    from .match import declaration_for
 
     text = declaration_for(problem, arch, name="jit")
     try:
@@ -112,7 +112,7 @@ def compile_for(problem, arch: str, cache_dir: str | None = None) -> tuple[Entry
     entries = candidates(problem, arch)
     e = choose(entries, problem, arch)
     if e is None:
-        from .dispatch import describe
+        from .match import describe
 
         raise error("runtime.jit", f"the Triton rules allow no kernel for {describe(problem)} on {arch}", None,
                     "the head dims, dtype or features exceed what the Triton template supports on this arch")

@@ -1,0 +1,209 @@
+"""Execution plans: the stages of a problem class, their launch arguments, and the launch itself."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from fmha_dsl.errors import UsageError, error
+
+from . import abi
+from .match import promised_aligned
+
+if TYPE_CHECKING:
+    from fmha_dsl.registry import Entry
+
+    from .dispatch import Dispatcher
+
+# ---------------------------------------------------------------------------------------------------------
+# plans
+# ---------------------------------------------------------------------------------------------------------
+class Stage:
+    """One kernel launch of a plan: the registry entry and its loaded binary per device."""
+
+    __slots__ = ("family", "entry", "kernel_id", "_dispatcher", "_kernels")
+
+    def __init__(self, entry: Entry, dispatcher: "Dispatcher"):
+        self.family = entry.sig["family"]
+        self.entry = entry
+        self.kernel_id = entry.identifier
+        self._dispatcher = dispatcher
+        self._kernels: dict[int, object] = {}
+
+    def kernel(self, device: int):
+        k = self._kernels.get(device)
+        if k is None:
+            k = self._dispatcher.load(self.entry, device)
+            self._kernels[device] = k
+        return k
+
+    def __repr__(self) -> str:
+        return f"Stage({self.family}, {self.entry.name})"
+
+
+_I64 = 1 << 63
+_U64 = (1 << 64) - 1
+
+
+def fwd_args(ptrs, group, qs, ks, vs, os_, ls, bs, as_, nhq, nhk, dq, dv, sq, sk, msq, msk, scale, softcap,
+             dropout_p, seed, offset, wl, wr, br, sink) -> list:
+    """The forward kernel's run-time arguments in ABI order (:data:`fmha_dsl.runtime.abi.FWD_ARGS`).
+
+    ``ptrs``: the 9 pointer values (Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k).  ``qs``, ``ks``,
+    ``vs``, ``os_``: the tensors' own strides (batch ``[B, H, S, D]``, group ``[T, H, D]``); ``ls``: LSE strides
+    (``[B, Hq, Sq]`` / ``[Hq, Tq]``, or None); ``bs``: bias strides over ``[B, Hq, Sq, Sk]`` with 0 for broadcast
+    dims (or None); ``as_``: ALiBi strides over ``[B, Hq]`` (or None).  ``sq``/``sk``: batch-mode lengths (0 in
+    group mode); ``msq``/``msk``: the maximum lengths.  ``scale`` None = ``1/sqrt(dq)``; ``softcap`` None = off.
+    """
+    if group:
+        qs = (0, qs[1], qs[0], qs[2])
+        ks = (0, ks[1], ks[0], ks[2])
+        vs = (0, vs[1], vs[0], vs[2])
+        os_ = (0, os_[1], os_[0], os_[2])
+        ls = (0, 0, 1) if ls is None else (0, ls[0], ls[1])
+    elif ls is None:
+        ls = (0, 0, 1)
+    if dropout_p:
+        seed = int(seed) & _U64
+        if seed >= _I64:
+            seed -= 1 << 64
+    else:
+        seed = 0
+    return [*ptrs, 1.0 / math.sqrt(dq) if scale is None else float(scale), 0.0 if softcap is None else float(softcap),
+            float(dropout_p or 0.0), seed, int(offset), sq, sk, msq, msk, nhq, nhk, dq, dv, wl, wr, br, sink,
+            *qs, *ks, *vs, *os_, *ls, *((0, 0, 0, 1) if bs is None else bs), *((0, 1) if as_ is None else as_)]
+
+
+def bias_strides(bias) -> tuple:
+    sh, st = bias.shape, bias.stride()
+    return tuple(0 if sh[i] == 1 else st[i] for i in range(4))
+
+
+def alibi_strides(slopes) -> tuple:
+    st = slopes.stride()
+    return (0, st[0]) if len(st) == 1 else (st[0], st[1])
+
+
+class Plan:
+    """An execution plan: the stages that compute a problem class (forward: one stage).
+
+    :meth:`run` launches it on torch tensors (any strides; the head dim, and for V the head dim or the key
+    axis, must have stride 1).  Arguments must describe a problem of the class the plan was made for; the
+    dispatcher (or :func:`fmha_dsl.attention`) checks that, this method does not.
+    """
+
+    __slots__ = ("api_family", "stages", "problem", "entry", "_stage", "_kernels", "block_m", "_group", "_lse",
+                 "_aligned_idx")
+
+    def __init__(self, problem, stages):
+        self.api_family = problem.family
+        self.problem = problem
+        self.stages = tuple(stages)
+        self._stage = self.stages[0]
+        self._kernels = self._stage._kernels
+        self.entry = self._stage.entry
+        build = self.entry.build or {}
+        self.block_m = int(build.get("block_m") or self.entry.alg["tile"][0])
+        self._group = self.entry.sig["mode"] == "group"
+        self._lse = bool(self.entry.sig["lse"])
+        names = abi.FWD_NAMES
+        self._aligned_idx = tuple(names.index(n) for n in promised_aligned(build) if n in names)
+
+    @property
+    def kernel_id(self) -> str:
+        return self._stage.kernel_id
+
+    def is_valid(self) -> bool:
+        return bool(self.stages)
+
+    def __repr__(self) -> str:
+        return f"Plan({self.api_family}: {', '.join(s.entry.name for s in self.stages)})"
+
+    def args(self, q, k, v, out, lse=None, *, bias=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
+             max_seqlen_q=None, max_seqlen_k=None, scale=None, softcap=None, dropout_p=0.0, seed=0, offset=0,
+             window=None, bottom_right=True, sink=0, ptr=None):
+        """``(batch, nhead_q, max_seqlen_q, args)``: what :meth:`launch` takes, from tensors.
+
+        ``ptr(x)`` turns a tensor (or None) into a pointer value (default ``x.data_ptr()``, None -> 0).
+        """
+        group = self._group
+        if group:
+            nhq, dq = q.shape[1], q.shape[2]
+            nhk, dv = k.shape[1], v.shape[2]
+            batch = cu_seqlens_q.shape[0] - 1
+            msq, msk = int(max_seqlen_q), int(max_seqlen_k)
+            sq = sk = 0
+        else:
+            batch, nhq, sq, dq = q.shape
+            nhk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
+            msq, msk = sq, sk
+        tensors = (q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+        if ptr is None:
+            ptrs = [0 if x is None else x.data_ptr() for x in tensors]
+        else:
+            ptrs = [ptr(x) for x in tensors]
+        wl, wr = (-1, -1) if window is None else window
+        args = fwd_args(ptrs, group, q.stride(), k.stride(), v.stride(), out.stride(),
+                        None if lse is None else lse.stride(), None if bias is None else bias_strides(bias),
+                        None if alibi_slopes is None else alibi_strides(alibi_slopes), nhq, nhk, dq, dv, sq, sk, msq,
+                        msk, scale, softcap, dropout_p, seed, offset, wl, wr, int(bool(bottom_right)), int(sink))
+        return batch, nhq, msq, args
+
+    def launch(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, stream=None) -> None:
+        """Launch on ``device`` (torch's current stream there, or ``stream``: int handle or torch stream)."""
+        gx = (max_seqlen_q + self.block_m - 1) // self.block_m
+        if not (gx and nhead_q and batch):
+            return
+        kern = self._kernels.get(device)
+        if kern is None:
+            kern = self._stage.kernel(device)
+        if self._aligned_idx:
+            for i in self._aligned_idx:
+                if args[i] & 15:
+                    raise error("dispatch.alignment", f"kernel {self.entry.name} assumes 16-divisible "
+                                f"{abi.FWD_NAMES[i]}, got {args[i]}", None,
+                                "plan with Dispatcher.plan(problem, aligned=False) for unaligned arguments",
+                                cls=UsageError)
+        if stream is None:
+            stream = current_stream(device) if device >= 0 else 0
+        elif not isinstance(stream, int):
+            stream = _stream_handle(stream)
+        kern.launch((gx, nhead_q, batch), args, stream)
+
+    def run(self, q, k, v, out, lse=None, *, stream=None, **kw):
+        """Compute ``out`` (and ``lse``) for tensors of this plan's problem class.  Keywords as :meth:`args`."""
+        if self._lse and lse is None:
+            raise error("usage.value", f"kernel {self.entry.name} stores the LSE: pass an lse tensor", None,
+                        "[B, Hq, Sq] (batch) or [Hq, Tq] (group) float32", cls=UsageError)
+        device = q.get_device()
+        kern = self._kernels.get(device) or self._stage.kernel(device)
+        batch, nhq, msq, args = self.args(q, k, v, out, lse, ptr=(lambda x: x) if kern.needs_objects else None, **kw)
+        self.launch(device, batch, nhq, msq, args, stream)
+        return out
+
+
+def _stream_handle(stream) -> int:
+    if isinstance(stream, int):
+        return stream
+    h = getattr(stream, "cuda_stream", None)
+    if h is None:
+        raise error("usage.value", f"stream must be an int handle or a torch stream, got {type(stream).__name__}",
+                    cls=UsageError)
+    return int(h)
+
+
+_RAW_STREAM = []
+
+
+def current_stream(device: int) -> int:
+    """torch's current stream on ``device`` as a raw handle (``torch._C._cuda_getCurrentRawStream``)."""
+    if _RAW_STREAM:
+        return _RAW_STREAM[0](device)
+    import torch
+
+    fn = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if fn is None:
+        def fn(dev):
+            return torch.cuda.current_stream(dev).cuda_stream
+    _RAW_STREAM.append(fn)
+    return fn(device)
