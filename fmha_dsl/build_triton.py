@@ -31,18 +31,6 @@ def _compile_in_worker(sig: dict, alg: dict, arch: str):
     return compile_key(sig, alg, arch)
 
 
-def _write_bytes_atomic(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, progress, no_spills: bool,
                       cache_dir: str | None):
     from .build import BuildResult
@@ -116,7 +104,7 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
             spilled.append({"name": e.name, "arch": e.arch, "spills": res.get("spills")})
             continue
         rel = f"kernels/{e.arch}/{e.name}.{meta['binary_kind']}"
-        _write_bytes_atomic(os.path.join(out, rel), data)
+        write_atomic(os.path.join(out, rel), data)
         build = {k: v for k, v in meta.items() if k not in ("file",)}
         build.update(binary=rel, cache_key=key)
         kept.add(Entry(None, e.name, e.source, build, sig=e.sig, alg=e.alg, arch=e.arch, ident=e.identifier))

@@ -19,10 +19,15 @@ import shutil
 import tempfile
 
 
-def cache_root() -> str:
-    base = os.environ.get("FMHA_DSL_CACHE_DIR") or os.path.join(
+def cache_base() -> str:
+    """fmha-dsl's cache folder: ``$FMHA_DSL_CACHE_DIR``, else ``$XDG_CACHE_HOME/fmha-dsl``, else
+    ``~/.cache/fmha-dsl`` (read at call time)."""
+    return os.environ.get("FMHA_DSL_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "fmha-dsl")
-    return os.path.join(base, "kernels")
+
+
+def cache_root() -> str:
+    return os.path.join(cache_base(), "kernels")
 
 
 def content_key(parts: dict) -> str:
@@ -76,4 +81,4 @@ class ArtifactCache:
                 shutil.rmtree(tmp, ignore_errors=True)
 
 
-__all__ = ["ArtifactCache", "cache_root", "content_key", "sha256_bytes"]
+__all__ = ["ArtifactCache", "cache_base", "cache_root", "content_key", "sha256_bytes"]

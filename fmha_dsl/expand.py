@@ -24,8 +24,6 @@ from .rules.ck_common import common_rules
 
 AMD_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
 ALL_ARCHS = {"ck": AMD_ARCHS, "triton": AMD_ARCHS + ("sm80", "sm90")}   # what `arch(*)` means per backend
-_SIG_KEYS = SIG_KEYS
-_ALG_KEYS = ALG_KEYS
 _DEFAULTS = {**V.SIG_DEFAULTS, **V.ALG_DEFAULTS}
 
 
@@ -159,13 +157,13 @@ class _Expander:
             explicit = self._explicit_rules[rule] = all(self._is_explicit(d) for d in rule.deps)
         if explicit:
             sp = self._span_for(rule)
-            key = (rule.id, sp.line if sp else 0, sp.column if sp else 0, _safe_text(rule, b))
+            text = _safe_text(rule, b)
+            key = (rule.id, sp.line if sp else 0, sp.column if sp else 0, text)
             if key in self.seen_err:
                 return
             self.seen_err.add(key)
-            arch = b.get("arch")
-            notes = (f"while expanding `{self.decl.label}` for {arch}, family {b.get('family')}",)
-            self.errors.append(Diagnostic(rule.id, _safe_text(rule, b), sp, rule.hint, notes))
+            notes = (f"while expanding `{self.decl.label}` for {b.get('arch')}, family {b.get('family')}",)
+            self.errors.append(Diagnostic(rule.id, text, sp, rule.hint, notes))
 
     def run(self) -> list[Kernel]:
         d = self.decl
@@ -292,10 +290,8 @@ def _safe_text(rule: Rule, b: dict) -> str:
         return rule.id
 
 
-_SIG_FROM_B = tuple(k for k in _SIG_KEYS if k not in ("hdim_q", "hdim_v"))
-_ALG_FROM_B = tuple(k for k in _ALG_KEYS if k not in ("tile", "wave", "warp", "block_per_cu", "max_seq_len_q"))
-_SIG_ORDER = tuple(sorted(_SIG_KEYS))   # field dicts are built in sorted order: JSON needs no re-sorting
-_ALG_ORDER = tuple(sorted(_ALG_KEYS))
+_SIG_ORDER = tuple(sorted(SIG_KEYS))   # field dicts are built in sorted order: JSON needs no re-sorting
+_ALG_ORDER = tuple(sorted(ALG_KEYS))
 
 
 def _fields(b: dict) -> tuple[dict, dict]:

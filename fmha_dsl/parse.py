@@ -77,8 +77,9 @@ def _cache_file(text: str) -> str | None:
 
     import lark
 
-    root = os.environ.get("FMHA_DSL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "fmha-dsl")
+    from .cache import cache_base
+
+    root = cache_base()
     digest = hashlib.sha256(f"{lark.__version__}\0{text}".encode()).hexdigest()[:32]
     return os.path.join(root, "parser", f"fmha-lalr-{digest}.json")
 

@@ -253,17 +253,22 @@ def document(name: str, archs, profiles, sources, stats: dict, lines: list[str],
     return "".join(document_chunks(name, archs, profiles, sources, stats, lines, seqtune))
 
 
-def write_atomic(path: str | os.PathLike, chunks: Iterable[str] | str) -> str:
-    """Write via a temp file and rename: a killed write never leaves a torn file."""
+def write_atomic(path: str | os.PathLike, chunks: Iterable[str] | str | bytes) -> str:
+    """Write text (a string or chunks) or bytes via a temp file and rename: a killed write never leaves a torn
+    file."""
     p = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
     tmp = f"{p}.tmp.{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            if isinstance(chunks, str):
+        if isinstance(chunks, bytes):
+            with open(tmp, "wb") as f:
                 f.write(chunks)
-            else:
-                f.writelines(chunks)
+        else:
+            with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+                if isinstance(chunks, str):
+                    f.write(chunks)
+                else:
+                    f.writelines(chunks)
         os.replace(tmp, p)
     finally:
         if os.path.exists(tmp):
