@@ -97,7 +97,7 @@ def main() -> None:
                 plan = Plan(prob, [disp_tab.stage(e)])
 
                 def run(plan=plan):
-                    plan.run(q, k, v, out, **kw)
+                    plan.run(q, k, v, out, lse, **kw)
 
                 try:
                     run()
@@ -127,17 +127,20 @@ def main() -> None:
                   f"{times[best]:9.1f} us  seqtune x{row['seqtune']['ratio'] or float('nan'):.3f}  cost "
                   f"x{row['cost_model']['ratio'] or float('nan'):.3f}  ck x{row['ck_first_fit']['ratio'] or float('nan'):.3f}",
                   flush=True)
-            q = k = v = out = ref = None  # free this point's tensors before the next
+            q = k = v = out = lse = ref = None  # free this point's tensors before the next
             torch.cuda.empty_cache()
 
     # the best single fixed kernel per class (with hindsight), over the shapes it serves and was timed on
     fixed_ratio = []
-    for key in {json.dumps(r["class"], sort_keys=True) for r in rows}:
-        mine = [r for r in rows if json.dumps(r["class"], sort_keys=True) == key]
-        kernels = set.intersection(*(set(r["times_us"]) for r in mine))
+    by_class: dict[str, list] = {}
+    for r in rows:
+        by_class.setdefault(json.dumps(r["class"], sort_keys=True), []).append(r)
+    for key in sorted(by_class):
+        mine = by_class[key]
+        kernels = sorted(set.intersection(*(set(r["times_us"]) for r in mine)))
         if not kernels:
             continue
-        fixed = min(kernels, key=lambda kn: geomean([r["times_us"][kn] / r["best_us"] for r in mine]))
+        fixed = min(kernels, key=lambda kn: (geomean([r["times_us"][kn] / r["best_us"] for r in mine]), kn))
         for r in mine:
             r["fixed"] = {"kernel": fixed, "us": r["times_us"][fixed]}
             if r["seqtune"]["us"]:

@@ -4,7 +4,7 @@
 #   bash bench/device_run.sh [all|tests|fwd|flex|dispatch|select]
 set -uo pipefail
 what="${1:-all}"
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+export OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r fmha_dsl /tmp/pkg/ && cp -r runtime /tmp/pkg/fmha_dsl/runtime \
   && cp -r grammar /tmp/pkg/fmha_dsl/grammar && cp -r kernelsets /tmp/pkg/fmha_dsl/kernelsets

@@ -58,6 +58,9 @@ def main(paths) -> None:
               + " | ".join(cells) + " |")
     print()
     for peer, xs in ratios.items():
+        if not xs:
+            print(f"- {peer}: not measured in these files")
+            continue
         print(f"- geomean best-in-set / {peer}: {geomean(xs):.3f} over {len(xs)} shapes; "
               f"min {min(xs):.3f}, max {max(xs):.3f}")
     for peer, xs in lose.items():

@@ -421,7 +421,7 @@ def _scene(model: dict, device: str) -> tuple[list[dict], int]:
             if xx - half > last_lab + 4:
                 items.append(_text(xx, bottom + 15, lab, anchor="middle", color="#444"))
                 last_lab = xx + half
-        xl = "seqlen (q = k), log scale" if key[3] == 0 else "seqlen_k, log scale"
+        xl = "seqlen (q = k), log scale" if key[4] == 0 else "seqlen_k, log scale"
         items.append(_text(PLOT_L + pw / 2, bottom + 32, xl + "; dashed: bucket boundaries", anchor="middle"))
         # series
         for k in model["ids"]:
@@ -591,8 +591,7 @@ def render_html(table: dict, kernels: dict, chooser: Chooser = fastest_measured,
          f"<title>fmha-dsl seqtune report -- {html.escape(device)}</title>", f"<style>{CSS}</style></head><body>",
          f"<h1>fmha-dsl seqtune report &mdash; {html.escape(device)}</h1>"]
     if isinstance(dev, dict) and dev:
-        o.append('<p class="meta">' + html.escape(" &middot; ".join(f"{k}: {dev[k]}" for k in sorted(dev)))
-                 .replace("&amp;middot;", "&middot;") + "</p>")
+        o.append('<p class="meta">' + " &middot; ".join(html.escape(f"{k}: {dev[k]}") for k in sorted(dev)) + "</p>")
     o.append(f'<p class="meta">shapes: {html.escape(str(table.get("shapes", "?")))} &middot; '
              f'{len(models)} signature class(es) &middot; selection shown: <code>{html.escape(cname)}</code></p>')
     o.append('<p class="note">TFLOP/s = 2&middot;B&middot;Hq&middot;Sq&middot;Sk&middot;(Dq+Dv) / time '

@@ -54,15 +54,6 @@ def class_of_problem(p) -> dict:
             "dropout": bool(p.dropout), "logits": bool(p.logits), "sink": bool(p.sink)}
 
 
-def class_of_entry(e) -> dict:
-    """The signature class a kernel was built for (its head-dim bounds)."""
-    s = e.sig
-    return {"family": s["family"], "dtype": s["dtype"], "mode": s["mode"], "vlayout": s["vlayout"],
-            "hdim_q": int(s["hdim_q"]), "hdim_v": int(s["hdim_v"]), "mask": _mask_class(s["mask"]),
-            "bias": s["bias"], "lse": bool(s["lse"]), "dropout": bool(s["dropout"]), "logits": bool(s["logits"]),
-            "sink": bool(s["sink"])}
-
-
 def class_key(cls: dict) -> tuple:
     return tuple(cls[f] for f in CLASS_FIELDS)
 
@@ -196,10 +187,14 @@ def usable(doc_or_table, arch: str | None, device_name: str | None = None) -> "T
         return None
     why = device_mismatch(t, arch, device_name)
     if why:
-        warnings.warn(f"{why}: it is ignored (re-run `fmha-dsl tune` on this device)", SeqtuneDeviceWarning,
-                      stacklevel=3)
+        warn_ignored(why)
         return None
     return t
+
+
+def warn_ignored(why: str) -> None:
+    warnings.warn(f"{why}: it is ignored (re-run `fmha-dsl tune` on this device)", SeqtuneDeviceWarning,
+                  stacklevel=4)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -239,11 +234,9 @@ def waves(nprog: int, slots: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def arch_info(arch: str) -> dict:
-    import os
+    from .data import load
 
-    path = os.path.join(os.path.dirname(__file__), "data", "triton.json")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)["archs"].get(arch, {})
+    return load("triton")["archs"].get(arch, {})
 
 
 def compute_units(arch: str | None, table: Table | None = None) -> int:
@@ -446,6 +439,6 @@ def ck_first_fit(p, candidates: Iterable):
     return best
 
 
-__all__ = ["Table", "SeqtuneDeviceWarning", "class_of_problem", "class_of_entry", "class_key", "usable",
+__all__ = ["Table", "SeqtuneDeviceWarning", "class_of_problem", "class_key", "usable",
            "device_mismatch", "bucket", "bucket_rep", "programs", "waves", "occupancy", "cost", "predict", "rank",
            "excluded_by_table", "ck_first_fit", "compute_units", "CLASS_FIELDS", "POINT_FIELDS"]

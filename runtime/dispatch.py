@@ -142,7 +142,9 @@ class Dispatcher:
             if device_name is None:
                 device_name = _device_name()
             self.table_note = seqtune.device_mismatch(table, self.arch, device_name)
-            table = seqtune.usable(table, self.arch, device_name)
+            if self.table_note:
+                seqtune.warn_ignored(self.table_note)
+                table = None
         self.table = table
         self.compute_units = seqtune.compute_units(self.arch, table)
         self._reindex()

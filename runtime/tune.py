@@ -65,7 +65,11 @@ def load_shapes(path: str | None = None) -> dict:
         except ImportError:
             raise error("usage.dependency", "a YAML shape matrix needs PyYAML", None,
                         "pip install 'fmha-dsl[tune]' (or pass a JSON file)", cls=UsageError) from None
-        doc = yaml.safe_load(text)
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise error("usage.file", f"`{p}` is not valid YAML: {str(exc).splitlines()[0]}", None,
+                        "check the file's indentation and quoting", cls=UsageError) from None
     else:
         try:
             doc = json.loads(text)
@@ -76,6 +80,7 @@ def load_shapes(path: str | None = None) -> dict:
         raise error("usage.file", f"`{p}`: a shape matrix is an object with a `classes` list", None,
                     "see fmha_dsl/data/seqtune_shapes.json", cls=UsageError)
     doc.setdefault("name", "default" if path is None else os.path.basename(p))
+    expand_shapes(doc, p)  # every class checked here, before any GPU work
     return doc
 
 
@@ -83,26 +88,69 @@ def _list(v):
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
-def expand_shapes(doc: dict) -> list[tuple[dict, list[tuple]]]:
-    """``[(class dict, [point tuples (seqlen_q, seqlen_k, batch, nhead_q, nhead_k)])]``, sorted, deduplicated."""
+_DTYPES = ("fp16", "bf16", "fp32")
+_MASKS = {"no": "no", "none": "no", False: "no", "causal": "causal", "top_left": "causal", True: "causal"}  # 0/1 == False/True
+
+
+def _bad(where: str, i: int, what: str) -> UsageError:
+    return error("usage.file", f"shape matrix `{where}`, classes[{i}]: {what}", None,
+                 "see fmha_dsl/data/seqtune_shapes.json for the format", cls=UsageError)
+
+
+def _pos_int(where, i, name, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise _bad(where, i, f"`{name}` must be a positive integer, got {v!r}")
+    return v
+
+
+def expand_shapes(doc: dict, where: str = "<shapes>") -> list[tuple[dict, list[tuple]]]:
+    """``[(class dict, [point tuples (seqlen_q, seqlen_k, batch, nhead_q, nhead_k)])]``, sorted, deduplicated.
+
+    Every value is checked: a malformed class is a :class:`UsageError` naming the class and the field.
+    """
     out: dict[tuple, tuple[dict, set]] = {}
-    for c in doc["classes"]:
+    for i, c in enumerate(doc["classes"]):
+        if not isinstance(c, dict):
+            raise _bad(where, i, f"a class is an object, got {type(c).__name__}")
+        if "seqlens" not in c:
+            raise _bad(where, i, "`seqlens` is missing")
         if "hdim_q" in c:
             hdims = list(zip(_list(c["hdim_q"]), _list(c.get("hdim_v", c["hdim_q"]))))
         else:
-            hdims = [(h, h) if isinstance(h, int) else tuple(h) for h in _list(c.get("hdim", 128))]
-        for dtype, (dq, dv), mask, lse in itertools.product(_list(c.get("dtype", "bf16")), hdims,
-                                                            _list(c.get("mask", "no")), _list(c.get("lse", False))):
-            cls = {"family": "fwd", "dtype": dtype, "mode": "batch", "vlayout": "r", "hdim_q": int(dq),
-                   "hdim_v": int(dv), "mask": "no" if mask in ("no", False, 0) else "causal", "bias": "no",
-                   "lse": bool(lse), "dropout": False, "logits": False, "sink": False}
+            hdims = []
+            for h in _list(c.get("hdim", 128)):
+                if isinstance(h, (list, tuple)) and len(h) == 2:
+                    hdims.append(tuple(h))
+                else:
+                    hdims.append((h, h))
+        hdims = [(_pos_int(where, i, "hdim", dq), _pos_int(where, i, "hdim", dv)) for dq, dv in hdims]
+        dtypes = _list(c.get("dtype", "bf16"))
+        for dt in dtypes:
+            if dt not in _DTYPES:
+                raise _bad(where, i, f"unknown dtype {dt!r} (one of {', '.join(_DTYPES)})")
+        masks = []
+        for m in _list(c.get("mask", "no")):
+            if m not in _MASKS:
+                raise _bad(where, i, f"unknown mask {m!r} (no or causal)")
+            masks.append(_MASKS[m])
+        hq = _pos_int(where, i, "nhead_q", c.get("nhead_q", 16))
+        hk = _pos_int(where, i, "nhead_k", c.get("nhead_k", hq))
+        ratio = c.get("seqlen_k_ratio", 1)
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
+            raise _bad(where, i, f"`seqlen_k_ratio` must be a positive number, got {ratio!r}")
+        seqlens = [_pos_int(where, i, "seqlens", s) for s in _list(c["seqlens"])]
+        tokens = _pos_int(where, i, "tokens", c.get("tokens", 16384))
+        fixed = [_pos_int(where, i, "batch", b) for b in _list(c["batch"])] if "batch" in c else None
+        extra = [_pos_int(where, i, "extra_batches", b) for b in _list(c.get("extra_batches", []))]
+        for dtype, (dq, dv), mask, lse in itertools.product(dtypes, hdims, masks, _list(c.get("lse", False))):
+            cls = {"family": "fwd", "dtype": dtype, "mode": "batch", "vlayout": "r", "hdim_q": dq,
+                   "hdim_v": dv, "mask": mask, "bias": "no", "lse": bool(lse), "dropout": False, "logits": False,
+                   "sink": False}
             _, pts = out.setdefault(seqtune.class_key(cls), (cls, set()))
-            hq, hk = int(c.get("nhead_q", 16)), int(c.get("nhead_k", c.get("nhead_q", 16)))
-            for s in _list(c["seqlens"]):
-                sk = int(round(s * float(c.get("seqlen_k_ratio", 1))))
-                batches = _list(c["batch"]) if "batch" in c else [max(1, int(c.get("tokens", 16384)) // s)]
-                for b in batches + _list(c.get("extra_batches", [])):
-                    pts.add((int(s), sk, int(b), hq, hk))
+            for s in seqlens:
+                sk = max(1, int(round(s * float(ratio))))
+                for b in (fixed if fixed is not None else [max(1, tokens // s)]) + extra:
+                    pts.add((s, sk, b, hq, hk))
     return [(cls, sorted(pts)) for cls, pts in sorted(out.values(), key=lambda cp: json.dumps(cp[0], sort_keys=True))]
 
 
@@ -170,11 +218,11 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
     from .dispatch import Dispatcher, Plan, detect_arch
 
     t_start = time.perf_counter()
+    doc = load_shapes(shapes)  # a bad matrix is reported before any GPU set-up
     path = os.path.join(build_dir, "registry.json") if os.path.isdir(build_dir) else build_dir
     reg = Registry.load(path)
     arch = arch or detect_arch()
     dev = device_info(arch)
-    doc = load_shapes(shapes)
     res = TuneResult(path=path, device=dev)
 
     old = seqtune.Table.of(reg)
@@ -185,12 +233,8 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
             res.note = f"{why}: that table is replaced by this run's measurements"
         else:
             table.merge(old)
-    reg.seqtune = None
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", seqtune.SeqtuneDeviceWarning)
-        disp = Dispatcher(reg, arch)
+    reg.seqtune = None  # the dispatcher ranks nothing while it is being measured
+    disp = Dispatcher(reg, arch)
 
     def save():
         table.store(reg)
@@ -252,7 +296,11 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
                     res.failed += 1
                     say(event="failed", cls=cls, point=pt, kernel=e.name, why=why, class_index=ci,
                         classes=len(classes))
-                    torch.cuda.synchronize()
+                    try:
+                        torch.cuda.synchronize()
+                    except RuntimeError:  # a sticky CUDA error: the context is gone; keep what was measured
+                        save()
+                        raise
             q = k = v = out = lse = ref = None  # free this point's tensors before the next
             if res.budget_spent:
                 break

@@ -265,3 +265,34 @@ def test_cost_model_selects_without_a_table():
     assert d.plan(problem(16384, b=8, hq=16)).entry.name == "large"
     rows = d.explain(problem(100, b=1, hq=1))
     assert rows[0]["source"] == "cost-model" and "rounds" in rows[0]["cost_detail"] and math.isfinite(rows[0]["cost"])
+
+
+@pytest.mark.parametrize("cls,msg", [
+    ({}, "`seqlens` is missing"),
+    ({"seqlens": [0]}, "`seqlens` must be a positive integer"),
+    ({"seqlens": ["512"]}, "`seqlens` must be a positive integer"),
+    ({"seqlens": [512], "hdim": "128"}, "`hdim` must be a positive integer"),
+    ({"seqlens": [512], "dtype": "fp8"}, "unknown dtype"),
+    ({"seqlens": [512], "mask": "sliding"}, "unknown mask"),
+    (3, "a class is an object"),
+])
+def test_bad_shape_matrix_is_a_located_usage_error(tmp_path, cls, msg):
+    """A bad --shapes file is reported (before any GPU work) naming the class and field, never a raw exception."""
+    import json as _json
+
+    from fmha_dsl import UsageError
+    from fmha_dsl.runtime.tune import load_shapes
+
+    p = tmp_path / "m.json"
+    p.write_text(_json.dumps({"classes": [cls]}))
+    with pytest.raises(UsageError) as info:
+        load_shapes(str(p))
+    assert info.value.rule == "usage.file" and "classes[0]" in info.value.message and msg in info.value.message
+    assert info.value.hint
+
+
+def test_shape_matrix_mask_none_means_no_mask():
+    from fmha_dsl.runtime.tune import expand_shapes
+
+    [(cls, pts)] = expand_shapes({"classes": [{"seqlens": [512], "mask": "none", "dtype": "fp16"}]})
+    assert cls["mask"] == "no" and pts == [(512, 512, 32, 16, 16)]
