@@ -47,6 +47,16 @@ _raw_stream = None          # torch._C._cuda_getCurrentRawStream
 _TORCH_DTYPES: dict = {}    # torch dtype -> key dtype name
 _DISPATCHERS: dict = {}     # registry key -> (Dispatcher, keepalive)
 _JIT: dict = {}             # device -> the compile-on-first-use dispatcher
+
+
+def _aligned_indices() -> dict:
+    from .kernels.fwd_abi import ARGS, aligned_names
+
+    names = [n for n, _ in ARGS]
+    return {vc: tuple(names.index(n) for n in aligned_names("c" if vc else "r")) for vc in (False, True)}
+
+
+_ALIGNED_IDX = _aligned_indices()  # argument positions the 16-divisibility promise covers, per V layout
 _ARCHS: dict = {}           # device index -> arch
 _INF = math.inf
 
@@ -141,7 +151,7 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
     else:
         out = q.new_empty((tq, hq, dv) if group else (b, hq, sq, dv))
     lse = q.new_empty((hq, tq) if group else (b, hq, sq), dtype=_torch.float32) if return_lse else None
-    if (tq == 0 or tk == 0 or b == 0) if group else (sq == 0 or sk == 0 or b == 0 or hq == 0):
+    if (tq == 0 or tk == 0 or b == 0 or hq == 0) if group else (sq == 0 or sk == 0 or b == 0 or hq == 0):
         return _nothing_to_do(out, lse, return_lse)
 
     if registry is None:
@@ -152,16 +162,6 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
         disp = registry
     else:
         disp = _dispatcher(registry, dev)
-    key = (dname, group, dq, dv, vc, mask != "no", bias_kind, bool(return_lse), bool(dropout_p),
-           softcap is not None, sink > 0, sq % disp.lq, sk % disp.lk)
-    if disp.sq_bounds:
-        key += (sum(1 for x in disp.sq_bounds if sq > x),)
-    if disp.ranking:  # measured / cost-model selection: the decision depends on the seqlen and batch x heads buckets
-        key += disp.bucket_key(sq, sk, b * hq)
-    plan = disp.fast.get(key)
-    if plan is None:
-        plan = _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vc, mask, wl, wr, bias_kind, return_lse,
-                     dropout_p, softcap, sink)
     if dev >= 0 and not group:  # the common case, inlined (same order as runtime.dispatch.fwd_args)
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
                 0 if bias is None else bias.data_ptr(), 0 if alibi_slopes is None else alibi_slopes.data_ptr(), 0, 0,
@@ -181,6 +181,19 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
         args = _fwd_args(ptrs, group, qs, ks, vs, out.stride(), None if lse is None else lse.stride(), bst, ast, hq,
                          hk, dq, dv, 0 if group else sq, 0 if group else sk, sq, sk, scale, softcap, dropout_p, seed,
                          offset, wl, wr, br, sink)
+    # binaries built with the 16-divisibility promise serve only arguments that keep it; others get (or JIT
+    # compile) a variant without it.  The CPU interpreter takes tensors and has no such promise.
+    aligned = dev < 0 or all(args[i] & 15 == 0 for i in _ALIGNED_IDX[vc])
+    key = (dname, group, dq, dv, vc, mask != "no", bias_kind, bool(return_lse), bool(dropout_p),
+           softcap is not None, sink > 0, aligned, sq % disp.lq, sk % disp.lk)
+    if disp.sq_bounds:
+        key += (sum(1 for x in disp.sq_bounds if sq > x),)
+    if disp.ranking:  # measured / cost-model selection: the decision depends on the seqlen and batch x heads buckets
+        key += disp.bucket_key(sq, sk, b * hq)
+    plan = disp.fast.get(key)
+    if plan is None:
+        plan = _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vc, mask, wl, wr, bias_kind, return_lse,
+                     dropout_p, softcap, sink, aligned)
     kern = plan._kernels.get(dev)
     if kern is None or plan._aligned_idx:
         plan.launch(dev, b, hq, sq, args)  # first launch on this device, or a binary with alignment promises
@@ -548,7 +561,7 @@ def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):
 
 
 def _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vlayout_c, mask, wl, wr, bias_kind, return_lse,
-          dropout_p, softcap, sink):
+          dropout_p, softcap, sink, aligned=True):
     from .keys import Problem
 
     problem = Problem(family="fwd", dtype=dname, arch=disp.arch, batch=max(1, int(b)), nhead_q=int(hq),
@@ -557,9 +570,9 @@ def _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vlayout_c, mask, w
                       vlayout="c" if vlayout_c else "r", mask=mask, window_left=int(wl), window_right=int(wr),
                       bias=bias_kind, lse=bool(return_lse), dropout=bool(dropout_p), logits=softcap is not None,
                       sink=bool(sink))
-    plan = disp.plan(problem)
+    plan = disp.plan(problem, aligned)
     # a JIT compile changes the tile lcm (and so the key's residues): store under the key of the new moduli
-    key = key[:11] + (sq % disp.lq, sk % disp.lk)
+    key = key[:12] + (sq % disp.lq, sk % disp.lk)
     if disp.sq_bounds:
         key += (sum(1 for x in disp.sq_bounds if sq > x),)
     if disp.ranking:

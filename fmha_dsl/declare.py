@@ -406,6 +406,9 @@ def _arch(c, sc: _Scope, st: A.Setter):
 
 def _hdim(c, sc: _Scope, st: A.Setter, args):
     qa, va = args[0], args[1]
+    if qa is None:
+        c.err("setter.arity", "`hdim` needs the q head dim", st.span, "hdim(q) or hdim(q, v), e.g. hdim(192, 128)")
+        return
     opts: list[tuple] = []
     wild_q = wild_v = False
     q_vals: list = []
@@ -441,9 +444,9 @@ def _hdim(c, sc: _Scope, st: A.Setter, args):
         if opts:
             c.err("value.type", "give either (q, v) pairs or hdim(q, v), not both", va.span)
             return
-    for h in q_vals + v_vals + [x for p in opts for x in p]:
+    for h, where in [(h, qa) for h in q_vals + [x for p in opts for x in p]] + [(h, va) for h in v_vals]:
         if h <= 0 or h > 1024:
-            c.err("value.range", f"head dim {h} is out of range (1..1024)", qa.span)
+            c.err("value.range", f"head dim {h} is out of range (1..1024)", where.span)
             return
     sp = qa.span if qa is not None else st.span
     if wild_q or wild_v:

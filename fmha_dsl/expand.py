@@ -10,6 +10,7 @@ counted per rule (``fmha-dsl explain``).  Pure: no I/O.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -51,51 +52,37 @@ class Report:
     rule_text: dict = field(default_factory=dict)              # rule id -> a sample message
 
 
-def _explicit_tile(decl: Declaration) -> Tile:
-    """A tile from explicit setters, with CK's defaults and auto_fill (0 -> derived)."""
+def _explicit_tiles(decl: Declaration) -> tuple[Tile, ...]:
+    """The tiles explicit setters ask for (one per combination of alternatives, e.g. ``tile_m0(64 | 128)``),
+    with CK's defaults for unset dims and CK's auto_fill (n1 <- n0, k1 <- k0, k0max <- k0 when <= 0)."""
     d = decl.tile.dims
     n = decl.tile.tile_len
-
-    def pick(key, default):
-        v = d.get(key)
-        if v is None:
-            return default
-        return v[0]
-
     base = list(V.TILE_DEFAULT) + [0, 0, 0]
-    t = [pick(f"tile{i}", base[i]) for i in range(max(n, 6))]
-    if n == 6:
-        t = t[:6]
-    # CK auto_fill: n1 <- n0, k1 <- k0, k0max <- k0 when unset (<= 0)
-    if t[3] <= 0:
-        t[3] = t[1]
-    if t[4] <= 0:
-        t[4] = t[2]
-    if t[5] <= 0:
-        t[5] = t[2]
-    wave = tuple(pick(f"wave{i}", V.WAVE_DEFAULT[i]) for i in range(9))
-    warp = tuple(pick(f"warp{i}", V.WARP_DEFAULT[i]) for i in range(9))
-    return Tile(tuple(t), wave, warp, pick("block_per_cu", -1), pick("max_seq_len_q", 0), from_table=False)
+    keys = ([f"tile{i}" for i in range(max(n, 6))] + [f"wave{i}" for i in range(9)] + [f"warp{i}" for i in range(9)]
+            + ["block_per_cu", "max_seq_len_q"])
+    defaults = base[:max(n, 6)] + list(V.WAVE_DEFAULT) + list(V.WARP_DEFAULT) + [-1, 0]
+    out = []
+    for combo in itertools.product(*[d[k] if d.get(k) else (dflt,) for k, dflt in zip(keys, defaults)]):
+        nt = max(n, 6)
+        t = list(combo[:nt])[: (6 if n == 6 else nt)]
+        if t[3] <= 0:
+            t[3] = t[1]
+        if t[4] <= 0:
+            t[4] = t[2]
+        if t[5] <= 0:
+            t[5] = t[2]
+        out.append(Tile(tuple(t), tuple(combo[nt:nt + 9]), tuple(combo[nt + 9:nt + 18]), combo[nt + 18],
+                        combo[nt + 19], from_table=False))
+    return tuple(dict.fromkeys(out))
 
 
-def _tile_candidates(decl: Declaration, explicit_tile):
+def _tile_candidates(decl: Declaration, explicit_tiles):
     dims = {k: v for k, v in decl.tile.dims.items() if v is not None}
 
     def cands(fr, b):
-        if explicit_tile is not None:
-            return (explicit_tile,)
-        out = []
-        for t in fr.domain("tile", b):
-            ok = True
-            for k, vals in dims.items():
-                if k == "tile_len":
-                    continue
-                if t.dim(k) not in vals:
-                    ok = False
-                    break
-            if ok:
-                out.append(t)
-        return out
+        if explicit_tiles is not None:
+            return explicit_tiles
+        return [t for t in fr.domain("tile", b) if all(t.dim(k) in vals for k, vals in dims.items())]
 
     return cands
 
@@ -111,7 +98,7 @@ class _Expander:
         self.seen_err: set = set()
         self.max_errors = max_errors
         self.where = tuple(where_rule(w, i) for i, w in enumerate(decl.wheres))
-        self.explicit_tile = None if decl.tile.wild else _explicit_tile(decl)
+        self.explicit_tiles = None if decl.tile.wild else _explicit_tiles(decl)
         self._explicit_rules: dict = {}
 
     # which dependencies of a failing rule were asked for explicitly
@@ -120,9 +107,6 @@ class _Expander:
             return not self.decl.tile.wild
         if dep in ("arch", "factory"):
             return self.decl.archs.values is not None
-        if dep == "family":
-            fs = self.decl.fields.get("family")
-            return fs is None or fs.values is not None
         if dep in ("receipt", "mask_impl"):
             return True
         fs = self.decl.fields.get(dep)
@@ -241,7 +225,7 @@ class _Expander:
             fs = d.fields.get(name)
             if fs is not None and fs.values is not None and fs.values != (value,):
                 fixed_rules.append(_fixed_rule(fr.family, name, value, fs.values))
-        tile_c = _tile_candidates(d, self.explicit_tile)
+        tile_c = _tile_candidates(d, self.explicit_tiles)
 
         def candidates(f, b):
             if f == "tile":
@@ -360,7 +344,7 @@ def merge(results: list[DeclResult], decls, archs) -> Report:
         d = decls[0]
         raise RuleError(Diagnostic(
             "arch.not-declared", f"no declaration is for {', '.join(archs)}: `{d.label}` is declared for "
-            f"{', '.join(d.archs.values)}", d.archs.span, "add the arch to the set's `arch(...)` or use `arch(*)`"))
+            f"{', '.join(resolve_archs(d, None))}", d.archs.span, "add the arch to the set's `arch(...)` or use `arch(*)`"))
     if errors:
         raise RuleError(errors)
     return report

@@ -70,20 +70,32 @@ _CMP = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.l
 _BIN = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
-def _canon_word(word: str) -> str:
+def _canon_word(word: str, field: str | None = None) -> str:
+    """A value word in its canonical spelling: by the compared field's alias table when known (``rope ==
+    "none"`` is rope's ``none``, not the mask alias), else by the first table that knows it."""
+    if field in V.ALIASES:
+        return V.ALIASES[field].get(word, word)
     for tbl in V.ALIASES.values():
         if word in tbl:
             return tbl[word]
     return word
 
 
-def compile_expr(e: Expr) -> Compiled:
+def _enum_field(e: Expr) -> str | None:
+    """The field a name node reads, when that field has an alias table (dtype, mask, pipeline ...)."""
+    if e.op == "name" and e.args[0] in V.ALIASES:
+        return e.args[0]
+    return None
+
+
+def compile_expr(e: Expr, field: str | None = None) -> Compiled:
+    """Compile ``e``; ``field`` is the enum field a literal here is compared with (for its aliases)."""
     op = e.op
     if op == "int":
         v = e.args[0]
         return Compiled(lambda b: v, "int", frozenset())
     if op == "str":
-        v = _canon_word(e.args[0])
+        v = _canon_word(e.args[0], field)
         return Compiled(lambda b: v, "str", frozenset())
     if op == "bool":
         v = e.args[0]
@@ -93,12 +105,12 @@ def compile_expr(e: Expr) -> Compiled:
         if n in NAMES:
             return Compiled(_getter(n), _type_of(n), frozenset({_field_of(n)}))
         if n in _KNOWN_WORDS or _canon_word(n) != n:
-            v = _canon_word(n)
+            v = _canon_word(n, field)
             return Compiled(lambda b: v, "str", frozenset())
         raise error("where.unknown-name", f"unknown name `{n}` in where clause", e.span,
                     did_you_mean(n, NAMES + sorted(_KNOWN_WORDS)) or "names: " + ", ".join(NAMES), cls=ParseError)
     if op == "tuple":
-        items = [compile_expr(a) for a in e.args]
+        items = [compile_expr(a, field) for a in e.args]
         fns = [i.fn for i in items]
         return Compiled(lambda b: tuple(f(b) for f in fns), "tuple",
                         frozenset().union(*(i.deps for i in items)) if items else frozenset())
@@ -139,7 +151,9 @@ def compile_expr(e: Expr) -> Compiled:
             fn = lambda b: f2(lf(b), rf(b))  # noqa: E731
         return Compiled(fn, "int", l.deps | r.deps)
     if op == "cmp":
-        sym, l, r = e.args[0], compile_expr(e.args[1]), compile_expr(e.args[2])
+        sym = e.args[0]
+        l = compile_expr(e.args[1], _enum_field(e.args[2]))
+        r = compile_expr(e.args[2], _enum_field(e.args[1]))
         if l.type != r.type and not {l.type, r.type} <= {"int", "bool"}:
             raise error("where.type", f"cannot compare a {l.type} with a {r.type}", e.span,
                         "quote names of values, e.g. pipeline == \"qr\"", cls=ParseError)
@@ -148,7 +162,7 @@ def compile_expr(e: Expr) -> Compiled:
         cmpf, lf, rf = _CMP[sym], l.fn, r.fn
         return Compiled(lambda b: cmpf(lf(b), rf(b)), "bool", l.deps | r.deps)
     if op in ("in", "notin"):
-        l, r = compile_expr(e.args[0]), compile_expr(e.args[1])
+        l, r = compile_expr(e.args[0]), compile_expr(e.args[1], _enum_field(e.args[0]))
         if r.type != "tuple":
             raise error("where.type", "`in` needs a list on the right, e.g. `hdim_q in [64, 128]`",
                         e.args[1].span, cls=ParseError)

@@ -113,7 +113,9 @@ class Registry:
                     and (pipeline is None or e.alg["pipeline"] == pipeline)
                     and (predicate is None or predicate(e)))
 
-        return Registry(self.name, (e for e in self._by_id.values() if ok(e)), self.profiles, self.sources)
+        out = Registry(self.name, (e for e in self._by_id.values() if ok(e)), self.profiles, self.sources)
+        out.path, out.seqtune = self.path, self.seqtune  # binaries and the table stay reachable
+        return out
 
     def for_arch(self, arch: str) -> "Registry":
         return self.filter(arch=arch)

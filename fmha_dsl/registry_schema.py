@@ -9,7 +9,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .keys import Algorithm, Signature
+from .keys import Algorithm, Arch, Signature
 
 
 class _Strict(BaseModel):
@@ -22,7 +22,7 @@ class KernelEntryModel(_Strict):
     family: str
     dtype: str
     pipeline: str
-    gfx_arch: str
+    gfx_arch: Arch
     source: str
     signature: Signature
     algorithm: Algorithm

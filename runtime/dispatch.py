@@ -265,7 +265,7 @@ class Dispatcher:
                 c = self.candidates(p, aligned)
                 if c:
                     return self._best(p, c, aligned)
-                entry, binary = jit.compile_for(p, self.arch)
+                entry, binary = jit.compile_for(p, self.arch, aligned=aligned)
                 self.add(entry, binary)
                 c = self.candidates(p, aligned)
                 if c:

@@ -27,6 +27,8 @@ This module imports the build machinery (lark, triton) only when a kernel is act
 
 from __future__ import annotations
 
+import os
+
 from fmha_dsl.errors import error
 from fmha_dsl.registry import Entry
 
@@ -77,7 +79,7 @@ def candidates(problem, arch: str):
         return []
 
 
-def compile_entry(e: Entry, cache_dir: str | None = None) -> tuple[dict, bytes]:
+def compile_entry(e: Entry, cache_dir: str | None = None, aligned: bool = True) -> tuple[dict, bytes]:
     """``(build meta, binary)`` of an entry, from the artifact cache or compiled (and then cached)."""
     from fmha_dsl.cache import ArtifactCache, content_key, sha256_bytes
 
@@ -86,17 +88,17 @@ def compile_entry(e: Entry, cache_dir: str | None = None) -> tuple[dict, bytes]:
     except ImportError as exc:  # pragma: no cover
         raise error("runtime.jit", f"cannot compile kernels: {exc}") from None
     try:
-        parts = cache_parts(e.sig, e.alg, e.arch)
+        parts = cache_parts(e.sig, e.alg, e.arch, aligned)
     except ImportError:
         raise error("runtime.jit", "compiling kernels on first use needs Triton, which is not installed", None,
                     "pip install triton, or pass registry= a prebuilt build directory") from None
-    cache = ArtifactCache(cache_dir)
+    cache = ArtifactCache(os.path.join(cache_dir, "kernels") if cache_dir else None)  # as the build does
     key = content_key(parts)
     hit = cache.get(key)
     if hit is not None:
         meta, data = hit
     else:
-        meta, data = compile_key(e.sig, e.alg, e.arch)
+        meta, data = compile_key(e.sig, e.alg, e.arch, aligned)
         if meta is None:
             raise error("runtime.jit", f"compiling {e.name} failed: {data}", None,
                         "report this with the problem's shapes; meanwhile pass a registry built elsewhere")
@@ -107,8 +109,10 @@ def compile_entry(e: Entry, cache_dir: str | None = None) -> tuple[dict, bytes]:
     return build, data
 
 
-def compile_for(problem, arch: str, cache_dir: str | None = None) -> tuple[Entry, bytes]:
-    """Declare, expand, pick and compile the kernel for ``problem``: ``(Entry with build, binary)``."""
+def compile_for(problem, arch: str, cache_dir: str | None = None, aligned: bool = True) -> tuple[Entry, bytes]:
+    """Declare, expand, pick and compile the kernel for ``problem``: ``(Entry with build, binary)``.
+
+    ``aligned=False`` compiles without the 16-divisibility promise (arguments with odd strides/pointers)."""
     entries = candidates(problem, arch)
     e = choose(entries, problem, arch)
     if e is None:
@@ -116,7 +120,7 @@ def compile_for(problem, arch: str, cache_dir: str | None = None) -> tuple[Entry
 
         raise error("runtime.jit", f"the Triton rules allow no kernel for {describe(problem)} on {arch}", None,
                     "the head dims, dtype or features exceed what the Triton template supports on this arch")
-    build, data = compile_entry(e, cache_dir)
+    build, data = compile_entry(e, cache_dir, aligned)
     return Entry(None, e.name, "<jit>", build, sig=e.sig, alg=e.alg, arch=e.arch, ident=e.identifier), data
 
 
@@ -130,7 +134,7 @@ def precompile(problems, arch: str, jobs: int | None = None, cache_dir: str | No
     from fmha_dsl.cache import ArtifactCache, content_key
     from fmha_dsl.compile_triton import cache_parts
 
-    cache = ArtifactCache(cache_dir)
+    cache = ArtifactCache(os.path.join(cache_dir, "kernels") if cache_dir else None)  # as the build does
     todo = {}
     for p in problems:
         e = choose(candidates(p, arch), p, arch)

@@ -70,7 +70,7 @@ def fwd_args(ptrs, group, qs, ks, vs, os_, ls, bs, as_, nhq, nhk, dq, dv, sq, sk
     else:
         seed = 0
     return [*ptrs, 1.0 / math.sqrt(dq) if scale is None else float(scale), 0.0 if softcap is None else float(softcap),
-            float(dropout_p or 0.0), seed, int(offset), sq, sk, msq, msk, nhq, nhk, dq, dv, wl, wr, br, sink,
+            float(dropout_p or 0.0), seed, int(offset) if dropout_p else 0, sq, sk, msq, msk, nhq, nhk, dq, dv, wl, wr, br, sink,
             *qs, *ks, *vs, *os_, *ls, *((0, 0, 0, 1) if bs is None else bs), *((0, 1) if as_ is None else as_)]
 
 
@@ -128,6 +128,10 @@ class Plan:
         """
         group = self._group
         if group:
+            if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None or max_seqlen_k is None:
+                raise error("usage.value", f"kernel {self.entry.name} is a group-mode (varlen) kernel: pass "
+                            "cu_seqlens_q, cu_seqlens_k, max_seqlen_q and max_seqlen_k", None,
+                            "cu_seqlens are int32 [B + 1] device tensors; max_seqlen_* are ints", cls=UsageError)
             nhq, dq = q.shape[1], q.shape[2]
             nhk, dv = k.shape[1], v.shape[2]
             batch = cu_seqlens_q.shape[0] - 1
@@ -157,7 +161,7 @@ class Plan:
         kern = self._kernels.get(device)
         if kern is None:
             kern = self._stage.kernel(device)
-        if self._aligned_idx:
+        if self._aligned_idx and not kern.needs_objects:
             for i in self._aligned_idx:
                 if args[i] & 15:
                     raise error("dispatch.alignment", f"kernel {self.entry.name} assumes 16-divisible "

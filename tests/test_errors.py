@@ -147,3 +147,15 @@ def test_error_pickles():
         fmha_dsl.loads("kernel_set a {")
     e2 = pickle.loads(pickle.dumps(info.value))
     assert e2.rule == info.value.rule and e2.line == info.value.line
+
+
+def test_hdim_v_without_q_is_located(write):
+    with pytest.raises(FmhaError) as info:
+        fmha_dsl.load(write("a.fmha", "kernel_set a { kernel { signature { hdim(v=64) } } }"))
+    assert info.value.rule == "setter.arity" and info.value.hint
+
+
+def test_hdim_v_out_of_range_points_at_v(write):
+    with pytest.raises(FmhaError) as info:
+        fmha_dsl.load(write("a.fmha", "kernel_set a { kernel { signature { hdim(64, 2000) } } }"))
+    assert info.value.rule == "value.range" and info.value.column == 46

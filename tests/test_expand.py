@@ -209,12 +209,12 @@ def test_explicit_valid_tile_passes_all_checks(write):
 ])
 def test_short_wave_warp_padded_like_ck(setter, expect):
     """CK's scraper pads .wave(a,b,c) with (2,2,1,1,1,1) and .warp(a,b,c) with (32,32,16,16,16,16)."""
-    from fmha_dsl.expand import _explicit_tile
+    from fmha_dsl.expand import _explicit_tiles
     from fmha_dsl.declare import resolve
     from fmha_dsl.parse import parse_text
 
     d = resolve(parse_text(f"kernel_set s {{ kernel {{ algorithm {{ {setter} }} }} }}"))[0]
-    t = _explicit_tile(d)
+    (t,) = _explicit_tiles(d)
     assert (t.wave if setter.startswith("wave") else t.warp) == expect
 
 
@@ -244,3 +244,43 @@ def test_alignments_auto_fill_from_k0max(write):
     assert (a.hdim_q_alignment, a.hdim_v_alignment) == (128, 128)
     a = expand(write, base.format(extra="alignments(8, 16)")).kernels[0].key.algorithm
     assert (a.hdim_q_alignment, a.hdim_v_alignment) == (8, 16)
+
+
+@pytest.mark.parametrize("clause,keeps", [
+    ('rope == "none"', True),          # rope's `none`, not the mask alias `none` -> `no`
+    ("dtype == half", True),           # dtype alias: half -> fp16
+    ("mask in [causal]", True),        # mask alias: causal -> top_left
+    ('dtype == "bf16"', False),
+])
+def test_where_literals_use_the_compared_fields_aliases(write, clause, keeps):
+    body = f"""
+    kernel k {{
+        signature {{ family(fwd) dtype(fp16) hdim(128) mask(causal) }}
+        algorithm {{ pipeline(qr_async) tile(*) padding(true, true, true, true) }}
+        arch(gfx942)
+        where {clause}
+    }}"""
+    if keeps:
+        assert expand(write, body).kernels
+    else:
+        with pytest.raises(RuleError):
+            expand(write, body)
+
+
+def test_alternatives_in_an_explicit_tile_are_a_product(write):
+    body = """
+    kernel k {
+        signature { family(fwd) dtype(fp16) hdim(64) }
+        algorithm { pipeline(qr_async) tile(128, 64 | 128, 32, 0, 0, 64) wave(4, 1, 1, 4, 1, 1)
+                    warp(32, 32, 16, 32, 32, 16) padding(true, true, true, true) }
+        arch(gfx942)
+    }"""
+    tiles = sorted(k.key.algorithm.tile for k in expand(write, body).kernels)
+    assert tiles == [(128, 64, 32, 64, 32, 64), (128, 128, 32, 128, 32, 64)]
+
+
+def test_arch_star_narrowed_to_an_arch_of_another_backend(write):
+    """ck's `arch(*)` is the AMD archs: asking for sm90 says so instead of failing."""
+    with pytest.raises(FmhaError) as info:
+        expand(write, "arch(*)\n kernel k { signature { family(fwd) } }", arch="sm90")
+    assert info.value.rule == "arch.not-declared" and "gfx942" in info.value.message

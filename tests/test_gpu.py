@@ -385,3 +385,32 @@ def test_device_mismatch_is_a_usage_error():
     with pytest.raises(fmha_dsl.UsageError) as ei:
         fmha_dsl.attention(q, q.cpu(), q)
     assert ei.value.rule == "usage.device"
+
+
+@pytest.mark.parametrize("d", [40, 72])
+def test_arguments_without_16_divisible_strides(d):
+    """Head dims whose row strides are not multiples of 16 elements (and an unaligned view) get a binary
+    compiled without the 16-divisibility promise, and the same result as the reference."""
+    q, k, v = rnd(1, 2, 96, d), rnd(1, 2, 96, d), rnd(1, 2, 96, d)
+    out, lse = fmha_dsl.attention(q, k, v, causal=True, return_lse=True)
+    r_out, r_lse = reference(q, k, v, causal=True)
+    close(out, r_out, torch.float16)
+    close(lse, r_lse, torch.float16, "lse")
+    base = rnd(1 * 2 * 64 * 64 + 1)[1:].view(1, 2, 64, 64)  # a pointer 2 bytes off a 16-byte boundary
+    out = fmha_dsl.attention(base, base, base)
+    close(out, reference(base, base, base)[0], torch.float16)
+
+
+def test_prebuilt_aligned_registry_rejects_unaligned_arguments_clearly(tmp_path):
+    from fmha_dsl.build import build
+    from fmha_dsl.runtime.dispatch import detect_arch
+
+    src = tmp_path / "one.fmha"
+    src.write_text("kernel_set one { backend(triton) kernel k { signature { family(fwd) dtype(fp16) hdim(64) } "
+                   "algorithm { pipeline(qr_async) tile(64, 64, *, *, *, *) padding(true, true, true, true) } } }")
+    arch = detect_arch()
+    build(fmha_dsl.load(str(src)), str(tmp_path / "b"), arch=arch, jobs=1)
+    base = rnd(1 * 2 * 64 * 64 + 1)[1:].view(1, 2, 64, 64)
+    with pytest.raises(FmhaError) as ei:
+        fmha_dsl.attention(base, base, base, registry=str(tmp_path / "b"))
+    assert ei.value.rule == "dispatch.no-kernel" and "16-divisible" in ei.value.render()

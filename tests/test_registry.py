@@ -135,3 +135,15 @@ def test_checked_in_schema_is_current():
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "registry.schema.json")
     with open(path) as f:
         assert json.load(f) == json_schema()
+
+
+def test_unknown_arch_is_a_located_schema_error(reg, tmp_path):
+    doc = json.loads(reg.to_json())
+    doc["kernels"][0]["gfx_arch"] = "gfx999"
+    assert _bad(tmp_path, json.dumps(doc)).rule == "registry.schema"
+
+
+def test_filtered_registry_keeps_its_folder(reg, tmp_path):
+    reg.save(tmp_path / "registry.json")
+    loaded = Registry.load(tmp_path / "registry.json")
+    assert loaded.for_arch("gfx942").path == loaded.path

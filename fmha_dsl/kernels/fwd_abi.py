@@ -21,3 +21,17 @@ ARGS: tuple[tuple[str, str], ...] = (
     ("stride_bb", "i32"), ("stride_bh", "i32"), ("stride_bm", "i32"), ("stride_bn", "i32"),
     ("stride_ab", "i32"), ("stride_ah", "i32"),
 )
+
+# Arguments that are multiples of 16 (bytes for pointers, elements for strides) in the usual case:
+# 16-byte aligned base pointers and head dims that are multiples of 16.  V's non-unit stride is added
+# per layout (aligned_names).  See triton_fwd.attrs() / aligned().
+ALIGNED: tuple[str, ...] = (
+    "Q", "K", "V", "Out",
+    "stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
+    "stride_vb", "stride_vh", "stride_ob", "stride_oh", "stride_om",
+)
+
+
+def aligned_names(vlayout: str = "r") -> tuple[str, ...]:
+    """:data:`ALIGNED` plus V's non-unit stride (``stride_vn`` for "r", ``stride_vd`` for "c")."""
+    return ALIGNED + (("stride_vd",) if vlayout == "c" else ("stride_vn",))

@@ -382,7 +382,7 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
 
 DTYPES = ("fp16", "bf16", "fp32")
 
-from .fwd_abi import ARGS  # noqa: E402  (the parameter list, shared with the runtime)
+from .fwd_abi import ALIGNED, ARGS, aligned_names  # noqa: E402,F401  (shared with the runtime)
 
 CONSTEXPRS: tuple[str, ...] = (
     "BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DV", "HEAD_DIM_Q", "HEAD_DIM_V",
@@ -390,14 +390,6 @@ CONSTEXPRS: tuple[str, ...] = (
     "IS_GROUP", "MASK", "SINK", "BIAS_TYPE", "STORE_LSE", "DROPOUT", "SOFTCAP", "VLAYOUT_C", "IEEE", "UPCAST_DOT",
 )
 
-# Arguments that are multiples of 16 (bytes for pointers, elements for strides) in the usual case:
-# 16-byte aligned base pointers and head dims that are multiples of 16.  V's non-unit stride is added
-# per layout (aligned_names).  See attrs() / aligned().
-ALIGNED: tuple[str, ...] = (
-    "Q", "K", "V", "Out",
-    "stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
-    "stride_vb", "stride_vh", "stride_ob", "stride_oh", "stride_om",
-)
 
 
 _BIAS = {"no": 0, "bias": 1, "alibi": 2}
@@ -470,11 +462,6 @@ def constexprs(sig: dict, alg: dict) -> dict:
         "DROPOUT": bool(sig.get("dropout", False)), "SOFTCAP": bool(sig.get("logits", False)),
         "VLAYOUT_C": sig.get("vlayout", "r") == "c", "IEEE": dtype == "fp32", "UPCAST_DOT": False,
     }
-
-
-def aligned_names(vlayout: str = "r") -> tuple[str, ...]:
-    """:data:`ALIGNED` plus V's non-unit stride (``stride_vn`` for "r", ``stride_vd`` for "c")."""
-    return ALIGNED + (("stride_vd",) if vlayout == "c" else ("stride_vn",))
 
 
 def attrs(dtype: str = "fp16", vlayout: str = "r", names=None) -> dict:
