@@ -39,12 +39,21 @@ class BuildResult:
     seconds: float = 0.0
 
 
-_STATE: tuple | None = None   # (declarations, archs, profile) inherited by forked workers
+_WORKER_STATE: tuple | None = None   # (declarations, archs, profile, backend), set in each forked worker only
 
 
-def _task(group: tuple[int, ...]):
-    """Expand some declarations and encode their registry lines (runs in a worker process)."""
-    decls, archs, profile, backend = _STATE
+def _init_worker(state: tuple) -> None:
+    global _WORKER_STATE
+    _WORKER_STATE = state  # fork start method: handed over by inheritance, never pickled (rules hold lambdas)
+
+
+def _worker_task(group: tuple[int, ...]):
+    return _task(_WORKER_STATE, group)
+
+
+def _task(state: tuple, group: tuple[int, ...]):
+    """Expand some declarations and encode their registry lines."""
+    decls, archs, profile, backend = state
     out = []
     for i in group:
         res: DeclResult = expand_decl(decls[i], archs, profile, backend)
@@ -73,17 +82,14 @@ def _groups(decls) -> list[tuple[int, ...]]:
 
 
 def _run(decls, archs, profile, backend, jobs: int):
-    global _STATE
-    _STATE = (decls, archs, profile, backend)
-    try:
-        groups = _groups(decls)
-        use_pool = jobs > 1 and len(groups) > 1 and "fork" in multiprocessing.get_all_start_methods()
-        if not use_pool:
-            return [r for g in groups for r in _task(g)]
-        with multiprocessing.get_context("fork").Pool(min(jobs, len(groups))) as pool:
-            return [r for part in pool.imap_unordered(_task, groups, chunksize=1) for r in part]
-    finally:
-        _STATE = None
+    state = (decls, archs, profile, backend)
+    groups = _groups(decls)
+    use_pool = jobs > 1 and len(groups) > 1 and "fork" in multiprocessing.get_all_start_methods()
+    if not use_pool:
+        return [r for g in groups for r in _task(state, g)]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(min(jobs, len(groups)), initializer=_init_worker, initargs=(state,)) as pool:
+        return [r for part in pool.imap_unordered(_worker_task, groups, chunksize=1) for r in part]
 
 
 def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backend: str | None = None,

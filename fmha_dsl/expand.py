@@ -263,7 +263,8 @@ def _fixed_rule(family, name, value, asked) -> Rule:
     shown = ", ".join(str(a) for a in asked)
     return Rule(id="family.fixed-field", deps=(),
                 check=lambda b: False,
-                message=f"{family} kernels have no `{name}` choice: it is always {value!r} (asked for {shown})",
+                message=lambda b, m=f"{family} kernels have no `{name}` choice: it is always {value!r} "
+                f"(asked for {shown})": m,
                 hint=f"drop `{name}(...)` from this declaration, or use `*`", blame=name)
 
 

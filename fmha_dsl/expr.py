@@ -181,7 +181,7 @@ def where_rule(w: Where, index: int) -> Rule:
                     "e.g. `where hdim_q == 128 and pipeline != \"qs\"`", cls=ParseError)
     src = w.span.source_line.strip() if w.span.source_line else "where"
     deps = tuple(sorted(c.deps))
-    return Rule(id=f"where#{index}", deps=deps, check=c.fn, message=f"filtered by `{src}`", filter=True,
+    return Rule(id=f"where#{index}", deps=deps, check=c.fn, message=lambda b, m=f"filtered by `{src}`": m, filter=True,
                 blame=None)
 
 

@@ -14,11 +14,16 @@ from .parse import parse_text
 _PREC = {"or": 1, "and": 2, "not": 3, "cmp": 4, "in": 4, "notin": 4, "bin+": 5, "bin*": 6, "neg": 7}
 
 
+def _quote(s: str) -> str:
+    """A string literal the parser reads back as ``s`` (the inverse of parse._unquote)."""
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t") + '"'
+
+
 def _value(v: A.Value) -> str:
     if v.kind == "int":
         return str(v.value)
     if v.kind == "str":
-        return '"' + v.value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return _quote(v.value)
     if v.kind == "bool":
         return "true" if v.value else "false"
     if v.kind == "wild":
@@ -54,7 +59,7 @@ def _expr(e: A.Expr, parent: int = 0) -> str:
     elif op == "int":
         s = str(e.args[0])
     elif op == "str":
-        s = '"' + e.args[0].replace("\\", "\\\\").replace('"', '\\"') + '"'
+        s = _quote(e.args[0])
     elif op == "bool":
         s = "true" if e.args[0] else "false"
     elif op == "tuple":
@@ -178,7 +183,7 @@ def format_source(text: str, path: str | None = None) -> str:
         if prev is not None and not (isinstance(prev, A.Include) and isinstance(item, A.Include)):
             p.out.append("")
         if isinstance(item, A.Include):
-            p.emit(0, f'include "{item.path}"', item.span)
+            p.emit(0, f"include {_quote(item.path)}", item.span)
         else:
             p.kernel_set(item)
         prev = item

@@ -135,11 +135,14 @@ def load(path: str | os.PathLike) -> KernelSet:
 
 
 def loads(text: str, path: str | None = None) -> KernelSet:
-    """Like :func:`load`, from text (includes are not allowed without a path)."""
+    """Like :func:`load`, from text; with ``path``, includes are resolved from its folder (without a path,
+    an include is an error)."""
+    if path is not None:
+        return _make(parse_file(path, text), path)
     src = parse_text(text, path)
-    if src.includes and path is None:
+    if src.includes:
         raise error("include.no-path", "`include` needs the including file's path", src.includes[0].span,
-                    "use fmha_dsl.load(path) for files with includes")
+                    "use fmha_dsl.load(path), or fmha_dsl.loads(text, path=...)")
     return _make([src], path)
 
 

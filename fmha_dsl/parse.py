@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from importlib import resources
 
 from . import ast as A
@@ -30,6 +31,9 @@ _TOKEN_WORDS = {
 
 def grammar_text() -> str:
     return resources.files("fmha_dsl.grammar").joinpath("fmha.lark").read_text(encoding="utf-8")
+
+
+_PARSE_LOCK = threading.Lock()
 
 
 class _CommentSink:
@@ -348,14 +352,15 @@ def parse_text(text: str, path: str | None = None) -> A.SourceFile:
         raise error("input.not-text", f"expected .fmha source text, got {type(text).__name__}", cls=ParseError)
     lines = _Lines(text, path)
     parser = _parser()
-    _CommentSink.items = []
-    try:
-        tree = parser.parse(text)
-    except UnexpectedInput as exc:
-        raise _translate(exc, lines) from None
-    finally:
-        comments = tuple(_CommentSink.items)
+    with _PARSE_LOCK:  # the comment collector is shared by the one parser: one parse at a time
         _CommentSink.items = []
+        try:
+            tree = parser.parse(text)
+        except UnexpectedInput as exc:
+            raise _translate(exc, lines) from None
+        finally:
+            comments = tuple(_CommentSink.items)
+            _CommentSink.items = []
     src = _Builder(lines).build(tree)
     return A.SourceFile(src.path, src.includes, src.sets, src.items, comments)
 
@@ -378,11 +383,12 @@ def read_source(path: str | os.PathLike, span: Span | None = None) -> str:
         raise error("input.unreadable", f"cannot read `{p}`: {exc.strerror}", span, cls=ParseError) from None
 
 
-def parse_file(path: str | os.PathLike) -> list[A.SourceFile]:
+def parse_file(path: str | os.PathLike, text: str | None = None) -> list[A.SourceFile]:
     """Parse a file and, depth-first, every file it includes (each once).
 
     Returns the files in dependency order (included files first).  An include cycle is an
-    error that names the chain.
+    error that names the chain.  ``text``: the top file's contents when already in hand (it is
+    not read from ``path`` then; includes are resolved from ``path``'s folder).
     """
     out: list[A.SourceFile] = []
     done: set[str] = set()
@@ -395,7 +401,7 @@ def parse_file(path: str | os.PathLike) -> list[A.SourceFile]:
                         "remove one of the includes in the chain", cls=ParseError)
         if real in done:
             return
-        src = parse_text(read_source(p, span), p)
+        src = parse_text(text if span is None and text is not None else read_source(p, span), p)
         stack.append(real)
         for inc in src.includes:
             target = inc.path if os.path.isabs(inc.path) else os.path.join(os.path.dirname(p), inc.path)

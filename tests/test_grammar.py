@@ -114,3 +114,31 @@ def test_include(write):
     assert ks.sets == ("common", "top")
     srcs = {k.source.split(":")[0] for k in ks.expand_report().kernels}
     assert srcs == {"common.fmha", "top.fmha"}
+
+
+def test_formatter_escapes_strings_and_include_paths():
+    from fmha_dsl.parse import parse_text
+
+    text = 'include "a\\\\b.fmha"\nkernel_set a { kernel { algorithm { constraint("x\\ny\\t\\"q\\"") } } }\n'
+    out = format_source(text)
+    assert format_source(out) == out
+    src = parse_text(out)
+    assert src.includes[0].path == "a\\b.fmha"
+    assert src.sets[0].kernels[0].algorithm[0].args[0].alt.options[0].value == 'x\ny\t"q"'
+
+
+def test_where_text_with_braces_is_reported_as_written(write):
+    """A one-line kernel { ... where ... } must not be taken for a format template in explain output."""
+    ks = fmha_dsl.load(write("w.fmha", "kernel_set w { arch(gfx942) dtype(*) hdim(*) pipeline(*) tile(*) padding(*) "
+                                       "kernel k { signature { family(fwd) } where hdim_q == 64 } }"))
+    rep = ks.expand_report()
+    assert rep.rule_text["where#0"].startswith("filtered by `kernel_set w {")
+
+
+def test_loads_with_a_path_follows_includes(write):
+    write("common.fmha", "kernel_set a { arch(gfx942) kernel { signature { family(bwd_dot_do_o) dtype(fp16) "
+                         "hdim(*) mode(*) } algorithm { padding(*) } } }")
+    top = write("top.fmha", "")
+    text = 'include "common.fmha"\nkernel_set b { arch(gfx942) kernel { signature { family(bwd_dot_do_o) ' \
+           'dtype(bf16) hdim(*) mode(*) } algorithm { padding(*) } } }'
+    assert fmha_dsl.loads(text, top).sets == ("a", "b")
