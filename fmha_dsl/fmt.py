@@ -100,11 +100,6 @@ class _Printer:
                 and not self.out[-1].endswith("{"):
             self.out.append("")
 
-    def _take_before(self, line: int) -> list[str]:
-        got = [c for c in self.comments if c[0] < line]
-        self.comments = [c for c in self.comments if c[0] >= line]
-        return [c[2] for c in got]
-
     def _take_on(self, line: int) -> str:
         got = [c for c in self.comments if c[0] == line]
         self.comments = [c for c in self.comments if c[0] != line]

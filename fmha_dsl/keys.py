@@ -19,14 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from . import vocab as V
 from .fields import KeyFields, identifier_from, trusted  # noqa: F401  (re-exported)
 
-Family = Literal["fwd", "fwd_pagedkv", "fwd_splitkv", "fwd_splitkv_combine", "fwd_appendkv",
-                 "batch_prefill", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"]
-DType = Literal["fp16", "bf16", "fp32", "fp8", "bf8", "fp8fp16", "fp8bf16", "fp8fp32", "mxfp8", "mxfp4"]
+Family = Literal[V.FAMILIES]
+DType = Literal[V.DTYPES]
 Mask = Literal["no", "top_left", "bottom_right", "generic"]
 Bias = Literal["no", "bias", "alibi"]
-QScale = Literal["no", "pertensor", "blockscale", "kv_blockscale", "mx", "perhead", "per_token_head"]
+QScale = Literal[V.QSCALES]
 Rope = Literal["none", "inter", "half"]
-Arch = Literal["gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201", "sm80", "sm90"]
+Arch = Literal[V.ARCHS]
 Pad = Literal[0, 1, 8]
 
 

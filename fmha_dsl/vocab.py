@@ -13,7 +13,6 @@ FAMILIES = (
     "fwd", "fwd_pagedkv", "fwd_splitkv", "fwd_splitkv_combine", "fwd_appendkv",
     "batch_prefill", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq",
 )
-BWD_FAMILIES = ("bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
 DTYPES = ("fp16", "bf16", "fp32", "fp8", "bf8", "fp8fp16", "fp8bf16", "fp8fp32", "mxfp8", "mxfp4")
 MODES = ("batch", "group")
 VLAYOUTS = ("r", "c")
@@ -23,7 +22,6 @@ QSCALES = ("no", "pertensor", "blockscale", "kv_blockscale", "mx", "perhead", "p
 ROPES = ("none", "inter", "half")
 KV_LAYOUTS = ("vectorized", "linear")
 KV_LOOKUPS = ("vllm", "sglang")
-MASK_IMPLS = ("simplified", "generic")
 # which rule set decides what exists: CK's generator rules, or what the Triton templates implement
 BACKENDS = ("ck", "triton")
 PIPELINES = (
@@ -76,50 +74,6 @@ PROFILES = {
     "aiter_cpp": 600, "fp32_all": 800, "fp32_min": 801, "fp8_test": 888, "all": -1,
 }
 RECEIPT_TO_PROFILE = {v: k for k, v in PROFILES.items()}
-
-# ---- key fields and their kinds -----------------------------------------------------------
-# kind: "enum" (values listed), "bool", "int".  The order is the expansion order: fields the
-# rules look at early come first, so invalid subtrees are pruned early.
-SIG_FIELDS: dict[str, tuple] = {
-    "family": ("enum", FAMILIES),
-    "dtype": ("enum", DTYPES),
-    "hdim": ("pair", None),          # (hdim_q, hdim_v)
-    "mode": ("enum", MODES),
-    "vlayout": ("enum", VLAYOUTS),
-    "mask": ("enum", MASKS),
-    "bias": ("enum", BIASES),
-    "logits": ("bool", None),
-    "lse": ("bool", None),
-    "dropout": ("bool", None),
-    "store_randval": ("bool", None),
-    "dbias": ("bool", None),
-    "deterministic": ("bool", None),
-    "qscale": ("enum", QSCALES),
-    "skip": ("bool", None),
-    "sink": ("bool", None),
-    "rope": ("enum", ROPES),
-    "paged_kv": ("bool", None),
-    "fp8_static_quant": ("bool", None),
-    "kv_layout": ("enum", KV_LAYOUTS),
-    "kv_lookup": ("enum", KV_LOOKUPS),
-    "page_size": ("int", None),
-}
-ALG_FIELDS: dict[str, tuple] = {
-    "pipeline": ("enum", PIPELINES),
-    "tile": ("tile", None),          # composite: tile, wave, warp, block_per_cu, max_seq_len_q
-    "pad_s": ("pad", None),
-    "pad_sk": ("pad", None),
-    "pad_d": ("pad", None),
-    "pad_dv": ("pad", None),
-    "trload": ("bool", None),
-    "kv64": ("bool", None),
-    "hdim_q_alignment": ("int", None),
-    "hdim_v_alignment": ("int", None),
-    "num_wave_groups": ("int", None),
-    "max_splits_log2": ("int", None),
-    "selection_rank": ("int", None),
-    "constraint": ("str", None),
-}
 
 TILE_NAMES = ("m0", "n0", "k0", "n1", "k1", "k0max")
 WAVE_NAMES = ("m0", "n0", "k0", "m1", "n1", "k1", "m2", "n2", "k2")

@@ -33,7 +33,6 @@ POINTER = ("Q", 8)
 FWD_ARGS: tuple[tuple[str, str], ...] = ARGS
 FWD_NAMES: tuple[str, ...] = tuple(n for n, _ in FWD_ARGS)
 FWD_TYPES: tuple[str, ...] = tuple(t for _, t in FWD_ARGS)
-N_POINTERS = 9  # the leading pointer parameters of FWD_ARGS
 
 # Triton appends these after the declared parameters (Triton >= 3.5 on both NVIDIA and AMD)
 SCRATCH_PARAMS = ("global_scratch", "profile_scratch")
@@ -130,5 +129,5 @@ def check_params(params, expected=FWD_NAMES) -> str | None:
     return f"the build has {len(params)} parameters, this runtime packs {len(expected)}"
 
 
-__all__ = ["FWD_ARGS", "FWD_NAMES", "FWD_TYPES", "N_POINTERS", "SCRATCH_PARAMS", "Layout", "layout", "pack",
+__all__ = ["FWD_ARGS", "FWD_NAMES", "FWD_TYPES", "SCRATCH_PARAMS", "Layout", "layout", "pack",
            "code_of", "fwd_types", "check_params"]

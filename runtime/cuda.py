@@ -156,12 +156,6 @@ class _Current:
             check(driver().cuCtxPopCurrent(), "cuCtxPopCurrent")
 
 
-def make_current(device: int) -> None:
-    """Make ``device``'s primary context current on this thread (torch does this lazily per thread)."""
-    _, ctx = primary_context(device)
-    check(driver().cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-
-
 def _param_info(fn):
     """``[(offset, size), ...]`` of the function's parameters, or None when the driver cannot tell."""
     d = driver()
@@ -380,5 +374,5 @@ def load_cubin(binary: bytes, *, entry: str, shared: int, num_warps: int, device
     raise error("usage.value", f"unknown launcher {launcher!r}", None, "use 'cuda' or 'triton'", cls=UsageError)
 
 
-__all__ = ["driver", "check", "primary_context", "make_current", "LoadedFunction", "CudaKernel", "TritonKernel",
+__all__ = ["driver", "check", "primary_context", "LoadedFunction", "CudaKernel", "TritonKernel",
            "load_cubin", "trailing_pointers"]

@@ -70,9 +70,6 @@ class ExtraBlock:
     def words(self) -> tuple[int, ...]:
         return tuple(int(w or 0) for w in self.extra)
 
-    def bytes(self) -> bytes:
-        return self.buffer.raw
-
 
 def hip():
     """hip-python's ``hip`` module with a usable ROCm runtime, or a "ROCm runtime not found" error."""

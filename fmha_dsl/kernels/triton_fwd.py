@@ -582,9 +582,6 @@ def pack_args(*, q, k, v, out, q_strides, k_strides, v_strides, out_strides, nhe
 # CPU interpreter harness (tests): NumPy arrays through a duck-typed tensor shim, no torch
 # ------------------------------------------------------------------------------------------------------
 
-_NP_NAMES = {"float16": "float16", "float32": "float32", "int32": "int32", "int64": "int64"}
-
-
 class _Shim:
     """Just enough of a torch tensor for Triton's interpreter (it copies "device" storages to the host
     and back; here both are the same NumPy memory)."""
