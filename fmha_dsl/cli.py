@@ -230,6 +230,7 @@ def cmd_tune(args) -> int:
 def cmd_fmt(args) -> int:
     from .fmt import format_source
     from .parse import read_source
+    from .registry import write_atomic
 
     status = EXIT_OK
     for path in args.files:
@@ -241,10 +242,7 @@ def cmd_fmt(args) -> int:
                 status = EXIT_FAIL
         elif args.write:
             if new != text:
-                tmp = f"{path}.tmp.{os.getpid()}"
-                with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-                    f.write(new)
-                os.replace(tmp, path)
+                write_atomic(path, new)
         else:
             sys.stdout.write(new)
     return status

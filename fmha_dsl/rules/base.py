@@ -19,9 +19,10 @@ walk over the fields that checks each rule as soon as its last dependency is bou
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
+
+from ..fields import _x
 
 # Expansion order of every key field.  Rules are checked as soon as all their deps are bound,
 # so the fields most rules read come first.
@@ -169,7 +170,4 @@ def tf(flag: bool, on: str, off: str | None = None) -> str:
     return on if flag else (off if off is not None else "n" + on)
 
 
-@functools.lru_cache(maxsize=4096)
-def x(seq) -> str:
-    """``(128, 64, 32)`` -> ``128x64x32`` (cached: the same tiles recur for thousands of kernels)."""
-    return "x".join(map(str, seq))
+x = _x  # ``(128, 64, 32)`` -> ``128x64x32`` (cached: the same tiles recur for thousands of kernels)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import functools
 
 from ..data import load
-from .base import ARCH_SUFFIX, FACTORY, FamilyRules, Rule, Tile, pad_token, tf, x
-from .ck_shared import bias_token, no_logits_with_bias, table_tile
+from .base import ARCH_SUFFIX, FACTORY, FamilyRules, Rule, Tile, pad_token, tf
+from .ck_shared import bias_token, no_logits_with_bias, table_tile, tile_token
 
 FAMILY = "fwd"
 FEATURES = ("mask", "bias", "logits", "lse", "dropout", "skip", "sink", "qscale")
@@ -488,12 +488,6 @@ RULES = (
 
 
 # ----------------------------------------------------------------------------- names / support
-def _tile_name(t: Tile) -> str:
-    # FmhaFwdTileSize.name: b{tile}_r{wave gemm0}_r{wave gemm1}_w{warp gemm0}_w{warp gemm1}[_o{occupancy}]
-    n = f"b{x(t.tile[:6])}_r{x(t.wave[:3])}_r{x(t.wave[3:6])}_w{x(t.warp[:3])}_w{x(t.warp[3:6])}"
-    return n if t.block_per_cu == -1 else f"{n}_o{t.block_per_cu}"
-
-
 def _mask_token(b: dict) -> str:
     key = _mask_key(b)
     if key is not None:
@@ -510,7 +504,7 @@ def ck_name(b: dict) -> str:
         tf(b["logits"], "logits"), bias_token(b["bias"]), _mask_token(b),
         tf(b["lse"], "lse"), tf(b["dropout"], "dropout"), tf(b["skip"], "skip"),
         b["qscale"] if b["qscale"] != "no" else "nqscale", tf(b["trload"], "trload"), tf(b["sink"], "sink")))
-    return (f"fmha_fwd_d{b['hdim'][0]}_{b['dtype']}_{b['mode']}_{_tile_name(b['tile'])}_{pipe}"
+    return (f"fmha_fwd_d{b['hdim'][0]}_{b['dtype']}_{b['mode']}_{tile_token(b['tile'])}_{pipe}"
             f"{ARCH_SUFFIX[b['factory']]}")
 
 
