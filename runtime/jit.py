@@ -120,6 +120,9 @@ def compile_for(problem, arch: str, cache_dir: str | None = None, aligned: bool 
 
         raise error("runtime.jit", f"the Triton rules allow no kernel for {describe(problem)} on {arch}", None,
                     "the head dims, dtype or features exceed what the Triton template supports on this arch")
+    if not aligned:  # a distinct key (CK's constraint tag), so it sits next to the aligned variant of the same kernel
+        e = Entry(None, e.name + "_unaligned", e.source, e.build, sig=e.sig, alg=dict(e.alg, constraint="unaligned"),
+                  arch=e.arch)
     build, data = compile_entry(e, cache_dir, aligned)
     return Entry(None, e.name, "<jit>", build, sig=e.sig, alg=e.alg, arch=e.arch, ident=e.identifier), data
 
