@@ -406,7 +406,7 @@ def test_prebuilt_aligned_registry_rejects_unaligned_arguments_clearly(tmp_path)
     from fmha_dsl.runtime.dispatch import detect_arch
 
     src = tmp_path / "one.fmha"
-    src.write_text("kernel_set one { backend(triton) kernel k { signature { family(fwd) dtype(fp16) hdim(64) } "
+    src.write_text("kernel_set one { backend(triton) arch(*) kernel k { signature { family(fwd) dtype(fp16) hdim(64) } "
                    "algorithm { pipeline(qr_async) tile(64, 64, *, *, *, *) padding(true, true, true, true) } } }")
     arch = detect_arch()
     build(fmha_dsl.load(str(src)), str(tmp_path / "b"), arch=arch, jobs=1)
