@@ -3,8 +3,9 @@
     python bench/bench_select.py --build DIR [--json OUT.json] [--budget SECONDS] [--skip-tune]
 
 1. ``fmha-dsl tune DIR`` on the default matrix (``fmha_dsl/data/seqtune_shapes.json``), resumable.
-2. Held-out shapes per class (bf16/fp16 x head dim 64/128 x causal or not): other seqlens (384 ... 12288, 16k tokens
-   per batch), other batches (1 and 3 at 1536 / 6144), GQA 16/4 and MQA 16/1.  Every kernel serving a shape is timed
+2. Held-out shapes per class (bf16/fp16 x head dim 64/128 x causal or not): prefill at other seqlens (384 ... 12288,
+   16k tokens per batch), other batches (1 and 3 at 1536 / 6144), GQA 16/4 and MQA 16/1; for the unmasked classes
+   also decode / chunked prefill at other lengths (1 ... 128 query rows, 2k / 8k keys, batch 4 / 32, GQA 16/4).  Every kernel serving a shape is timed
    (do_bench: warm-up, L2 flush, median) after a check against SDPA: the exhaustive best.
 3. Per shape, the choice of: the seqtune table (``Dispatcher.select``), the cost model (same registry, table
    removed), CK's first-fit rule (``fmha_dsl.seqtune.ck_first_fit``), and the best single fixed kernel of the class
@@ -27,7 +28,13 @@ HELD_SEQLENS = (384, 768, 1536, 3072, 6144, 12288)
 TOKENS, HEADS = 16384, 16
 
 
+DECODE_Q = (1, 8, 32, 128)   # new query rows (decode, speculative decode, chunked prefill)
+DECODE_K = (2048, 8192)       # cached keys
+
+
 def held_out(cls):
+    """Shapes the default matrix never measured: prefill (square) for every class, decode / chunked prefill
+    (few query rows against a long cache) for the unmasked classes.  Each point: (sq, sk, batch, hq, hk)."""
     for s in HELD_SEQLENS:
         yield (s, s, max(1, TOKENS // s), HEADS, HEADS)
     for s in (1536, 6144):
@@ -36,6 +43,18 @@ def held_out(cls):
     for s in (768, 3072):
         for hk in (4, 1):
             yield (s, s, max(1, TOKENS // s), HEADS, hk)
+    if cls["mask"] != "no":
+        return
+    for sq in DECODE_Q:
+        for sk in DECODE_K:
+            for b in (4, 32):
+                yield (sq, sk, b, HEADS, HEADS)
+    for sq in (1, 32):
+        yield (sq, 8192, 8, HEADS, 4)  # GQA decode
+
+
+def kind(pt) -> str:
+    return "prefill" if pt[0] == pt[1] else "decode"
 
 
 def geomean(xs):
@@ -123,7 +142,7 @@ def main() -> None:
                 row[tag] = {"kernel": name[pick], "us": times.get(pick),
                             "ratio": times[pick] / times[best] if pick in times else None}
             rows.append(row)
-            print(f"{cls['dtype']} d{cls['hdim_q']} {cls['mask']:6} s={sq:>5} b={b:>3} h={hq}/{hk}: best "
+            print(f"{cls['dtype']} d{cls['hdim_q']} {cls['mask']:6} s={sq:>5}x{sk:<5} b={b:>3} h={hq}/{hk}: best "
                   f"{times[best]:9.1f} us  seqtune x{row['seqtune']['ratio'] or float('nan'):.3f}  cost "
                   f"x{row['cost_model']['ratio'] or float('nan'):.3f}  ck x{row['ck_first_fit']['ratio'] or float('nan'):.3f}",
                   flush=True)
@@ -145,7 +164,17 @@ def main() -> None:
             r["fixed"] = {"kernel": fixed, "us": r["times_us"][fixed]}
             if r["seqtune"]["us"]:
                 fixed_ratio.append(r["times_us"][fixed] / r["seqtune"]["us"])
+    def subset(rs):
+        return {"shapes": len(rs),
+                "seqtune_regret": geomean([r["seqtune"]["ratio"] for r in rs]) - 1,
+                "cost_model_regret": geomean([r["cost_model"]["ratio"] for r in rs]) - 1,
+                "ck_first_fit_regret": geomean([r["ck_first_fit"]["ratio"] for r in rs]) - 1,
+                "fixed_regret": geomean([r["fixed"]["us"] / r["best_us"] for r in rs if "fixed" in r]) - 1,
+                "gain_over_best_fixed": geomean([r["fixed"]["us"] / r["seqtune"]["us"] for r in rs
+                                                 if "fixed" in r and r["seqtune"]["us"]]) - 1}
+
     summary = {
+        "by_kind": {k: subset([r for r in rows if kind(r["point"]) == k]) for k in ("prefill", "decode")},
         "shapes": len(rows),
         "seqtune_regret": geomean([r["seqtune"]["ratio"] for r in rows]) - 1,
         "cost_model_regret": geomean([r["cost_model"]["ratio"] for r in rows]) - 1,
@@ -157,6 +186,11 @@ def main() -> None:
     print("\n| selection | geomean regret vs exhaustive best |\n|---|---|")
     for tag in ("seqtune", "cost_model", "ck_first_fit", "fixed"):
         print(f"| {tag} | {100 * summary[tag + '_regret']:.1f} % |")
+    for k, sub in summary["by_kind"].items():
+        if sub["shapes"]:
+            print(f"{k}: {sub['shapes']} shapes, seqtune regret {100 * sub['seqtune_regret']:.1f} %, cost model "
+                  f"{100 * sub['cost_model_regret']:.1f} %, CK first-fit {100 * sub['ck_first_fit_regret']:.1f} %, "
+                  f"gain over the class's fixed kernel {100 * sub['gain_over_best_fixed']:+.1f} %")
     print(f"\nseqtune vs best single fixed kernel per class: {100 * summary['gain_over_best_fixed']:+.1f} % "
           f"(goal >= 10 %); seqtune regret goal <= 3 %; {summary['seqtune_picks_best']}/{len(rows)} shapes exact")
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

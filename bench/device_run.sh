@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One GPU-machine run (see bench/README_device.md): lay the tree out as the installed package, build the
 # benchmark set for the local GPU, run the GPU tests and the benchmarks.  Logs and JSON go to $OUT.
-#   bash bench/device_run.sh [all|tests|fwd|flex|dispatch|select]
+#   bash bench/device_run.sh [all|tests|fwd|flex|dispatch|select]   (several: "tests dispatch")
 set -uo pipefail
-what="${1:-all}"
+what=" ${*:-all} "
 export OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r fmha_dsl /tmp/pkg/ && cp -r runtime /tmp/pkg/fmha_dsl/runtime \
@@ -11,25 +11,29 @@ rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r fmha_dsl /tmp/pkg/ && cp -r runtim
 export PYTHONPATH=/tmp/pkg:/tmp/site PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1 FMHA_DSL_CACHE_DIR=/tmp/fmha-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 arch=$(python3 -c "import torch; c=torch.cuda.get_device_capability(); print(f'sm{c[0]}{c[1]}')")
-if [[ $what == all || $what == fwd || $what == flex || $what == select ]]; then
+if [[ $what == *" all "* || $what == *" fwd "* || $what == *" flex "* ]]; then
   python3 -P -m fmha_dsl.cli build bench_fwd --arch "$arch" -o /tmp/bench -j 16 -q 2>&1 | tail -5 | tee "$OUT/build.log"
   cp /tmp/bench/build-report.json "$OUT/" 2>/dev/null
 fi
-if [[ $what == all || $what == tests ]]; then
+if [[ $what == *" all "* || $what == *" tests "* ]]; then
   python3 -P -m pytest -q tests/test_gpu.py -p no:cacheprovider -ra -x 2>&1 | tail -40 | tee "$OUT/test_gpu.log"
 fi
-if [[ $what == all || $what == dispatch ]]; then
+if [[ $what == *" all "* || $what == *" dispatch "* ]]; then
   python3 -P bench/bench_dispatch.py 2>&1 | tail -30 | tee "$OUT/bench_dispatch.log"
 fi
-if [[ $what == all || $what == fwd ]]; then
+if [[ $what == *" all "* || $what == *" fwd "* ]]; then
   python3 -P bench/bench_fwd.py --build /tmp/bench --peers sdpa --json "$OUT/bench_fwd_sdpa.json" 2>&1 | tee "$OUT/bench_fwd.log"
 fi
-if [[ $what == flex ]]; then
+if [[ $what == *" flex "* ]]; then
   python3 -P bench/bench_fwd.py --build /tmp/bench --peers flex --json "$OUT/bench_fwd_flex.json" 2>&1 | tee "$OUT/bench_flex.log"
 fi
-if [[ $what == select ]]; then
-  # tune the bench_fwd build on the default matrix (fmha-dsl tune), then evaluate on held-out shapes
-  python3 -P -m fmha_dsl.cli tune /tmp/bench --budget "${TUNE_BUDGET:-420}" 2>&1 | tail -20 | tee "$OUT/tune.log"
-  cp /tmp/bench/registry.json "$OUT/registry_tuned.json" 2>/dev/null
-  python3 -P bench/bench_select.py --build /tmp/bench --skip-tune --json "$OUT/bench_select.json" 2>&1 | tee "$OUT/bench_select.log"
+if [[ $what == *" select "* ]]; then
+  # the seqtune kernel set (decode- to prefill-sized tiles): build, tune on the default matrix, evaluate on
+  # held-out shapes, draw the report, and time dispatch through the tuned registry
+  python3 -P -m fmha_dsl.cli build seqtune_fwd --arch "$arch" -o /tmp/seqtune -j 16 -q 2>&1 | tail -5 | tee "$OUT/build_seqtune.log"
+  python3 -P -m fmha_dsl.cli tune /tmp/seqtune --budget "${TUNE_BUDGET:-300}" 2>&1 | tail -20 | tee "$OUT/tune.log"
+  cp /tmp/seqtune/registry.json "$OUT/registry_tuned.json" 2>/dev/null
+  python3 -P bench/bench_select.py --build /tmp/seqtune --skip-tune --json "$OUT/bench_select.json" 2>&1 | tee "$OUT/bench_select.log" | grep -v "^[bf][fp]16 d"
+  python3 -P -m fmha_dsl.cli report /tmp/seqtune -o "$OUT/report.html" --png 2>&1 | tail -3
+  python3 -P bench/bench_dispatch.py --registry /tmp/seqtune --json "$OUT/bench_dispatch_tuned.json" 2>&1 | tail -14
 fi

@@ -163,13 +163,19 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
     else:
         disp = _dispatcher(registry, dev)
     if dev >= 0 and not group:  # the common case, inlined (same order as runtime.dispatch.fwd_args)
-        args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
+        qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+        os_ = out.stride()
+        args = [qp, kp, vp, op, 0 if lse is None else lse.data_ptr(),
                 0 if bias is None else bias.data_ptr(), 0 if alibi_slopes is None else alibi_slopes.data_ptr(), 0, 0,
                 1.0 / math.sqrt(dq) if scale is None else float(scale), 0.0 if softcap is None else float(softcap),
                 float(dropout_p) if dropout_p else 0.0, seed if dropout_p else 0, offset if dropout_p else 0,
-                sq, sk, sq, sk, hq, hk, dq, dv, wl, wr, br, sink, *qs, *ks, *vs, *out.stride(),
+                sq, sk, sq, sk, hq, hk, dq, dv, wl, wr, br, sink, *qs, *ks, *vs, *os_,
                 *((0, 0, 1) if lse is None else lse.stride()), *((0, 0, 0, 1) if bst is None else bst),
                 *((0, 1) if ast is None else ast)]
+        # the 16-divisibility promise (fwd_abi.aligned_names): base pointers and every non-unit stride of q, k, v
+        # and out, in one OR (tests/test_gpu.py runs misaligned pointers and strides through this branch)
+        aligned = not ((qp | kp | vp | op | qs[0] | qs[1] | qs[2] | ks[0] | ks[1] | ks[2] | vs[0] | vs[1]
+                        | vs[3 if vc else 2] | os_[0] | os_[1] | os_[2]) & 15)
     else:
         if dev >= 0:
             ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
@@ -181,9 +187,9 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
         args = _fwd_args(ptrs, group, qs, ks, vs, out.stride(), None if lse is None else lse.stride(), bst, ast, hq,
                          hk, dq, dv, 0 if group else sq, 0 if group else sk, sq, sk, scale, softcap, dropout_p, seed,
                          offset, wl, wr, br, sink)
-    # binaries built with the 16-divisibility promise serve only arguments that keep it; others get (or JIT
-    # compile) a variant without it.  The CPU interpreter takes tensors and has no such promise.
-    aligned = dev < 0 or all(args[i] & 15 == 0 for i in _ALIGNED_IDX[vc])
+        # binaries built with the 16-divisibility promise serve only arguments that keep it; others get (or JIT
+        # compile) a variant without it.  The CPU interpreter takes tensors and has no such promise.
+        aligned = dev < 0 or all(args[i] & 15 == 0 for i in _ALIGNED_IDX[vc])
     key = (dname, group, dq, dv, vc, mask != "no", bias_kind, bool(return_lse), bool(dropout_p),
            softcap is not None, sink > 0, aligned, sq % disp.lq, sk % disp.lk)
     if disp.sq_bounds:

@@ -317,44 +317,63 @@ def _log(x: float) -> float:
 
 
 def predict(pts: dict, kernel: str, m0: int, n0: int, p, cus: int) -> tuple[float | None, list]:
-    """Predicted time (us) of ``kernel`` on problem ``p`` from a class's points, and the points used."""
+    """Predicted time (us) of ``kernel`` on problem ``p`` from a class's points, and the points used.
+
+    The measured points form rows of equal ``seqlen_q``.  In each row the time is interpolated in log(seqlen_k)
+    between the two measured key lengths around the problem's (a power law between them); across rows it is
+    interpolated in log(seqlen_q) between the two rows around the problem's.  Outside the measured range the
+    nearest row / point is carried to the problem by the kernel's work model: waves of programs over the device's
+    compute units (``ceil(sq/m0) x nhead_q x batch`` programs) and key blocks (``ceil(sk/n0)``).  Every measured
+    point used is first carried to the problem's batch x heads the same way (per (seqlen_q, seqlen_k) the point
+    of the nearest batch x heads is used).  A measured point equal to the problem is returned as measured.
+    """
     mine = [(pt, rec["times_us"][kernel]) for pt, rec in pts.items() if kernel in rec["times_us"]]
     if not mine:
         return None, []
     sq = max(int(p.max_seqlen_q or p.seqlen_q), 1)
     sk = max(int(p.max_seqlen_k or p.seqlen_k), 1)
     bh = p.batch * p.nhead_q
-    ratio = _log(sk / sq)
-    best_r = min(abs(_log(max(pt[1], 1) / max(pt[0], 1)) - ratio) for pt, _ in mine)
-    line = [(pt, t) for pt, t in mine if abs(abs(_log(max(pt[1], 1) / max(pt[0], 1)) - ratio) - best_r) < 1e-9]
-    by_sq: dict[int, tuple] = {}
-    for pt, t in line:
+    rows: dict[int, dict[int, tuple]] = {}
+    for pt, t in mine:
         d = abs(_log(pt[2] * pt[3]) - _log(bh))
-        cur = by_sq.get(pt[0])
+        cur = rows.setdefault(pt[0], {}).get(pt[1])
         if cur is None or (d, pt) < (cur[0], cur[1]):
-            by_sq[pt[0]] = (d, pt, t)
-    xs = sorted(by_sq)
+            rows[pt[0]][pt[1]] = (d, pt, t)
 
-    def scaled(s_at: int, full: bool) -> tuple[float, tuple]:
-        _, pt, t = by_sq[s_at]
-        s_to = sq if full else pt[0]
-        f = waves(programs(s_to, m0, p.nhead_q, p.batch), cus) / waves(programs(pt[0], m0, pt[3], pt[2]), cus)
-        if full:
-            f *= _cdiv(sk, n0) / _cdiv(max(pt[1], 1), n0)
-        return t * f, pt
+    def waves_at(s_q: int, batch: int, heads: int) -> int:
+        return waves(programs(s_q, m0, heads, batch), cus)
 
-    i = bisect.bisect_left(xs, sq)
-    if i < len(xs) and xs[i] == sq:
-        t, pt = scaled(sq, False)
-        return t, [pt]
-    if i == 0 or i == len(xs):
-        t, pt = scaled(xs[0] if i == 0 else xs[-1], True)
-        return t, [pt]
-    lo, hi = xs[i - 1], xs[i]
-    t0, p0 = scaled(lo, False)
-    t1, p1 = scaled(hi, False)
-    w = (_log(sq) - _log(lo)) / (_log(hi) - _log(lo))
-    return math.exp((1 - w) * _log(t0) + w * _log(t1)), [p0, p1]
+    def carried(pt: tuple, t: float, to_sq: int, to_sk: int) -> float:
+        """``t`` measured at ``pt``, carried to (to_sq, to_sk) at the problem's batch x heads."""
+        f = waves_at(to_sq, p.batch, p.nhead_q) / waves_at(pt[0], pt[2], pt[3])
+        return t * f * _cdiv(max(to_sk, 1), n0) / _cdiv(max(pt[1], 1), n0)
+
+    def between(xs: list, x: int, at) -> tuple[float, list]:
+        """Interpolate ``at(x_i, x)`` (time, points) in log(x) over the sorted grid ``xs``."""
+        i = bisect.bisect_left(xs, x)
+        if i < len(xs) and xs[i] == x:
+            return at(x, x)
+        if i == 0 or i == len(xs):
+            return at(xs[0] if i == 0 else xs[-1], x)
+        lo, hi = xs[i - 1], xs[i]
+        t0, p0 = at(lo, lo)
+        t1, p1 = at(hi, hi)
+        w = (_log(x) - _log(lo)) / (_log(hi) - _log(lo))
+        return math.exp((1 - w) * _log(t0) + w * _log(t1)), p0 + p1
+
+    def row(s_q: int, to_sq: int) -> tuple[float, list]:
+        cells = rows[s_q]
+
+        def cell(s_k: int, to_sk: int) -> tuple[float, list]:
+            _, pt, t = cells[s_k]
+            return carried(pt, t, to_sq, to_sk), [pt]
+
+        return between(sorted(cells), sk, cell)
+
+    exact = rows.get(sq, {}).get(sk)
+    if exact is not None and exact[0] == 0.0:
+        return exact[2], [exact[1]]
+    return between(sorted(rows), sq, row)
 
 
 def rank(p, candidates: Iterable, table: Table | None = None, arch: str | None = None,

@@ -10,6 +10,7 @@ triton):
 
 ``dispatch``   :class:`Dispatcher`, :class:`Plan`: matching, selection, the no-kernel error, launching
 ``cuda``       cubins through cuda-python's driver API (and Triton's C launcher as an alternative)
+``native``     the C launcher (``native_launch.c``), compiled on first use and cached; the default on NVIDIA
 ``hip``        hsaco through hip-python (packed kernargs)
 ``abi``        the kernel-parameter byte layout both use (pure)
 ``jit``        compile the one kernel a problem needs on first use (imports the build machinery then)

@@ -16,16 +16,21 @@
 * Every driver call's ``CUresult`` is checked; a failure is an :class:`fmha_dsl.errors.FmhaError` (rule
   ``runtime.cuda``) naming the call, the error and what to do.
 
-Two launch paths, same interface (:meth:`launch`):
+Three launch paths, same interface (:meth:`launch`):
 
-``"cuda"`` (default)  :class:`CudaKernel`: the arguments are packed with one precompiled ``struct.pack_into``
-                      into a buffer whose slot addresses were computed at load, then ``cuLaunchKernel``.
+``"native"``          :class:`NativeKernel`: fmha-dsl's C launcher (:mod:`fmha_dsl.runtime.native`, compiled on
+                      first use) converts the arguments and calls ``cuLaunchKernel`` in one C function.
+``"cuda"``            :class:`CudaKernel`: the arguments are packed with one precompiled ``struct.pack_into``
+                      into a buffer whose slot addresses were computed at load, then cuda-python's
+                      ``cuLaunchKernel``.
 ``"triton"``          :class:`TritonKernel`: the same function handle launched through Triton's own C launcher
                       (``driver.active.launcher_cls``; Triton 3.6 compiles a per-signature C stub once, Triton
                       3.9 uses its generic launcher).  Needs triton at run time.
+``"auto"`` (default)  ``native`` where the extension builds (a C compiler and the Python headers), else
+                      ``cuda``.
 
-``bench/bench_dispatch.py`` times both; ``FMHA_DSL_LAUNCHER=triton`` (or ``Dispatcher(..., launcher=...)``)
-selects the other one.
+``bench/bench_dispatch.py`` times all three; ``FMHA_DSL_LAUNCHER`` (or ``Dispatcher(..., launcher=...)``)
+selects one.
 """
 
 from __future__ import annotations
@@ -326,6 +331,35 @@ class CudaKernel:
                            f"shared={self._shared})")
 
 
+class NativeKernel(CudaKernel):
+    """Launch path 0: the native extension packs and launches in C (scratch, context retries: as CudaKernel)."""
+
+    kind = "native"
+
+    def __init__(self, fn: LoadedFunction, block: int, scratch=(0, 0), alloc=None):
+        from . import native
+
+        super().__init__(fn, block, scratch, alloc)
+        mod = native.load()
+        kinds = native.kinds(fn.types) + b"p" * fn.trailing
+        self._native = mod.Launcher(native.driver_launch_address(), fn.handle, self._block, fn.shared, kinds,
+                                    fn.trailing)
+        self._go = self._native.launch
+
+    def launch(self, grid, args, stream: int = 0) -> None:
+        if self._has_scratch:
+            return super().launch(grid, args, stream)
+        try:
+            err = self._go(grid[0], grid[1], grid[2], stream, args)
+        except (OverflowError, TypeError):
+            raise error("runtime.args", str(abi._explain(self.layout, tuple(args) + self._tail)), None,
+                        "a size or stride does not fit the kernel's 32-bit arguments") from None
+        if err:
+            if stream not in self._streams:
+                self._stream(stream)
+            self._retry(err, grid, args, stream, self._tail)
+
+
 class TritonKernel:
     """Launch path 2: Triton's C launcher (``triton.runtime.driver.active.launcher_cls``) on the same handle."""
 
@@ -363,16 +397,29 @@ class TritonKernel:
 
 
 def load_cubin(binary: bytes, *, entry: str, shared: int, num_warps: int, device: int, types, warp_size: int = 32,
-               launcher: str = "cuda", scratch=(0, 0), alloc=None, names=None):
-    """Load ``binary`` on ``device`` and wrap it in the chosen launcher (``"cuda"`` or ``"triton"``)."""
+               launcher: str = "auto", scratch=(0, 0), alloc=None, names=None):
+    """Load ``binary`` on ``device`` and wrap it in the chosen launcher (``auto``, ``native``, ``cuda``,
+    ``triton``)."""
     block = int(num_warps) * int(warp_size)
     fn = LoadedFunction(binary, entry, shared, block, device, types)
+    if launcher in ("auto", "native"):
+        from .native import NativeUnavailable
+
+        try:
+            return NativeKernel(fn, block, scratch, alloc)
+        except NativeUnavailable as exc:
+            if launcher == "native":
+                raise error("runtime.native", f"the native launcher is not available: {exc}", None,
+                            "use launcher='cuda' (cuda-python), or install a C compiler and the Python headers",
+                            cls=UsageError) from None
+        return CudaKernel(fn, block, scratch, alloc)
     if launcher == "cuda":
         return CudaKernel(fn, block, scratch, alloc)
     if launcher == "triton":
         return TritonKernel(fn, block, num_warps, scratch, names)
-    raise error("usage.value", f"unknown launcher {launcher!r}", None, "use 'cuda' or 'triton'", cls=UsageError)
+    raise error("usage.value", f"unknown launcher {launcher!r}", None, "use 'auto', 'native', 'cuda' or 'triton'",
+                cls=UsageError)
 
 
-__all__ = ["driver", "check", "primary_context", "LoadedFunction", "CudaKernel", "TritonKernel",
+__all__ = ["driver", "check", "primary_context", "LoadedFunction", "CudaKernel", "NativeKernel", "TritonKernel",
            "load_cubin", "trailing_pointers"]

@@ -55,7 +55,7 @@ from .plan import (Plan, Stage, _stream_handle, alibi_strides, bias_strides, cur
 
 
 ARCH_OF_CAPABILITY = {8: "sm80", 9: "sm90"}
-LAUNCHERS = ("cuda", "triton", "hip", "interpret")
+LAUNCHERS = ("auto", "native", "cuda", "triton", "hip", "interpret")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -100,10 +100,14 @@ def open_registry(registry) -> tuple[Registry, str | None]:
 # ---------------------------------------------------------------------------------------------------------
 # the dispatcher
 # ---------------------------------------------------------------------------------------------------------
+def _sig_sans_hdim(e: Entry) -> tuple:
+    return tuple(sorted((k, v) for k, v in e.sig.items() if k not in ("hdim_q", "hdim_v")))
+
+
 def default_launcher(arch: str) -> str:
     if arch.startswith("gfx"):
         return "hip"
-    return os.environ.get("FMHA_DSL_LAUNCHER", "cuda") or "cuda"
+    return os.environ.get("FMHA_DSL_LAUNCHER", "auto") or "auto"
 
 
 class Dispatcher:
@@ -112,8 +116,9 @@ class Dispatcher:
     ``registry``: a :class:`~fmha_dsl.registry.Registry`, a build directory or a ``registry.json`` path (``None``:
     empty, for ``jit=True``).  ``arch``: the registry arch to serve (default: the current device's).
     ``root``: where the entries' ``build["binary"]`` paths are relative to (default: the registry file's folder).
-    ``launcher``: ``"cuda"`` (cuda-python, default on NVIDIA; ``FMHA_DSL_LAUNCHER`` overrides), ``"triton"``
-    (Triton's C launcher), ``"hip"`` (AMD) or ``"interpret"`` (the template under ``TRITON_INTERPRET=1`` on CPU
+    ``launcher``: ``"auto"`` (default on NVIDIA, ``FMHA_DSL_LAUNCHER`` overrides: ``"native"`` where fmha-dsl's
+    C launcher compiles, else ``"cuda"``), ``"native"``, ``"cuda"`` (cuda-python), ``"triton"`` (Triton's C
+    launcher), ``"hip"`` (AMD) or ``"interpret"`` (the template under ``TRITON_INTERPRET=1`` on CPU
     tensors: tests and debugging).  ``jit``: compile missing kernels on first use.
     """
 
@@ -163,8 +168,11 @@ class Dispatcher:
         self._plans: dict[tuple, Plan] = {}
         self._plan_of: dict[str, Plan] = {}  # one Plan per selected kernel
         self.fast: dict[tuple, Plan] = {}  # attention()'s own problem-class keys
-        # the selection depends on seqlen / batch x heads (table or cost model): the class key adds buckets
-        self.ranking = getattr(self, "table", None) is not None or any(e.build for e in self.entries)
+        # the selection depends on seqlen / batch x heads (table or cost model): the class key adds buckets --
+        # only when some problem has a choice, i.e. two kernels of one signature up to the head dims (a larger
+        # head dim serves a smaller one).  A JIT dispatcher holds one kernel per class: no buckets, fewer keys.
+        ranked_data = getattr(self, "table", None) is not None or any(e.build for e in self.entries)
+        self.ranking = ranked_data and len({_sig_sans_hdim(e) for e in self.entries}) < len(self.entries)
 
     def add(self, entry: Entry, binary: bytes | None = None) -> None:
         """Add a kernel (and its binary bytes) to this dispatcher's registry; cached decisions are redone."""

@@ -6,8 +6,9 @@
 * Shape matrix: ``fmha_dsl/data/seqtune_shapes.json`` by default; ``shapes=`` a JSON file, or YAML
   (``.yaml``/``.yml``, needs PyYAML: ``pip install fmha-dsl[tune]``).  Each entry of ``classes`` expands over its
   lists (``dtype``, ``hdim`` (or ``hdim_q``/``hdim_v`` pairs), ``mask``: ``no``/``causal``, optional ``lse``),
-  with points at every ``seqlens`` value: ``batch`` = ``tokens // seqlen`` (at least 1) or the ``batch`` list, plus
-  ``extra_batches``; ``nhead_q``/``nhead_k``; ``seqlen_k`` = seqlen (or ``seqlen_k_ratio`` x seqlen).
+  with points at every ``seqlens`` value: ``seqlen_k`` = seqlen (or ``seqlen_k_ratio`` x seqlen, or every value of
+  a ``seqlens_k`` list: decode and chunked prefill); ``batch`` = ``tokens // max(seqlen_q, seqlen_k)`` (at least 1)
+  or the ``batch`` list, plus ``extra_batches``; ``nhead_q``/``nhead_k``.
 * Each kernel that serves a point (the dispatcher's matching) is timed with CUDA events through
   ``triton.testing.do_bench`` (warm-up, L2 flushed between runs, median of the repeats).
 * Before its first timing in a class a kernel's output is checked against torch SDPA (relative Frobenius error
@@ -139,6 +140,9 @@ def expand_shapes(doc: dict, where: str = "<shapes>") -> list[tuple[dict, list[t
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
             raise _bad(where, i, f"`seqlen_k_ratio` must be a positive number, got {ratio!r}")
         seqlens = [_pos_int(where, i, "seqlens", s) for s in _list(c["seqlens"])]
+        seqlens_k = [_pos_int(where, i, "seqlens_k", s) for s in _list(c["seqlens_k"])] if "seqlens_k" in c else None
+        if seqlens_k is not None and "seqlen_k_ratio" in c:
+            raise _bad(where, i, "give `seqlens_k` or `seqlen_k_ratio`, not both")
         tokens = _pos_int(where, i, "tokens", c.get("tokens", 16384))
         fixed = [_pos_int(where, i, "batch", b) for b in _list(c["batch"])] if "batch" in c else None
         extra = [_pos_int(where, i, "extra_batches", b) for b in _list(c.get("extra_batches", []))]
@@ -148,9 +152,9 @@ def expand_shapes(doc: dict, where: str = "<shapes>") -> list[tuple[dict, list[t
                    "sink": False}
             _, pts = out.setdefault(seqtune.class_key(cls), (cls, set()))
             for s in seqlens:
-                sk = max(1, int(round(s * float(ratio))))
-                for b in (fixed if fixed is not None else [max(1, tokens // s)]) + extra:
-                    pts.add((s, sk, b, hq, hk))
+                for sk in seqlens_k or [max(1, int(round(s * float(ratio))))]:
+                    for b in (fixed if fixed is not None else [max(1, tokens // max(s, sk))]) + extra:
+                        pts.add((s, sk, b, hq, hk))
     return [(cls, sorted(pts)) for cls, pts in sorted(out.values(), key=lambda cp: json.dumps(cp[0], sort_keys=True))]
 
 

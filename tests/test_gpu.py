@@ -277,16 +277,31 @@ def test_large_problem_against_sdpa():
 # ---------------------------------------------------------------------------------------------------------
 # the run-time machinery
 # ---------------------------------------------------------------------------------------------------------
-def test_both_launchers_agree():
+def test_every_launcher_agrees():
+    from fmha_dsl.runtime import native
     from fmha_dsl.runtime.dispatch import Dispatcher
 
     q, k, v = rnd(2, 4, 128, 64), rnd(2, 4, 128, 64), rnd(2, 4, 128, 64)
     a = fmha_dsl.attention(q, k, v, causal=True)
-    tri = Dispatcher(None, jit=True, launcher="triton")
-    b = fmha_dsl.attention(q, k, v, causal=True, registry=tri)
-    cu = Dispatcher(None, jit=True, launcher="cuda")
-    c = fmha_dsl.attention(q, k, v, causal=True, registry=cu)
-    assert torch.equal(a, b) and torch.equal(a, c)
+    outs = {}
+    for name in ("native", "cuda", "triton"):
+        d = Dispatcher(None, jit=True, launcher=name)
+        outs[name] = fmha_dsl.attention(q, k, v, causal=True, registry=d)
+        [plan] = d.fast.values()
+        assert plan._stage.kernel(0).kind == name
+        assert torch.equal(a, outs[name]), name
+    # the default ("auto") is the native launcher wherever it compiles (it does on this machine)
+    auto = Dispatcher(None, jit=True)
+    fmha_dsl.attention(q, k, v, registry=auto)
+    assert native.available()[0] and next(iter(auto.fast.values()))._stage.kernel(0).kind == "native"
+    # a value that does not fit its 32-bit parameter is a located error before anything is launched
+    from fmha_dsl.runtime.abi import FWD_NAMES
+
+    bad = [0] * len(FWD_NAMES)
+    bad[FWD_NAMES.index("seqlen_q")] = 1 << 40
+    with pytest.raises(FmhaError) as ei:
+        next(iter(auto.fast.values()))._stage.kernel(0).launch((1, 1, 1), bad, 0)
+    assert ei.value.rule == "runtime.args" and "1099511627776" in ei.value.message
 
 
 def test_plan_run_directly():
@@ -401,6 +416,37 @@ def test_arguments_without_16_divisible_strides(d):
     close(out, reference(base, base, base)[0], torch.float16)
 
 
+def test_alignment_is_decided_per_argument():
+    """Each of q, k, v made misaligned on its own (base pointer, or one row stride) selects the unaligned
+    variant; aligned arguments the aligned binary; both agree with the reference."""
+    from fmha_dsl.runtime.dispatch import Dispatcher
+
+    def shifted(t):  # same values, base pointer 2 bytes past a 16-byte boundary
+        flat = torch.empty(t.numel() + 1, device="cuda", dtype=t.dtype)
+        view = flat[1:].view(t.shape)
+        view.copy_(t)
+        return view
+
+    def wide_rows(t):  # same values, row stride 72 elements (not a multiple of 16)
+        w = torch.zeros(*t.shape[:-1], 72, device="cuda", dtype=t.dtype)
+        w[..., : t.shape[-1]] = t
+        return w[..., : t.shape[-1]]
+
+    q, k, v = rnd(1, 2, 64, 64), rnd(1, 2, 64, 64), rnd(1, 2, 64, 64)
+    want = reference(q, k, v)[0]
+    cases = [("none", (q, k, v), False)]
+    for i, name in enumerate("qkv"):
+        for how, fn in (("pointer", shifted), ("stride", wide_rows)):
+            args = [q, k, v]
+            args[i] = fn(args[i])
+            cases.append((f"{name} {how}", tuple(args), True))
+    for what, args, unaligned in cases:
+        d = Dispatcher(None, jit=True)
+        close(fmha_dsl.attention(*args, registry=d), want, torch.float16, what)
+        [plan] = d.fast.values()
+        assert (plan.entry.alg["constraint"] == "unaligned") == unaligned, what
+
+
 def test_prebuilt_aligned_registry_rejects_unaligned_arguments_clearly(tmp_path):
     from fmha_dsl.build import build
     from fmha_dsl.runtime.dispatch import detect_arch
@@ -414,3 +460,68 @@ def test_prebuilt_aligned_registry_rejects_unaligned_arguments_clearly(tmp_path)
     with pytest.raises(FmhaError) as ei:
         fmha_dsl.attention(base, base, base, registry=str(tmp_path / "b"))
     assert ei.value.rule == "dispatch.no-kernel" and "16-divisible" in ei.value.render()
+
+
+def test_attention_follows_a_tuned_table_and_ignores_another_devices(tmp_path):
+    """Build two padded kernels of one class (16 and 128 query rows per program), tune them on this GPU over a
+    decode and a prefill point, then: attention(registry=...) runs the kernel the table ranks first at each point
+    (its output checked against SDPA), explain() reports measured and predicted times; the same table relabelled
+    as another GPU's is ignored with a SeqtuneDeviceWarning and the cost model decides."""
+    import json
+    import warnings
+
+    from fmha_dsl.build import build
+    from fmha_dsl.registry import Registry
+    from fmha_dsl.runtime.dispatch import Dispatcher, detect_arch
+    from fmha_dsl.runtime.tune import tune
+    from fmha_dsl.seqtune import SeqtuneDeviceWarning
+
+    arch = detect_arch()
+    src = tmp_path / "two.fmha"
+    src.write_text(f"""
+kernel_set two {{
+    backend(triton) arch({arch}) family(fwd) dtype(fp16) mode(batch) hdim(64) mask(no)
+    pipeline(qr_async) padding(true, true, true, true)
+    kernel small {{ algorithm {{ tile(16, 64, 64, 64, 64, 64) wave_m0(4) }} }}
+    kernel large {{ algorithm {{ tile(128, 64, 64, 64, 64, 64) wave_m0(8) }} }}
+}}
+""")
+    out_dir = tmp_path / "b"
+    res = build(fmha_dsl.load(str(src)), str(out_dir), arch=arch, jobs=2)
+    assert not res.failures, res.failures
+    shapes = tmp_path / "m.json"
+    shapes.write_text(json.dumps({"name": "t", "classes": [
+        {"dtype": "fp16", "hdim": 64, "mask": "no", "nhead_q": 16, "seqlens": [1], "seqlens_k": [8192],
+         "batch": [4]},
+        {"dtype": "fp16", "hdim": 64, "mask": "no", "nhead_q": 16, "seqlens": [4096], "batch": [4]}]}))
+    r = tune(str(out_dir), shapes=str(shapes), warmup_ms=5, rep_ms=20)
+    assert r.measured == 4 and r.failed == 0
+    reg = Registry.load(str(out_dir / "registry.json"))
+    assert reg.seqtune["device"]["name"] == torch.cuda.get_device_name()
+    names = {e.identifier: e.name for e in reg}
+    for sq, sk in ((1, 8192), (4096, 4096)):
+        disp = Dispatcher(str(out_dir))
+        prob = P(seqlen_q=sq, seqlen_k=sk, batch=4, nhead_q=16, nhead_k=16)
+        rows = disp.explain(prob)
+        measured = {row["name"]: row["measured_us"] for row in rows if not row.get("excluded")}
+        assert all(t and t > 0 for t in measured.values()) and len(measured) == 2
+        fastest = min(measured, key=measured.get)
+        assert rows[0]["selected"] and rows[0]["name"] == fastest and rows[0]["source"] == "seqtune"
+        q, k, v = rnd(4, 16, sq, 64), rnd(4, 16, sk, 64), rnd(4, 16, sk, 64)
+        out = fmha_dsl.attention(q, k, v, registry=disp)
+        [plan] = disp.fast.values()
+        assert names[plan.entry.identifier] == fastest
+        close(out, F.scaled_dot_product_attention(q, k, v), torch.float16)
+    # the same table, said to be from another GPU: ignored with a warning, the cost model decides
+    doc = json.loads((out_dir / "registry.json").read_text())
+    doc["seqtune"]["device"]["name"] = "Some Other GPU"
+    (out_dir / "registry.json").write_text(json.dumps(doc))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        disp = Dispatcher(str(out_dir))
+    assert any(issubclass(w.category, SeqtuneDeviceWarning) and "Some Other GPU" in str(w.message) for w in seen)
+    assert disp.table is None
+    rows = disp.explain(P(seqlen_q=1, seqlen_k=8192, batch=4, nhead_q=16, nhead_k=16))
+    assert rows[0]["source"] == "cost-model"
+    q, k, v = rnd(4, 16, 1, 64), rnd(4, 16, 8192, 64), rnd(4, 16, 8192, 64)
+    close(fmha_dsl.attention(q, k, v, registry=disp), F.scaled_dot_product_attention(q, k, v), torch.float16)

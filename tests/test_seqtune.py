@@ -137,6 +137,23 @@ def test_interpolation_in_log_seqlen():
     assert seqtune.predict(pts, "nobody", 128, 64, problem(1024), cus=10_000) == (None, [])
 
 
+def test_interpolation_on_a_decode_grid_uses_the_rows_around_the_problem():
+    """Rows of equal seqlen_q: first along seqlen_k inside a row, then across rows (both power laws in log)."""
+    pts = _pts(((64, 1024, 1, 16, 16), 100.0), ((64, 4096, 1, 16, 16), 400.0),
+               ((256, 1024, 1, 16, 16), 1000.0), ((256, 4096, 1, 16, 16), 4000.0),
+               ((128, 128, 1, 16, 16), 1.0))  # a square point nearby must not be used for sq=64 or 256 problems
+    t, used = seqtune.predict(pts, "k", 128, 64, problem(64, 2048), cus=10_000)
+    assert t == pytest.approx(200.0) and sorted(used) == [(64, 1024, 1, 16, 16), (64, 4096, 1, 16, 16)]
+    # between the rows 64 and 256 at seqlen_q 128: the row 128 is a single point (128, 128), carried to 2048 keys
+    # (x 32/2 key blocks = 16) -- the measured row wins over the rows around it
+    t, used = seqtune.predict(pts, "k", 128, 64, problem(128, 2048), cus=10_000)
+    assert t == pytest.approx(16.0) and used == [(128, 128, 1, 16, 16)]
+    # no row at 160: interpolate between rows 128 and 256 in log(seqlen_q)
+    t, _ = seqtune.predict(pts, "k", 128, 64, problem(160, 2048), cus=10_000)
+    w = math.log(160 / 128) / math.log(256 / 128)
+    assert t == pytest.approx(math.exp((1 - w) * math.log(16.0) + w * math.log(2000.0)))
+
+
 def test_wave_quantisation_scales_batch_times_heads():
     # m0 128 at seqlen 512: 4 programs per (batch, head); 33 heads x 1 batch = 132 programs = one wave on 132 SMs
     pts = _pts(((512, 512, 1, 33, 33), 100.0))
@@ -296,3 +313,61 @@ def test_shape_matrix_mask_none_means_no_mask():
 
     [(cls, pts)] = expand_shapes({"classes": [{"seqlens": [512], "mask": "none", "dtype": "fp16"}]})
     assert cls["mask"] == "no" and pts == [(512, 512, 32, 16, 16)]
+
+
+def test_shape_matrix_seqlens_k_gives_decode_and_chunked_prefill_points():
+    from fmha_dsl.runtime.tune import expand_shapes
+
+    doc = {"classes": [{"seqlens": [1, 64], "seqlens_k": [1024, 4096], "batch": [2], "dtype": "fp16"},
+                       {"seqlens": [256], "seqlens_k": [8192], "tokens": 16384, "dtype": "fp16"}]}
+    [(cls, pts)] = expand_shapes(doc)
+    # batch from tokens uses the longer of the two lengths: 16384 // 8192 = 2
+    assert pts == [(1, 1024, 2, 16, 16), (1, 4096, 2, 16, 16), (64, 1024, 2, 16, 16), (64, 4096, 2, 16, 16),
+                   (256, 8192, 2, 16, 16)]
+    from fmha_dsl import UsageError
+
+    with pytest.raises(UsageError, match="not both"):
+        expand_shapes({"classes": [{"seqlens": [1], "seqlens_k": [8], "seqlen_k_ratio": 2}]})
+
+
+def test_shipped_matrix_has_prefill_and_decode_points():
+    from fmha_dsl.runtime.tune import expand_shapes, load_shapes
+
+    pts = {pt for _, p in expand_shapes(load_shapes()) for pt in p}
+    assert any(sq == sk for sq, sk, *_ in pts) and any(sq == 1 and sk >= 4096 for sq, sk, *_ in pts)
+
+
+def test_yaml_shape_matrix_equals_its_json_twin(tmp_path):
+    """The same matrix written as YAML (ck_fmha_testing_matrix.yaml's style) and as JSON expands identically."""
+    yaml = pytest.importorskip("yaml")
+    import json as _json
+
+    from fmha_dsl.runtime.tune import expand_shapes, load_shapes
+
+    text = ("# decode tier\nname: decode\nclasses:\n"
+            "  - dtype: [bf16, fp16]\n    hdim: [64, [192, 128]]\n    mask: [no, causal]\n"
+            "    nhead_q: 32\n    nhead_k: 8\n    seqlens: [1, 16]\n    seqlens_k: [2048]\n    batch: [4]\n")
+    (tmp_path / "m.yaml").write_text(text)
+    (tmp_path / "m.json").write_text(_json.dumps(yaml.safe_load(text)))
+    a, b = load_shapes(str(tmp_path / "m.yaml")), load_shapes(str(tmp_path / "m.json"))
+    assert a["name"] == "decode" and expand_shapes(a) == expand_shapes(b)
+    classes = expand_shapes(a)
+    # YAML's bare `no` is the boolean false: it still means "no mask"
+    assert sorted({c["mask"] for c, _ in classes}) == ["causal", "no"]
+    assert {(c["hdim_q"], c["hdim_v"]) for c, _ in classes} == {(64, 64), (192, 128)}
+    assert all(p == [(1, 2048, 4, 32, 8), (16, 2048, 4, 32, 8)] for _, p in classes)
+
+
+def test_bad_yaml_matrix_is_a_located_usage_error(tmp_path):
+    pytest.importorskip("yaml")
+    from fmha_dsl import UsageError
+    from fmha_dsl.runtime.tune import load_shapes
+
+    p = tmp_path / "m.yml"
+    p.write_text("classes:\n  - seqlens: [1, 2\n")
+    with pytest.raises(UsageError) as info:
+        load_shapes(str(p))
+    assert "not valid YAML" in info.value.message and info.value.hint
+    p.write_text("classes:\n  - seqlens: [0]\n")
+    with pytest.raises(UsageError, match=r"classes\[0\]: `seqlens` must be a positive integer"):
+        load_shapes(str(p))

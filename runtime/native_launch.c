@@ -1,0 +1,217 @@
+/*
+ * fmha-dsl's native kernel launcher (the CPython extension ``_fmha_native``).
+ *
+ * Compiled on first use by fmha_dsl/runtime/native.py with the interpreter's C compiler and headers, cached
+ * by content, and loaded from there; when it cannot be built the runtime launches through cuda-python
+ * instead.  It does one thing: convert the Python arguments of one launch into kernel-parameter slots and
+ * call the driver's launch entry point, whose address it is given (``cuLaunchKernel`` and
+ * ``hipModuleLaunchKernel`` have the same signature).  It includes only Python.h: no CUDA headers, no
+ * linking against the driver.
+ *
+ *     L = _fmha_native.Launcher(launch_fn_address, function_handle, block_x, shared_bytes, kinds, ntail)
+ *     err = L.launch(grid_x, grid_y, grid_z, stream, args)    # args: list/tuple, one item per parameter
+ *
+ * ``kinds`` holds one struct-module code per parameter (b B h H i I q Q f d; p = pointer), trailing scratch
+ * pointers included.  ``args`` may omit the last ``ntail`` parameters: they are passed as NULL.  The return
+ * value is the driver's status (0 = success); a value that does not fit its parameter raises OverflowError
+ * or TypeError naming the parameter, before anything is launched.  Each call packs into its own stack
+ * buffer, and the GIL is released around the driver call.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_PARAMS 512
+
+typedef int (*launch_fn)(void *function, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                         unsigned int by, unsigned int bz, unsigned int shared, void *stream, void **params,
+                         void **extra);
+
+typedef struct {
+    PyObject_HEAD
+    launch_fn fn;
+    void *function;
+    unsigned int block;
+    unsigned int shared;
+    Py_ssize_t nparams;
+    Py_ssize_t ntail;
+    char kinds[MAX_PARAMS];
+} Launcher;
+
+static int bad_arg(Py_ssize_t i, char kind, const char *why)
+{
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_OverflowError) &&
+        !PyErr_ExceptionMatches(PyExc_TypeError))
+        return -1;
+    PyErr_Clear();
+    PyErr_Format(strncmp(why, "not ", 4) == 0 ? PyExc_TypeError : PyExc_OverflowError,
+                 "kernel argument %zd (kind '%c'): %s", i, kind, why);
+    return -1;
+}
+
+/* one argument into its 8-byte slot (little-endian: narrower values occupy the slot's first bytes) */
+static int pack_one(PyObject *o, char kind, uint64_t *slot, Py_ssize_t i)
+{
+    *slot = 0;
+    if (kind == 'f' || kind == 'd') {
+        double x = PyFloat_AsDouble(o);
+        if (x == -1.0 && PyErr_Occurred())
+            return bad_arg(i, kind, "not a number");
+        if (kind == 'f') {
+            float y = (float)x;
+            memcpy(slot, &y, sizeof y);
+        } else {
+            memcpy(slot, &x, sizeof x);
+        }
+        return 0;
+    }
+    if (!PyLong_Check(o))
+        return bad_arg(i, kind, "not an int");
+    if (kind == 'Q' || kind == 'p') {
+        unsigned long long u = PyLong_AsUnsignedLongLong(o);
+        if (u == (unsigned long long)-1 && PyErr_Occurred())
+            return bad_arg(i, kind, "out of range for an unsigned 64-bit value");
+        *slot = (uint64_t)u;
+        return 0;
+    }
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return bad_arg(i, kind, "out of range for a 64-bit value");
+    switch (kind) {
+    case 'q': { int64_t y = (int64_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    case 'i': if (v < INT32_MIN || v > INT32_MAX) break; { int32_t y = (int32_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    case 'I': if (v < 0 || v > (long long)UINT32_MAX) break; { uint32_t y = (uint32_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    case 'h': if (v < INT16_MIN || v > INT16_MAX) break; { int16_t y = (int16_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    case 'H': if (v < 0 || v > UINT16_MAX) break; { uint16_t y = (uint16_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    case 'b': if (v < INT8_MIN || v > INT8_MAX) break; { int8_t y = (int8_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    case 'B': if (v < 0 || v > UINT8_MAX) break; { uint8_t y = (uint8_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    default: return bad_arg(i, kind, "unknown parameter kind");
+    }
+    return bad_arg(i, kind, "out of range for the parameter's type");
+}
+
+static PyObject *Launcher_launch(Launcher *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "launch(grid_x, grid_y, grid_z, stream, args) takes 5 arguments");
+        return NULL;
+    }
+    unsigned long g[3];
+    for (int d = 0; d < 3; d++) {
+        g[d] = PyLong_AsUnsignedLong(args[d]);
+        if (g[d] == (unsigned long)-1 && PyErr_Occurred())
+            return NULL;
+        if (g[d] > UINT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "grid dimension out of range");
+            return NULL;
+        }
+    }
+    void *stream = PyLong_AsVoidPtr(args[3]);
+    if (stream == NULL && PyErr_Occurred())
+        return NULL;
+    PyObject *seq = PySequence_Fast(args[4], "launch(): args must be a list or tuple");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n != self->nparams && n != self->nparams - self->ntail) {
+        PyErr_Format(PyExc_TypeError, "launch(): the kernel takes %zd arguments (the last %zd optional), got %zd",
+                     self->nparams, self->ntail, n);
+        Py_DECREF(seq);
+        return NULL;
+    }
+    uint64_t storage[MAX_PARAMS];
+    void *params[MAX_PARAMS];
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (pack_one(items[i], self->kinds[i], &storage[i], i) < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        params[i] = &storage[i];
+    }
+    Py_DECREF(seq);
+    for (Py_ssize_t i = n; i < self->nparams; i++) {
+        storage[i] = 0;
+        params[i] = &storage[i];
+    }
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = self->fn(self->function, (unsigned int)g[0], (unsigned int)g[1], (unsigned int)g[2], self->block, 1, 1,
+                   self->shared, stream, params, NULL);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(err);
+}
+
+static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwargs)
+{
+    unsigned long long fn, function;
+    unsigned int block, shared;
+    const char *kinds;
+    Py_ssize_t nkinds, ntail;
+    static char *names[] = {"launch_fn", "function", "block", "shared", "kinds", "ntail", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKIIy#n", names, &fn, &function, &block, &shared, &kinds,
+                                     &nkinds, &ntail))
+        return -1;
+    if (fn == 0 || function == 0) {
+        PyErr_SetString(PyExc_ValueError, "Launcher(): launch_fn and function must be non-NULL");
+        return -1;
+    }
+    if (nkinds < 1 || nkinds > MAX_PARAMS || ntail < 0 || ntail > nkinds) {
+        PyErr_Format(PyExc_ValueError, "Launcher(): %zd parameters (at most %d), %zd optional", nkinds,
+                     MAX_PARAMS, ntail);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nkinds; i++) {
+        if (!strchr("bBhHiIqQfdp", kinds[i])) {
+            PyErr_Format(PyExc_ValueError, "Launcher(): unknown parameter kind '%c' at %zd", kinds[i], i);
+            return -1;
+        }
+    }
+    self->fn = (launch_fn)(uintptr_t)fn;
+    self->function = (void *)(uintptr_t)function;
+    self->block = block;
+    self->shared = shared;
+    self->nparams = nkinds;
+    self->ntail = ntail;
+    memcpy(self->kinds, kinds, (size_t)nkinds);
+    return 0;
+}
+
+static PyMethodDef Launcher_methods[] = {
+    {"launch", (PyCFunction)(void (*)(void))Launcher_launch, METH_FASTCALL,
+     "launch(grid_x, grid_y, grid_z, stream, args) -> driver status (0 = success)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LauncherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_fmha_native.Launcher",
+    .tp_basicsize = sizeof(Launcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One kernel function's launcher: packs arguments, calls the driver's launch entry point.",
+    .tp_methods = Launcher_methods,
+    .tp_init = (initproc)Launcher_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT, "_fmha_native", "fmha-dsl's native kernel launcher.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fmha_native(void)
+{
+    if (PyType_Ready(&LauncherType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&native_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&LauncherType);
+    if (PyModule_AddObject(m, "Launcher", (PyObject *)&LauncherType) < 0) {
+        Py_DECREF(&LauncherType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "MAX_PARAMS", MAX_PARAMS);
+    return m;
+}

@@ -1,0 +1,149 @@
+"""The native launcher (runtime/native_launch.c) without a GPU: it is compiled here, and its launch entry point is
+a ctypes callback standing in for ``cuLaunchKernel`` that records what it was handed.  The parameter bytes are
+checked against :mod:`struct`'s encoding of the same values (an independent encoder)."""
+
+import ctypes
+import os
+import struct
+
+import pytest
+
+from fmha_dsl.runtime import abi, native
+
+pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C compiler on this machine")
+
+_PROTO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                          ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+
+
+class FakeDriver:
+    """A stand-in for the driver's launch entry point: records the call, returns a chosen status."""
+
+    def __init__(self, nparams, status=0):
+        self.calls, self.status, self.nparams = [], status, nparams
+
+        def cb(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+            slots = [ctypes.string_at(params[i], 8) for i in range(self.nparams)]
+            self.calls.append(dict(function=function, grid=(gx, gy, gz), block=(bx, by, bz), shared=shared,
+                                   stream=stream or 0, slots=slots, extra=extra))
+            return self.status
+
+        self._cb = _PROTO(cb)  # keep the callback alive
+        self.address = ctypes.cast(self._cb, ctypes.c_void_p).value
+
+
+@pytest.fixture(scope="module")
+def mod(tmp_path_factory):
+    os.environ.setdefault("FMHA_DSL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    return native.load()
+
+
+def _slot(code, value):
+    raw = struct.pack("<" + code, value)
+    return raw + b"\0" * (8 - len(raw))
+
+
+def test_packs_every_kind_like_struct_and_passes_grid_block_shared_stream(mod):
+    types = ["*fp16", "i32", "fp32", "i64", "u32", "u64", "i16", "u8", "fp64", "i1"]
+    values = [0x7F12_3456_7800, -5, 0.1, -(1 << 40), (1 << 32) - 1, (1 << 64) - 1, -300, 255, 1e300, 1]
+    kinds = native.kinds(types)
+    assert kinds == b"pifqIQhBdb"
+    drv = FakeDriver(len(types) + 2)
+    launcher = mod.Launcher(drv.address, 0xABC, 256, 65536, kinds + b"pp", 2)
+    assert launcher.launch(7, 16, 3, 0xBEEF, values) == 0
+    call = drv.calls[-1]
+    assert call["function"] == 0xABC and call["grid"] == (7, 16, 3) and call["block"] == (256, 1, 1)
+    assert call["shared"] == 65536 and call["stream"] == 0xBEEF and call["extra"] is None
+    codes = [abi.code_of(t)[0] for t in types]
+    assert call["slots"][: len(types)] == [_slot(c, v) for c, v in zip(codes, values)]
+    assert call["slots"][len(types):] == [b"\0" * 8] * 2  # omitted trailing scratch pointers are NULL
+
+
+def test_trailing_pointers_may_be_given_and_a_tuple_works(mod):
+    drv = FakeDriver(3)
+    launcher = mod.Launcher(drv.address, 1, 32, 0, b"ipp", 2)
+    launcher.launch(1, 1, 1, 0, (4, 0x1000, 0x2000))
+    assert drv.calls[-1]["slots"] == [_slot("i", 4), _slot("Q", 0x1000), _slot("Q", 0x2000)]
+
+
+def test_returns_the_driver_status(mod):
+    drv = FakeDriver(1, status=201)  # CUDA_ERROR_INVALID_CONTEXT
+    assert mod.Launcher(drv.address, 1, 32, 0, b"i", 0).launch(1, 1, 1, 0, [0]) == 201
+
+
+@pytest.mark.parametrize("kinds,args,exc,text", [
+    (b"ii", [1, 1 << 31], OverflowError, "kernel argument 1 (kind 'i')"),
+    (b"ii", [1, -(1 << 31) - 1], OverflowError, "kernel argument 1"),
+    (b"Ip", [-1, 0], OverflowError, "kernel argument 0 (kind 'I')"),
+    (b"ip", [0, -8], OverflowError, "kernel argument 1 (kind 'p')"),
+    (b"iq", [0, 1 << 63], OverflowError, "kernel argument 1 (kind 'q')"),
+    (b"ii", [1, 2.0], TypeError, "not an int"),
+    (b"if", [1, "x"], TypeError, "kernel argument 1 (kind 'f'): not a number"),
+    (b"ii", [1], TypeError, "takes 2 arguments"),
+    (b"ii", [1, 2, 3], TypeError, "takes 2 arguments"),
+    (b"ii", 5, TypeError, "list or tuple"),
+])
+def test_bad_arguments_raise_before_anything_is_launched(mod, kinds, args, exc, text):
+    drv = FakeDriver(len(kinds))
+    launcher = mod.Launcher(drv.address, 1, 32, 0, kinds, 0)
+    with pytest.raises(exc) as info:
+        launcher.launch(1, 1, 1, 0, args)
+    assert text in str(info.value)
+    assert drv.calls == []
+
+
+@pytest.mark.parametrize("kw,text", [
+    (dict(kinds=b"iz"), "unknown parameter kind 'z'"),
+    (dict(kinds=b""), "0 parameters"),
+    (dict(kinds=b"ii", ntail=3), "3 optional"),
+    (dict(function=0), "non-NULL"),
+])
+def test_launcher_construction_is_checked(mod, kw, text):
+    args = dict(launch_fn=FakeDriver(1).address, function=1, block=32, shared=0, kinds=b"i", ntail=0)
+    args.update(kw)
+    with pytest.raises(ValueError, match=text.replace("(", r"\(")):
+        mod.Launcher(**args)
+
+
+def test_grid_out_of_range_is_an_error(mod):
+    drv = FakeDriver(1)
+    with pytest.raises(OverflowError):
+        mod.Launcher(drv.address, 1, 32, 0, b"i", 0).launch(1 << 32, 1, 1, 0, [0])
+    assert drv.calls == []
+
+
+def test_built_once_then_loaded_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FMHA_DSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "_STATE", {})
+    path, _ = native.library_path()
+    assert not os.path.exists(path)
+    mod = native.load()
+    assert os.path.samefile(mod.__file__, path)
+    stat = os.stat(path)
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setattr(native, "build", lambda *a: pytest.fail("rebuilt a cached launcher"))
+    native.load()
+    assert os.stat(path).st_mtime_ns == stat.st_mtime_ns
+    assert [p for p in os.listdir(os.path.dirname(path)) if p.startswith(".tmp-")] == []
+
+
+def test_unavailable_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setenv("FMHA_DSL_NATIVE_LAUNCH", "0")
+    ok, why = native.available()
+    assert not ok and "FMHA_DSL_NATIVE_LAUNCH=0" in why
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.delenv("FMHA_DSL_NATIVE_LAUNCH")
+    monkeypatch.setenv("FMHA_DSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "compiler", lambda: None)
+    with pytest.raises(native.NativeUnavailable, match="no C compiler"):
+        native.load()
+
+
+def test_a_compile_error_is_reported_not_raised_raw(tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setenv("FMHA_DSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "compiler", lambda: ["cc", "--no-such-compiler-flag"])
+    with pytest.raises(native.NativeUnavailable, match="compiling the native launcher failed"):
+        native.load()
+    assert not any(f.startswith(".tmp-") for _, _, fs in os.walk(tmp_path) for f in fs)
