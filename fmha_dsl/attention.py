@@ -49,14 +49,7 @@ _DISPATCHERS: dict = {}     # registry key -> (Dispatcher, keepalive)
 _JIT: dict = {}             # device -> the compile-on-first-use dispatcher
 
 
-def _aligned_indices() -> dict:
-    from .kernels.fwd_abi import ARGS, aligned_names
-
-    names = [n for n, _ in ARGS]
-    return {vc: tuple(names.index(n) for n in aligned_names("c" if vc else "r")) for vc in (False, True)}
-
-
-_ALIGNED_IDX = _aligned_indices()  # argument positions the 16-divisibility promise covers, per V layout
+_ALIGNED_IDX: dict = {}     # V column-major? -> argument positions the 16-divisibility promise covers
 _ARCHS: dict = {}           # device index -> arch
 _INF = math.inf
 
@@ -201,8 +194,8 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
         plan = _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vc, mask, wl, wr, bias_kind, return_lse,
                      dropout_p, softcap, sink, aligned)
     kern = plan._kernels.get(dev)
-    if kern is None or plan._aligned_idx:
-        plan.launch(dev, b, hq, sq, args)  # first launch on this device, or a binary with alignment promises
+    if kern is None or plan._extra_aligned_idx:
+        plan.launch(dev, b, hq, sq, args)  # first launch on this device, or promises the class key does not cover
     else:
         bm = plan.block_m
         kern.launch(((sq + bm - 1) // bm, hq, b), args, _raw_stream(dev) if dev >= 0 else 0)
@@ -251,6 +244,10 @@ def _init_torch():
         def raw(dev):
             return torch.cuda.current_stream(dev).cuda_stream
     _TORCH_DTYPES.update({torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"})
+    from .kernels.fwd_abi import ARGS, aligned_names
+
+    names = [n for n, _ in ARGS]
+    _ALIGNED_IDX.update({vc: tuple(names.index(n) for n in aligned_names("c" if vc else "r")) for vc in (False, True)})
     _fwd_args, _Dispatcher, _raw_stream = fwd_args, Dispatcher, raw
     _torch = torch
     _T = torch.Tensor
@@ -291,8 +288,7 @@ def _num(x) -> bool:
 
 def _dispatcher(registry, dev: int):
     """The dispatcher for ``registry`` on device ``dev`` (made once; a path or a Registry object is the key)."""
-    from .runtime.dispatch import Dispatcher
-
+    Dispatcher = _Dispatcher  # set by _init_torch, which runs before any torch call gets here
     if isinstance(registry, Dispatcher):
         return registry
     fast_key = (registry if isinstance(registry, (str, os.PathLike)) else id(registry), dev)

@@ -23,11 +23,12 @@ TEMPLATE = "fmha_dsl.kernels.triton_fwd"
 
 @functools.lru_cache(maxsize=None)
 def template_sha256() -> str:
-    """Hash of everything that shapes the generated code: the template and this mapping module."""
+    """Hash of everything that shapes the generated code: the template, its argument list / head-dim blocking
+    (``fwd_abi``) and this mapping module."""
     from importlib import import_module
 
     h = hashlib.sha256()
-    for mod in (TEMPLATE, __name__):
+    for mod in (TEMPLATE, "fmha_dsl.kernels.fwd_abi", __name__):
         with open(import_module(mod).__file__, "rb") as f:
             h.update(f.read())
     return h.hexdigest()
@@ -48,9 +49,10 @@ def arch_info(arch: str) -> dict:
 
 def compile_options(sig: dict, alg: dict, arch: str) -> dict:
     """CK algorithm fields -> Triton compile options (docs/triton.md)."""
+    from .rules.triton_fwd import stages
+
     info = arch_info(arch)
-    stages = {"qr": 1, "qr_async": 2 if info["vendor"] == "amd" else 3}[alg["pipeline"]]
-    opts = {"num_warps": int(alg["wave"][0]), "num_stages": stages}
+    opts = {"num_warps": int(alg["wave"][0]), "num_stages": stages({"arch": arch, "pipeline": alg["pipeline"]})}
     if info["vendor"] == "amd":
         if info["matrix"] == "mfma":
             opts["matrix_instr_nonkdim"] = int(alg["warp"][0]) if alg["warp"][0] in (16, 32) else 16

@@ -1,7 +1,7 @@
 """``fmha-dsl report``: see a build directory's seqtune table (issue 4, section "4. See it").
 
 :func:`write_report` reads ``registry.json`` (a build directory or the file itself), takes its
-``"seqtune"`` table (format: ``SEQTUNE_FORMAT.md`` / :mod:`fmha_dsl.seqtune`) and writes
+``"seqtune"`` table (format: ``docs/registry.md`` / :mod:`fmha_dsl.seqtune`) and writes
 
 * ``*.html`` -- one static, self-contained page: inline CSS, one inline SVG per signature class,
   one table per class; no JavaScript, no network, opens from disk;

@@ -1,22 +1,18 @@
 """[seqtune] Measured per-sequence-length kernel selection: the table, its lookup and the cost model.
 
 Pure Python (no torch / triton at import).  The table lives in ``registry.json`` under ``"seqtune"`` (registry
-``schema_version`` 2; the format is ``/work/research/SEQTUNE_FORMAT.md``, summarised in ``docs/registry.md``)::
+``schema_version`` 2; the format is described in ``docs/registry.md``)::
 
     "seqtune": {"device": {"name", "arch", "driver", "triton", "torch", "compute_units"}, "shapes": "default",
                 "classes": [{"class": {...signature class...}, "points": [{"seqlen_q", "seqlen_k", "batch",
                              "nhead_q", "nhead_k", "times_us": {kernel id: us}, "failed": {kernel id: why}}]}]}
 
-Prediction of a kernel's time for a problem from the table (:func:`predict`):
-
-1. the kernel's points of the problem's signature class (not failed);
-2. the points on the seqlen_k/seqlen_q ratio nearest (in log) to the problem's (usually sq == sk);
-3. at each measured seqlen_q of that line, the point whose batch x nhead_q is nearest (in log), its time scaled
-   for batch x heads by wave quantisation: ``t * waves(problem) / waves(point)``, ``waves = ceil(programs / CUs)``,
-   ``programs = ceil(seqlen_q / m0) * nhead_q * batch``;
-4. between the two neighbouring measured seqlens, ``log t`` is interpolated linearly in ``log seqlen_q`` (exact for
-   a power law, e.g. ``t ~ s^2``); outside the measured range the nearest point is used, scaled by waves (with the
-   problem's seqlen_q) and by the key-loop length ``ceil(seqlen_k / n0)``.
+Prediction of a kernel's time for a problem from the table (:func:`predict`, documented there): the kernel's
+measured points of the problem's signature class, in rows of equal seqlen_q; interpolation in log seqlen_k inside
+the rows around the problem's seqlen_q, then in log seqlen_q across them (a power law between neighbours); every
+point carried to the problem's batch x heads by wave quantisation (``waves = ceil(programs / CUs)``, ``programs =
+ceil(seqlen_q / m0) * nhead_q * batch``), and beyond the measured range by waves and key-loop length
+``ceil(seqlen_k / n0)``.
 
 Kernels with no data (or all kernels, with no usable table) are ranked by :func:`cost` (documented there).
 Measured kernels always rank before unmeasured ones; ties go to the dispatcher's static preference.
@@ -180,18 +176,6 @@ def device_mismatch(table: Table, arch: str | None, device_name: str | None) -> 
     return None
 
 
-def usable(doc_or_table, arch: str | None, device_name: str | None = None) -> "Table | None":
-    """The table if it may be used here; a table of another device gives :class:`SeqtuneDeviceWarning` and None."""
-    t = doc_or_table if isinstance(doc_or_table, Table) or doc_or_table is None else Table.from_dict(doc_or_table)
-    if t is None:
-        return None
-    why = device_mismatch(t, arch, device_name)
-    if why:
-        warn_ignored(why)
-        return None
-    return t
-
-
 def warn_ignored(why: str) -> None:
     warnings.warn(f"{why}: it is ignored (re-run `fmha-dsl tune` on this device)", SeqtuneDeviceWarning,
                   stacklevel=4)
@@ -325,7 +309,7 @@ def predict(pts: dict, kernel: str, m0: int, n0: int, p, cus: int) -> tuple[floa
     nearest row / point is carried to the problem by the kernel's work model: waves of programs over the device's
     compute units (``ceil(sq/m0) x nhead_q x batch`` programs) and key blocks (``ceil(sk/n0)``).  Every measured
     point used is first carried to the problem's batch x heads the same way (per (seqlen_q, seqlen_k) the point
-    of the nearest batch x heads is used).  A measured point equal to the problem is returned as measured.
+    of the nearest batch x heads is used), so a measured point equal to the problem gives its measured time.
     """
     mine = [(pt, rec["times_us"][kernel]) for pt, rec in pts.items() if kernel in rec["times_us"]]
     if not mine:
@@ -370,9 +354,6 @@ def predict(pts: dict, kernel: str, m0: int, n0: int, p, cus: int) -> tuple[floa
 
         return between(sorted(cells), sk, cell)
 
-    exact = rows.get(sq, {}).get(sk)
-    if exact is not None and exact[0] == 0.0:
-        return exact[2], [exact[1]]
     return between(sorted(rows), sq, row)
 
 
@@ -387,10 +368,11 @@ def rank(p, candidates: Iterable, table: Table | None = None, arch: str | None =
     """
     cands = list(candidates)
     cus = cus or compute_units(arch, table)
-    pts = table.points(class_of_problem(p)) if table is not None else {}
+    cls = class_of_problem(p)
+    pts = table.points(cls) if table is not None else {}
     measured, rest = [], []
     for i, e in enumerate(cands):
-        if table is not None and table.failed(class_of_problem(p), e.identifier):
+        if table is not None and table.failed(cls, e.identifier):
             continue
         t, used = predict(pts, e.identifier, int(e.alg["tile"][0]), int(e.alg["tile"][1]), p, cus) if pts else (
             None, [])
@@ -458,6 +440,6 @@ def ck_first_fit(p, candidates: Iterable):
     return best
 
 
-__all__ = ["Table", "SeqtuneDeviceWarning", "class_of_problem", "class_key", "usable",
+__all__ = ["Table", "SeqtuneDeviceWarning", "class_of_problem", "class_key",
            "device_mismatch", "bucket", "bucket_rep", "programs", "waves", "occupancy", "cost", "predict", "rank",
            "excluded_by_table", "ck_first_fit", "compute_units", "CLASS_FIELDS", "POINT_FIELDS"]

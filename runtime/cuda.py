@@ -323,8 +323,9 @@ class CudaKernel:
                    d.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED):
             with _Current(self.fn.ctx), self._lock:
                 self._pack_into(self._buf, 0, *args, *tail)
-                err = self._launch_fn(self._function, grid[0], grid[1], grid[2], self._block, 1, 1, self._shared,
-                                      self._streams[stream], self._params, 0)[0]
+                hs = self._streams.get(stream) or self._stream(stream)
+                err = self._launch_fn(self._function, grid[0], grid[1], grid[2], self._block, 1, 1, self._shared, hs,
+                                      self._params, 0)[0]
             if err == self._ok:
                 return
         raise failure(err, f"cuLaunchKernel({self.fn.entry}, grid={tuple(grid)}, block={self._block}, "
@@ -355,8 +356,6 @@ class NativeKernel(CudaKernel):
             raise error("runtime.args", str(abi._explain(self.layout, tuple(args) + self._tail)), None,
                         "a size or stride does not fit the kernel's 32-bit arguments") from None
         if err:
-            if stream not in self._streams:
-                self._stream(stream)
             self._retry(err, grid, args, stream, self._tail)
 
 

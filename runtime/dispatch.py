@@ -100,10 +100,6 @@ def open_registry(registry) -> tuple[Registry, str | None]:
 # ---------------------------------------------------------------------------------------------------------
 # the dispatcher
 # ---------------------------------------------------------------------------------------------------------
-def _sig_sans_hdim(e: Entry) -> tuple:
-    return tuple(sorted((k, v) for k, v in e.sig.items() if k not in ("hdim_q", "hdim_v")))
-
-
 def default_launcher(arch: str) -> str:
     if arch.startswith("gfx"):
         return "hip"
@@ -169,10 +165,10 @@ class Dispatcher:
         self._plan_of: dict[str, Plan] = {}  # one Plan per selected kernel
         self.fast: dict[tuple, Plan] = {}  # attention()'s own problem-class keys
         # the selection depends on seqlen / batch x heads (table or cost model): the class key adds buckets --
-        # only when some problem has a choice, i.e. two kernels of one signature up to the head dims (a larger
-        # head dim serves a smaller one).  A JIT dispatcher holds one kernel per class: no buckets, fewer keys.
-        ranked_data = getattr(self, "table", None) is not None or any(e.build for e in self.entries)
-        self.ranking = ranked_data and len({_sig_sans_hdim(e) for e in self.entries}) < len(self.entries)
+        # only when some problem has a choice: a problem's candidates all lie in one exact-key group, so a
+        # choice needs a group of two or more.  A JIT dispatcher holds one kernel per class: no buckets.
+        ranked_data = self.table is not None or any(e.build for e in self.entries if e.source != "<jit>")
+        self.ranking = ranked_data and any(len(g) > 1 for g in groups.values())
 
     def add(self, entry: Entry, binary: bytes | None = None) -> None:
         """Add a kernel (and its binary bytes) to this dispatcher's registry; cached decisions are redone."""
@@ -205,13 +201,13 @@ class Dispatcher:
         r = seqtune.bucket_rep
         sq, sk = _max_sq(p), _max_sk(p)
         rq, rk = r(seqtune.bucket(sq)), r(seqtune.bucket(sk))
-        bh = p.batch * p.nhead_q
-        rbh = r(seqtune.bucket(bh))
-        upd = {"seqlen_q": rq, "seqlen_k": rk, "max_seqlen_q": rq if p.max_seqlen_q else 0,
-               "max_seqlen_k": rk if p.max_seqlen_k else 0}
-        if rbh != bh:  # keep nhead_q (it fixes the class); batch takes the rest, rounded up
-            upd["batch"] = max(1, -(-rbh // p.nhead_q))
-        return p.model_copy(update=upd)
+        # batch x heads enters the ranking only as their product (programs, nearest measured point): the
+        # representative is one head of batch = the bucket's smallest product, so every problem of the cached
+        # bucket is ranked at the same point, whichever of them comes first
+        rbh = r(seqtune.bucket(p.batch * p.nhead_q))
+        return p.model_copy(update={"seqlen_q": rq, "seqlen_k": rk, "max_seqlen_q": rq if p.max_seqlen_q else 0,
+                                    "max_seqlen_k": rk if p.max_seqlen_k else 0, "batch": rbh, "nhead_q": 1,
+                                    "nhead_k": 1})
 
     def ranked(self, p, aligned: bool = True, candidates=None) -> list[dict]:
         """The candidates of ``p`` ranked fastest first (:func:`fmha_dsl.seqtune.rank`): rows with ``entry``,

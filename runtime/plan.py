@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 from fmha_dsl.errors import UsageError, error
 
 from . import abi
+from fmha_dsl.kernels.fwd_abi import aligned_names
+
 from .match import promised_aligned
 
 if TYPE_CHECKING:
@@ -93,7 +95,7 @@ class Plan:
     """
 
     __slots__ = ("api_family", "stages", "problem", "entry", "_stage", "_kernels", "block_m", "_group", "_lse",
-                 "_aligned_idx")
+                 "_aligned_idx", "_extra_aligned_idx")
 
     def __init__(self, problem, stages):
         self.api_family = problem.family
@@ -108,6 +110,9 @@ class Plan:
         self._lse = bool(self.entry.sig["lse"])
         names = abi.FWD_NAMES
         self._aligned_idx = tuple(names.index(n) for n in promised_aligned(build) if n in names)
+        # what fmha_dsl.attention's `aligned` class key does not already guarantee (it checks aligned_names)
+        usual = set(aligned_names(self.entry.sig.get("vlayout", "r")))
+        self._extra_aligned_idx = tuple(i for i in self._aligned_idx if names[i] not in usual)
 
     @property
     def kernel_id(self) -> str:

@@ -35,3 +35,8 @@ ALIGNED: tuple[str, ...] = (
 def aligned_names(vlayout: str = "r") -> tuple[str, ...]:
     """:data:`ALIGNED` plus V's non-unit stride (``stride_vn`` for "r", ``stride_vd`` for "c")."""
     return ALIGNED + (("stride_vd",) if vlayout == "c" else ("stride_vn",))
+
+
+def block_d(hdim: int) -> int:
+    """Head dims are processed as one power-of-two block of at least 16 (the dot's k minimum)."""
+    return max(16, 1 << max(0, (int(hdim) - 1).bit_length()))

@@ -382,7 +382,7 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
 
 DTYPES = ("fp16", "bf16", "fp32")
 
-from .fwd_abi import ALIGNED, ARGS, aligned_names  # noqa: E402,F401  (shared with the runtime)
+from .fwd_abi import ALIGNED, ARGS, aligned_names, block_d  # noqa: E402,F401  (shared with the runtime/rules)
 
 CONSTEXPRS: tuple[str, ...] = (
     "BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DV", "HEAD_DIM_Q", "HEAD_DIM_V",
@@ -405,11 +405,6 @@ def _check_names():
 
 
 _check_names()
-
-
-def block_d(hdim: int) -> int:
-    """Head dims are processed as one power-of-two block of at least 16 (the dot's k minimum)."""
-    return max(16, 1 << max(0, (int(hdim) - 1).bit_length()))
 
 
 def signature(dtype: str) -> dict[str, str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 
 from ..data import load
+from ..kernels.fwd_abi import block_d
 from .base import FamilyRules, Rule, Tile, pad_token, tf
 
 PADS = ("pad_s", "pad_sk", "pad_d", "pad_dv")
@@ -33,15 +34,6 @@ def _data() -> dict:
 
 def arch_info(arch: str) -> dict:
     return _data()["archs"][arch]
-
-
-def pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
-def block_d(hdim: int) -> int:
-    """Head dims are processed in one power-of-two block (at least 16, the dot's k minimum)."""
-    return max(16, pow2(hdim))
 
 
 def stages(b: dict) -> int:
