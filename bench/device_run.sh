@@ -10,7 +10,7 @@ rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r fmha_dsl /tmp/pkg/ && cp -r runtim
   && cp -r grammar /tmp/pkg/fmha_dsl/grammar && cp -r kernelsets /tmp/pkg/fmha_dsl/kernelsets
 export PYTHONPATH=/tmp/pkg:/tmp/site PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1 FMHA_DSL_CACHE_DIR=/tmp/fmha-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
-arch=$(python3 -c "import torch; c=torch.cuda.get_device_capability(); print(f'sm{c[0]}{c[1]}')")
+arch=$(python3 -P -c "from fmha_dsl.runtime.dispatch import detect_arch; print(detect_arch())")
 if [[ $what == *" all "* || $what == *" fwd "* || $what == *" flex "* ]]; then
   python3 -P -m fmha_dsl.cli build bench_fwd --arch "$arch" -o /tmp/bench -j 16 -q 2>&1 | tail -5 | tee "$OUT/build.log"
   cp /tmp/bench/build-report.json "$OUT/" 2>/dev/null

@@ -107,6 +107,11 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
     if os.path.exists(out) and not os.path.isdir(out):
         raise error("usage.output", f"`{out}` exists and is not a directory", None,
                     "pass a directory with -o", cls=UsageError)
+    try:  # before any work: an output folder that cannot be made fails now, not after the build
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        raise error("usage.output", f"cannot create the output folder `{out}`: {exc.strerror or exc}", None,
+                    "pass a writable directory with -o", cls=UsageError) from None
     archs, prof, backend = _archs(arch), _profile(profile), _backend(backend)
     decls = kernel_set.declarations
     jobs = max(1, jobs or os.cpu_count() or 1)
@@ -115,7 +120,7 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
 
         return build_with_triton(kernel_set, out, archs, prof, backend, jobs, progress, no_spills, cache_dir)
     done = sorted(_run(decls, archs, prof, backend, jobs), key=lambda t: t[0])
-    report = merge([res for _, res, _ in done], decls, archs)
+    report = merge([res for _, res, _ in done], decls, archs, backend)
     seen, rows = set(), []
     for _, _, part in done:  # declaration order: the first declaration of a kernel wins
         for row in part:

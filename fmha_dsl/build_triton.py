@@ -44,7 +44,7 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     t0 = time.perf_counter()
     rep = expand(kernel_set.declarations, archs, profile, backend)
     triton_ids = {k.identifier for k in rep.kernels if k.backend == "triton"}
-    reg = kernel_set.registry(report=rep)
+    reg = kernel_set.registry(profile=profile, report=rep)
     cache = ArtifactCache(os.path.join(cache_dir, "kernels") if cache_dir else None)
 
     todo, ready, failures, spilled = [], {}, [], []

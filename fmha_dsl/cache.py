@@ -59,11 +59,19 @@ class ArtifactCache:
             return None
         return meta, data
 
-    def put(self, key: str, meta: dict, data: bytes, filename: str) -> None:
-        """Store atomically; a concurrent writer of the same key wins harmlessly."""
+    def put(self, key: str, meta: dict, data: bytes, filename: str) -> bool:
+        """Store atomically; a concurrent writer of the same key wins harmlessly.  A cache folder that cannot be
+        written is not an error (the cache only saves time): a warning, and False."""
         final = self._dir(key)
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{key[:8]}.", dir=os.path.dirname(final))
+        try:
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            tmp = tempfile.mkdtemp(prefix=f".{key[:8]}.", dir=os.path.dirname(final))
+        except OSError as exc:
+            import warnings
+
+            warnings.warn(f"the kernel cache `{self.root}` cannot be written ({exc.strerror or exc}): compiled "
+                          "kernels are not cached (set FMHA_DSL_CACHE_DIR to a writable folder)", stacklevel=2)
+            return False
         try:
             with open(os.path.join(tmp, filename), "wb") as f:
                 f.write(data)
@@ -76,6 +84,7 @@ class ArtifactCache:
                 os.rename(tmp, final)
             except OSError:
                 pass  # someone else finished the same entry first
+            return True
         finally:
             if os.path.isdir(tmp):
                 shutil.rmtree(tmp, ignore_errors=True)

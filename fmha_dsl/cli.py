@@ -288,6 +288,17 @@ def cmd_schema(args) -> int:
     return EXIT_OK
 
 
+def _positive(text: str) -> int:
+    """argparse type: an int >= 1 (argparse reports the error with the option's name)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -325,7 +336,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--backend", default=None, choices=["ck", "triton"],
                     help="rules and compiler (default: each declaration's backend(...), else ck). triton compiles "
                          "every kernel ahead of time (hsaco for gfx*, cubin for sm*); ck writes the registry only")
-    sp.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: CPU count)")
+    sp.add_argument("-j", "--jobs", type=_positive, default=None, help="worker processes (default: CPU count)")
     sp.add_argument("--no-spills", action="store_true", help="leave out kernels that spill registers")
     sp.add_argument("-q", "--quiet", action="store_true")
     sp.add_argument("-v", "--verbose", action="store_true", help="also say what each rule dropped")

@@ -519,6 +519,8 @@ def _tile_spec(*scopes: _Scope) -> TileSpec:
                 if any(k.startswith(kind) for k in bulk if k != "tile_len"):
                     for k in [k for k in dims if k.startswith(kind) and k[len(kind):].isdigit()]:
                         del dims[k]
+                    if kind == "tile":
+                        dims.pop("wildall", None)  # an outer tile(*) is replaced too
         for k, (vals, sp) in bulk.items():
             if k == "tile_len":
                 tile_len = vals[0]

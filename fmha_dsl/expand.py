@@ -329,7 +329,7 @@ def expand_decl(decl: Declaration, archs: tuple[str, ...] | None, profile: str |
     return DeclResult(report, [], False)
 
 
-def merge(results: list[DeclResult], decls, archs) -> Report:
+def merge(results: list[DeclResult], decls, archs, backend: str | None = None) -> Report:
     """Combine per-declaration results in declaration order; raise the errors they found."""
     report = Report()
     errors: list[Diagnostic] = []
@@ -345,7 +345,7 @@ def merge(results: list[DeclResult], decls, archs) -> Report:
         d = decls[0]
         raise RuleError(Diagnostic(
             "arch.not-declared", f"no declaration is for {', '.join(archs)}: `{d.label}` is declared for "
-            f"{', '.join(resolve_archs(d, None))}", d.archs.span, "add the arch to the set's `arch(...)` or use `arch(*)`"))
+            f"{', '.join(resolve_archs(d, None, backend))}", d.archs.span, "add the arch to the set's `arch(...)` or use `arch(*)`"))
     if errors:
         raise RuleError(errors)
     return report
@@ -357,7 +357,7 @@ def expand(decls, archs: tuple[str, ...] | None = None, profile: str | None = No
 
     ``backend`` overrides the declarations' own ``backend(...)`` (CLI ``--backend``).
     """
-    return merge([expand_decl(d, archs, profile, backend) for d in decls], decls, archs)
+    return merge([expand_decl(d, archs, profile, backend) for d in decls], decls, archs, backend)
 
 
 __all__ = ["Kernel", "Report", "DeclResult", "expand", "expand_decl", "merge", "resolve_archs", "AMD_ARCHS",

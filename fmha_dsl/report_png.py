@@ -14,9 +14,7 @@ import zlib
 def png_matplotlib(items: list[dict], width: int, height: int, scale: int) -> bytes:
     import io
 
-    import matplotlib
-    matplotlib.use("Agg", force=True)
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # a bare Figure renders without a backend: the caller's stays as it is
     from matplotlib.patches import Circle, Rectangle
 
     dpi = 100 * scale

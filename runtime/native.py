@@ -81,12 +81,13 @@ def build(path: str, cc: list[str]) -> None:
     if not os.path.exists(os.path.join(include, "Python.h")):
         raise NativeUnavailable(f"the Python headers are missing ({include}/Python.h): install python3-dev")
     folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
     src = os.path.join(os.path.dirname(__file__), "native_launch.c")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.splitext(path)[1] or ".so")
-    os.close(fd)
-    cmd = [*cc, "-O2", "-shared", "-fPIC", "-Wall", f"-I{include}", src, "-o", tmp]
+    tmp = None
     try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.splitext(path)[1] or ".so")
+        os.close(fd)
+        cmd = [*cc, "-O2", "-shared", "-fPIC", "-Wall", f"-I{include}", src, "-o", tmp]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         if res.returncode != 0:
             tail = (res.stderr or res.stdout).strip().splitlines()[-5:]
@@ -96,7 +97,7 @@ def build(path: str, cc: list[str]) -> None:
     except (OSError, subprocess.SubprocessError) as exc:
         raise NativeUnavailable(f"compiling the native launcher failed: {exc}") from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 

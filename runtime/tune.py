@@ -75,7 +75,8 @@ def load_shapes(path: str | None = None) -> dict:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise error("usage.file", f"`{p}` is not valid JSON: {exc.msg} (line {exc.lineno})", None,
+            raise error("usage.file", f"`{p}` is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
+                        None, "check the brackets and commas there (see fmha_dsl/data/seqtune_shapes.json)",
                         cls=UsageError) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("classes"), list):
         raise error("usage.file", f"`{p}`: a shape matrix is an object with a `classes` list", None,
@@ -91,6 +92,10 @@ def _list(v):
 
 _DTYPES = ("fp16", "bf16", "fp32")
 _MASKS = {"no": "no", "none": "no", False: "no", "causal": "causal", "top_left": "causal", True: "causal"}  # 0/1 == False/True
+
+
+_CLASS_KEYS = frozenset({"dtype", "hdim", "hdim_q", "hdim_v", "mask", "lse", "nhead_q", "nhead_k", "seqlens",
+                         "seqlens_k", "seqlen_k_ratio", "tokens", "batch", "extra_batches"})
 
 
 def _bad(where: str, i: int, what: str) -> UsageError:
@@ -115,6 +120,13 @@ def expand_shapes(doc: dict, where: str = "<shapes>") -> list[tuple[dict, list[t
             raise _bad(where, i, f"a class is an object, got {type(c).__name__}")
         if "seqlens" not in c:
             raise _bad(where, i, "`seqlens` is missing")
+        for key in c:
+            if key not in _CLASS_KEYS:
+                from fmha_dsl.errors import did_you_mean
+
+                hint = did_you_mean(str(key), sorted(_CLASS_KEYS))
+                raise _bad(where, i, f"unknown field `{key}`" + (f" ({hint})" if hint else "") +
+                           f"; fields: {', '.join(sorted(_CLASS_KEYS))}")
         if "hdim_q" in c:
             hdims = list(zip(_list(c["hdim_q"]), _list(c.get("hdim_v", c["hdim_q"]))))
         else:
@@ -136,6 +148,11 @@ def expand_shapes(doc: dict, where: str = "<shapes>") -> list[tuple[dict, list[t
             masks.append(_MASKS[m])
         hq = _pos_int(where, i, "nhead_q", c.get("nhead_q", 16))
         hk = _pos_int(where, i, "nhead_k", c.get("nhead_k", hq))
+        if hq % hk:
+            raise _bad(where, i, f"`nhead_q` ({hq}) must be a multiple of `nhead_k` ({hk}) (GQA/MQA)")
+        lses = _list(c.get("lse", False))
+        if any(not isinstance(x, bool) for x in lses):
+            raise _bad(where, i, f"`lse` must be true/false (or a list of them), got {c['lse']!r}")
         ratio = c.get("seqlen_k_ratio", 1)
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
             raise _bad(where, i, f"`seqlen_k_ratio` must be a positive number, got {ratio!r}")
@@ -146,7 +163,7 @@ def expand_shapes(doc: dict, where: str = "<shapes>") -> list[tuple[dict, list[t
         tokens = _pos_int(where, i, "tokens", c.get("tokens", 16384))
         fixed = [_pos_int(where, i, "batch", b) for b in _list(c["batch"])] if "batch" in c else None
         extra = [_pos_int(where, i, "extra_batches", b) for b in _list(c.get("extra_batches", []))]
-        for dtype, (dq, dv), mask, lse in itertools.product(dtypes, hdims, masks, _list(c.get("lse", False))):
+        for dtype, (dq, dv), mask, lse in itertools.product(dtypes, hdims, masks, lses):
             cls = {"family": "fwd", "dtype": dtype, "mode": "batch", "vlayout": "r", "hdim_q": dq,
                    "hdim_v": dv, "mask": mask, "bias": "no", "lse": bool(lse), "dropout": False, "logits": False,
                    "sink": False}
@@ -215,14 +232,18 @@ def make_inputs(cls: dict, pt, seed: int = 0):
 def tune(build_dir: str, shapes: str | None = None, budget: float | None = None, arch: str | None = None,
          progress: Callable[[dict], None] | None = None, warmup_ms: float = 10.0, rep_ms: float = 40.0,
          check_tol: float = 2e-2) -> TuneResult:
-    import torch
-    import torch.nn.functional as F
-    from triton.testing import do_bench
+    t_start = time.perf_counter()
+    doc = load_shapes(shapes)  # a bad matrix is reported before torch, triton or the GPU are touched
+    try:
+        import torch
+        import torch.nn.functional as F
+        from triton.testing import do_bench
+    except ImportError as exc:
+        raise error("usage.dependency", f"`fmha-dsl tune` runs kernels on the GPU and needs torch and triton: {exc}",
+                    None, "pip install torch triton (on the GPU machine)", cls=UsageError) from None
 
     from .dispatch import Dispatcher, Plan, detect_arch
 
-    t_start = time.perf_counter()
-    doc = load_shapes(shapes)  # a bad matrix is reported before any GPU set-up
     path = os.path.join(build_dir, "registry.json") if os.path.isdir(build_dir) else build_dir
     reg = Registry.load(path)
     arch = arch or detect_arch()

@@ -3,7 +3,9 @@ import shutil
 
 import pytest
 
-os.environ.setdefault("FMHA_DSL_CACHE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache"))
+# absolute, so subprocesses started in another folder (cwd="/", tests/) share it instead of making their own
+os.environ["FMHA_DSL_CACHE_DIR"] = os.path.abspath(
+    os.environ.get("FMHA_DSL_CACHE_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache"))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

@@ -132,3 +132,20 @@ def test_no_spills_drops_spilling_kernels(built, monkeypatch):
     monkeypatch.setattr(bt, "_compile_in_worker", spilling)
     res = build(ks, str(root / "out5"), jobs=1, cache_dir=str(root / "cache-spill"), no_spills=True)
     assert "sm90" not in res.by_arch and res.by_arch == {"gfx942": 1, "gfx950": 1}
+
+
+def test_profile_is_recorded_like_the_ck_build_and_unwritable_places_are_clear(built, tmp_path):
+    """--profile reaches the Triton registry's metadata (as in CK builds); an output folder that cannot be made is a
+    usage error before any compile; an unwritable kernel cache only warns (the build still completes)."""
+    ks, root, cache, _ = built
+    res = build(ks, str(tmp_path / "p"), jobs=1, cache_dir=cache, profile="all")
+    assert json.loads(open(res.path).read())["metadata"]["profiles"] == ["all"]
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(fmha_dsl.UsageError) as info:
+        build(ks, str(blocker / "out"), jobs=1, cache_dir=cache)
+    assert info.value.rule == "usage.output" and "cannot create the output folder" in info.value.message
+    assert info.value.hint
+    with pytest.warns(UserWarning, match="cannot be written"):
+        res = build(ks, str(tmp_path / "q"), jobs=1, cache_dir=str(blocker / "cache"))
+    assert res.failures == [] and sum(res.by_arch.values()) == 3

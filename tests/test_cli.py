@@ -15,7 +15,7 @@ GOOD = """kernel_set g { arch(gfx942)
 
 def cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "fmha_dsl.cli", *args], capture_output=True, text=True,
-                          cwd=cwd or HERE)
+                          cwd=cwd or HERE, timeout=300)
 
 
 def test_help_has_examples():
@@ -126,3 +126,9 @@ def test_parallel_build_equals_serial_and_registry(tmp_path):
     assert outs[0] == outs[1]
     ks = fmha_dsl.load(fmha_dsl.shipped("ck_receipt0"))
     assert ks.registry("gfx942").to_json().encode() == outs[0]
+
+
+def test_jobs_must_be_positive():
+    for bad in ("0", "-3", "x"):
+        r = cli("build", "ck_receipt0", "--arch", "gfx942", "-o", "/tmp/never-written", "-j", bad)
+        assert r.returncode == 2 and "-j/--jobs: must be a whole number >= 1" in r.stderr

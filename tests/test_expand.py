@@ -284,3 +284,19 @@ def test_arch_star_narrowed_to_an_arch_of_another_backend(write):
     with pytest.raises(FmhaError) as info:
         expand(write, "arch(*)\n kernel k { signature { family(fwd) } }", arch="sm90")
     assert info.value.rule == "arch.not-declared" and "gfx942" in info.value.message
+
+
+def test_explicit_tile_in_a_kernel_replaces_a_set_level_tile_star(write):
+    """A set-level tile(*) is a default: a kernel's own explicit tile replaces it (one kernel, that tile)."""
+    body = ("tile(*)\n kernel k { signature { family(fwd) dtype(fp16) mode(batch) hdim(128) mask(no) }\n"
+            " algorithm { pipeline(qr_async) tile(128, 128, 32, 128, 32, 128) padding(true, true, true, true) } }")
+    rep = expand(write, body, arch="gfx942")
+    assert [tuple(k.key.algorithm.tile[:6]) for k in rep.kernels] == [(128, 128, 32, 128, 32, 128)]
+
+
+def test_arch_not_declared_names_the_archs_of_the_requested_backend(write):
+    """`arch(*)` under --backend ck means the AMD archs: the message must not list NVIDIA ones."""
+    ks = fmha_dsl.load(write("t.fmha", "kernel_set t {\n backend(triton) arch(*)\n kernel k { signature { family(fwd) } }\n}\n"))
+    with pytest.raises(FmhaError) as info:
+        ks.expand_report(arch="sm90", backend="ck")
+    assert info.value.rule == "arch.not-declared" and "sm90" not in info.value.message.split("declared for")[1]

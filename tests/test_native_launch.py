@@ -33,9 +33,8 @@ class FakeDriver:
 
 
 @pytest.fixture(scope="module")
-def mod(tmp_path_factory):
-    os.environ.setdefault("FMHA_DSL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    return native.load()
+def mod():
+    return native.load()  # into the test cache (tests/conftest.py sets FMHA_DSL_CACHE_DIR)
 
 
 def _slot(code, value):
@@ -97,6 +96,7 @@ def test_bad_arguments_raise_before_anything_is_launched(mod, kinds, args, exc, 
     (dict(kinds=b""), "0 parameters"),
     (dict(kinds=b"ii", ntail=3), "3 optional"),
     (dict(function=0), "non-NULL"),
+    (dict(kinds=b"i" * 513), "513 parameters"),
 ])
 def test_launcher_construction_is_checked(mod, kw, text):
     args = dict(launch_fn=FakeDriver(1).address, function=1, block=32, shared=0, kinds=b"i", ntail=0)
@@ -147,3 +147,21 @@ def test_a_compile_error_is_reported_not_raised_raw(tmp_path, monkeypatch):
     with pytest.raises(native.NativeUnavailable, match="compiling the native launcher failed"):
         native.load()
     assert not any(f.startswith(".tmp-") for _, _, fs in os.walk(tmp_path) for f in fs)
+
+
+def test_an_unwritable_cache_makes_the_launcher_unavailable_not_a_crash(tmp_path, monkeypatch):
+    """The runtime then falls back to cuda-python; the reason names the problem."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setenv("FMHA_DSL_CACHE_DIR", str(blocker / "cache"))
+    ok, why = native.available()
+    assert not ok and "compiling the native launcher failed" in why
+
+
+def test_missing_python_headers_are_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setenv("FMHA_DSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native.sysconfig, "get_paths", lambda: {"include": str(tmp_path / "no-include")})
+    ok, why = native.available()
+    assert not ok and "Python headers are missing" in why and "python3-dev" in why

@@ -371,3 +371,37 @@ def test_bad_yaml_matrix_is_a_located_usage_error(tmp_path):
     p.write_text("classes:\n  - seqlens: [0]\n")
     with pytest.raises(UsageError, match=r"classes\[0\]: `seqlens` must be a positive integer"):
         load_shapes(str(p))
+
+
+@pytest.mark.parametrize("doc,msg", [
+    ('{"classes": [{"seqlens": [1]', "not valid JSON"),
+    ('{"shapes": []}', "a shape matrix is an object with a `classes` list"),
+    ('{"classes": [{"seqlens": [1], "seqlen": [2]}]}', "unknown field `seqlen`"),
+    ('{"classes": [{"seqlens": [1], "lse": "false"}]}', "`lse` must be true/false"),
+    ('{"classes": [{"seqlens": [1], "nhead_q": 16, "nhead_k": 3}]}', "must be a multiple of `nhead_k`"),
+    ('{"classes": [{"seqlens": [1], "seqlen_k_ratio": 0}]}', "`seqlen_k_ratio` must be a positive number"),
+])
+def test_more_bad_shape_matrices(tmp_path, doc, msg):
+    from fmha_dsl import UsageError
+    from fmha_dsl.runtime.tune import load_shapes
+
+    p = tmp_path / "m.json"
+    p.write_text(doc)
+    with pytest.raises(UsageError) as info:
+        load_shapes(str(p))
+    assert msg in info.value.message and info.value.hint
+
+
+def test_tune_cli_reports_a_bad_matrix_before_touching_the_gpu(tmp_path):
+    """Exit 2 with the located message and a hint -- also where torch is not installed (CI)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "m.json").write_text('{"classes": [{"seqlens": [0]}]}')
+    out = subprocess.run([sys.executable, "-m", "fmha_dsl.cli", "tune", str(tmp_path), "--shapes",
+                          str(tmp_path / "m.json")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "classes[0]: `seqlens` must be a positive integer" in out.stderr and "help:" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "fmha_dsl.cli", "tune", str(tmp_path), "--shapes",
+                          str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "cannot read the shape matrix" in out.stderr and "help:" in out.stderr
