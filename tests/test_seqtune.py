@@ -393,15 +393,17 @@ def test_more_bad_shape_matrices(tmp_path, doc, msg):
 
 
 def test_tune_cli_reports_a_bad_matrix_before_touching_the_gpu(tmp_path):
-    """Exit 2 with the located message and a hint -- also where torch is not installed (CI)."""
+    """Exit 2 with the located message and a hint -- also where torch is not installed (CI).  Run outside the
+    source tree, so the installed package (with fmha_dsl.runtime) is the one imported."""
     import subprocess
     import sys
 
     (tmp_path / "m.json").write_text('{"classes": [{"seqlens": [0]}]}')
     out = subprocess.run([sys.executable, "-m", "fmha_dsl.cli", "tune", str(tmp_path), "--shapes",
-                          str(tmp_path / "m.json")], capture_output=True, text=True, timeout=120)
+                          str(tmp_path / "m.json")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert "classes[0]: `seqlens` must be a positive integer" in out.stderr and "help:" in out.stderr
     out = subprocess.run([sys.executable, "-m", "fmha_dsl.cli", "tune", str(tmp_path), "--shapes",
-                          str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=120)
+                          str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
     assert out.returncode == 2 and "cannot read the shape matrix" in out.stderr and "help:" in out.stderr
