@@ -55,7 +55,7 @@ def main() -> None:
     from triton.testing import do_bench
 
     from fmha_dsl import Problem, Registry
-    from fmha_dsl.runtime.dispatch import Dispatcher, Plan
+    from fmha_dsl.runtime.dispatch import Dispatcher
 
     reg = Registry.load(os.path.join(args.build, "registry.json"))
     disp = Dispatcher(reg)
@@ -90,7 +90,7 @@ def main() -> None:
         prob = Problem(family="fwd", dtype=dtype, batch=b, nhead_q=HEADS, nhead_k=HEADS, seqlen_q=s, seqlen_k=s,
                        hdim_q=d, hdim_v=d, mask="top_left" if causal else "no")
         for e in disp.candidates(prob):
-            plan = Plan(prob, [disp.stage(e)])
+            plan = disp.plan_for(e, prob)
             kw = {"window": (-1, 0), "bottom_right": False} if causal else {}
 
             def run(plan=plan, kw=kw):

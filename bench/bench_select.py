@@ -8,7 +8,8 @@
    also decode / chunked prefill at other lengths (1 ... 128 query rows, 2k / 8k keys, batch 4 / 32, GQA 16/4).  Every kernel serving a shape is timed
    (do_bench: warm-up, L2 flush, median) after a check against SDPA: the exhaustive best.
 3. Per shape, the choice of: the seqtune table (``Dispatcher.select``), the cost model (same registry, table
-   removed), CK's first-fit rule (``fmha_dsl.seqtune.ck_first_fit``), and the best single fixed kernel of the class
+   removed), CK's first-fit rule (``fmha_dsl.seqtune.ck_first_fit``, among the ``fwd`` kernels: CK's forward API does
+   not consider split-KV kernels), and the best single fixed kernel of the class
    (the one kernel with the lowest geomean over the class's shapes, chosen with hindsight).
    regret = t(choice) / t(best) - 1, geomean over shapes; gain = geomean t(fixed) / t(seqtune) - 1.
 Goals (issue 4): seqtune regret <= 3 %, gain over the best fixed kernel >= 10 %.
@@ -77,7 +78,7 @@ def main() -> None:
 
     from fmha_dsl import seqtune
     from fmha_dsl.registry import Registry
-    from fmha_dsl.runtime.dispatch import Dispatcher, Plan
+    from fmha_dsl.runtime.dispatch import Dispatcher
     from fmha_dsl.runtime.tune import expand_shapes, load_shapes, make_inputs, problem_of, tune
 
     tune_info = None
@@ -113,7 +114,7 @@ def main() -> None:
             ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hk).float()
             times = {}
             for e in cands:
-                plan = Plan(prob, [disp_tab.stage(e)])
+                plan = disp_tab.plan_for(e, prob)
 
                 def run(plan=plan):
                     plan.run(q, k, v, out, lse, **kw)
@@ -134,7 +135,8 @@ def main() -> None:
                 warnings.simplefilter("ignore")
                 pick_tab = disp_tab.select(prob).identifier
                 pick_cost = disp_cost.select(prob).identifier
-            pick_ck = seqtune.ck_first_fit(prob, cands).identifier
+            # CK's forward API chooses among forward kernels only (split-KV is a separate call in CK)
+            pick_ck = seqtune.ck_first_fit(prob, [e for e in cands if e.sig["family"] == "fwd"] or cands).identifier
             best = min(times, key=times.get)
             name = {e.identifier: e.name for e in cands}
             row = {"class": cls, "point": list(pt), "times_us": {name[i]: t for i, t in times.items()},

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine run (see bench/README_device.md): lay the tree out as the installed package, build the
 # benchmark set for the local GPU, run the GPU tests and the benchmarks.  Logs and JSON go to $OUT.
-#   bash bench/device_run.sh [all|tests|fwd|flex|dispatch|select]   (several: "tests dispatch")
+#   bash bench/device_run.sh [all|tests|fwd|flex|dispatch|select|seqbuild|seqtune|seqeval]   (several: "tests dispatch")
 set -uo pipefail
 what=" ${*:-all} "
 export OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -27,13 +27,21 @@ fi
 if [[ $what == *" flex "* ]]; then
   python3 -P bench/bench_fwd.py --build /tmp/bench --peers flex --json "$OUT/bench_fwd_flex.json" 2>&1 | tee "$OUT/bench_flex.log"
 fi
-if [[ $what == *" select "* ]]; then
-  # the seqtune kernel set (decode- to prefill-sized tiles): build, tune on the default matrix, evaluate on
-  # held-out shapes, draw the report, and time dispatch through the tuned registry
-  python3 -P -m fmha_dsl.cli build seqtune_fwd --arch "$arch" -o /tmp/seqtune -j 16 -q 2>&1 | tail -5 | tee "$OUT/build_seqtune.log"
-  python3 -P -m fmha_dsl.cli tune /tmp/seqtune --budget "${TUNE_BUDGET:-300}" 2>&1 | tail -20 | tee "$OUT/tune.log"
-  cp /tmp/seqtune/registry.json "$OUT/registry_tuned.json" 2>/dev/null
-  python3 -P bench/bench_select.py --build /tmp/seqtune --skip-tune --json "$OUT/bench_select.json" 2>&1 | tee "$OUT/bench_select.log" | grep -v "^[bf][fp]16 d"
-  python3 -P -m fmha_dsl.cli report /tmp/seqtune -o "$OUT/report.html" --png 2>&1 | tail -3
-  python3 -P bench/bench_dispatch.py --registry /tmp/seqtune --json "$OUT/bench_dispatch_tuned.json" 2>&1 | tail -14
+# the seqtune kernel set (decode- to prefill-sized tiles, split-KV): build, tune on the default matrix, evaluate on
+# held-out shapes, draw the report, and time dispatch through the tuned registry.  "select" = the three steps;
+# each can run alone (the build folder, SEQ_DIR, is inside the checkout so it survives between device calls)
+SEQ_DIR="${SEQ_DIR:-out/seqtune}"
+if [[ $what == *" select "* || $what == *" seqbuild "* ]]; then
+  python3 -P -m fmha_dsl.cli build seqtune_fwd --arch "$arch" -o "$SEQ_DIR" -j 16 -q 2>&1 | tail -5 | tee "$OUT/build_seqtune.log"
+  tar -C "$SEQ_DIR" -cf "$OUT/seqtune.tar" .   # to carry into the next call
+fi
+if [[ $what == *" select "* || $what == *" seqtune "* ]]; then
+  python3 -P -m fmha_dsl.cli tune "$SEQ_DIR" --budget "${TUNE_BUDGET:-300}" 2>&1 | tail -20 | tee "$OUT/tune.log"
+  cp "$SEQ_DIR/registry.json" "$OUT/registry_tuned.json" 2>/dev/null
+  tar -C "$SEQ_DIR" -cf "$OUT/seqtune.tar" .
+fi
+if [[ $what == *" select "* || $what == *" seqeval "* ]]; then
+  python3 -P bench/bench_select.py --build "$SEQ_DIR" --skip-tune --json "$OUT/bench_select.json" 2>&1 | tee "$OUT/bench_select.log" | grep -v "^[bf][fp]16 d"
+  python3 -P -m fmha_dsl.cli report "$SEQ_DIR" -o "$OUT/report.html" --png 2>&1 | tail -3
+  python3 -P bench/bench_dispatch.py --registry "$SEQ_DIR" --json "$OUT/bench_dispatch_tuned.json" 2>&1 | tail -14
 fi

@@ -194,7 +194,7 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
         plan = _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vc, mask, wl, wr, bias_kind, return_lse,
                      dropout_p, softcap, sink, aligned)
     kern = plan._kernels.get(dev)
-    if kern is None or plan._extra_aligned_idx:
+    if kern is None or plan._extra_aligned_idx or plan.splits:
         plan.launch(dev, b, hq, sq, args)  # first launch on this device, or promises the class key does not cover
     else:
         bm = plan.block_m

@@ -25,16 +25,16 @@ from .expand import expand
 from .registry import Entry, Registry, write_atomic
 
 
-def _compile_in_worker(sig: dict, alg: dict, arch: str):
-    from .compile_triton import compile_key
+def _compile_in_worker(kind: str, sig: dict, alg: dict | None, arch: str):
+    from .compile_triton import compile_combine, compile_key
 
-    return compile_key(sig, alg, arch)
+    return compile_key(sig, alg, arch) if kind == "kernel" else compile_combine(sig, arch)
 
 
 def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, progress, no_spills: bool,
                       cache_dir: str | None):
     from .build import BuildResult
-    from .compile_triton import cache_parts
+    from .compile_triton import cache_parts, combine_name, combine_parts
 
     try:
         import triton  # noqa: F401
@@ -47,66 +47,100 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     reg = kernel_set.registry(profile=profile, report=rep)
     cache = ArtifactCache(os.path.join(cache_dir, "kernels") if cache_dir else None)
 
+    # jobs: one per kernel, plus one per distinct combine kernel the split-KV kernels need (shared by many)
     todo, ready, failures, spilled = [], {}, [], []
+    combine_of: dict[str, str] = {}   # split kernel id -> its combine's cache key
+    combine_jobs: dict[str, tuple] = {}
     for e in reg:
         if e.identifier not in triton_ids:
             continue
         key = content_key(cache_parts(e.sig, e.alg, e.arch))
-        hit = cache.get(key)
-        if hit is not None:
-            ready[e.identifier] = (key, hit[0], hit[1], True)
-        else:
-            todo.append((e, key))
+        mine = [("kernel", key, e.sig, e.alg, e.arch, e.identifier)]
+        if e.sig["family"] == "fwd_splitkv":
+            ckey = content_key(combine_parts(e.sig, e.arch))
+            combine_of[e.identifier] = ckey
+            if ckey not in combine_jobs:
+                combine_jobs[ckey] = ("combine", ckey, e.sig, None, e.arch, combine_name(e.sig, e.arch))
+                mine.append(combine_jobs[ckey])
+        for job in mine:
+            hit = cache.get(job[1])
+            if hit is not None:
+                ready[job[1]] = (hit[0], hit[1], True)
+            else:
+                todo.append(job)
     total = len(ready) + len(todo)
     done = hits = len(ready)
     if progress:
         progress(done, total, 0, hits)
+    why_failed: dict[str, str] = {}
 
-    def finish(e: Entry, key: str, result):
+    def finish(job, result):
         nonlocal done
+        kind, key, sig, _, arch, label = job
         meta, data = result
         done += 1
         if meta is None:
-            failures.append({"name": e.name, "arch": e.arch, "reason": str(data)})
+            why_failed[key] = str(data)
+            if kind == "kernel":
+                failures.append({"name": names[label], "arch": arch, "reason": str(data)})
         else:
-            cache.put(key, meta, data, f"kernel.{meta['binary_kind']}")
-            ready[e.identifier] = (key, dict(meta, sha256=sha256_bytes(data), size=len(data)), data, False)
+            cache.put(key, meta, data, f"{kind}.{meta['binary_kind']}")
+            ready[key] = (dict(meta, sha256=sha256_bytes(data), size=len(data)), data, False)
         if progress:
             progress(done, total, len(failures), hits)
 
+    names = {e.identifier: e.name for e in reg}
     if todo and jobs > 1:
         ctx = multiprocessing.get_context("spawn")  # compilers in fresh processes, no inherited state
         with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
-            futs = {pool.submit(_compile_in_worker, e.sig, e.alg, e.arch): (e, key) for e, key in todo}
+            futs = {pool.submit(_compile_in_worker, job[0], job[2], job[3], job[4]): job for job in todo}
             for fut in as_completed(futs):
-                e, key = futs[fut]
+                job = futs[fut]
                 try:
                     result = fut.result()
                 except Exception as exc:  # noqa: BLE001  (a crashed worker fails one kernel, not the build)
                     result = (None, f"worker failed: {type(exc).__name__}: {exc}")
-                finish(e, key, result)
+                finish(job, result)
     else:
-        for e, key in todo:
-            finish(e, key, _compile_in_worker(e.sig, e.alg, e.arch))
+        for job in todo:
+            finish(job, _compile_in_worker(job[0], job[2], job[3], job[4]))
 
     kept = Registry(reg.name, profiles=reg.profiles, sources=reg.sources)
     compiled = cached = 0
+    written: set[str] = set()
     for e in reg:
         if e.identifier not in triton_ids:
             kept.add(e)
             continue
-        got = ready.get(e.identifier)
+        key = content_key(cache_parts(e.sig, e.alg, e.arch))
+        got = ready.get(key)
         if got is None:
             continue
-        key, meta, data, from_cache = got
+        meta, data, from_cache = got
         res = meta.get("resources", {})
         if no_spills and res.get("spills", 0) > 0:
             spilled.append({"name": e.name, "arch": e.arch, "spills": res.get("spills")})
             continue
+        comb = None
+        if e.identifier in combine_of:
+            ckey = combine_of[e.identifier]
+            if ckey not in ready:
+                failures.append({"name": e.name, "arch": e.arch, "reason": "its split-KV combine kernel failed: "
+                                 + why_failed.get(ckey, "not compiled")})
+                continue
+            cmeta, cdata, _ = ready[ckey]
+            crel = f"kernels/{e.arch}/{combine_name(e.sig, e.arch)}.{cmeta['binary_kind']}"
+            if crel not in written:
+                write_atomic(os.path.join(out, crel), cdata)
+                written.add(crel)
+            comb = {k: v for k, v in cmeta.items() if k != "file"}
+            comb.update(binary=crel, cache_key=ckey)
         rel = f"kernels/{e.arch}/{e.name}.{meta['binary_kind']}"
         write_atomic(os.path.join(out, rel), data)
         build = {k: v for k, v in meta.items() if k not in ("file",)}
         build.update(binary=rel, cache_key=key)
+        if comb is not None:
+            build["combine"] = comb
         kept.add(Entry(None, e.name, e.source, build, sig=e.sig, alg=e.alg, arch=e.arch, ident=e.identifier))
         cached += from_cache
         compiled += not from_cache

@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 
 TEMPLATE = "fmha_dsl.kernels.triton_fwd"
+COMBINE = "fmha_dsl.kernels.triton_combine"
 
 
 @functools.lru_cache(maxsize=None)
@@ -28,7 +29,7 @@ def template_sha256() -> str:
     from importlib import import_module
 
     h = hashlib.sha256()
-    for mod in (TEMPLATE, "fmha_dsl.kernels.fwd_abi", __name__):
+    for mod in (TEMPLATE, COMBINE, "fmha_dsl.kernels.fwd_abi", __name__):
         with open(import_module(mod).__file__, "rb") as f:
             h.update(f.read())
     return h.hexdigest()
@@ -83,26 +84,83 @@ def compile_key(sig: dict, alg: dict, arch: str, aligned: bool = True) -> tuple[
     element by element.  Such a binary records the promise in ``meta["aligned"]`` and may only be launched
     with arguments that keep it; the dispatcher checks.
     """
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     try:
-        import triton
         from triton.compiler import ASTSource
     except ImportError as exc:
         return None, f"triton is not installed ({exc}); install fmha-dsl[triton]"
     from importlib import import_module
 
     tmpl = import_module(TEMPLATE)
-    info = arch_info(arch)
     opts = compile_options(sig, alg, arch)
+    split = sig.get("family") == "fwd_splitkv"
     try:
         const = tmpl.constexprs(sig, alg)
         promised = tmpl.aligned_names(sig["vlayout"]) if aligned else ()
         attrs = tmpl.attrs(sig["dtype"], sig["vlayout"], promised) if promised else {}
-        src = ASTSource(fn=tmpl.fmha_fwd, signature=tmpl.signature(sig["dtype"]), constexprs=const, attrs=attrs)
+        src = ASTSource(fn=tmpl.fmha_fwd, signature=tmpl.signature(sig["dtype"], split), constexprs=const,
+                        attrs=attrs)
+    except Exception as exc:  # noqa: BLE001  (a bad key is a result, not a crash)
+        return None, _reason(exc)
+    grid = "[cdiv(max_seqlen_q, BLOCK_M), nhead_q * splits, batch]" if split else \
+        "[cdiv(max_seqlen_q, BLOCK_M), nhead_q, batch]"
+    extra = {"block_m": int(alg["tile"][0]), "aligned": list(promised)}
+    if split:
+        extra["splits"] = 1 << int(alg["max_splits_log2"])
+        extra["block_dv"] = int(const["BLOCK_DV"])
+    return _compile(src, arch, opts, tmpl.ARGS, grid, extra)
+
+
+def combine_parts(sig: dict, arch: str) -> dict:
+    """What decides the bytes of the combine kernel that goes with split-KV key ``sig`` (its cache key)."""
+    return {"combine": {f: sig[f] for f in ("dtype", "hdim_v", "mode", "lse")}, "arch": arch,
+            "template": template_sha256(), "triton": triton_version(), "options": _combine_options()}
+
+
+def _combine_options() -> dict:
+    from .kernels.fwd_abi import COMBINE_WARPS
+
+    return {"num_warps": COMBINE_WARPS, "num_stages": 1}
+
+
+def combine_name(sig: dict, arch: str) -> str:
+    return f"fmha_fwd_splitkv_combine_d{sig['hdim_v']}_{sig['dtype']}_{sig['mode']}_{'lse' if sig['lse'] else 'nlse'}" \
+        f"_triton_{arch}"
+
+
+def compile_combine(sig: dict, arch: str) -> tuple[dict | None, object]:
+    """Compile the split-KV combine kernel for a split key's signature.  ``(meta, binary)`` or ``(None, reason)``."""
+    try:
+        from triton.compiler import ASTSource
+    except ImportError as exc:
+        return None, f"triton is not installed ({exc}); install fmha-dsl[triton]"
+    from importlib import import_module
+
+    comb = import_module(COMBINE)
+    from .kernels.fwd_abi import COMBINE_ARGS
+
+    try:
+        const = comb.constexprs(sig)
+        src = ASTSource(fn=comb.fmha_fwd_combine, signature=comb.signature(sig["dtype"]), constexprs=const)
+    except Exception as exc:  # noqa: BLE001
+        return None, _reason(exc)
+    return _compile(src, arch, _combine_options(), COMBINE_ARGS, "[cdiv(max_seqlen_q, 16), nhead_q, batch]",
+                    {"block_m": int(const["BLOCK_M"]), "aligned": []})
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"[:500]
+
+
+def _compile(src, arch: str, opts: dict, args, grid: str, extra: dict) -> tuple[dict | None, object]:
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    import triton
+
+    info = arch_info(arch)
+    try:
         ck = triton.compile(src, target=_target(arch), options=opts)
     except Exception as exc:  # noqa: BLE001  (a compiler failure is a result, not a crash)
-        text = str(exc).strip().splitlines()
-        return None, f"{type(exc).__name__}: {text[-1] if text else ''}"[:500]
+        return None, _reason(exc)
     kind = info["binary"]
     data = ck.asm[kind]
     md = ck.metadata
@@ -110,12 +168,11 @@ def compile_key(sig: dict, alg: dict, arch: str, aligned: bool = True) -> tuple[
         "backend": "triton", "triton": triton_version(), "template_sha256": template_sha256(),
         "target": f"{info['backend']}:{info['target']}", "entry": md.name, "binary_kind": kind,
         "num_warps": md.num_warps, "num_stages": md.num_stages, "shared": md.shared, "warp_size": info["warp_size"],
-        "block": [md.num_warps * info["warp_size"], 1, 1], "options": opts,
-        "grid": "[cdiv(max_seqlen_q, BLOCK_M), nhead_q, batch]", "block_m": int(alg["tile"][0]),
-        "params": [name for name, _ in tmpl.ARGS] if hasattr(tmpl, "ARGS") else [],
+        "block": [md.num_warps * info["warp_size"], 1, 1], "options": opts, "grid": grid,
+        "params": [name for name, _ in args],
         "global_scratch": getattr(md, "global_scratch_size", 0) or 0,
         "profile_scratch": getattr(md, "profile_scratch_size", 0) or 0,
-        "aligned": list(promised),
+        **extra,
     }
     meta["resources"] = amd_resources(ck.asm.get("amdgcn", "")) if kind == "hsaco" else cuda_resources(data)
     return meta, data
@@ -173,5 +230,5 @@ def cuda_resources(cubin: bytes) -> dict:
     return res
 
 
-__all__ = ["compile_key", "compile_options", "cache_parts", "template_sha256", "triton_version",
+__all__ = ["compile_key", "compile_combine", "combine_parts", "combine_name", "compile_options", "cache_parts", "template_sha256", "triton_version",
            "amd_resources", "cuda_resources"]

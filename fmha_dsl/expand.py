@@ -232,6 +232,8 @@ class _Expander:
                 return tile_c(fr, b)
             fs = d.fields.get(f)
             if fs is None:
+                if f in fr.defaults:
+                    return (fr.defaults[f],)
                 return (_DEFAULTS[f],) if f in _DEFAULTS else fr.domain(f, b)
             if fs.values is None:
                 dom = fr.domain(f, b)

@@ -10,7 +10,7 @@ Pure Python (no torch / triton at import).  The table lives in ``registry.json``
 Prediction of a kernel's time for a problem from the table (:func:`predict`, documented there): the kernel's
 measured points of the problem's signature class, in rows of equal seqlen_q; interpolation in log seqlen_k inside
 the rows around the problem's seqlen_q, then in log seqlen_q across them (a power law between neighbours); every
-point carried to the problem's batch x heads by wave quantisation (``waves = ceil(programs / CUs)``, ``programs =
+point carried to the problem's batch x heads by wave quantisation (``waves = ceil(programs / (CUs x occupancy))``, ``programs =
 ceil(seqlen_q / m0) * nhead_q * batch``), and beyond the measured range by waves and key-loop length
 ``ceil(seqlen_k / n0)``.
 
@@ -216,6 +216,27 @@ def waves(nprog: int, slots: int) -> int:
     return max(1, _cdiv(nprog, max(1, slots)))
 
 
+def split_limit(entry) -> int:
+    """The split count a split-KV kernel runs with (0 for other kernels)."""
+    if entry.sig.get("family") != "fwd_splitkv":
+        return 0
+    b = getattr(entry, "build", None) or {}
+    return int(b.get("splits") or 1 << int(entry.alg["max_splits_log2"]))
+
+
+SPLIT_WAVES = 4   # a split-KV launch splits no further than to fill this many waves of programs
+
+
+def splits_at(limit: int, seqlen_k: int, n0: int, nprog: int, cus: int) -> int:
+    """Splits a split-KV launch uses (1 for other kernels: ``limit`` 0): the kernel's count, but no more than the key
+    blocks ``ceil(seqlen_k / n0)``, and no more than it takes for the ``nprog`` programs of one split to fill
+    :data:`SPLIT_WAVES` waves over ``cus`` compute units (a grid that already fills the device gains nothing from
+    splitting and would only grow the workspace).  The runtime (``fmha_dsl.runtime.plan.SplitLaunch``) uses this."""
+    if not limit:
+        return 1
+    return max(1, min(limit, _cdiv(max(seqlen_k, 1), n0), _cdiv(SPLIT_WAVES * max(cus, 1), max(nprog, 1))))
+
+
 @functools.lru_cache(maxsize=None)
 def arch_info(arch: str) -> dict:
     from .data import load
@@ -270,7 +291,10 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
       ``occupancy`` program-times, the partial last one ``ceil(remainder / CUs)``: ``rounds`` is their sum, so a
       partial wave costs as much as its most loaded SM;
     * occupancy (:func:`occupancy`, from the build's resource usage) hides latency: ``hiding = 1 - 0.25 / occupancy``;
-    * efficiency ``m0 n0 / (m0 n0 + LOAD_COST (m0 + n0))``: larger tiles reuse each loaded element more.
+    * efficiency ``m0 n0 / (m0 n0 + LOAD_COST (m0 + n0))``: larger tiles reuse each loaded element more;
+    * split-KV kernels (:func:`splits_at` splits): ``splits`` times the programs, each with ``1/splits`` of the key
+      blocks, plus the combine pass: ``2 LOAD_COST splits x padded rows x Dv x heads x batch / CUs`` (the fp32
+      partials written and read back).
     """
     a = entry.alg
     m0, n0 = int(a["tile"][0]), int(a["tile"][1])
@@ -279,8 +303,10 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
     cus = cus or compute_units(arch)
     occ = occupancy(entry, arch)
     nprog = programs(sq, m0, p.nhead_q, p.batch)
+    ns = splits_at(split_limit(entry), sk, n0, nprog, cus)
+    nprog *= ns
     w = waves(nprog, cus * occ)
-    sk_pad = _cdiv(sk, n0) * n0
+    sk_pad = _cdiv(_cdiv(sk, n0), ns) * n0   # keys per program (split-KV: per split)
     work = m0 * sk_pad * (p.hdim_q + p.hdim_v)
     if p.mask != "no":
         work *= 0.5 + 0.5 * min(1.0, m0 / sq)   # causal: half the keys, plus the diagonal tile
@@ -288,7 +314,9 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
     full, rem = divmod(nprog, cus * occ)
     rounds = full * occ + _cdiv(rem, cus)
     c = rounds * work / (eff * (1.0 - 0.25 / occ))
-    return c, {"waves": w, "rounds": rounds, "programs": nprog, "occupancy": occ,
+    if split_limit(entry):  # the combine pass: write and read back splits x rows x Dv fp32 partials
+        c += LOAD_COST * 2 * ns * _cdiv(sq, m0) * m0 * p.hdim_v * p.nhead_q * p.batch / cus
+    return c, {"waves": w, "rounds": rounds, "programs": nprog, "occupancy": occ, "splits": ns,
                "tile_waste_q": _cdiv(sq, m0) * m0 / sq,
                "tile_waste_k": sk_pad / sk, "efficiency": round(eff, 4)}
 
@@ -300,7 +328,8 @@ def _log(x: float) -> float:
     return math.log(max(x, 1e-12))
 
 
-def predict(pts: dict, kernel: str, m0: int, n0: int, p, cus: int) -> tuple[float | None, list]:
+def predict(pts: dict, kernel: str, m0: int, n0: int, p, cus: int, splits: int = 0,
+            occ: int = 1) -> tuple[float | None, list]:
     """Predicted time (us) of ``kernel`` on problem ``p`` from a class's points, and the points used.
 
     The measured points form rows of equal ``seqlen_q``.  In each row the time is interpolated in log(seqlen_k)
@@ -310,6 +339,9 @@ def predict(pts: dict, kernel: str, m0: int, n0: int, p, cus: int) -> tuple[floa
     compute units (``ceil(sq/m0) x nhead_q x batch`` programs) and key blocks (``ceil(sk/n0)``).  Every measured
     point used is first carried to the problem's batch x heads the same way (per (seqlen_q, seqlen_k) the point
     of the nearest batch x heads is used), so a measured point equal to the problem gives its measured time.
+    A split-KV kernel (``splits`` > 0: its split count) runs ``splits_at(...)`` times the programs, each over that
+    fraction of the key blocks.  ``occ``: programs resident per compute unit (:func:`occupancy`), so a wave is
+    ``cus x occ`` programs.
     """
     mine = [(pt, rec["times_us"][kernel]) for pt, rec in pts.items() if kernel in rec["times_us"]]
     if not mine:
@@ -324,13 +356,15 @@ def predict(pts: dict, kernel: str, m0: int, n0: int, p, cus: int) -> tuple[floa
         if cur is None or (d, pt) < (cur[0], cur[1]):
             rows[pt[0]][pt[1]] = (d, pt, t)
 
-    def waves_at(s_q: int, batch: int, heads: int) -> int:
-        return waves(programs(s_q, m0, heads, batch), cus)
+    def work(s_q: int, s_k: int, batch: int, heads: int) -> int:
+        """Waves x key blocks per program."""
+        nprog = programs(s_q, m0, heads, batch)
+        ns = splits_at(splits, s_k, n0, nprog, cus)
+        return waves(nprog * ns, cus * occ) * _cdiv(_cdiv(max(s_k, 1), n0), ns)
 
     def carried(pt: tuple, t: float, to_sq: int, to_sk: int) -> float:
         """``t`` measured at ``pt``, carried to (to_sq, to_sk) at the problem's batch x heads."""
-        f = waves_at(to_sq, p.batch, p.nhead_q) / waves_at(pt[0], pt[2], pt[3])
-        return t * f * _cdiv(max(to_sk, 1), n0) / _cdiv(max(pt[1], 1), n0)
+        return t * work(to_sq, to_sk, p.batch, p.nhead_q) / work(pt[0], pt[1], pt[2], pt[3])
 
     def between(xs: list, x: int, at) -> tuple[float, list]:
         """Interpolate ``at(x_i, x)`` (time, points) in log(x) over the sorted grid ``xs``."""
@@ -374,8 +408,8 @@ def rank(p, candidates: Iterable, table: Table | None = None, arch: str | None =
     for i, e in enumerate(cands):
         if table is not None and table.failed(cls, e.identifier):
             continue
-        t, used = predict(pts, e.identifier, int(e.alg["tile"][0]), int(e.alg["tile"][1]), p, cus) if pts else (
-            None, [])
+        t, used = predict(pts, e.identifier, int(e.alg["tile"][0]), int(e.alg["tile"][1]), p, cus,
+                          split_limit(e), occupancy(e, arch)) if pts else (None, [])
         if t is not None:
             measured.append((t, i, {"entry": e, "source": "seqtune", "predicted_us": t,
                                     "points": [dict(zip(POINT_FIELDS, pt)) for pt in used]}))
@@ -441,5 +475,5 @@ def ck_first_fit(p, candidates: Iterable):
 
 
 __all__ = ["Table", "SeqtuneDeviceWarning", "class_of_problem", "class_key",
-           "device_mismatch", "bucket", "bucket_rep", "programs", "waves", "occupancy", "cost", "predict", "rank",
+           "device_mismatch", "bucket", "bucket_rep", "programs", "waves", "split_limit", "splits_at", "occupancy", "cost", "predict", "rank",
            "excluded_by_table", "ck_first_fit", "compute_units", "CLASS_FIELDS", "POINT_FIELDS"]

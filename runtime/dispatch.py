@@ -49,7 +49,8 @@ from fmha_dsl.registry import Entry, Registry
 
 from . import abi
 from .match import (EXACT, PAGED_FAMILIES, PIPELINE_RANK, _exact_key, _lcm, _max_sk, _max_sq,  # noqa: F401
-                    declaration_for, describe, mismatches, no_kernel_error, preference, promised_aligned)
+                    declaration_for, describe, group_key, mismatches, no_kernel_error, preference, promised_aligned,
+                    serves_fwd)
 from .plan import (Plan, Stage, _stream_handle, alibi_strides, bias_strides, current_stream,  # noqa: F401
                    fwd_args)
 
@@ -155,7 +156,7 @@ class Dispatcher:
         self.entries = [e for e in self.registry if e.arch == self.arch]
         groups: dict[tuple, list[Entry]] = {}
         for e in self.entries:
-            groups.setdefault(_exact_key(e.sig, dict.__getitem__), []).append(e)
+            groups.setdefault(group_key(e.sig, dict.__getitem__), []).append(e)
         self._groups = groups
         tiles = [e.alg["tile"] for e in self.entries] or [(1, 1)]
         self.lq = _lcm({t[0] for t in tiles})
@@ -248,7 +249,7 @@ class Dispatcher:
 
     def candidates(self, p, aligned: bool = True) -> list[Entry]:
         """Every entry of this arch that serves ``p``, most preferred first."""
-        group = self._groups.get(_exact_key(p, getattr), ())
+        group = self._groups.get(group_key(p, getattr), ())
         return sorted((e for e in group if not mismatches(e, p, aligned)), key=preference)
 
     def _best(self, p, c: list, aligned: bool):
@@ -286,11 +287,26 @@ class Dispatcher:
         if plan is None:
             entry = self.select(problem, aligned)
             key = self.class_key(problem, aligned)  # a JIT compile may have changed the tile lcm
-            plan = self._plan_of.get(entry.identifier)
+            pk = (entry.identifier, problem.num_splits if problem.family == "fwd_splitkv" else 0)
+            plan = self._plan_of.get(pk)
             if plan is None:
-                plan = self._plan_of[entry.identifier] = Plan(problem, [self.stage(entry)])
+                plan = self._plan_of[pk] = self.plan_for(entry, problem)
             self._plans[key] = plan
         return plan
+
+    def plan_for(self, entry: Entry, problem) -> Plan:
+        """The plan that runs ``entry`` (a split-KV kernel: with its combine kernel) for ``problem``'s class."""
+        stages = [self.stage(entry)]
+        comb = (entry.build or {}).get("combine")
+        if entry.sig["family"] == "fwd_splitkv":
+            if not comb and self.launcher == "interpret":  # the interpreter runs the combine from source
+                entry = Entry(None, entry.name, entry.source, dict(entry.build or {}, combine={}), sig=entry.sig,
+                              alg=entry.alg, arch=entry.arch, ident=entry.identifier)
+            elif not comb:
+                raise error("dispatch.no-binary", f"split-KV kernel {entry.name} has no combine kernel in its build",
+                            None, "rebuild the set with `fmha-dsl build FILE --backend triton -o DIR`")
+            stages.append(self.stage(combine_entry(entry)))
+        return Plan(problem, stages)
 
     def stage(self, entry: Entry) -> Stage:
         st = self._stages.get(entry.identifier)
@@ -337,12 +353,14 @@ class Dispatcher:
             from .interpret import InterpretKernel
 
             return InterpretKernel(entry)
-        why = abi.check_params(b.get("params"))
+        combine = entry.sig["family"] == "fwd_splitkv_combine"
+        names = abi.COMBINE_NAMES if combine else abi.FWD_NAMES
+        why = abi.check_params(b.get("params"), names)
         if why:
             raise error("runtime.abi", f"kernel {entry.name}: {why}", None,
                         "the registry was built from another template version: rebuild it")
         data = self.binary(entry)
-        types = abi.fwd_types(entry.sig["dtype"])
+        types = (abi.combine_types if combine else abi.fwd_types)(entry.sig["dtype"])
         scratch = (int(b.get("global_scratch") or 0), int(b.get("profile_scratch") or 0))
         num_warps = int(b.get("num_warps") or entry.alg["wave"][0])
         if self.launcher == "hip":
@@ -354,7 +372,16 @@ class Dispatcher:
 
         return load_cubin(data, entry=b["entry"], shared=int(b.get("shared", 0)), num_warps=num_warps,
                           device=device, types=types, warp_size=int(b.get("warp_size") or 32),
-                          launcher=self.launcher, scratch=scratch, alloc=_torch_alloc, names=abi.FWD_NAMES)
+                          launcher=self.launcher, scratch=scratch, alloc=_torch_alloc, names=names)
+
+
+def combine_entry(entry: Entry) -> Entry:
+    """The combine kernel built with split-KV kernel ``entry``, as an entry of its own (family
+    ``fwd_splitkv_combine``, identifier ``<split id>:combine``; its build is the split build's ``combine``)."""
+    b = entry.build["combine"] or {}
+    name = os.path.splitext(os.path.basename(b.get("binary", "")))[0] or entry.name + "_combine"
+    return Entry(None, name, entry.source, b, sig=dict(entry.sig, family="fwd_splitkv_combine"), alg=entry.alg,
+                 arch=entry.arch, ident=entry.identifier + ":combine")
 
 
 def _device_name() -> str | None:

@@ -15,6 +15,7 @@ from fmha_dsl.errors import UsageError, error
 
 # pointer slots of the ABI and the dtype of a placeholder for an unused (NULL) one
 _SLOT_DTYPES = ("in", "in", "in", "in", "float32", "in", "float32", "int32", "int32")
+_COMBINE_SLOT_DTYPES = ("float32", "float32", "in", "float32", "int32")
 
 
 class InterpretKernel:
@@ -25,11 +26,19 @@ class InterpretKernel:
         if os.environ.get("TRITON_INTERPRET") != "1":
             raise error("runtime.interpret", "launcher='interpret' needs TRITON_INTERPRET=1 before triton is imported",
                         None, "export TRITON_INTERPRET=1 (tests run this in a subprocess)", cls=UsageError)
+        self.entry = entry
+        if entry.sig["family"] == "fwd_splitkv_combine":
+            from fmha_dsl.kernels import triton_combine as C
+
+            self._kernel = C.fmha_fwd_combine
+            self._const = C.constexprs(entry.sig)
+            self._slots = _COMBINE_SLOT_DTYPES
+            return
         from fmha_dsl.kernels import triton_fwd as T
 
-        self.entry = entry
         self._kernel = T.fmha_fwd
         self._const = T.constexprs(entry.sig, entry.alg)
+        self._slots = _SLOT_DTYPES
         if entry.sig["dtype"] == "bf16":
             self._const["UPCAST_DOT"] = True
 
@@ -37,8 +46,8 @@ class InterpretKernel:
         import torch
 
         args = list(args)
-        q = args[0]
-        for i, kind in enumerate(_SLOT_DTYPES):
+        q = args[2] if self._slots is _COMBINE_SLOT_DTYPES else args[0]
+        for i, kind in enumerate(self._slots):
             if args[i] is None:
                 dt = q.dtype if kind == "in" else getattr(torch, kind)
                 args[i] = torch.zeros(1, dtype=dt)

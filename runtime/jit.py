@@ -153,7 +153,7 @@ def precompile(problems, arch: str, jobs: int | None = None, cache_dir: str | No
 
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futs = {key: pool.submit(_compile_in_worker, e.sig, e.alg, e.arch) for key, e in todo.items()}
+        futs = {key: pool.submit(_compile_in_worker, "kernel", e.sig, e.alg, e.arch) for key, e in todo.items()}
         for key, fut in futs.items():
             meta, data = fut.result()
             if meta is not None:

@@ -46,7 +46,7 @@ def mismatches(e: Entry, p, aligned: bool = True) -> list[tuple[str, str]]:
     out = []
     for f in EXACT:
         kv, pv = s[f], _pfield(p, f)
-        if kv != pv:
+        if kv != pv and not (f == "family" and serves_fwd(e) and pv == "fwd"):
             out.append((f, f"kernel {_show(kv)}, problem {_show(pv)}"))
     if s["family"] != "fwd_splitkv_combine" and (s["mask"] != "no") != (p.mask != "no"):
         out.append(("mask", f"kernel {_mask_word(s['mask'])}, problem {_mask_word(p.mask)}"))
@@ -79,6 +79,19 @@ def mismatches(e: Entry, p, aligned: bool = True) -> list[tuple[str, str]]:
     if not aligned and promised_aligned(e.build):
         out.append(("aligned", "kernel assumes 16-divisible pointers and strides; these arguments are not"))
     return out
+
+
+def serves_fwd(e: Entry) -> bool:
+    """A compiled split-KV kernel (with its combine kernel) computes a plain forward problem too: selection weighs
+    it against the ``fwd`` kernels (a ``fwd_splitkv`` problem, which asks for ``num_splits``, gets only split
+    kernels)."""
+    return e.sig["family"] == "fwd_splitkv" and bool((e.build or {}).get("combine"))
+
+
+def group_key(sig_or_problem, getter) -> tuple:
+    """:func:`_exact_key` with ``fwd_splitkv`` counted as ``fwd``: the index under which both meet."""
+    k = _exact_key(sig_or_problem, getter)
+    return ("fwd",) + k[1:] if k[0] == "fwd_splitkv" else k
 
 
 def _show(v) -> str:

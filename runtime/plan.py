@@ -6,9 +6,10 @@ import math
 from typing import TYPE_CHECKING
 
 from fmha_dsl.errors import UsageError, error
+from fmha_dsl.seqtune import splits_at
 
 from . import abi
-from fmha_dsl.kernels.fwd_abi import aligned_names
+from fmha_dsl.kernels.fwd_abi import COMBINE_BLOCK_M, aligned_names, block_d, combine_args, workspace_strides
 
 from .match import promised_aligned
 
@@ -95,7 +96,7 @@ class Plan:
     """
 
     __slots__ = ("api_family", "stages", "problem", "entry", "_stage", "_kernels", "block_m", "_group", "_lse",
-                 "_aligned_idx", "_extra_aligned_idx")
+                 "_aligned_idx", "_extra_aligned_idx", "splits", "_split")
 
     def __init__(self, problem, stages):
         self.api_family = problem.family
@@ -113,6 +114,15 @@ class Plan:
         # what fmha_dsl.attention's `aligned` class key does not already guarantee (it checks aligned_names)
         usual = set(aligned_names(self.entry.sig.get("vlayout", "r")))
         self._extra_aligned_idx = tuple(i for i in self._aligned_idx if names[i] not in usual)
+        # split-KV: at most this many splits per launch (0: not a split plan); see _launch_split
+        self.splits = 0
+        self._split = None
+        if self.entry.sig["family"] == "fwd_splitkv":
+            explicit = problem.num_splits if problem.family == "fwd_splitkv" and problem.num_splits > 1 else 0
+            self.splits = int(explicit or build.get("splits") or 1 << int(self.entry.alg["max_splits_log2"]))
+            self._split = SplitLaunch(self.stages[1], self.block_m, int(self.entry.alg["tile"][1]),
+                                      int(build.get("block_dv") or block_d(self.entry.sig["hdim_v"])),
+                                      self._stage._dispatcher.compute_units)
 
     @property
     def kernel_id(self) -> str:
@@ -173,11 +183,15 @@ class Plan:
                                 f"{abi.FWD_NAMES[i]}, got {args[i]}", None,
                                 "plan with Dispatcher.plan(problem, aligned=False) for unaligned arguments",
                                 cls=UsageError)
+        explicit = stream is not None
         if stream is None:
             stream = current_stream(device) if device >= 0 else 0
         elif not isinstance(stream, int):
             stream = _stream_handle(stream)
-        kern.launch((gx, nhead_q, batch), args, stream)
+        if self._split is not None:
+            self._split.launch(kern, self.splits, device, gx, batch, nhead_q, max_seqlen_q, args, stream, explicit)
+        else:
+            kern.launch((gx, nhead_q, batch), args, stream)
 
     def run(self, q, k, v, out, lse=None, *, stream=None, **kw):
         """Compute ``out`` (and ``lse``) for tensors of this plan's problem class.  Keywords as :meth:`args`."""
@@ -189,6 +203,62 @@ class Plan:
         batch, nhq, msq, args = self.args(q, k, v, out, lse, ptr=(lambda x: x) if kern.needs_objects else None, **kw)
         self.launch(device, batch, nhq, msq, args, stream)
         return out
+
+
+_IDX = {n: i for i, n in enumerate(abi.FWD_NAMES)}
+_I32_MAX = (1 << 31) - 1
+
+
+class SplitLaunch:
+    """Launch a split-KV plan: the split kernel into fp32 workspaces, then the combine kernel into ``out``/``lse``.
+
+    Splits per launch: :func:`fmha_dsl.seqtune.splits_at` (the kernel's count, or the problem's ``num_splits``; no
+    more than the key blocks, nor than fills a few waves of the device), halved while the workspace's element strides would overflow int32.  The
+    workspaces ``[B, Hq * splits, max_seqlen_q, BLOCK_DV]`` / ``[B, Hq * splits, max_seqlen_q]`` come from torch's
+    caching allocator on the launch stream's device (stream-ordered: freed after the launch, reused only behind it
+    on torch's current stream; a caller's own stream is recorded on them).
+    """
+
+    __slots__ = ("combine", "block_m", "n0", "block_dv", "cus")
+
+    def __init__(self, combine: Stage, block_m: int, n0: int, block_dv: int, cus: int):
+        self.combine, self.block_m, self.n0, self.block_dv, self.cus = combine, block_m, n0, block_dv, cus
+
+    def count(self, limit: int, batch: int, nhead_q: int, max_seqlen_q: int, max_seqlen_k: int) -> int:
+        nprog = -(-max(int(max_seqlen_q), 1) // self.block_m) * nhead_q * batch
+        s = splits_at(int(limit), int(max_seqlen_k), self.n0, nprog, self.cus)
+        while s > 1 and nhead_q * s * max(1, max_seqlen_q) * self.block_dv > _I32_MAX:
+            s //= 2
+        return s
+
+    def launch(self, kern, limit, device, gx, batch, nhead_q, max_seqlen_q, args, stream, explicit_stream) -> None:
+        import torch
+
+        s = self.count(limit, batch, nhead_q, max_seqlen_q, args[_IDX["max_seqlen_k"]])
+        wst, lst = workspace_strides(batch, nhead_q, s, max_seqlen_q, self.block_dv)
+        dev = f"cuda:{device}" if device >= 0 else "cpu"
+        n_o = batch * wst[0]
+        buf = torch.empty(n_o + batch * lst[0], dtype=torch.float32, device=dev)  # O partials, then LSE partials
+        if explicit_stream and device >= 0:
+            buf.record_stream(torch.cuda.ExternalStream(stream, device=dev))
+        if kern.needs_objects:
+            wp, lp = buf[:n_o], buf[n_o:]
+        else:
+            wp = buf.data_ptr()
+            lp = wp + 4 * n_o   # n_o is a multiple of BLOCK_DV >= 16: the LSE part stays 64-byte aligned
+        a = list(args)
+        a[_IDX["Out"]], a[_IDX["Lse"]] = wp, lp
+        o = _IDX["stride_ob"]
+        a[o:o + 4] = wst
+        lo = _IDX["stride_lb"]
+        a[lo:lo + 3] = lst
+        kern.launch((gx, nhead_q * s, batch), a, stream)
+        ckern = self.combine.kernel(device)
+        cargs = combine_args(wp, lp, args[_IDX["Out"]], args[_IDX["Lse"]], args[_IDX["cu_seqlens_q"]],
+                             seqlen_q=args[_IDX["seqlen_q"]], nhead_q=nhead_q, num_splits=s,
+                             head_dim_v=args[_IDX["head_dim_v"]], ws_strides=wst, lws_strides=lst,
+                             out_strides=args[o:o + 3], lse_strides=args[lo:lo + 3])
+        ckern.launch(((max_seqlen_q + COMBINE_BLOCK_M - 1) // COMBINE_BLOCK_M, nhead_q, batch), cargs, stream)
 
 
 def _stream_handle(stream) -> int:

@@ -242,7 +242,7 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
         raise error("usage.dependency", f"`fmha-dsl tune` runs kernels on the GPU and needs torch and triton: {exc}",
                     None, "pip install torch triton (on the GPU machine)", cls=UsageError) from None
 
-    from .dispatch import Dispatcher, Plan, detect_arch
+    from .dispatch import Dispatcher, detect_arch
 
     path = os.path.join(build_dir, "registry.json") if os.path.isdir(build_dir) else build_dir
     reg = Registry.load(path)
@@ -292,7 +292,7 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
                 if budget is not None and time.perf_counter() - t_start > budget:
                     res.budget_spent = True
                     break
-                plan = Plan(prob, [disp.stage(e)])
+                plan = disp.plan_for(e, prob)
 
                 def run(plan=plan):
                     plan.run(q, k, v, out, lse, **kw)

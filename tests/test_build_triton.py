@@ -87,10 +87,10 @@ def test_failures_are_listed_and_the_build_goes_on(built, monkeypatch):
     ks, root, cache, _ = built
     real = bt._compile_in_worker
 
-    def flaky(sig, alg, arch):
+    def flaky(kind, sig, alg, arch):
         if arch == "gfx950":
             return None, "OutOfResources: shared memory"
-        return real(sig, alg, arch)
+        return real(kind, sig, alg, arch)
 
     monkeypatch.setattr(bt, "_compile_in_worker", flaky)
     res = build(ks, str(root / "out3"), jobs=1, cache_dir=str(root / "cache-empty"))
@@ -123,8 +123,8 @@ def test_no_spills_drops_spilling_kernels(built, monkeypatch):
     ks, root, cache, _ = built
     real = bt._compile_in_worker
 
-    def spilling(sig, alg, arch):
-        meta, data = real(sig, alg, arch)
+    def spilling(kind, sig, alg, arch):
+        meta, data = real(kind, sig, alg, arch)
         if meta is not None and arch == "sm90":
             meta = dict(meta, resources=dict(meta["resources"], spills=64))
         return meta, data

@@ -525,3 +525,79 @@ kernel_set two {{
     assert rows[0]["source"] == "cost-model"
     q, k, v = rnd(4, 16, 1, 64), rnd(4, 16, 8192, 64), rnd(4, 16, 8192, 64)
     close(fmha_dsl.attention(q, k, v, registry=disp), F.scaled_dot_product_attention(q, k, v), torch.float16)
+
+
+def test_split_kv_kernels_against_the_reference(tmp_path):
+    """A built split-KV set (split kernel + combine): decode, GQA, causal bottom-right, window + sink, group mode,
+    an explicit num_splits problem, a user stream and CUDA graph capture; only split kernels in the registry."""
+    from fmha_dsl.build import build
+    from fmha_dsl.runtime.dispatch import Dispatcher, detect_arch
+
+    arch = detect_arch()
+    src = tmp_path / "split.fmha"
+    src.write_text(f"""
+kernel_set gpu_split {{
+    backend(triton)
+    arch({arch})
+    family(fwd_splitkv)
+    dtype(fp16 | bf16)
+    mode(batch | group)
+    mask(no | causal)
+    lse(true)
+    sink(false | true)
+    pipeline(qr_async)
+    padding(true, true, true, true)
+    max_splits_log2(3)
+    kernel d64 {{
+        signature {{ hdim(64) }}
+        algorithm {{ tile_m0(16) tile_n0(64) tile_k0(64) tile_n1(64) tile_k0max(64) wave_m0(4) }}
+    }}
+    kernel d128 {{
+        signature {{ hdim(128) }}
+        algorithm {{ tile_m0(16) tile_n0(64) tile_k0(128) tile_n1(128) tile_k0max(128) wave_m0(4) }}
+    }}
+}}
+""")
+    res = build(fmha_dsl.load(str(src)), str(tmp_path / "out"), jobs=min(16, os.cpu_count() or 1))
+    assert not res.failures, res.failures
+    disp = Dispatcher(str(tmp_path / "out"))
+    for dt, d, hk, sq, sk, kw in (("fp16", 128, 8, 1, 5000, {}), ("bf16", 64, 2, 7, 3001, {"causal": "bottom_right"}),
+                                  ("fp16", 64, 8, 40, 777, {"window": (100, 0), "sink": 4}),
+                                  ("fp16", 128, 1, 3, 20, {})):
+        dtype = DT[dt]
+        q, k, v = rnd(2, 8, sq, d, dtype=dtype), rnd(2, hk, sk, d, dtype=dtype), rnd(2, hk, sk, d, dtype=dtype)
+        out, lse = fmha_dsl.attention(q, k, v, return_lse=True, registry=disp, **kw)
+        plan = next(p for p in disp.fast.values() if p.entry.sig["dtype"] == dt and p.entry.sig["hdim_q"] == d)
+        assert plan.splits == 8 and len(plan.stages) == 2
+        r_out, r_lse = reference(q, k, v, **kw)
+        close(out, r_out, dtype)
+        close(lse, r_lse, dtype, "lse")
+    # group mode
+    cq = torch.tensor([0, 1, 1, 9], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, 900, 1000, 4000], dtype=torch.int32, device="cuda")
+    q, k, v = rnd(9, 8, 64), rnd(4000, 8, 64), rnd(4000, 8, 64)
+    out, lse = fmha_dsl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal="bottom_right", return_lse=True,
+                                  registry=disp)
+    r_out, r_lse = reference(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal="bottom_right")
+    close(out, r_out, torch.float16)
+    close(lse, r_lse, torch.float16, "lse")
+    # an explicit split-KV problem with 3 splits, on a side stream, then captured in a CUDA graph
+    q, k, v = rnd(1, 8, 4, 64), rnd(1, 8, 2048, 64), rnd(1, 8, 2048, 64)
+    plan = disp.plan(Problem(family="fwd_splitkv", dtype="fp16", hdim_q=64, hdim_v=64, lse=True, num_splits=3,
+                             seqlen_q=4, seqlen_k=2048, nhead_q=8, nhead_k=8))
+    assert plan.splits == 3
+    o, l = torch.empty_like(q), torch.empty(1, 8, 4, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    plan.run(q, k, v, o, l, stream=s)
+    torch.cuda.current_stream().wait_stream(s)
+    r_out, r_lse = reference(q, k, v)
+    close(o, r_out, torch.float16)
+    close(l, r_lse, torch.float16, "lse")
+    o.zero_()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan.run(q, k, v, o, l)
+    g.replay()
+    torch.cuda.synchronize()
+    close(o, r_out, torch.float16)

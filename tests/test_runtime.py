@@ -803,6 +803,37 @@ for h in range(H):
     keep = philox_uniform((1 << 64) - 3, 7 + ((0 * H + h) * S + i) * S + j) >= np.float32(0.4)
     assert np.array_equal(o[0, h].numpy() > 0, keep)
 print("dropout-bit-exact ok")
+# 7. split-KV: a built split kernel (its combine runs from source here) serves plain forward problems; GQA,
+# causal bottom-right, lse, decode-like Sq < Sk; then group mode with an explicit num_splits problem
+SPLIT = """kernel_set s { backend(triton) arch(sm90) kernel k {
+    signature { family(fwd_splitkv) dtype(fp32) mode(MODE) hdim(32) mask(causal) bias(no) lse(true) dropout(false)
+                logits(false) sink(false) }
+    algorithm { pipeline(qr) tile(16, 16, 32, 32, 16, 32) wave(4, 1, 1, 4, 1, 1, 1, 1, 1) padding(true, true, true, true)
+                max_splits_log2(2) } } }"""
+reg = fmha_dsl.loads(SPLIT.replace("MODE", "batch")).registry(arch="sm90")
+for e in reg:
+    e.build = {"combine": {"entry": "fmha_fwd_combine"}, "splits": 4}
+d = Dispatcher(reg, arch="sm90", launcher="interpret")
+q, k, v = torch.randn(2, 4, 3, 32), torch.randn(2, 2, 70, 32), torch.randn(2, 2, 70, 32)
+o, l = fmha_dsl.attention(q, k, v, causal="bottom_right", return_lse=True, registry=d)
+plan = next(iter(d.fast.values()))
+assert plan.splits == 4 and len(plan.stages) == 2 and plan.stages[1].family == "fwd_splitkv_combine", plan
+assert plan._split.count(4, 2, 4, 3, 70) == 4 and plan._split.count(4, 2, 4, 3, 20) == 2  # <= key blocks
+assert plan._split.count(16, 64, 32, 4096, 4096) == 1  # a grid that fills the device is not split
+check("split-kv-batch", (o, l), attention_fwd(q.numpy(), k.numpy(), v.numpy(), causal="bottom_right"), 1e-5)
+reg = fmha_dsl.loads(SPLIT.replace("MODE", "group")).registry(arch="sm90")
+d = Dispatcher(reg, arch="sm90", launcher="interpret")
+cq, ck = [0, 2, 2, 7], [0, 40, 45, 45]
+q, k, v = torch.randn(7, 2, 32), torch.randn(45, 2, 32), torch.randn(45, 2, 32)
+p = Problem(family="fwd_splitkv", dtype="fp32", mode="group", hdim_q=32, hdim_v=32, mask="top_left", lse=True,
+            num_splits=3, batch=3, nhead_q=2, nhead_k=2, max_seqlen_q=5, max_seqlen_k=40)
+plan = d.plan(p)
+assert plan.splits == 3, plan.splits
+o, l = torch.empty(7, 2, 32), torch.empty(2, 7)
+plan.run(q, k, v, o, l, cu_seqlens_q=torch.tensor(cq, dtype=torch.int32), cu_seqlens_k=torch.tensor(ck, dtype=torch.int32),
+         max_seqlen_q=5, max_seqlen_k=40, window=(-1, 0), bottom_right=False)
+check("split-kv-group", (o, l), attention_fwd(q.numpy(), k.numpy(), v.numpy(), cu_seqlens_q=np.array(cq),
+      cu_seqlens_k=np.array(ck), causal=True), 1e-5)
 print("ALL OK")
 '''
 

@@ -74,7 +74,7 @@ def make(dtype, B=1, Hq=2, Hk=None, Sq=40, Sk=50, Dq=32, Dv=None, seed=0, group=
 def check(interp, dtype, q, k, v, *, lse=True, tol=None, **kw):
     """Run kernel and reference; assert out/lse agree and that fully masked rows are 0 / -inf."""
     run_kw = {key: kw.pop(key) for key in ("block_m", "block_n", "vlayout", "hdim_q", "hdim_v", "pad",
-                                           "mask_kernel") if key in kw}
+                                           "mask_kernel", "num_splits") if key in kw}
     out, l = interp(q, k, v, dtype=dtype, lse=lse, **kw, **run_kw)
     f64 = [np.asarray(x, np.float64) for x in (q, k, v)]
     ref_kw = dict(kw)
@@ -410,3 +410,35 @@ def test_invisible_key_blocks_are_not_loaded(interp):
     vp[:, :, 16:28] = np.nan  # rows 0-15 see keys 0-15 only: key block 1 is never loaded for them
     out, _ = interp(q, k, vp, window=(3, 0), sink=2)
     assert np.abs(out[:, :, :16] - ro[:, :, :16]).max() < 2e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# split-KV: the split kernel (SPLIT) + the combine kernel give the same result as one pass
+# ---------------------------------------------------------------------------------------------
+
+SPLIT_FEATURES = ("plain", "causal_bottom_right", "causal_br_sq_gt_sk", "window_sink", "causal_sink_wide",
+                  "window_huge_sink_huge", "bias_broadcast", "alibi_batch", "softcap", "dropout", "gqa",
+                  "hdim_pad_runtime", "vlayout_c", "no_lse", "even_blocks")
+
+
+@pytest.mark.parametrize("splits", [1, 3, 8])
+@pytest.mark.parametrize("name", SPLIT_FEATURES)
+def test_split_kv(interp, name, splits):
+    """3 splits of the 4 key blocks leave one split with a partial share; 8 leave splits with no key at all."""
+    q, k, v, kw = _setup("fp32", FEATURES[name])
+    check(interp, "fp32", q, k, v, num_splits=splits, **kw)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_split_kv_low_precision(interp, dtype):
+    q, k, v, kw = _setup(dtype, dict(causal=True, window=(20, 0), shape=dict(Hq=4, Hk=2, Sq=9, Sk=90)))
+    check(interp, dtype, q, k, v, num_splits=4, block_n=32, **kw)
+
+
+def test_split_kv_group_mode(interp):
+    q, k, v = make("fp16", Hq=2, Hk=1, Dq=24, Dv=40, group=GROUP)
+    cq = np.concatenate([[0], np.cumsum(GROUP[0])]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(GROUP[1])]).astype(np.int32)
+    out, l, _, _ = check(interp, "fp16", q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal="bottom_right",
+                         dropout_p=0.2, seed=5, num_splits=3)
+    assert (out[38:50] == 0).all() and np.isneginf(l[:, 38:50]).all()

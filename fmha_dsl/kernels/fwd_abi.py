@@ -40,3 +40,34 @@ def aligned_names(vlayout: str = "r") -> tuple[str, ...]:
 def block_d(hdim: int) -> int:
     """Head dims are processed as one power-of-two block of at least 16 (the dot's k minimum)."""
     return max(16, 1 << max(0, (int(hdim) - 1).bit_length()))
+
+
+# ---- split-KV ------------------------------------------------------------------------------------------
+# The split kernel is ``fmha_fwd`` with ``SPLIT``: same ARGS, ``Out``/``Lse`` pointing at the fp32 workspaces
+# ``[B, Hq * splits, max_seqlen_q, Dv]`` / ``[B, Hq * splits, max_seqlen_q]`` (every mode), launched on the grid
+# ``(cdiv(max_seqlen_q, BLOCK_M), nhead_q * splits, batch)``.  The combine kernel's run-time parameters:
+COMBINE_ARGS: tuple[tuple[str, str], ...] = (
+    ("Ows", "*fp32"), ("Lws", "*fp32"), ("Out", "*{dtype}"), ("Lse", "*fp32"), ("cu_seqlens_q", "*i32"),
+    ("seqlen_q", "i32"), ("nhead_q", "i32"), ("num_splits", "i32"), ("head_dim_v", "i32"),
+    ("stride_wb", "i32"), ("stride_wh", "i32"), ("stride_wm", "i32"), ("stride_xb", "i32"), ("stride_xh", "i32"),
+    ("stride_ob", "i32"), ("stride_oh", "i32"), ("stride_om", "i32"),
+    ("stride_lb", "i32"), ("stride_lh", "i32"), ("stride_lm", "i32"),
+)
+COMBINE_BLOCK_M = 16   # query rows per combine program (grid: cdiv(max_seqlen_q, 16) x nhead_q x batch)
+COMBINE_WARPS = 4
+
+
+def combine_args(ws, lws, out, lse, cu_seqlens_q, *, seqlen_q, nhead_q, num_splits, head_dim_v, ws_strides,
+                 lws_strides, out_strides, lse_strides) -> list:
+    """The combine kernel's run-time arguments in :data:`COMBINE_ARGS` order.  ``ws_strides``: the workspace's
+    ``[B, Hq*S, Sq, Dv]`` strides; ``lws_strides``: ``[B, Hq*S, Sq]``; ``out_strides``/``lse_strides``: as the
+    forward kernel's (batch ``(b, h, m, d)`` / ``(b, h, m)``; group mode with batch stride 0)."""
+    return [ws, lws, out, lse, cu_seqlens_q, int(seqlen_q), int(nhead_q), int(num_splits), int(head_dim_v),
+            ws_strides[0], ws_strides[1], ws_strides[2], lws_strides[0], lws_strides[1],
+            out_strides[0], out_strides[1], out_strides[2], lse_strides[0], lse_strides[1], lse_strides[2]]
+
+
+def workspace_strides(batch: int, nhead_q: int, splits: int, max_seqlen_q: int, dv: int) -> tuple[tuple, tuple]:
+    """Element strides of the contiguous split-KV workspaces ``O [B, Hq*S, Sq, Dv]`` and ``LSE [B, Hq*S, Sq]``."""
+    hs, sq = int(nhead_q) * int(splits), max(1, int(max_seqlen_q))
+    return (hs * sq * dv, sq * dv, dv, 1), (hs * sq, sq, 1)

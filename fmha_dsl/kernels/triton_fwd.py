@@ -193,11 +193,18 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
              CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
              IS_GROUP: tl.constexpr, MASK: tl.constexpr, SINK: tl.constexpr, BIAS_TYPE: tl.constexpr,
              STORE_LSE: tl.constexpr, DROPOUT: tl.constexpr, SOFTCAP: tl.constexpr, VLAYOUT_C: tl.constexpr,
-             IEEE: tl.constexpr, UPCAST_DOT: tl.constexpr):
+             IEEE: tl.constexpr, UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr):
     pid_m = tl.program_id(0)
     if MASK:  # the longest rows (last query blocks under a causal mask) start first
         pid_m = tl.num_programs(0) - 1 - pid_m
-    off_h = tl.program_id(1)
+    pid_h = tl.program_id(1)
+    off_h = pid_h
+    n_split = 1
+    split = 0
+    if SPLIT:  # split-KV: program_id(1) = head * num_splits + split
+        n_split = tl.num_programs(1) // nhead_q
+        off_h = pid_h // n_split
+        split = pid_h % n_split
     off_b = tl.program_id(2)
     off_hk = off_h // (nhead_q // nhead_k)
 
@@ -226,6 +233,13 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
     start_m = pid_m * BLOCK_M
     if start_m >= seqlen_q:
         return
+    # split-KV: this program sees the key blocks [s_lo, s_hi) (whole blocks, evenly shared by the splits)
+    s_lo = start_m * 0
+    s_hi = s_lo
+    if SPLIT:
+        per = tl.cdiv(tl.cdiv(seqlen_k, BLOCK_N), n_split) * BLOCK_N
+        s_lo = split * per
+        s_hi = s_lo + per
 
     if VLAYOUT_C:
         svn = 1
@@ -302,13 +316,21 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
         f_hi = (tl.maximum(f_hi, 0) // BLOCK_N) * BLOCK_N
         if SINK:
             s_end = tl.minimum(tl.cdiv(sink, BLOCK_N), tl.cdiv(seqlen_k, BLOCK_N)) * BLOCK_N
+            k_lo = s_end * 0
+            k_hi = s_end
+            if SPLIT:
+                k_lo = s_lo
+                k_hi = tl.minimum(s_end, s_hi)
             acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, b_base, b_rows, rng_lo, rng_hi, slope2,
-                                   0, s_end, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
+                                   k_lo, k_hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                    mask_off, window_left, window_right, sink,
                                    stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
                                    2, PAD_M, PAD_N, CHECK_D, CHECK_DV, BLOCK_N,
                                    BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT)
             lo = tl.maximum(lo, s_end)
+        if SPLIT:
+            lo = tl.maximum(lo, s_lo)
+            end = tl.maximum(tl.minimum(end, s_hi), lo)
         a_end = tl.maximum(tl.minimum(f_lo, end), lo)
         b_end = tl.maximum(tl.minimum(f_hi, end), a_end)
         acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, b_base, b_rows, rng_lo, rng_hi, slope2,
@@ -334,15 +356,24 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
             full = (seqlen_k // BLOCK_N) * BLOCK_N
         else:
             full = seqlen_k
+        k_lo = full * 0
+        k_hi = full
+        t_lo = full
+        t_hi = seqlen_k
+        if SPLIT:
+            k_lo = s_lo
+            k_hi = tl.minimum(full, s_hi)
+            t_lo = tl.maximum(full, s_lo)
+            t_hi = tl.minimum(seqlen_k, s_hi)
         acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, b_base, b_rows, rng_lo, rng_hi, slope2,
-                               0, full, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
+                               k_lo, k_hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                0, -1, -1, 0,
                                stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
                                0, PAD_M, False, CHECK_D, CHECK_DV, BLOCK_N,
                                BIAS_TYPE, SOFTCAP, False, DROPOUT, IEEE, UPCAST_DOT)
         if PAD_N:
             acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, b_base, b_rows, rng_lo, rng_hi, slope2,
-                                   full, seqlen_k, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
+                                   t_lo, t_hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                    0, -1, -1, 0,
                                    stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
                                    1, PAD_M, True, CHECK_D, CHECK_DV, BLOCK_N,
@@ -354,7 +385,14 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
     if DROPOUT:
         inv = inv * (1.0 / (1.0 - dropout_p))
     out = acc * inv[:, None]
-    o_base = Out + bo + off_h.to(tl.int64) * stride_oh + (q_start + start_m).to(tl.int64) * stride_om
+    o_head = off_h
+    o_row = q_start + start_m
+    if SPLIT:  # the partial result goes to the fp32 workspace [B, Hq * splits, max_seqlen_q, Dv] (every mode)
+        o_head = pid_h
+        o_row = start_m
+        bo = off_b.to(tl.int64) * stride_ob
+        bl = off_b.to(tl.int64) * stride_lb
+    o_base = Out + bo + o_head.to(tl.int64) * stride_oh + o_row.to(tl.int64) * stride_om
     o_ptrs = o_base + offs_r[:, None] * stride_om + offs_dv[None, :]
     o_val = out.to(Out.dtype.element_ty)
     if PAD_M:
@@ -367,9 +405,9 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
             tl.store(o_ptrs, o_val, mask=offs_dv[None, :] < dv_lim)
         else:
             tl.store(o_ptrs, o_val)
-    if STORE_LSE:
+    if STORE_LSE or SPLIT:  # the combine kernel weighs the splits by their LSE
         lse = tl.where(live, m_i * 0.6931471805599453 + tl.log(tl.where(live, l_i, 1.0)), float("-inf"))
-        l_ptrs = Lse + bl + off_h.to(tl.int64) * stride_lh + (q_start + start_m).to(tl.int64) + offs_r
+        l_ptrs = Lse + bl + o_head.to(tl.int64) * stride_lh + o_row.to(tl.int64) + offs_r
         if PAD_M:
             tl.store(l_ptrs, lse, mask=m_ok)
         else:
@@ -388,6 +426,7 @@ CONSTEXPRS: tuple[str, ...] = (
     "BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DV", "HEAD_DIM_Q", "HEAD_DIM_V",
     "PAD_M", "PAD_N", "PAD_D", "PAD_DV", "CHECK_D", "CHECK_DV",
     "IS_GROUP", "MASK", "SINK", "BIAS_TYPE", "STORE_LSE", "DROPOUT", "SOFTCAP", "VLAYOUT_C", "IEEE", "UPCAST_DOT",
+    "SPLIT",
 )
 
 
@@ -407,11 +446,14 @@ def _check_names():
 _check_names()
 
 
-def signature(dtype: str) -> dict[str, str]:
-    """The ``ASTSource`` signature for input dtype ``fp16`` | ``bf16`` | ``fp32``."""
+def signature(dtype: str, split: bool = False) -> dict[str, str]:
+    """The ``ASTSource`` signature for input dtype ``fp16`` | ``bf16`` | ``fp32``; ``split``: the split-KV kernel,
+    whose ``Out`` is the fp32 workspace."""
     if dtype not in DTYPES:
         raise ValueError(f"the triton forward template takes dtype fp16, bf16 or fp32, not {dtype!r}")
     sig = {name: ty.format(dtype=dtype) for name, ty in ARGS}
+    if split:
+        sig["Out"] = "*fp32"
     sig.update({name: "constexpr" for name in CONSTEXPRS})
     return sig
 
@@ -427,7 +469,9 @@ def constexprs(sig: dict, alg: dict) -> dict:
     ``hdim`` even when ``pad_d = 0``.  Mask ``top_left``/``bottom_right``/``generic`` all give the same
     kernel (``MASK``): corner, window and sink count are run-time arguments.
     """
-    unsupported = {"family": "fwd", "qscale": "no", "rope": "none", "paged_kv": False, "fp8_static_quant": False,
+    if sig.get("family", "fwd") not in ("fwd", "fwd_splitkv"):
+        raise ValueError(f"the triton forward template does not implement family={sig['family']!r}")
+    unsupported = {"qscale": "no", "rope": "none", "paged_kv": False, "fp8_static_quant": False,
                    "skip": False, "dbias": False, "store_randval": False}
     for key, ok in unsupported.items():
         if key in sig and sig[key] != ok:
@@ -456,6 +500,7 @@ def constexprs(sig: dict, alg: dict) -> dict:
         "BIAS_TYPE": _BIAS[sig.get("bias", "no")], "STORE_LSE": bool(sig.get("lse", False)),
         "DROPOUT": bool(sig.get("dropout", False)), "SOFTCAP": bool(sig.get("logits", False)),
         "VLAYOUT_C": sig.get("vlayout", "r") == "c", "IEEE": dtype == "fp32", "UPCAST_DOT": False,
+        "SPLIT": sig.get("family", "fwd") == "fwd_splitkv",
     }
 
 
@@ -639,7 +684,7 @@ def _bf16_decode(b):
 def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0,
                     offset=0, softcap=None, sink=0, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                     dtype=None, block_m=16, block_n=16, lse=True, vlayout="r", hdim_q=None, hdim_v=None,
-                    pad=None, mask_kernel=None):
+                    pad=None, mask_kernel=None, num_splits=0):
     """Run :func:`fmha_fwd` on the CPU (``TRITON_INTERPRET=1`` must have been set before triton was
     imported) with the keyword arguments of :func:`fmha_dsl.reference.attention_fwd`.
 
@@ -647,7 +692,8 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
     bf16 and run as bf16), ``block_m``/``block_n``, ``lse`` (store it), ``vlayout`` (``"c"`` copies V into
     a column-major view), ``hdim_q``/``hdim_v`` (the kernel's head-dim bounds, default the problem's),
     ``pad`` (``(pad_s, pad_sk, pad_d, pad_dv)``; default: only the checks the shapes need), ``mask_kernel``
-    (force the mask kernel on or off; default: on when a causal mask or window is given).
+    (force the mask kernel on or off; default: on when a causal mask or window is given), ``num_splits`` (> 0:
+    run the split-KV kernel with that many splits, then the combine kernel).
     q/k/v may be any strided views whose head dim is contiguous.  Returns ``(out, lse)`` as NumPy arrays
     (``out`` float32 for bf16; ``lse`` None when ``lse`` is False).
     """
@@ -743,6 +789,8 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
            "lse": bool(lse), "dropout": dropout_p > 0, "logits": softcap is not None, "sink": sink > 0}
     alg = {"tile": (block_m, block_n, 0, 0, 0, 0), "pad_s": pad[0], "pad_sk": pad[1], "pad_d": pad[2],
            "pad_dv": pad[3]}
+    if num_splits:
+        sig["family"] = "fwd_splitkv"
     const = constexprs(sig, alg)
     const["UPCAST_DOT"] = dtype == "bf16"
 
@@ -760,7 +808,40 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
         alibi=_Shim(a_arr, "float32"), alibi_strides=a_st, sm_scale=scale,
         softcap=0.0 if softcap is None else float(softcap), dropout_p=float(dropout_p), seed=seed, offset=offset,
         window_left=left, window_right=right, bottom_right=bottom_right, sink=int(sink), vlayout=vlayout)
-    fmha_fwd[g](*args, **const)
+    if num_splits:
+        _run_split_interpreted(args, const, g, int(num_splits), sq_max, out, el(out), lse_arr if lse else None,
+                               el(lse_arr), group, cq, Dv, tname)
+    else:
+        fmha_fwd[g](*args, **const)
     if dtype == "bf16":
         out = _bf16_decode(out)
     return out, (lse_arr if lse else None)
+
+
+def _run_split_interpreted(args, const, g, splits, msq, out, out_st, lse_arr, lse_st, group, cq, dv, tname):
+    """Split kernel into NaN-filled fp32 workspaces, then the combine kernel into ``out``/``lse_arr``."""
+    import numpy as np
+
+    from . import triton_combine as C
+    from .fwd_abi import combine_args, workspace_strides
+
+    batch, nhq = g[2], g[1]
+    ws = np.full((batch, nhq * splits, msq, dv), np.nan, np.float32)
+    lws = np.full((batch, nhq * splits, msq), np.nan, np.float32)
+    wst, lst = workspace_strides(batch, nhq, splits, msq, dv)
+    index = {name: i for i, (name, _) in enumerate(ARGS)}
+    args = list(args)
+    args[index["Out"]], args[index["Lse"]] = _Shim(ws, "float32"), _Shim(lws, "float32")
+    for names, vals in ((("stride_ob", "stride_oh", "stride_om", "stride_od"), wst),
+                        (("stride_lb", "stride_lh", "stride_lm"), lst)):
+        for n, v in zip(names, vals):
+            args[index[n]] = v
+    fmha_fwd[(g[0], nhq * splits, batch)](*args, **const)
+    ost = (0, out_st[1], out_st[0], out_st[2]) if group else out_st
+    lsst = (0, 0, 1) if lse_arr is None else ((0, lse_st[0], lse_st[1]) if group else lse_st)
+    cargs = combine_args(_Shim(ws, "float32"), _Shim(lws, "float32"), _Shim(out, tname),
+                         _Shim(lse_arr if lse_arr is not None else np.zeros(1, np.float32), "float32"),
+                         _Shim(cq, "int32"), seqlen_q=0 if group else msq, nhead_q=nhq, num_splits=splits,
+                         head_dim_v=dv, ws_strides=wst, lws_strides=lst, out_strides=ost, lse_strides=lsst)
+    cconst = C.constexprs({"hdim_v": dv, "mode": "group" if group else "batch", "lse": lse_arr is not None})
+    C.fmha_fwd_combine[(-(-msq // cconst["BLOCK_M"]), nhq, batch)](*cargs, **cconst)

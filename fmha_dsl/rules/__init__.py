@@ -25,7 +25,7 @@ FAMILY_MODULES = {
 
 
 # the Triton backend implements the forward family (one template, see fmha_dsl/kernels/)
-TRITON_MODULES = {"fwd": "triton_fwd"}
+TRITON_MODULES = {"fwd": "triton_fwd", "fwd_splitkv": "triton_fwd"}
 
 
 def backend_modules(backend: str) -> dict:

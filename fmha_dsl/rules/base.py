@@ -30,7 +30,7 @@ ORDER = (
     "dtype", "hdim", "mode", "vlayout", "pipeline", "tile", "pad_s", "pad_sk", "pad_d", "pad_dv",
     "mask", "bias", "logits", "lse", "dropout", "store_randval", "dbias", "deterministic", "qscale",
     "skip", "sink", "trload", "rope", "paged_kv", "fp8_static_quant", "kv_layout", "kv_lookup",
-    "page_size", "kv64",
+    "page_size", "kv64", "max_splits_log2",
 )
 ENV = ("arch", "factory", "receipt", "mask_impl", "family", "backend")
 
@@ -82,6 +82,8 @@ class FamilyRules:
     domain: Callable[[str, dict], Sequence[Any]]
     ck_name: Callable[[dict], str]
     fixed: dict = field(default_factory=dict)
+    # values of varied fields a declaration does not set (instead of CK's default from fmha_dsl.vocab)
+    defaults: dict = field(default_factory=dict)
     supported: Callable[[str], str | None] = lambda arch: None   # reason if unsupported, else None
     doc: str = ""
 

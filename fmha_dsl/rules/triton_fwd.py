@@ -77,6 +77,8 @@ def domain(field: str, b: dict):
         return ("r", "c")
     if field in PADS:
         return (1, 0)
+    if field == "max_splits_log2":
+        return SPLITS_LOG2
     return (False, True)
 
 
@@ -152,28 +154,42 @@ RULES = (
 )
 
 
+SPLITS_LOG2 = tuple(range(1, 8))   # split-KV: 2 .. 128 splits
+SPLIT_RULES = (
+    Rule("triton.splits", ("max_splits_log2",), lambda b: b["max_splits_log2"] in SPLITS_LOG2,
+         lambda b: f"a split-KV kernel splits the key axis into up to 2**max_splits_log2 parts, with "
+                   f"max_splits_log2 in 1..7; got {b['max_splits_log2']}",
+         "use max_splits_log2(4) (16 splits), or max_splits_log2(*) for every count", blame="max_splits_log2"),
+)
+
+
 def ck_name(b: dict) -> str:
     t = b["tile"]
     pad = pad_token(b, (("pad_s", "s"), ("pad_sk", "sk"), ("pad_d", "d"), ("pad_dv", "dv")))
     mask = {"no": "nmask", "top_left": "mask", "bottom_right": "mask", "generic": "mask"}[b["mask"]]
     bias = {"no": "nbias", "bias": "bias", "alibi": "alibi"}[b["bias"]]
     occ = f"_o{t.block_per_cu}" if t.block_per_cu != -1 else ""
-    return (f"fmha_fwd_d{b['hdim'][0]}x{b['hdim'][1]}_{b['dtype']}_{b['mode']}_b{t.tile[0]}x{t.tile[1]}"
+    split = f"splitkv_s{1 << b['max_splits_log2']}_" if b["family"] == "fwd_splitkv" else ""
+    return (f"fmha_fwd_{split}d{b['hdim'][0]}x{b['hdim'][1]}_{b['dtype']}_{b['mode']}_b{t.tile[0]}x{t.tile[1]}"
             f"_w{t.wave[0]}x{t.warp[0]}{occ}_{b['pipeline']}_v{b['vlayout']}_{pad}_{tf(b['logits'], 'logits')}"
             f"_{bias}_{mask}_{tf(b['lse'], 'lse')}_{tf(b['dropout'], 'dropout')}_{tf(b['sink'], 'sink')}"
             f"_triton_{b['arch']}")
 
 
+FWD_FIELDS = ("dtype", "hdim", "mode", "vlayout", "pipeline", "tile") + PADS + ("mask", "bias", "logits", "lse",
+                                                                               "dropout", "sink")
+
+
+def _supported(arch: str) -> str | None:
+    return None if arch in _data()["archs"] else f"the triton backend has no target {arch}"
+
+
 FAMILIES = {
-    "fwd": FamilyRules(
-        family="fwd",
-        fields=("dtype", "hdim", "mode", "vlayout", "pipeline", "tile") + PADS
-        + ("mask", "bias", "logits", "lse", "dropout", "sink"),
-        rules=RULES,
-        domain=domain,
-        ck_name=ck_name,
-        fixed=FIXED,
-        supported=lambda arch: None if arch in _data()["archs"] else f"the triton backend has no target {arch}",
-        doc=__doc__,
-    ),
+    "fwd": FamilyRules(family="fwd", fields=FWD_FIELDS, rules=RULES, domain=domain, ck_name=ck_name, fixed=FIXED,
+                       supported=_supported, doc=__doc__),
+    # split-KV (docs/triton.md "Split-KV"): the same template with SPLIT, plus a combine kernel built with it;
+    # max_splits_log2 is the split count it runs with (fewer when the key axis has fewer blocks)
+    "fwd_splitkv": FamilyRules(family="fwd_splitkv", fields=FWD_FIELDS + ("max_splits_log2",),
+                               rules=RULES + SPLIT_RULES, domain=domain, ck_name=ck_name, fixed=FIXED,
+                               defaults={"max_splits_log2": 4}, supported=_supported, doc=__doc__),
 }
