@@ -49,12 +49,13 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
 
     # jobs: one per kernel, plus one per distinct combine kernel the split-KV kernels need (shared by many)
     todo, ready, failures, spilled = [], {}, [], []
+    key_of: dict[str, str] = {}       # kernel id -> its cache key
     combine_of: dict[str, str] = {}   # split kernel id -> its combine's cache key
     combine_jobs: dict[str, tuple] = {}
     for e in reg:
         if e.identifier not in triton_ids:
             continue
-        key = content_key(cache_parts(e.sig, e.alg, e.arch))
+        key = key_of[e.identifier] = content_key(cache_parts(e.sig, e.alg, e.arch))
         mine = [("kernel", key, e.sig, e.alg, e.arch, e.identifier)]
         if e.sig["family"] == "fwd_splitkv":
             ckey = content_key(combine_parts(e.sig, e.arch))
@@ -73,6 +74,7 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     if progress:
         progress(done, total, 0, hits)
     why_failed: dict[str, str] = {}
+    names = {e.identifier: e.name for e in reg}
 
     def finish(job, result):
         nonlocal done
@@ -89,7 +91,6 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
         if progress:
             progress(done, total, len(failures), hits)
 
-    names = {e.identifier: e.name for e in reg}
     if todo and jobs > 1:
         ctx = multiprocessing.get_context("spawn")  # compilers in fresh processes, no inherited state
         with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
@@ -112,7 +113,7 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
         if e.identifier not in triton_ids:
             kept.add(e)
             continue
-        key = content_key(cache_parts(e.sig, e.alg, e.arch))
+        key = key_of[e.identifier]
         got = ready.get(key)
         if got is None:
             continue

@@ -136,14 +136,15 @@ def compile_combine(sig: dict, arch: str) -> tuple[dict | None, object]:
     from importlib import import_module
 
     comb = import_module(COMBINE)
-    from .kernels.fwd_abi import COMBINE_ARGS
+    from .kernels.fwd_abi import COMBINE_ARGS, COMBINE_BLOCK_M
 
     try:
         const = comb.constexprs(sig)
         src = ASTSource(fn=comb.fmha_fwd_combine, signature=comb.signature(sig["dtype"]), constexprs=const)
     except Exception as exc:  # noqa: BLE001
         return None, _reason(exc)
-    return _compile(src, arch, _combine_options(), COMBINE_ARGS, "[cdiv(max_seqlen_q, 16), nhead_q, batch]",
+    return _compile(src, arch, _combine_options(), COMBINE_ARGS,
+                    f"[cdiv(max_seqlen_q, {COMBINE_BLOCK_M}), nhead_q, batch]",
                     {"block_m": int(const["BLOCK_M"]), "aligned": []})
 
 

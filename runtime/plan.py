@@ -6,10 +6,10 @@ import math
 from typing import TYPE_CHECKING
 
 from fmha_dsl.errors import UsageError, error
-from fmha_dsl.seqtune import splits_at
+from fmha_dsl.seqtune import split_limit, splits_at
 
 from . import abi
-from fmha_dsl.kernels.fwd_abi import COMBINE_BLOCK_M, aligned_names, block_d, combine_args, workspace_strides
+from fmha_dsl.kernels.fwd_abi import COMBINE_BLOCK_M, aligned_names, block_d, split_args, workspace_strides
 
 from .match import promised_aligned
 
@@ -114,12 +114,12 @@ class Plan:
         # what fmha_dsl.attention's `aligned` class key does not already guarantee (it checks aligned_names)
         usual = set(aligned_names(self.entry.sig.get("vlayout", "r")))
         self._extra_aligned_idx = tuple(i for i in self._aligned_idx if names[i] not in usual)
-        # split-KV: at most this many splits per launch (0: not a split plan); see _launch_split
-        self.splits = 0
+        # split-KV: at most this many splits per launch (0: not a split plan); see SplitLaunch
+        self.splits = split_limit(self.entry)
         self._split = None
-        if self.entry.sig["family"] == "fwd_splitkv":
-            explicit = problem.num_splits if problem.family == "fwd_splitkv" and problem.num_splits > 1 else 0
-            self.splits = int(explicit or build.get("splits") or 1 << int(self.entry.alg["max_splits_log2"]))
+        if self.splits:
+            if problem.family == "fwd_splitkv" and problem.num_splits > 1:
+                self.splits = int(problem.num_splits)
             self._split = SplitLaunch(self.stages[1], self.block_m, int(self.entry.alg["tile"][1]),
                                       int(build.get("block_dv") or block_d(self.entry.sig["hdim_v"])),
                                       self._stage._dispatcher.compute_units)
@@ -205,7 +205,7 @@ class Plan:
         return out
 
 
-_IDX = {n: i for i, n in enumerate(abi.FWD_NAMES)}
+_MAX_SK = abi.FWD_NAMES.index("max_seqlen_k")
 _I32_MAX = (1 << 31) - 1
 
 
@@ -234,7 +234,7 @@ class SplitLaunch:
     def launch(self, kern, limit, device, gx, batch, nhead_q, max_seqlen_q, args, stream, explicit_stream) -> None:
         import torch
 
-        s = self.count(limit, batch, nhead_q, max_seqlen_q, args[_IDX["max_seqlen_k"]])
+        s = self.count(limit, batch, nhead_q, max_seqlen_q, args[_MAX_SK])
         wst, lst = workspace_strides(batch, nhead_q, s, max_seqlen_q, self.block_dv)
         dev = f"cuda:{device}" if device >= 0 else "cpu"
         n_o = batch * wst[0]
@@ -246,18 +246,9 @@ class SplitLaunch:
         else:
             wp = buf.data_ptr()
             lp = wp + 4 * n_o   # n_o is a multiple of BLOCK_DV >= 16: the LSE part stays 64-byte aligned
-        a = list(args)
-        a[_IDX["Out"]], a[_IDX["Lse"]] = wp, lp
-        o = _IDX["stride_ob"]
-        a[o:o + 4] = wst
-        lo = _IDX["stride_lb"]
-        a[lo:lo + 3] = lst
+        a, cargs = split_args(args, wp, lp, wst, lst, nhead_q, s)
         kern.launch((gx, nhead_q * s, batch), a, stream)
         ckern = self.combine.kernel(device)
-        cargs = combine_args(wp, lp, args[_IDX["Out"]], args[_IDX["Lse"]], args[_IDX["cu_seqlens_q"]],
-                             seqlen_q=args[_IDX["seqlen_q"]], nhead_q=nhead_q, num_splits=s,
-                             head_dim_v=args[_IDX["head_dim_v"]], ws_strides=wst, lws_strides=lst,
-                             out_strides=args[o:o + 3], lse_strides=args[lo:lo + 3])
         ckern.launch(((max_seqlen_q + COMBINE_BLOCK_M - 1) // COMBINE_BLOCK_M, nhead_q, batch), cargs, stream)
 
 

@@ -84,6 +84,18 @@ def close(got, want, dtype, what="out"):
     assert err <= tol * (1 + want[fin].abs().max().item() if fin.any() else 1), f"{what}: max error {err}"
 
 
+def build_set(tmp_path, name: str, body: str) -> str:
+    """Build ``kernel_set NAME { backend(triton) arch(<this GPU>) BODY }`` into ``tmp_path/out``; the directory."""
+    from fmha_dsl.build import build
+    from fmha_dsl.runtime.dispatch import detect_arch
+
+    src = tmp_path / f"{name}.fmha"
+    src.write_text(f"kernel_set {name} {{\n    backend(triton)\n    arch({detect_arch()})\n{body}}}\n")
+    res = build(fmha_dsl.load(str(src)), str(tmp_path / "out"), jobs=min(16, os.cpu_count() or 1))
+    assert not res.failures, res.failures
+    return str(tmp_path / "out")
+
+
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("d", [64, 128])
@@ -342,28 +354,16 @@ def test_streams_and_cuda_graphs():
 
 
 def test_prebuilt_registry_prefers_unpadded_kernels(tmp_path):
-    from fmha_dsl.build import build
-    from fmha_dsl.runtime.dispatch import detect_arch
-
-    arch = detect_arch()
-    src = tmp_path / "set.fmha"
-    src.write_text(f"""
-kernel_set gpu_test {{
-    backend(triton)
-    arch({arch})
-    kernel exact {{
-        signature {{ family(fwd) dtype(fp16) mode(batch) hdim(64) mask(no | causal) lse(true) }}
-        algorithm {{ pipeline(qr_async) tile(128, 64, *, *, *, *) padding(false, false, false, false) }}
-    }}
-    kernel padded {{
-        signature {{ family(fwd) dtype(fp16) mode(batch) hdim(64) mask(no | causal) lse(true) }}
-        algorithm {{ pipeline(qr_async) tile(128, 64, *, *, *, *) padding(true, true, true, true) }}
-    }}
-}}
+    reg = build_set(tmp_path, "gpu_test", """\
+    kernel exact {
+        signature { family(fwd) dtype(fp16) mode(batch) hdim(64) mask(no | causal) lse(true) }
+        algorithm { pipeline(qr_async) tile(128, 64, *, *, *, *) padding(false, false, false, false) }
+    }
+    kernel padded {
+        signature { family(fwd) dtype(fp16) mode(batch) hdim(64) mask(no | causal) lse(true) }
+        algorithm { pipeline(qr_async) tile(128, 64, *, *, *, *) padding(true, true, true, true) }
+    }
 """)
-    res = build(fmha_dsl.load(str(src)), str(tmp_path / "out"), jobs=min(8, os.cpu_count() or 1))
-    assert not res.failures, res.failures
-    reg = str(tmp_path / "out")
     from fmha_dsl.runtime.dispatch import Dispatcher
 
     disp = Dispatcher(reg)
@@ -530,15 +530,9 @@ kernel_set two {{
 def test_split_kv_kernels_against_the_reference(tmp_path):
     """A built split-KV set (split kernel + combine): decode, GQA, causal bottom-right, window + sink, group mode,
     an explicit num_splits problem, a user stream and CUDA graph capture; only split kernels in the registry."""
-    from fmha_dsl.build import build
-    from fmha_dsl.runtime.dispatch import Dispatcher, detect_arch
+    from fmha_dsl.runtime.dispatch import Dispatcher
 
-    arch = detect_arch()
-    src = tmp_path / "split.fmha"
-    src.write_text(f"""
-kernel_set gpu_split {{
-    backend(triton)
-    arch({arch})
+    out = build_set(tmp_path, "gpu_split", """\
     family(fwd_splitkv)
     dtype(fp16 | bf16)
     mode(batch | group)
@@ -548,19 +542,16 @@ kernel_set gpu_split {{
     pipeline(qr_async)
     padding(true, true, true, true)
     max_splits_log2(3)
-    kernel d64 {{
-        signature {{ hdim(64) }}
-        algorithm {{ tile_m0(16) tile_n0(64) tile_k0(64) tile_n1(64) tile_k0max(64) wave_m0(4) }}
-    }}
-    kernel d128 {{
-        signature {{ hdim(128) }}
-        algorithm {{ tile_m0(16) tile_n0(64) tile_k0(128) tile_n1(128) tile_k0max(128) wave_m0(4) }}
-    }}
-}}
+    kernel d64 {
+        signature { hdim(64) }
+        algorithm { tile_m0(16) tile_n0(64) tile_k0(64) tile_n1(64) tile_k0max(64) wave_m0(4) }
+    }
+    kernel d128 {
+        signature { hdim(128) }
+        algorithm { tile_m0(16) tile_n0(64) tile_k0(128) tile_n1(128) tile_k0max(128) wave_m0(4) }
+    }
 """)
-    res = build(fmha_dsl.load(str(src)), str(tmp_path / "out"), jobs=min(16, os.cpu_count() or 1))
-    assert not res.failures, res.failures
-    disp = Dispatcher(str(tmp_path / "out"))
+    disp = Dispatcher(out)
     for dt, d, hk, sq, sk, kw in (("fp16", 128, 8, 1, 5000, {}), ("bf16", 64, 2, 7, 3001, {"causal": "bottom_right"}),
                                   ("fp16", 64, 8, 40, 777, {"window": (100, 0), "sink": 4}),
                                   ("fp16", 128, 1, 3, 20, {})):

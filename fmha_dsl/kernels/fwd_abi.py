@@ -67,6 +67,26 @@ def combine_args(ws, lws, out, lse, cu_seqlens_q, *, seqlen_q, nhead_q, num_spli
             out_strides[0], out_strides[1], out_strides[2], lse_strides[0], lse_strides[1], lse_strides[2]]
 
 
+def split_args(args, ws, lws, ws_strides, lws_strides, nhead_q: int, num_splits: int) -> tuple[list, list]:
+    """``(split kernel args, combine kernel args)`` from the forward kernel's arguments ``args`` (:data:`ARGS` order,
+    as packed for the problem): the split kernel writes the workspaces ``ws``/``lws`` (pointers or tensors, with
+    :func:`workspace_strides`) instead of ``Out``/``Lse``; the combine kernel reads them and writes ``Out``/``Lse``
+    with the strides ``args`` carries (group mode: batch stride 0)."""
+    a = list(args)
+    a[_AT["Out"]], a[_AT["Lse"]] = ws, lws
+    o, lo = _AT["stride_ob"], _AT["stride_lb"]
+    a[o:o + 4] = ws_strides
+    a[lo:lo + 3] = lws_strides
+    comb = combine_args(ws, lws, args[_AT["Out"]], args[_AT["Lse"]], args[_AT["cu_seqlens_q"]],
+                        seqlen_q=args[_AT["seqlen_q"]], nhead_q=nhead_q, num_splits=num_splits,
+                        head_dim_v=args[_AT["head_dim_v"]], ws_strides=ws_strides, lws_strides=lws_strides,
+                        out_strides=args[o:o + 3], lse_strides=args[lo:lo + 3])
+    return a, comb
+
+
+_AT = {name: i for i, (name, _) in enumerate(ARGS)}
+
+
 def workspace_strides(batch: int, nhead_q: int, splits: int, max_seqlen_q: int, dv: int) -> tuple[tuple, tuple]:
     """Element strides of the contiguous split-KV workspaces ``O [B, Hq*S, Sq, Dv]`` and ``LSE [B, Hq*S, Sq]``."""
     hs, sq = int(nhead_q) * int(splits), max(1, int(max_seqlen_q))

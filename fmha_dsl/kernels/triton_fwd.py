@@ -809,8 +809,7 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
         softcap=0.0 if softcap is None else float(softcap), dropout_p=float(dropout_p), seed=seed, offset=offset,
         window_left=left, window_right=right, bottom_right=bottom_right, sink=int(sink), vlayout=vlayout)
     if num_splits:
-        _run_split_interpreted(args, const, g, int(num_splits), sq_max, out, el(out), lse_arr if lse else None,
-                               el(lse_arr), group, cq, Dv, tname)
+        _run_split_interpreted(args, const, g, int(num_splits), sq_max, Dv)
     else:
         fmha_fwd[g](*args, **const)
     if dtype == "bf16":
@@ -818,30 +817,19 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
     return out, (lse_arr if lse else None)
 
 
-def _run_split_interpreted(args, const, g, splits, msq, out, out_st, lse_arr, lse_st, group, cq, dv, tname):
-    """Split kernel into NaN-filled fp32 workspaces, then the combine kernel into ``out``/``lse_arr``."""
+def _run_split_interpreted(args, const, g, splits, msq, dv):
+    """Split kernel into NaN-filled fp32 workspaces, then the combine kernel into the arguments' ``Out``/``Lse``."""
     import numpy as np
 
     from . import triton_combine as C
-    from .fwd_abi import combine_args, workspace_strides
+    from .fwd_abi import split_args, workspace_strides
 
     batch, nhq = g[2], g[1]
     ws = np.full((batch, nhq * splits, msq, dv), np.nan, np.float32)
     lws = np.full((batch, nhq * splits, msq), np.nan, np.float32)
     wst, lst = workspace_strides(batch, nhq, splits, msq, dv)
-    index = {name: i for i, (name, _) in enumerate(ARGS)}
-    args = list(args)
-    args[index["Out"]], args[index["Lse"]] = _Shim(ws, "float32"), _Shim(lws, "float32")
-    for names, vals in ((("stride_ob", "stride_oh", "stride_om", "stride_od"), wst),
-                        (("stride_lb", "stride_lh", "stride_lm"), lst)):
-        for n, v in zip(names, vals):
-            args[index[n]] = v
-    fmha_fwd[(g[0], nhq * splits, batch)](*args, **const)
-    ost = (0, out_st[1], out_st[0], out_st[2]) if group else out_st
-    lsst = (0, 0, 1) if lse_arr is None else ((0, lse_st[0], lse_st[1]) if group else lse_st)
-    cargs = combine_args(_Shim(ws, "float32"), _Shim(lws, "float32"), _Shim(out, tname),
-                         _Shim(lse_arr if lse_arr is not None else np.zeros(1, np.float32), "float32"),
-                         _Shim(cq, "int32"), seqlen_q=0 if group else msq, nhead_q=nhq, num_splits=splits,
-                         head_dim_v=dv, ws_strides=wst, lws_strides=lst, out_strides=ost, lse_strides=lsst)
-    cconst = C.constexprs({"hdim_v": dv, "mode": "group" if group else "batch", "lse": lse_arr is not None})
+    sargs, cargs = split_args(args, _Shim(ws, "float32"), _Shim(lws, "float32"), wst, lst, nhq, splits)
+    fmha_fwd[(g[0], nhq * splits, batch)](*sargs, **const)
+    cconst = C.constexprs({"hdim_v": dv, "mode": "group" if const["IS_GROUP"] else "batch",
+                           "lse": const["STORE_LSE"]})
     C.fmha_fwd_combine[(-(-msq // cconst["BLOCK_M"]), nhq, batch)](*cargs, **cconst)
