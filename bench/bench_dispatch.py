@@ -10,7 +10,10 @@ the best median of ``--rounds`` is kept.
 
 Variants:
   attention           fmha_dsl.attention as a user calls it: default registry (kernel compiled on first use),
-                      default launcher ("auto": the native C launcher where it compiles)
+                      default launcher ("auto": the native C launcher where it compiles); repeat calls run
+                      through the torch fast path (runtime/torch_fast.cpp) once it is built -- the script
+                      waits for that build first
+  attention[python]   the same with the torch fast path switched off (attention()'s Python path)
   attention[cuda]     the same through cuda-python's cuLaunchKernel (Dispatcher(None, jit=True, launcher="cuda"))
   attention[triton]   the same through Triton's C launcher
   attention[tuned]    with --registry DIR: a built (and tuned) registry, seqtune selection on the hot path
@@ -28,6 +31,19 @@ import os
 import statistics
 import sys
 import time
+
+
+class _PythonPath:
+    """Switch the torch fast path off for the duration of one timed loop."""
+
+    def __enter__(self):
+        import importlib
+
+        self.mod = importlib.import_module("fmha_dsl.attention")
+        self.saved, self.mod._fast_run = self.mod._fast_run, None
+
+    def __exit__(self, *exc):
+        self.mod._fast_run = self.saved
 
 
 def timed(fn, calls: int, warmup: int, torch) -> dict:
@@ -75,14 +91,22 @@ def main(argv=None) -> int:
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16) for _ in range(3))
     F = torch.nn.functional
 
+    from fmha_dsl.runtime import torch_fast
+
     t0 = time.perf_counter()
     out = fmha_dsl.attention(q, k, v)  # compiles (or loads from the artifact cache) the kernel
     first_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fast_ok = torch_fast.wait(900)  # the fast path's build, started by the first call (cached afterwards)
+    fast_s = time.perf_counter() - t0
+    fast_why = torch_fast.available()[1]
     ref = F.scaled_dot_product_attention(q, k, v)
     err = (out.float() - ref.float()).abs().max().item()
     assert err < 1e-2, f"attention differs from SDPA by {err}"
 
-    variants = {"attention": lambda: fmha_dsl.attention(q, k, v)}
+    variants = {"attention": lambda: fmha_dsl.attention(q, k, v),
+                "attention[python]": lambda: fmha_dsl.attention(q, k, v)}
+    contexts = {"attention[python]": _PythonPath}
     dispatchers = {}
     for name in ("cuda", "triton"):
         d = Dispatcher(None, jit=True, launcher=name)
@@ -121,7 +145,12 @@ def main(argv=None) -> int:
     best: dict[str, dict] = {}
     for _ in range(args.rounds):
         for name, fn in variants.items():
-            r = timed(fn, args.calls, args.warmup, torch)
+            ctx = contexts.get(name)
+            if ctx is None:
+                r = timed(fn, args.calls, args.warmup, torch)
+            else:
+                with ctx():
+                    r = timed(fn, args.calls, args.warmup, torch)
             if name not in best or r["median_us"] < best[name]["median_us"]:
                 best[name] = r
 
@@ -130,7 +159,9 @@ def main(argv=None) -> int:
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "python": sys.version.split()[0], "shape": [B, H, S, D], "dtype": "fp16",
             "kernel": plan.entry.name, "first_call_s": round(first_s, 3), "max_abs_err_vs_sdpa": err,
-            "default_launcher": launcher}
+            "default_launcher": launcher, "torch_fast": fast_ok, "torch_fast_wait_s": round(fast_s, 3),
+            "torch_fast_detail": fast_why,
+            "torch_fast_stats": amod._FAST[0].stats() if amod._FAST else None}
     print(json.dumps(info))
     print(f"{'variant':20s} {'median us':>10s} {'p10':>8s} {'p90':>8s} {'mean':>8s}")
     for name, r in best.items():

@@ -50,6 +50,11 @@ _JIT: dict = {}             # device -> the compile-on-first-use dispatcher
 
 
 _ALIGNED_IDX: dict = {}     # V column-major? -> argument positions the 16-divisibility promise covers
+_FAST_SLOTS = ()            # argument positions of Q, K, V, Out, Lse, sm_scale (the fast path patches them)
+_fast_run = None            # the torch fast path's run/commit once it is built (runtime/torch_fast.py)
+_fast_commit = None
+_fast_decline = None
+_FAST: list = []            # [the FastPath object] once built
 _ARCHS: dict = {}           # device index -> arch
 _INF = math.inf
 
@@ -72,6 +77,15 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
     if type(q) is not _T:
         return _other(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale, return_lse,
                       cu_seqlens_q, cu_seqlens_k, registry, offset, max_seqlen_q, max_seqlen_k)
+    # a call identical to one already launched, but for the pointers and the scale: replayed in C++
+    # (runtime/torch_fast.cpp).  A bytes token means "new to the fast path": the Python path below runs and
+    # records what it launched under that token.
+    ftok = None
+    if _fast_run is not None:
+        ftok = _fast_run(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale,
+                         return_lse, cu_seqlens_q, cu_seqlens_k, registry, offset, max_seqlen_q, max_seqlen_k, _JIT)
+        if ftok is not None and ftok.__class__ is not bytes:
+            return ftok
     # torch tensors.  The common case runs straight through (this is the per-call overhead that
     # bench/bench_dispatch.py measures); every branch that can fail calls a helper that raises.
     if type(k) is not _T or type(v) is not _T:
@@ -193,12 +207,23 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
     if plan is None:
         plan = _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vc, mask, wl, wr, bias_kind, return_lse,
                      dropout_p, softcap, sink, aligned)
+        if dev >= 0 and not _FAST and disp.arch.startswith("sm"):
+            _start_fast()
     kern = plan._kernels.get(dev)
     if kern is None or plan._extra_aligned_idx or plan.splits:
         plan.launch(dev, b, hq, sq, args)  # first launch on this device, or promises the class key does not cover
+        if ftok is not None and kern is not None:
+            _fast_decline(ftok, disp)  # two stages or per-call checks: the Python path's job
     else:
         bm = plan.block_m
-        kern.launch(((sq + bm - 1) // bm, hq, b), args, _raw_stream(dev) if dev >= 0 else 0)
+        grid = ((sq + bm - 1) // bm, hq, b)
+        kern.launch(grid, args, _raw_stream(dev) if dev >= 0 else 0)
+        if ftok is not None:
+            spec = getattr(kern, "fast_spec", None)  # the native launcher's; other launchers are not replayed
+            if spec is not None:
+                _fast_commit(ftok, disp, kern, *spec, grid, args, _FAST_SLOTS, out, lse, aligned)
+            else:
+                _fast_decline(ftok, disp)
     return (out, lse) if return_lse else out
 
 
@@ -248,6 +273,8 @@ def _init_torch():
 
     names = [n for n, _ in ARGS]
     _ALIGNED_IDX.update({vc: tuple(names.index(n) for n in aligned_names("c" if vc else "r")) for vc in (False, True)})
+    global _FAST_SLOTS
+    _FAST_SLOTS = tuple(names.index(n) for n in ("Q", "K", "V", "Out", "Lse", "sm_scale"))
     _fwd_args, _Dispatcher, _raw_stream = fwd_args, Dispatcher, raw
     _torch = torch
     _T = torch.Tensor
@@ -572,7 +599,10 @@ def _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vlayout_c, mask, w
                       vlayout="c" if vlayout_c else "r", mask=mask, window_left=int(wl), window_right=int(wr),
                       bias=bias_kind, lse=bool(return_lse), dropout=bool(dropout_p), logits=softcap is not None,
                       sink=bool(sink))
+    moduli = (disp.lq, disp.lk, disp.sq_bounds)
     plan = disp.plan(problem, aligned)
+    if _FAST and moduli != (disp.lq, disp.lk, disp.sq_bounds):
+        _FAST[0].clear()  # a JIT compile changed how calls map to kernels: let the fast path learn again
     # a JIT compile changes the tile lcm (and so the key's residues): store under the key of the new moduli
     key = key[:12] + (sq % disp.lq, sk % disp.lk)
     if disp.sq_bounds:
@@ -581,6 +611,23 @@ def _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vlayout_c, mask, w
         key += disp.bucket_key(sq, sk, b * hq)
     disp.fast[key] = plan
     return plan
+
+
+def _start_fast():
+    """Build or load the torch fast path in the background (once per process; FMHA_DSL_TORCH_FAST=0: never)."""
+    if os.environ.get("FMHA_DSL_TORCH_FAST", "1") != "0":
+        from .runtime import torch_fast
+
+        torch_fast.start(_fast_ready)
+
+
+def _fast_ready(mod):
+    """Called (in the build thread) once the torch fast path is loaded: attention() starts using it."""
+    global _fast_run, _fast_commit, _fast_decline
+    fp = mod.FastPath(_T, _Dispatcher, _raw_stream, "cuda")
+    _FAST[:] = [fp]
+    _fast_commit, _fast_decline = fp.commit, fp.decline
+    _fast_run = fp.run
 
 
 class _CallableModule(__import__("types").ModuleType):

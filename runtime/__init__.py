@@ -11,6 +11,8 @@ triton):
 ``dispatch``   :class:`Dispatcher`, :class:`Plan`: matching, selection, the no-kernel error, launching
 ``cuda``       cubins through cuda-python's driver API (and Triton's C launcher as an alternative)
 ``native``     the C launcher (``native_launch.c``), compiled on first use and cached; the default on NVIDIA
+``torch_fast`` attention()'s repeat calls replayed in C++ (``torch_fast.cpp``, built in the background on first use)
+``cext``       compile, cache and load those two extensions (``native_pack.h``: what their C sources share)
 ``hip``        hsaco through hip-python (packed kernargs)
 ``abi``        the kernel-parameter byte layout both use (pure)
 ``jit``        compile the one kernel a problem needs on first use (imports the build machinery then)

@@ -346,6 +346,10 @@ class NativeKernel(CudaKernel):
         self._native = mod.Launcher(native.driver_launch_address(), fn.handle, self._block, fn.shared, kinds,
                                     fn.trailing)
         self._go = self._native.launch
+        # what the torch fast path (torch_fast.cpp) needs to replay a launch of this kernel; None: not replayable
+        # (per-launch scratch buffers)
+        self.fast_spec = None if self._has_scratch else (native.driver_launch_address(), fn.handle, self._block,
+                                                         fn.shared, kinds, fn.trailing)
 
     def launch(self, grid, args, stream: int = 0) -> None:
         if self._has_scratch:

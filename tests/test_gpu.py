@@ -50,6 +50,12 @@ def warm_kernels():
 
     n = jit.precompile(NEEDED, detect_arch(), jobs=min(16, os.cpu_count() or 1))
     print(f"\n[test_gpu] compiled {n} kernels into the artifact cache")
+    # the torch fast path (built in the background on the first GPU call): wait for it, so that every repeat
+    # call below runs through it, whatever the build's speed
+    from fmha_dsl.runtime import torch_fast
+
+    fmha_dsl.attention(*(rnd(1, 2, 16, 64) for _ in range(3)))
+    assert torch_fast.wait(600), torch_fast.available()
 
 
 def rnd(*shape, dtype=torch.float16, scale=1.0):
@@ -351,6 +357,95 @@ def test_streams_and_cuda_graphs():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(gout, fmha_dsl.attention(q2, k, v))
+
+
+def fast_path():
+    import sys
+
+    return sys.modules["fmha_dsl.attention"]._FAST[0]
+
+
+@pytest.mark.parametrize("kw,shape", [
+    (dict(), dict()), (dict(causal=True, return_lse=True), dict()), (dict(scale=0.3), dict(hk=1)),
+    (dict(causal=True), dict(layout="bshd", d=128)), (dict(return_lse=True), dict(d=40, sq=77, sk=131)),
+    (dict(), dict(dtype=torch.bfloat16, d=96, dv=64)),
+])
+def test_the_torch_fast_path_replays_the_python_path(kw, shape):
+    """A repeat call (same shapes and strides, new tensors) runs in C++: bit-identical to the Python path's launch
+    of the same kernel, and right against the reference."""
+    fp = fast_path()
+    b, hq, hk, sq, sk = 2, 4, shape.get("hk", 2), shape.get("sq", 128), shape.get("sk", 96)
+    d, dv, dt = shape.get("d", 64), shape.get("dv", shape.get("d", 64)), shape.get("dtype", torch.float16)
+
+    def make(h, s, dd):
+        if shape.get("layout") == "bshd":
+            return rnd(b, s, h, dd, dtype=dt).transpose(1, 2)
+        return rnd(b, h, s, dd, dtype=dt)
+
+    q, k, v = make(hq, sq, d), make(hk, sk, d), make(hk, sk, dv)
+    for _ in range(2):  # the first launch of a kernel on a device loads it; the next one is learnt
+        fmha_dsl.attention(q, k, v, **kw)
+    before = fp.stats()
+    other = fmha_dsl.attention(q.clone(), k.clone(), v.clone(), **kw)  # hit: new pointers
+    fast = fmha_dsl.attention(q, k, v, **kw)
+    after = fp.stats()
+    assert after["hits"] == before["hits"] + 2 and after["misses"] == before["misses"]
+    import sys
+
+    amod = sys.modules["fmha_dsl.attention"]
+    saved, amod._fast_run = amod._fast_run, None
+    try:
+        python = fmha_dsl.attention(q, k, v, **kw)  # the Python path alone
+    finally:
+        amod._fast_run = saved
+    pairs = list(zip(*(r if isinstance(r, tuple) else (r,) for r in (python, other, fast))))
+    for p, o, f in pairs:
+        assert torch.equal(p, o) and torch.equal(p, f) and p.stride() == f.stride()
+    ref = reference(q, k, v, causal=kw.get("causal", False), scale=kw.get("scale"))
+    close(pairs[0][2], ref[0], dt)
+    if kw.get("return_lse"):
+        close(pairs[1][2], ref[1], dt, "lse")
+
+
+def test_the_torch_fast_path_on_side_streams_in_graphs_and_with_misaligned_pointers():
+    fp = fast_path()
+    q, k, v = rnd(1, 4, 256, 64), rnd(1, 4, 256, 64), rnd(1, 4, 256, 64)
+    want = fmha_dsl.attention(q, k, v)
+    hits = fp.stats()["hits"]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = fmha_dsl.attention(q, k, v)
+        got.record_stream(s)
+    torch.cuda.current_stream().wait_stream(s)
+    assert torch.equal(got, want) and fp.stats()["hits"] == hits + 1
+    sq = q.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        fmha_dsl.attention(sq, k, v)
+        with torch.cuda.graph(g, stream=s):
+            gout = fmha_dsl.attention(sq, k, v)  # a hit, captured
+    assert fp.stats()["hits"] >= hits + 3
+    q2 = rnd(1, 4, 256, 64)
+    sq.copy_(q2)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(gout, fmha_dsl.attention(q2, k, v))
+    # the same shapes and strides at a 2-byte offset: another key (the 16-byte promise), the unaligned kernel
+    base = torch.empty(q.numel() + 1, device="cuda", dtype=q.dtype)
+    qm = base[1:].view_as(q)
+    qm.copy_(q)
+    for _ in range(2):
+        assert torch.equal(fmha_dsl.attention(qm, k, v), want)
+    # another launcher: declined once learnt, so its calls pay no token
+    from fmha_dsl.runtime.dispatch import Dispatcher
+
+    d = Dispatcher(None, jit=True, launcher="cuda")
+    for _ in range(3):
+        assert torch.equal(fmha_dsl.attention(q, k, v, registry=d), want)
+    st = fp.stats()
+    fmha_dsl.attention(q, k, v, registry=d)
+    assert fp.stats()["declined"] == st["declined"] + 1 and fp.stats()["misses"] == st["misses"]
 
 
 def test_prebuilt_registry_prefers_unpadded_kernels(tmp_path):

@@ -2,35 +2,16 @@
 a ctypes callback standing in for ``cuLaunchKernel`` that records what it was handed.  The parameter bytes are
 checked against :mod:`struct`'s encoding of the same values (an independent encoder)."""
 
-import ctypes
 import os
 import struct
 
 import pytest
 
+from fakes import FakeDriver
+
 from fmha_dsl.runtime import abi, native
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C compiler on this machine")
-
-_PROTO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
-                          ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
-
-
-class FakeDriver:
-    """A stand-in for the driver's launch entry point: records the call, returns a chosen status."""
-
-    def __init__(self, nparams, status=0):
-        self.calls, self.status, self.nparams = [], status, nparams
-
-        def cb(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-            slots = [ctypes.string_at(params[i], 8) for i in range(self.nparams)]
-            self.calls.append(dict(function=function, grid=(gx, gy, gz), block=(bx, by, bz), shared=shared,
-                                   stream=stream or 0, slots=slots, extra=extra))
-            return self.status
-
-        self._cb = _PROTO(cb)  # keep the callback alive
-        self.address = ctypes.cast(self._cb, ctypes.c_void_p).value
-
 
 @pytest.fixture(scope="module")
 def mod():

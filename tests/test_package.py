@@ -16,6 +16,8 @@ def test_shipped_data_is_found_from_any_directory(tmp_path):
     code = ("import fmha_dsl; from fmha_dsl.parse import grammar_text; "
             "assert 'kernel_set' in grammar_text(); "
             "from fmha_dsl.runtime import native; assert b'PyInit__fmha_native' in native._source(); "
+            "from fmha_dsl.runtime import cext, torch_fast; "
+            "assert b'PyInit__fmha_torch_fast' in cext.read_sources(torch_fast.SOURCES); "
             "ks = fmha_dsl.load(fmha_dsl.shipped('ck_receipt0')); print(len(ks.declarations))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr

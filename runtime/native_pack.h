@@ -1,0 +1,73 @@
+/*
+ * What the native launcher (native_launch.c) and the torch fast path (torch_fast.cpp) share, in C that C++
+ * also compiles: the driver's launch entry point (``cuLaunchKernel`` and ``hipModuleLaunchKernel`` have this
+ * signature) and packing one kernel argument into its 8-byte parameter slot (one slot per parameter).
+ *
+ * ``kind`` is a struct-module code (b B h H i I q Q f d) or ``p`` for a pointer.  A value that does not fit
+ * raises TypeError (not a number / not an int) or OverflowError naming the parameter, and returns -1.
+ */
+#ifndef FMHA_NATIVE_PACK_H
+#define FMHA_NATIVE_PACK_H
+
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* cuLaunchKernel / hipModuleLaunchKernel */
+typedef int (*launch_fn)(void *function, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                         unsigned int by, unsigned int bz, unsigned int shared, void *stream, void **params,
+                         void **extra);
+
+static int bad_arg(Py_ssize_t i, char kind, const char *why)
+{
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_OverflowError) &&
+        !PyErr_ExceptionMatches(PyExc_TypeError))
+        return -1;
+    PyErr_Clear();
+    PyErr_Format(strncmp(why, "not ", 4) == 0 ? PyExc_TypeError : PyExc_OverflowError,
+                 "kernel argument %zd (kind '%c'): %s", i, kind, why);
+    return -1;
+}
+
+/* one argument into its 8-byte slot (little-endian: narrower values occupy the slot's first bytes) */
+static int pack_one(PyObject *o, char kind, uint64_t *slot, Py_ssize_t i)
+{
+    *slot = 0;
+    if (kind == 'f' || kind == 'd') {
+        double x = PyFloat_AsDouble(o);
+        if (x == -1.0 && PyErr_Occurred())
+            return bad_arg(i, kind, "not a number");
+        if (kind == 'f') {
+            float y = (float)x;
+            memcpy(slot, &y, sizeof y);
+        } else {
+            memcpy(slot, &x, sizeof x);
+        }
+        return 0;
+    }
+    if (!PyLong_Check(o))
+        return bad_arg(i, kind, "not an int");
+    if (kind == 'Q' || kind == 'p') {
+        unsigned long long u = PyLong_AsUnsignedLongLong(o);
+        if (u == (unsigned long long)-1 && PyErr_Occurred())
+            return bad_arg(i, kind, "out of range for an unsigned 64-bit value");
+        *slot = (uint64_t)u;
+        return 0;
+    }
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return bad_arg(i, kind, "out of range for a 64-bit value");
+    switch (kind) {
+    case 'q': { int64_t y = (int64_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    case 'i': if (v < INT32_MIN || v > INT32_MAX) break; { int32_t y = (int32_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    case 'I': if (v < 0 || v > (long long)UINT32_MAX) break; { uint32_t y = (uint32_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    case 'h': if (v < INT16_MIN || v > INT16_MAX) break; { int16_t y = (int16_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    case 'H': if (v < 0 || v > UINT16_MAX) break; { uint16_t y = (uint16_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    case 'b': if (v < INT8_MIN || v > INT8_MAX) break; { int8_t y = (int8_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    case 'B': if (v < 0 || v > UINT8_MAX) break; { uint8_t y = (uint8_t)v; memcpy(slot, &y, sizeof y); return 0; }
+    default: return bad_arg(i, kind, "unknown parameter kind");
+    }
+    return bad_arg(i, kind, "out of range for the parameter's type");
+}
+
+#endif

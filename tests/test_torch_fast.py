@@ -1,0 +1,281 @@
+"""The torch fast path (runtime/torch_fast.cpp) without a GPU: built against the installed torch, driven with CPU
+tensors and a ctypes stand-in for ``cuLaunchKernel`` that records the parameter slots it is handed.  Every slot
+is checked against :mod:`struct`'s encoding of the arguments the Python path computes for the same call
+(``runtime.plan.fwd_args``): the fast path must launch exactly what the Python path would."""
+
+import gc
+import math
+import struct
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fakes import FakeDriver  # noqa: E402
+
+from fmha_dsl.kernels.fwd_abi import ARGS  # noqa: E402
+from fmha_dsl.runtime import native, torch_fast  # noqa: E402
+from fmha_dsl.runtime.abi import code_of  # noqa: E402
+from fmha_dsl.runtime.plan import fwd_args  # noqa: E402
+
+pytestmark = pytest.mark.skipif(torch_fast.compiler() is None, reason="no C++ compiler on this machine")
+
+NAMES = [n for n, _ in ARGS]
+SLOTS = tuple(NAMES.index(n) for n in ("Q", "K", "V", "Out", "Lse", "sm_scale"))
+TYPES = [t.replace("{dtype}", "fp16") for _, t in ARGS]
+KINDS = native.kinds(TYPES) + b"pp"  # + the two trailing scratch pointers Triton adds
+STREAM = 0x5EED
+
+
+class Disp:
+    """Stands for runtime.dispatch.Dispatcher (the fast path keys on the dispatcher's identity)."""
+
+
+class Kernel:
+    """Stands for the loaded kernel object a recipe keeps alive."""
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return torch_fast.load()  # into the test cache (tests/conftest.py sets FMHA_DSL_CACHE_DIR)
+
+
+@pytest.fixture
+def fp(mod):
+    return mod.FastPath(torch.Tensor, Disp, lambda dev: STREAM, "cpu", 64)
+
+
+def qkv(b=2, hq=4, hk=2, sq=40, sk=56, d=32, dv=None, layout="bhsd", dtype=torch.float16):
+    dv = dv or d
+
+    def make(h, s, dd):
+        if layout == "bshd":
+            return torch.randn(b, s, h, dd).to(dtype).transpose(1, 2)
+        return torch.randn(b, h, s, dd).to(dtype)
+
+    return make(hq, sq, d), make(hk, sk, d), make(hk, sk, dv)
+
+
+def run(fp, q, k, v, *, causal=False, scale=None, return_lse=False, registry=None, jit=None, **other):
+    a = dict(window=None, bias=None, alibi_slopes=None, dropout_p=0.0, seed=None, softcap=None, sink=None,
+             cu_seqlens_q=None, cu_seqlens_k=None, offset=0, max_seqlen_q=None, max_seqlen_k=None)
+    a.update(other)
+    return fp.run(q, k, v, causal, a["window"], a["bias"], a["alibi_slopes"], a["dropout_p"], a["seed"],
+                  a["softcap"], a["sink"], scale, return_lse, a["cu_seqlens_q"], a["cu_seqlens_k"], registry,
+                  a["offset"], a["max_seqlen_q"], a["max_seqlen_k"], {} if jit is None else jit)
+
+
+def python_args(q, k, v, out, lse, causal, scale):
+    """What attention()'s Python path passes for this batch-mode call."""
+    b, hq, sq, dq = q.shape
+    hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
+    ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), 0, 0,
+            0, 0]
+    wl, wr, br = (-1, 0, 1) if causal else (-1, -1, 1)
+    return fwd_args(ptrs, False, q.stride(), k.stride(), v.stride(), out.stride(),
+                    None if lse is None else lse.stride(), None, None, hq, hk, dq, dv, sq, sk, sq, sk, scale, None,
+                    0.0, None, 0, wl, wr, br, 0)
+
+
+def encode(args):
+    out = []
+    for t, a in zip(TYPES, args):
+        code = "Q" if t.startswith("*") else code_of(t)[0]
+        raw = struct.pack("<" + code, a)
+        out.append(raw + b"\0" * (8 - len(raw)))
+    return out + [b"\0" * 8] * 2
+
+
+def learn(fp, drv, disp, kern, q, k, v, *, causal=False, scale=None, return_lse=False, grid=(3, 4, 2),
+          aligned=True):
+    """The Python path's side: a miss, then commit what it launched (out allocated like attention() does)."""
+    tok = run(fp, q, k, v, causal=causal, scale=scale, return_lse=return_lse, registry=disp)
+    assert isinstance(tok, bytes)
+    out = torch.empty_like(q) if v.shape[3] == q.shape[3] else q.new_empty(q.shape[:3] + (v.shape[3],))
+    lse = q.new_empty(q.shape[:3], dtype=torch.float32) if return_lse else None
+    args = python_args(q, k, v, out, lse, causal, scale)
+    fp.commit(tok, disp, kern, drv.address, 0xF00D, 128, 4096, KINDS, 2, grid, args, SLOTS, out, lse, aligned)
+    return out, lse
+
+
+def test_a_repeat_call_launches_exactly_what_the_python_path_would(fp):
+    drv, disp, kern = FakeDriver(len(KINDS)), Disp(), Kernel()
+    learn(fp, drv, disp, kern, *qkv(), causal=True)
+    q, k, v = qkv()  # new tensors: other pointers, same shapes
+    out = run(fp, q, k, v, causal=True, registry=disp)
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.stride() == q.stride()
+    assert out.dtype == q.dtype and out.data_ptr() not in (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    call = drv.calls[-1]
+    assert call["function"] == 0xF00D and call["grid"] == (3, 4, 2) and call["block"] == (128, 1, 1)
+    assert call["shared"] == 4096 and call["stream"] == STREAM and call["extra"] is None
+    assert call["slots"] == encode(python_args(q, k, v, out, None, True, None))
+    assert fp.stats() == {"hits": 1, "misses": 1, "declined": 0, "recipes": 1}
+
+
+def test_scale_is_patched_per_call_and_the_default_is_the_python_paths(fp):
+    drv, disp, kern = FakeDriver(len(KINDS)), Disp(), Kernel()
+    q, k, v = qkv(d=80)
+    learn(fp, drv, disp, kern, q, k, v, scale=0.3)
+    for scale in (0.125, None, -2.5):
+        out = run(fp, q, k, v, scale=scale, registry=disp)
+        assert drv.calls[-1]["slots"] == encode(python_args(q, k, v, out, None, False, scale))
+    got = struct.unpack("<f", drv.calls[-2]["slots"][SLOTS[5]][:4])[0]
+    assert got == struct.unpack("<f", struct.pack("<f", 1.0 / math.sqrt(80)))[0]
+
+
+def test_lse_and_a_bshd_layout_with_another_value_head_dim(fp):
+    drv, disp, kern = FakeDriver(len(KINDS)), Disp(), Kernel()
+    q, k, v = qkv(layout="bshd", d=64, dv=32)
+    ref_out, ref_lse = learn(fp, drv, disp, kern, q, k, v, return_lse=True)
+    q2, k2, v2 = qkv(layout="bshd", d=64, dv=32)
+    out, lse = run(fp, q2, k2, v2, return_lse=True, registry=disp)
+    assert out.shape == ref_out.shape and out.stride() == ref_out.stride()
+    assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape and lse.stride() == ref_lse.stride()
+    assert drv.calls[-1]["slots"] == encode(python_args(q2, k2, v2, out, lse, False, None))
+
+
+def test_anything_the_key_covers_makes_a_new_call_a_miss(fp):
+    drv, disp, kern = FakeDriver(len(KINDS)), Disp(), Kernel()
+    learn(fp, drv, disp, kern, *qkv())
+    others = [
+        dict(shape=dict(sq=41)), dict(shape=dict(hq=2)), dict(shape=dict(layout="bshd")),
+        dict(shape=dict(dtype=torch.bfloat16)), dict(call=dict(causal=True)), dict(call=dict(return_lse=True)),
+        dict(call=dict(registry=Disp())),
+    ]
+    for case in others:
+        q, k, v = qkv(**case.get("shape", {}))
+        got = run(fp, q, k, v, **{"registry": disp, **case.get("call", {})})
+        assert isinstance(got, bytes), case
+    # q, k, v no longer 16-byte aligned (an offset of one fp16 element)
+    base = torch.empty(2 * 4 * 40 * 32 + 1, dtype=torch.float16)
+    q = base[1:].view(2, 4, 40, 32)
+    _, k, v = qkv()
+    assert isinstance(run(fp, q, k, v, registry=disp), bytes)
+    assert drv.calls == []
+
+
+def test_calls_that_are_not_for_the_fast_path_are_declined(fp):
+    disp = Disp()
+    q, k, v = qkv()
+    declined = [
+        dict(causal="bottom_right"), dict(window=(4, 0)), dict(bias=torch.zeros(1)), dict(alibi_slopes=torch.ones(4)),
+        dict(dropout_p=0.1), dict(seed=1), dict(softcap=30.0), dict(sink=2), dict(scale=1), dict(scale=math.inf),
+        dict(return_lse=1), dict(cu_seqlens_q=torch.zeros(3, dtype=torch.int32)), dict(registry="build/x"),
+    ]
+    for extra in declined:
+        assert run(fp, q, k, v, **{"registry": disp, **extra}) is None, extra
+    assert run(fp, q.numpy(), k, v, registry=disp) is None
+    assert run(fp, torch.nn.Parameter(q), k, v, registry=disp) is None  # subclasses go the Python way
+    assert run(fp, q[0], k[0], v[0], registry=disp) is None  # rank 3 without cu_seqlens: the Python path's error
+    assert run(fp, q, k.float(), v, registry=disp) is None
+    assert run(fp, q, k, v) is None  # no registry and no JIT dispatcher for this device yet
+    assert isinstance(run(fp, q, k, v, jit={-1: disp}), bytes)  # CPU tensors: device index -1
+    assert fp.stats()["declined"] == len(declined) + 5
+
+
+def test_the_jit_dispatcher_is_looked_up_per_call(fp):
+    drv, disp, kern = FakeDriver(len(KINDS)), Disp(), Kernel()
+    q, k, v = qkv()
+    tok = run(fp, q, k, v, jit={-1: disp})
+    out = torch.empty_like(q)
+    fp.commit(tok, disp, kern, drv.address, 1, 64, 0, KINDS, 2, (1, 1, 1), python_args(q, k, v, out, None, False, None),
+              SLOTS, out, None, True)
+    assert isinstance(run(fp, q, k, v, jit={-1: disp}), torch.Tensor)
+    assert isinstance(run(fp, q, k, v, jit={-1: Disp()}), bytes)  # another JIT dispatcher (e.g. after a reset)
+
+
+def test_a_failed_launch_hands_the_call_back_to_the_python_path(fp):
+    drv, disp, kern = FakeDriver(len(KINDS), status=201), Disp(), Kernel()  # CUDA_ERROR_INVALID_CONTEXT
+    q, k, v = qkv()
+    learn(fp, drv, disp, kern, q, k, v)
+    assert isinstance(run(fp, q, k, v, registry=disp), bytes) and len(drv.calls) == 1
+    assert fp.stats()["hits"] == 0
+
+
+def test_recipes_keep_their_kernel_and_dispatcher_alive_until_cleared(fp):
+    drv, disp, kern = FakeDriver(len(KINDS)), Disp(), Kernel()
+    learn(fp, drv, disp, kern, *qkv())
+    refs = weakref.ref(disp), weakref.ref(kern)
+    del disp, kern
+    gc.collect()
+    assert all(r() is not None for r in refs)  # a recipe's function handle must not outlive its module
+    fp.clear()
+    gc.collect()
+    assert all(r() is None for r in refs) and fp.stats()["recipes"] == 0
+
+
+def test_the_cache_is_bounded(mod):
+    fp = mod.FastPath(torch.Tensor, Disp, lambda dev: 0, "cpu", 3)
+    drv, disp, kern = FakeDriver(len(KINDS)), Disp(), Kernel()
+    for sq in range(1, 8):
+        learn(fp, drv, disp, kern, *qkv(sq=sq))
+        assert 1 <= fp.stats()["recipes"] <= 3
+
+
+def test_commit_rejects_what_run_did_not_produce(fp):
+    drv, disp, kern = FakeDriver(len(KINDS)), Disp(), Kernel()
+    q, k, v = qkv()
+    out = torch.empty_like(q)
+    args = python_args(q, k, v, out, None, False, None)
+    tok = run(fp, q, k, v, registry=disp)
+
+    def commit(**over):
+        a = dict(tok=tok, disp=disp, fn=drv.address, kinds=KINDS, args=args, slots=SLOTS, out=out, lse=None)
+        a.update(over)
+        fp.commit(a["tok"], a["disp"], kern, a["fn"], 1, 64, 0, a["kinds"], 2, (1, 1, 1), a["args"], a["slots"],
+                  a["out"], a["lse"], True)
+
+    with pytest.raises(ValueError, match="token"):
+        commit(tok=b"nope")
+    with pytest.raises(ValueError, match="dispatcher"):
+        commit(disp=Disp())
+    with pytest.raises(ValueError, match="non-NULL"):
+        commit(fn=0)
+    with pytest.raises(ValueError, match="slot 5 .* floating-point"):
+        commit(slots=SLOTS[:5] + (0,))
+    with pytest.raises(ValueError, match="slot 0 .* pointer"):
+        commit(slots=(9,) + SLOTS[1:])
+    with pytest.raises(TypeError, match="takes 53 arguments"):
+        commit(args=args[:10])
+    with pytest.raises(OverflowError, match="kernel argument 14"):
+        commit(args=args[:14] + [1 << 40] + args[15:])  # seqlen_q is an int32
+    with pytest.raises(ValueError, match="dtype"):
+        commit(out=out.float())
+    with pytest.raises(TypeError, match="lse"):
+        commit(lse=torch.empty(1))
+    assert fp.stats()["recipes"] == 0
+    commit()
+    assert fp.stats()["recipes"] == 1
+
+
+def test_unavailable_says_why(monkeypatch):
+    monkeypatch.setattr(torch_fast, "_STATE", {})
+    monkeypatch.setenv("FMHA_DSL_TORCH_FAST", "0")
+    ok, why = torch_fast.available()
+    assert not ok and "FMHA_DSL_TORCH_FAST=0" in why
+    monkeypatch.setattr(torch_fast, "_STATE", {})
+    monkeypatch.delenv("FMHA_DSL_TORCH_FAST")
+    monkeypatch.setattr(torch_fast, "compiler", lambda: None)
+    ok, why = torch_fast.available()
+    assert not ok and "no C++ compiler" in why
+    # start() with a failing build: the callback never runs, wait() says False
+    monkeypatch.setattr(torch_fast, "_STATE", {})
+    seen = []
+    torch_fast.start(seen.append)
+    assert torch_fast.wait(60) is False and seen == []
+
+
+def test_a_declined_call_goes_to_the_python_path_without_a_token(fp):
+    """Calls the Python path launches in stages (split-KV) or through another launcher are declined once, so they
+    do not pay for a token on every call."""
+    disp = Disp()
+    q, k, v = qkv()
+    tok = run(fp, q, k, v, registry=disp)
+    with pytest.raises(ValueError, match="dispatcher"):
+        fp.decline(tok, Disp())
+    fp.decline(tok, disp)
+    before = fp.stats()
+    assert run(fp, q, k, v, registry=disp) is None
+    assert fp.stats()["declined"] == before["declined"] + 1 and fp.stats()["misses"] == before["misses"]
+    assert isinstance(run(fp, q, k, v, registry=disp, causal=True), bytes)  # another key is still learnt
