@@ -124,6 +124,10 @@ FEATURES = {
     "hdim_pad_runtime": dict(shape=dict(Dq=40, Dv=24, Sq=20, Sk=24), hdim_q=64, hdim_v=32),  # PAD_D kernel
     "vlayout_c": dict(vlayout="c"),
     "no_lse": dict(lse=False),
+    # the kernel carries a negative scale by negating q (its unmasked steps take the row max before scaling)
+    "negative_scale": dict(scale=-0.3, shape=dict(Sq=32, Sk=48)),
+    "negative_scale_masked_softcap_bias": dict(scale=-0.4, causal=True, softcap=2.0, bias="full"),
+    "zero_scale": dict(scale=0.0, shape=dict(Sq=32, Sk=48)),  # uniform weights
 }
 
 
