@@ -76,15 +76,47 @@ def _explicit_tiles(decl: Declaration) -> tuple[Tile, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _tile_candidates(decl: Declaration, explicit_tiles):
+def _tile_candidates(decl: Declaration, explicit_tiles, missed: dict):
+    """The tiles a partly wild ``tile(...)`` leaves of the table; ``missed`` collects, per (arch, hdim), what the
+    table offers for the declared dims when it leaves none (the ``decl.empty`` hint names them)."""
     dims = {k: v for k, v in decl.tile.dims.items() if v is not None}
 
     def cands(fr, b):
         if explicit_tiles is not None:
             return explicit_tiles
-        return [t for t in fr.domain("tile", b) if all(t.dim(k) in vals for k, vals in dims.items())]
+        table = fr.domain("tile", b)
+        got = [t for t in table if all(t.dim(k) in vals for k, vals in dims.items())]
+        if not got and table:
+            where = (b.get("arch"), b.get("hdim"))
+            if where not in missed:
+                missed[where] = (tuple(dims), sorted({tuple(t.dim(k) for k in dims) for t in table}))
+        return got
 
     return cands
+
+
+def _dim_name(key: str) -> str:
+    """A Tile.dim key as the user writes it: ``tile1`` -> ``n0``, ``wave0`` -> ``wave_m0``."""
+    kind, idx = key[:4], key[4:]
+    if not idx.isdigit():
+        return key
+    i = int(idx)
+    if kind == "tile":
+        full = V.TILE_NAMES + ("t6", "t7", "t8")  # tile(...)'s positions (9 for bwd_dq_dk_dv)
+        return full[i] if i < len(full) else key
+    if kind in ("wave", "warp") and i < len(V.WAVE_NAMES):
+        return f"{kind}_{V.WAVE_NAMES[i]}"
+    return key
+
+
+def _missed_tiles_hint(missed: dict) -> str:
+    (arch, hdim), (keys, offered) = next(iter(missed.items()))
+    names = [_dim_name(k) for k in keys]
+    shown = ", ".join("(" + ", ".join(str(x) for x in o) + ")" for o in offered[:12])
+    more = f" and {len(offered) - 12} more" if len(offered) > 12 else ""
+    hd = f" hdim{tuple(hdim)}" if isinstance(hdim, (tuple, list)) else ""
+    return (f"no tile of the {arch}{hd} tile table has the declared {'/'.join(names)}; the table has "
+            f"({', '.join(names)}) in {shown}{more}: pick one of those, or `*`")
 
 
 class _Expander:
@@ -100,6 +132,7 @@ class _Expander:
         self.where = tuple(where_rule(w, i) for i, w in enumerate(decl.wheres))
         self.explicit_tiles = None if decl.tile.wild else _explicit_tiles(decl)
         self._explicit_rules: dict = {}
+        self.missed_tiles: dict = {}  # (arch, hdim) -> what the tile table offers for the declared dims
 
     # which dependencies of a failing rule were asked for explicitly
     def _is_explicit(self, dep: str) -> bool:
@@ -198,6 +231,8 @@ class _Expander:
             top = [r for r, _ in mine.most_common(3)]
             hint = ("the rules that dropped most: " + ", ".join(f"`{r}`" for r in top)
                     + "; run `fmha-dsl explain` for details") if top else "check the declaration's fields"
+            if not top and self.missed_tiles:
+                hint = _missed_tiles_hint(self.missed_tiles)
             raise RuleError(Diagnostic("decl.empty", f"declaration `{d.label}` expands to no kernel", d.span, hint))
         return out
 
@@ -225,7 +260,7 @@ class _Expander:
             fs = d.fields.get(name)
             if fs is not None and fs.values is not None and fs.values != (value,):
                 fixed_rules.append(_fixed_rule(fr.family, name, value, fs.values))
-        tile_c = _tile_candidates(d, self.explicit_tiles)
+        tile_c = _tile_candidates(d, self.explicit_tiles, self.missed_tiles)
 
         def candidates(f, b):
             if f == "tile":

@@ -122,6 +122,29 @@ def test_declaration_expanding_to_nothing_is_an_error(write):
     assert info.value.rule == "decl.empty" and info.value.line == 4
 
 
+def test_a_tile_pattern_the_table_lacks_names_the_tiles_it_has(write):
+    """tile(16, 64, *, ...) on sm90: the Triton table has no m0 = 16 there.  The hint lists the table's (m0, n0)
+    pairs, checked against the table itself."""
+    import re
+
+    from fmha_dsl.rules.triton_fwd import _tiles
+
+    body = """
+    backend(triton)
+    arch(sm90)
+    kernel k {
+        signature { family(fwd) dtype(fp16) mode(batch) hdim(64) mask(no) }
+        algorithm { pipeline(qr) tile(16, 64, *, *, *, *) }
+    }"""
+    with pytest.raises(RuleError) as info:
+        expand(write, body)
+    d = info.value.diagnostics[0]
+    assert d.rule == "decl.empty" and "sm90" in d.hint and "m0/n0" in d.hint
+    listed = {tuple(int(x) for x in m) for m in re.findall(r"\((\d+), (\d+)\)", d.hint.split(" in ", 1)[1])}
+    assert listed == {(t.tile[0], t.tile[1]) for t in _tiles("sm90", 64, 64)}
+    assert (16, 64) not in listed
+
+
 def test_arch_override_and_narrowing(write):
     body = """
     arch(gfx942, gfx950)
