@@ -161,7 +161,7 @@ def main(argv=None) -> int:
             "kernel": plan.entry.name, "first_call_s": round(first_s, 3), "max_abs_err_vs_sdpa": err,
             "default_launcher": launcher, "torch_fast": fast_ok, "torch_fast_wait_s": round(fast_s, 3),
             "torch_fast_detail": fast_why,
-            "torch_fast_stats": amod._FAST[0].stats() if amod._FAST else None}
+            "torch_fast_stats": amod._fast_path.stats() if amod._fast_path else None}
     print(json.dumps(info))
     print(f"{'variant':20s} {'median us':>10s} {'p10':>8s} {'p90':>8s} {'mean':>8s}")
     for name, r in best.items():

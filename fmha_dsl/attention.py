@@ -51,10 +51,8 @@ _JIT: dict = {}             # device -> the compile-on-first-use dispatcher
 
 _ALIGNED_IDX: dict = {}     # V column-major? -> argument positions the 16-divisibility promise covers
 _FAST_SLOTS = ()            # argument positions of Q, K, V, Out, Lse, sm_scale (the fast path patches them)
-_fast_run = None            # the torch fast path's run/commit once it is built (runtime/torch_fast.py)
-_fast_commit = None
-_fast_decline = None
-_FAST: list = []            # [the FastPath object] once built
+_fast_path = None           # the torch fast path's FastPath once it is built (runtime/torch_fast.py)
+_fast_run = None            # its run(), bound once for the hot path
 _ARCHS: dict = {}           # device index -> arch
 _INF = math.inf
 
@@ -207,13 +205,15 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
     if plan is None:
         plan = _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vc, mask, wl, wr, bias_kind, return_lse,
                      dropout_p, softcap, sink, aligned)
-        if dev >= 0 and not _FAST and disp.arch.startswith("sm"):
-            _start_fast()
+        if dev >= 0 and _fast_path is None and disp.arch.startswith("sm"):
+            from .runtime import torch_fast
+
+            torch_fast.start(_fast_ready)  # once per process; the Python path serves calls until it is ready
     kern = plan._kernels.get(dev)
     if kern is None or plan._extra_aligned_idx or plan.splits:
         plan.launch(dev, b, hq, sq, args)  # first launch on this device, or promises the class key does not cover
         if ftok is not None and kern is not None:
-            _fast_decline(ftok, disp)  # two stages or per-call checks: the Python path's job
+            _fast_path.decline(ftok, disp)  # two stages or per-call checks: the Python path's job
     else:
         bm = plan.block_m
         grid = ((sq + bm - 1) // bm, hq, b)
@@ -221,9 +221,9 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
         if ftok is not None:
             spec = getattr(kern, "fast_spec", None)  # the native launcher's; other launchers are not replayed
             if spec is not None:
-                _fast_commit(ftok, disp, kern, *spec, grid, args, _FAST_SLOTS, out, lse, aligned)
+                _fast_path.commit(ftok, disp, kern, *spec, grid, args, _FAST_SLOTS, out, lse, aligned)
             else:
-                _fast_decline(ftok, disp)
+                _fast_path.decline(ftok, disp)
     return (out, lse) if return_lse else out
 
 
@@ -601,8 +601,8 @@ def _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vlayout_c, mask, w
                       sink=bool(sink))
     moduli = (disp.lq, disp.lk, disp.sq_bounds)
     plan = disp.plan(problem, aligned)
-    if _FAST and moduli != (disp.lq, disp.lk, disp.sq_bounds):
-        _FAST[0].clear()  # a JIT compile changed how calls map to kernels: let the fast path learn again
+    if _fast_path is not None and moduli != (disp.lq, disp.lk, disp.sq_bounds):
+        _fast_path.clear()  # a JIT compile changed how calls map to kernels: let the fast path learn again
     # a JIT compile changes the tile lcm (and so the key's residues): store under the key of the new moduli
     key = key[:12] + (sq % disp.lq, sk % disp.lk)
     if disp.sq_bounds:
@@ -613,21 +613,11 @@ def _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vlayout_c, mask, w
     return plan
 
 
-def _start_fast():
-    """Build or load the torch fast path in the background (once per process; FMHA_DSL_TORCH_FAST=0: never)."""
-    if os.environ.get("FMHA_DSL_TORCH_FAST", "1") != "0":
-        from .runtime import torch_fast
-
-        torch_fast.start(_fast_ready)
-
-
 def _fast_ready(mod):
     """Called (in the build thread) once the torch fast path is loaded: attention() starts using it."""
-    global _fast_run, _fast_commit, _fast_decline
-    fp = mod.FastPath(_T, _Dispatcher, _raw_stream, "cuda")
-    _FAST[:] = [fp]
-    _fast_commit, _fast_decline = fp.commit, fp.decline
-    _fast_run = fp.run
+    global _fast_path, _fast_run
+    _fast_path = mod.FastPath(_T, _Dispatcher, _raw_stream, "cuda")
+    _fast_run = _fast_path.run
 
 
 class _CallableModule(__import__("types").ModuleType):

@@ -21,7 +21,6 @@ Nothing happens at import time.
 
 from __future__ import annotations
 
-import sysconfig  # noqa: F401  (tests replace sysconfig.get_paths to simulate missing headers)
 import threading
 
 from . import cext

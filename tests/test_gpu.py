@@ -362,7 +362,7 @@ def test_streams_and_cuda_graphs():
 def fast_path():
     import sys
 
-    return sys.modules["fmha_dsl.attention"]._FAST[0]
+    return sys.modules["fmha_dsl.attention"]._fast_path
 
 
 @pytest.mark.parametrize("kw,shape", [

@@ -9,7 +9,7 @@ import pytest
 
 from fakes import FakeDriver
 
-from fmha_dsl.runtime import abi, native
+from fmha_dsl.runtime import abi, cext, native
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C compiler on this machine")
 
@@ -143,6 +143,6 @@ def test_an_unwritable_cache_makes_the_launcher_unavailable_not_a_crash(tmp_path
 def test_missing_python_headers_are_named(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "_STATE", {})
     monkeypatch.setenv("FMHA_DSL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(native.sysconfig, "get_paths", lambda: {"include": str(tmp_path / "no-include")})
+    monkeypatch.setattr(cext.sysconfig, "get_paths", lambda: {"include": str(tmp_path / "no-include")})
     ok, why = native.available()
     assert not ok and "Python headers are missing" in why and "python3-dev" in why
