@@ -1,6 +1,6 @@
 """Forward attention throughput: every kernel of kernelsets/bench_fwd.fmha vs torch SDPA and FlexAttention.
 
-    python bench/bench_fwd.py --build DIR [--peers sdpa,flex] [--json OUT.json]
+    python bench/bench_fwd.py --build DIR [--peers sdpa,flex] [--json OUT.json] [--select-from EARLIER.json]
 
 Shapes (the issue's matrix): bf16 and fp16, head dim 64 and 128, 16 heads, 16k tokens per batch
 (batch = 16384 // seqlen), seqlen 512 ... 16k, causal and not.  Every kernel of the registry that serves the
@@ -47,7 +47,18 @@ def main() -> None:
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--json", default=None)
     ap.add_argument("--flex-budget", type=float, default=240.0, help="seconds of FlexAttention compiles at most")
+    ap.add_argument("--select-from", default=None, metavar="JSON",
+                    help="time only each shape's --top fastest kernels of an earlier run's JSON (a peer run that "
+                         "re-times the set's best next to the peer without timing every kernel again)")
+    ap.add_argument("--top", type=int, default=3)
     args = ap.parse_args()
+    keep = None
+    if args.select_from:
+        with open(args.select_from) as f:
+            keep = {}
+            for r in json.load(f)["rows"]:
+                timed = sorted((x["ms"], n) for n, x in r["kernels"].items() if "ms" in x)
+                keep[(r["dtype"], r["hdim"], r["causal"], r["seqlen"])] = {n for _, n in timed[: args.top]}
 
     import torch
     import torch.nn.functional as F
@@ -90,6 +101,8 @@ def main() -> None:
         prob = Problem(family="fwd", dtype=dtype, batch=b, nhead_q=HEADS, nhead_k=HEADS, seqlen_q=s, seqlen_k=s,
                        hdim_q=d, hdim_v=d, mask="top_left" if causal else "no")
         for e in disp.candidates(prob):
+            if keep is not None and e.name not in keep.get((dtype, d, causal, s), ()):
+                continue
             plan = disp.plan_for(e, prob)
             kw = {"window": (-1, 0), "bottom_right": False} if causal else {}
 
@@ -137,18 +150,25 @@ def main() -> None:
                     flex_spent += time.perf_counter() - t0
                     row["flex"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
         rows.append(row)
+        if args.json:  # after every shape, so that a run cut short keeps what it measured
+            _dump(args.json, dev, rows)
         peer_txt = "  ".join(f"{p}={row[p]['tflops']:.0f}" for p in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient",
                                                                       "flex") if p in row and "tflops" in row[p])
         best_txt = f"best={row['best']['tflops']:.0f} ({len(timed)} kernels)" if timed else "best=none"
         print(f"{dtype} d{d} {'causal' if causal else 'full  '} s{s:>5} b{b:>2}: {best_txt}  {peer_txt}", flush=True)
         torch.cuda.empty_cache()
 
+    print(f"device: {dev}; torch {torch.__version__}; triton {__import__('triton').__version__}", file=sys.stderr)
+
+
+def _dump(path, dev, rows):
+    import torch
+
     doc = {"device": dev, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "python": platform.python_version(), "rows": rows}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-    print(f"device: {dev}; torch {torch.__version__}; triton {doc['triton']}", file=sys.stderr)
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ if [[ $what == *" all "* || $what == *" fwd "* ]]; then
   python3 -P bench/bench_fwd.py --build /tmp/bench --peers sdpa --json "$OUT/bench_fwd_sdpa.json" 2>&1 | tee "$OUT/bench_fwd.log"
 fi
 if [[ $what == *" flex "* ]]; then
-  python3 -P bench/bench_fwd.py --build /tmp/bench --peers flex --json "$OUT/bench_fwd_flex.json" 2>&1 | tee "$OUT/bench_flex.log"
+  sel=""; [[ -f "${FWD_JSON:-}" ]] && sel="--select-from $FWD_JSON"   # FWD_JSON: the sdpa run's JSON (re-time its top 3)
+  python3 -P bench/bench_fwd.py --build /tmp/bench --peers flex $sel --json "$OUT/bench_fwd_flex.json" 2>&1 | tee "$OUT/bench_flex.log"
 fi
 # the seqtune kernel set (decode- to prefill-sized tiles, split-KV): build, tune on the default matrix, evaluate on
 # held-out shapes, draw the report, and time dispatch through the tuned registry.  "select" = the three steps;

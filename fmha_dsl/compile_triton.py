@@ -95,6 +95,9 @@ def compile_key(sig: dict, alg: dict, arch: str, aligned: bool = True) -> tuple[
     split = sig.get("family") == "fwd_splitkv"
     try:
         const = tmpl.constexprs(sig, alg)
+        if const.get("TMA") and not aligned:
+            return None, (f"pipeline {alg['pipeline']} (TMA descriptors) needs 16-byte aligned K/V bases and strides; "
+                          "it has no unaligned build")
         promised = tmpl.aligned_names(sig["vlayout"]) if aligned else ()
         attrs = tmpl.attrs(sig["dtype"], sig["vlayout"], promised) if promised else {}
         src = ASTSource(fn=tmpl.fmha_fwd, signature=tmpl.signature(sig["dtype"], split), constexprs=const,

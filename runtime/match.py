@@ -16,7 +16,7 @@ from fmha_dsl.registry import Entry
 EXACT = ("family", "dtype", "mode", "vlayout", "bias", "lse", "dropout", "logits", "sink", "qscale", "rope",
          "paged_kv", "fp8_static_quant", "skip", "dbias", "store_randval", "deterministic")
 PAGED_FAMILIES = ("fwd_pagedkv", "fwd_appendkv", "fwd_splitkv", "fwd_splitkv_combine", "batch_prefill")
-PIPELINE_RANK = {"qr_async": 0, "qr": 1}  # ties: software-pipelined loads first
+PIPELINE_RANK = {"qr_async": 0, "qr_async_trload": 1, "qr_async_trload_v3": 2, "qr": 3}  # ties: pipelined loads first
 
 # ---------------------------------------------------------------------------------------------------------
 # matching

@@ -149,3 +149,26 @@ def test_profile_is_recorded_like_the_ck_build_and_unwritable_places_are_clear(b
     with pytest.warns(UserWarning, match="cannot be written"):
         res = build(ks, str(tmp_path / "q"), jobs=1, cache_dir=str(blocker / "cache"))
     assert res.failures == [] and sum(res.by_arch.values()) == 3
+
+
+def test_tma_pipeline_compiles_for_sm90_with_global_scratch(tmp_path):
+    """pipeline qr_async_trload: on-device tensor descriptors need Triton's global scratch (the runtime allocates
+    it per launch), and the binary exists only with the 16-byte alignment promise."""
+    from fmha_dsl.compile_triton import compile_key
+
+    ks = fmha_dsl.loads("""
+kernel_set t {
+    backend(triton) arch(sm90)
+    kernel k {
+        signature { family(fwd) dtype(bf16) mode(batch) hdim(128) mask(causal) }
+        algorithm { pipeline(qr_async_trload) tile(128, 64, *, *, *, *) wave(4, *, *, *, *, *, *, *, *) }
+    }
+}""", path="t.fmha")
+    (e,) = ks.registry(arch="sm90")
+    meta, data = compile_key(e.sig, e.alg, "sm90")
+    assert meta is not None, data
+    assert data[:4] == b"\x7fELF" and meta["num_stages"] == 2 and meta["num_warps"] == 4
+    assert meta["global_scratch"] >= 256  # two 128-byte descriptors per program
+    assert "K" in meta["aligned"] and "stride_kn" in meta["aligned"]
+    none, why = compile_key(e.sig, e.alg, "sm90", aligned=False)
+    assert none is None and "aligned" in why

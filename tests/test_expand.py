@@ -323,3 +323,65 @@ def test_arch_not_declared_names_the_archs_of_the_requested_backend(write):
     with pytest.raises(FmhaError) as info:
         ks.expand_report(arch="sm90", backend="ck")
     assert info.value.rule == "arch.not-declared" and "sm90" not in info.value.message.split("declared for")[1]
+
+
+TMA_KERNEL = """
+    backend(triton)
+    arch({arch})
+    kernel k {{
+        signature {{ family(fwd) dtype(fp16) mode(batch) hdim(128) mask(no) vlayout({vlayout}) }}
+        algorithm {{ pipeline({pipe}) tile(128, 64, *, *, *, *) wave(4, *, *, *, *, *, *, *, *) }}
+    }}"""
+
+
+@pytest.mark.parametrize("pipe,stages", [("qr_async_trload", 2), ("qr_async_trload_v3", 3), ("qr_async", 3)])
+def test_tma_pipelines_on_sm90(write, pipe, stages):
+    """The TMA pipelines exist on sm90 with their stage counts; (128, 64) on 4 warps at d128 keeps 192
+    accumulators per thread, the register budget's edge (3/4 of 256)."""
+    from fmha_dsl.compile_triton import compile_options
+    from fmha_dsl.rules.triton_fwd import acc_regs, reg_budget
+
+    ks = fmha_dsl.load(write("t.fmha", "kernel_set t {\n" + TMA_KERNEL.format(arch="sm90", vlayout="r", pipe=pipe)
+                             + "\n}\n"))
+    (e,) = ks.registry(arch="sm90")
+    assert e.alg["pipeline"] == pipe
+    assert compile_options(e.sig, e.alg, "sm90")["num_stages"] == stages
+    b = {"arch": "sm90", "tile": _tile_of(e)}
+    assert acc_regs(b) == (128 * 128 + 128 * 64) // 128 == reg_budget("sm90") == 192
+
+
+def _tile_of(e):
+    from fmha_dsl.rules.base import Tile
+
+    return Tile(tuple(e.alg["tile"]), tuple(e.alg["wave"]), tuple(e.alg["warp"]), e.alg["block_per_cu"], 0, True)
+
+
+@pytest.mark.parametrize("arch", ["sm80", "gfx942", "gfx1100"])
+def test_tma_pipeline_needs_an_arch_with_tma(write, arch):
+    with pytest.raises(RuleError) as info:
+        expand(write, TMA_KERNEL.format(arch=arch, vlayout="r", pipe="qr_async_trload"))
+    d = info.value.diagnostics[0]
+    assert d.rule == "triton.tma" and arch in d.message and "qr_async" in d.hint
+    assert info.value.line == 7  # the algorithm line that names the pipeline
+
+
+def test_tma_pipeline_needs_row_major_v(write):
+    with pytest.raises(RuleError) as info:
+        expand(write, TMA_KERNEL.format(arch="sm90", vlayout="c", pipe="qr_async_trload"))
+    assert info.value.diagnostics[0].rule == "triton.tma-vlayout"
+
+
+def test_pipeline_star_draws_tma_only_where_the_arch_has_it(write):
+    body = """
+    backend(triton)
+    arch(sm90, sm80)
+    kernel k {
+        signature { family(fwd) dtype(fp16) mode(batch) hdim(64) mask(no) vlayout(*) }
+        algorithm { pipeline(*) tile(64, 64, *, *, *, *) }
+    }"""
+    for arch, want in (("sm90", {("qr", "r"), ("qr", "c"), ("qr_async", "r"), ("qr_async", "c"),
+                                 ("qr_async_trload", "r"), ("qr_async_trload_v3", "r")}),
+                       ("sm80", {("qr", "r"), ("qr", "c"), ("qr_async", "r"), ("qr_async", "c")})):
+        ks = fmha_dsl.load(write("t.fmha", "kernel_set t {\n" + body + "\n}\n"))
+        got = {(e.alg["pipeline"], e.sig["vlayout"]) for e in ks.registry(arch=arch)}
+        assert got == want, arch

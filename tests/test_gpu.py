@@ -102,6 +102,16 @@ def build_set(tmp_path, name: str, body: str) -> str:
     return str(tmp_path / "out")
 
 
+def check_group_mode(disp, cu_q, cu_k, heads, d, **kw):
+    """fp16 varlen attention through ``disp`` (with LSE) against the reference."""
+    cq, ck = (torch.tensor(c, dtype=torch.int32, device="cuda") for c in (cu_q, cu_k))
+    q, k, v = rnd(cu_q[-1], heads, d), rnd(cu_k[-1], heads, d), rnd(cu_k[-1], heads, d)
+    out, lse = fmha_dsl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, return_lse=True, registry=disp, **kw)
+    r_out, r_lse = reference(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, **kw)
+    close(out, r_out, torch.float16)
+    close(lse, r_lse, torch.float16, "lse")
+
+
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("d", [64, 128])
@@ -658,15 +668,7 @@ def test_split_kv_kernels_against_the_reference(tmp_path):
         r_out, r_lse = reference(q, k, v, **kw)
         close(out, r_out, dtype)
         close(lse, r_lse, dtype, "lse")
-    # group mode
-    cq = torch.tensor([0, 1, 1, 9], dtype=torch.int32, device="cuda")
-    ck = torch.tensor([0, 900, 1000, 4000], dtype=torch.int32, device="cuda")
-    q, k, v = rnd(9, 8, 64), rnd(4000, 8, 64), rnd(4000, 8, 64)
-    out, lse = fmha_dsl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal="bottom_right", return_lse=True,
-                                  registry=disp)
-    r_out, r_lse = reference(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal="bottom_right")
-    close(out, r_out, torch.float16)
-    close(lse, r_lse, torch.float16, "lse")
+    check_group_mode(disp, [0, 1, 1, 9], [0, 900, 1000, 4000], 8, 64, causal="bottom_right")
     # an explicit split-KV problem with 3 splits, on a side stream, then captured in a CUDA graph
     q, k, v = rnd(1, 8, 4, 64), rnd(1, 8, 2048, 64), rnd(1, 8, 2048, 64)
     plan = disp.plan(Problem(family="fwd_splitkv", dtype="fp16", hdim_q=64, hdim_v=64, lse=True, num_splits=3,
@@ -687,3 +689,55 @@ def test_split_kv_kernels_against_the_reference(tmp_path):
     g.replay()
     torch.cuda.synchronize()
     close(o, r_out, torch.float16)
+
+
+def test_tma_pipelines_against_the_reference(tmp_path):
+    """pipeline qr_async_trload / qr_async_trload_v3 (K/V through on-device TMA descriptors, Triton's global scratch
+    allocated per launch): batch and group mode, padded lengths and head dims, GQA, both corners, LSE, repeat calls
+    (the torch fast path declines kernels with scratch), a CUDA graph; unaligned arguments never reach them."""
+    from fmha_dsl.runtime.dispatch import Dispatcher, detect_arch
+    from fmha_dsl.rules.triton_fwd import arch_info
+
+    if not arch_info(detect_arch()).get("tma"):
+        pytest.skip("this GPU has no TMA")
+    out = build_set(tmp_path, "gpu_tma", """\
+    kernel tma {
+        signature { family(fwd) dtype(fp16 | bf16) mode(batch | group) hdim(64 | 80 | 128) mask(no | causal)
+                    lse(true) }
+        algorithm { pipeline(qr_async_trload | qr_async_trload_v3) tile(64, 64, *, *, *, *) padding(true, true, true, true) }
+    }
+""")
+    disp = Dispatcher(out)
+    assert all(e.alg["pipeline"].startswith("qr_async_trload") for e in disp.entries)
+    for dt, d, hk, sq, sk, kw in (("fp16", 64, 4, 256, 256, {}), ("bf16", 128, 2, 200, 333, {"causal": "bottom_right"}),
+                                  ("fp16", 80, 1, 131, 77, {"causal": True}), ("bf16", 64, 4, 1, 1000, {})):
+        dtype = DT[dt]
+        q, k, v = rnd(2, 4, sq, d, dtype=dtype), rnd(2, hk, sk, d, dtype=dtype), rnd(2, hk, sk, d, dtype=dtype)
+        r_out, r_lse = reference(q, k, v, **kw)
+        for _ in range(3):
+            o, lse = fmha_dsl.attention(q, k, v, return_lse=True, registry=disp, **kw)
+            close(o, r_out, dtype)
+            close(lse, r_lse, dtype, "lse")
+        plan = disp.plan(P(dtype=dt, d=d, nhead_q=4, nhead_k=hk, seqlen_q=sq, seqlen_k=sk, lse=True,
+                           mask="top_left" if kw else "no"))
+        assert plan.entry.alg["pipeline"].startswith("qr_async_trload")
+        assert plan.entry.build["global_scratch"] > 0
+    check_group_mode(disp, [0, 5, 5, 300], [0, 70, 400, 401], 4, 128, causal="bottom_right")
+    # a CUDA graph: the scratch comes from the graph's pool
+    q, k, v = rnd(1, 4, 512, 64), rnd(1, 4, 512, 64), rnd(1, 4, 512, 64)
+    plan = disp.plan(P(seqlen_q=512, seqlen_k=512, nhead_q=4, nhead_k=4, lse=True))
+    o, l = torch.empty_like(q), torch.empty(1, 4, 512, device="cuda")
+    plan.run(q, k, v, o, l)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan.run(q, k, v, o, l)
+    o.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    r_out, _ = reference(q, k, v)
+    close(o, r_out, torch.float16)
+    # a key stride that is not 16-divisible: no TMA kernel may serve it (clear error, no wrong result)
+    kk = rnd(1, 4, 512, 72)[..., :64]
+    with pytest.raises(FmhaError) as ei:
+        fmha_dsl.attention(q, kk, v, registry=disp)
+    assert ei.value.rule == "dispatch.no-kernel" and "16-divisible" in ei.value.render()

@@ -74,7 +74,7 @@ def make(dtype, B=1, Hq=2, Hk=None, Sq=40, Sk=50, Dq=32, Dv=None, seed=0, group=
 def check(interp, dtype, q, k, v, *, lse=True, tol=None, **kw):
     """Run kernel and reference; assert out/lse agree and that fully masked rows are 0 / -inf."""
     run_kw = {key: kw.pop(key) for key in ("block_m", "block_n", "vlayout", "hdim_q", "hdim_v", "pad",
-                                           "mask_kernel", "num_splits") if key in kw}
+                                           "mask_kernel", "num_splits", "pipeline") if key in kw}
     out, l = interp(q, k, v, dtype=dtype, lse=lse, **kw, **run_kw)
     f64 = [np.asarray(x, np.float64) for x in (q, k, v)]
     ref_kw = dict(kw)
@@ -414,6 +414,50 @@ def test_invisible_key_blocks_are_not_loaded(interp):
     vp[:, :, 16:28] = np.nan  # rows 0-15 see keys 0-15 only: key block 1 is never loaded for them
     out, _ = interp(q, k, vp, window=(3, 0), sink=2)
     assert np.abs(out[:, :, :16] - ro[:, :, :16]).max() < 2e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# pipeline qr_async_trload: K and V through on-device tensor descriptors (TMA on Hopper)
+# ---------------------------------------------------------------------------------------------
+
+TMA_FEATURES = ("plain", "even_blocks", "causal_bottom_right", "causal_br_sq_gt_sk", "window_sink",
+                "causal_sink_wide", "bias", "alibi_batch", "softcap", "dropout", "gqa", "hdim_80_96",
+                "hdim_pad_runtime", "no_lse")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("name", TMA_FEATURES)
+def test_tma_descriptors(interp, dtype, name):
+    """The descriptors' zero fill past seqlen_k and the head dims stands in for the masked loads."""
+    q, k, v, kw = _setup(dtype, FEATURES[name])
+    check(interp, dtype, q, k, v, pipeline="qr_async_trload", **kw)
+
+
+def test_tma_descriptors_group_mode_and_split(interp):
+    q, k, v = make("fp16", Hq=2, Hk=1, Dq=24, Dv=40, group=GROUP)
+    cq = np.concatenate([[0], np.cumsum(GROUP[0])]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(GROUP[1])]).astype(np.int32)
+    for splits in (0, 3):
+        out, l, _, _ = check(interp, "fp16", q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal="bottom_right",
+                             num_splits=splits, pipeline="qr_async_trload")
+        assert (out[38:50] == 0).all() and np.isneginf(l[:, 38:50]).all()
+
+
+def test_tma_needs_row_major_v():
+    from fmha_dsl.kernels.triton_fwd import constexprs
+
+    sig = {"dtype": "fp16", "hdim_q": 64, "hdim_v": 64, "vlayout": "c"}
+    with pytest.raises(ValueError, match="row-major V"):
+        constexprs(sig, {"tile": (64, 64), "pipeline": "qr_async_trload"})
+    assert constexprs(dict(sig, vlayout="r"), {"tile": (64, 64), "pipeline": "qr_async_trload"})["TMA"]
+    assert not constexprs(dict(sig, vlayout="r"), {"tile": (64, 64), "pipeline": "qr_async"})["TMA"]
+
+
+def test_template_and_rules_agree_on_the_tma_pipelines():
+    from fmha_dsl.kernels.triton_fwd import TMA_PIPELINES
+    from fmha_dsl.rules.triton_fwd import _data, uses_tma
+
+    assert {p for p in _data()["pipelines"] if uses_tma(p)} == set(TMA_PIPELINES)
 
 
 # ---------------------------------------------------------------------------------------------

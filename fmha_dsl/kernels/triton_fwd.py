@@ -53,7 +53,7 @@ import math
 import triton
 import triton.language as tl
 
-__all__ = ["fmha_fwd", "ARGS", "CONSTEXPRS", "ALIGNED", "signature", "constexprs", "attrs", "aligned",
+__all__ = ["fmha_fwd", "ARGS", "CONSTEXPRS", "TMA_PIPELINES", "ALIGNED", "signature", "constexprs", "attrs", "aligned",
            "aligned_names", "grid", "pack_args", "run_interpreted", "block_d", "bf16_round"]
 
 # ------------------------------------------------------------------------------------------------------
@@ -106,16 +106,17 @@ def _uniform(seed, row_lo, row_hi, cols):
 
 
 @triton.jit
-def _steps(acc, l_i, m_i, q, k_base, v_base, b_base, b_rows, rng_lo, rng_hi, slope2,
+def _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
            lo, hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
            mask_off, window_left, window_right, sink,
            stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
            STEP: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
            CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
            BIAS_TYPE: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, DROPOUT: tl.constexpr,
-           IEEE: tl.constexpr, UPCAST: tl.constexpr):
+           IEEE: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
     """Key blocks ``[lo, hi)`` (multiples of BLOCK_N).  STEP 0: no mask at all (every column in range and
-    allowed for every row); 1: key bounds only; 2: key bounds + window/corner + sink."""
+    allowed for every row); 1: key bounds only; 2: key bounds + window/corner + sink.  ``k_src``/``v_src``: the
+    K/V base pointers, or with TMA their tensor descriptors (which zero-fill past seqlen_k and the head dims)."""
     d_ok = offs_d < dq_lim
     dv_ok = offs_dv < dv_lim
     m_ok = offs_m < seqlen_q
@@ -123,11 +124,13 @@ def _steps(acc, l_i, m_i, q, k_base, v_base, b_base, b_rows, rng_lo, rng_hi, slo
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         n_ok = cols < seqlen_k
-        # K^T tile [BLOCK_DMODEL, BLOCK_N]
-        kb = k_base + start_n.to(tl.int64) * stride_kn
-        k = _load(kb + offs_d[:, None] + offs_n[None, :] * stride_kn, d_ok[:, None], n_ok[None, :],
-                  CHECK_D, CHECK_N)
-        qk = _dot(q, k, None, IEEE, UPCAST)
+        if TMA:  # K tile [BLOCK_N, BLOCK_DMODEL] through the tensor-copy engine
+            qk = _dot(q, tl.trans(k_src.load([start_n, 0])), None, IEEE, UPCAST)
+        else:  # K^T tile [BLOCK_DMODEL, BLOCK_N]
+            kb = k_src + start_n.to(tl.int64) * stride_kn
+            k = _load(kb + offs_d[:, None] + offs_n[None, :] * stride_kn, d_ok[:, None], n_ok[None, :],
+                      CHECK_D, CHECK_N)
+            qk = _dot(q, k, None, IEEE, UPCAST)
         # scores in log2 units
         if SOFTCAP:
             x = qk * cap_scale  # s / softcap
@@ -167,9 +170,12 @@ def _steps(acc, l_i, m_i, q, k_base, v_base, b_base, b_rows, rng_lo, rng_hi, slo
             keep = _uniform(seed, rng_lo, rng_hi, cols) >= dropout_p
             p = tl.where(keep, p, 0.0)
         # V tile [BLOCK_N, BLOCK_DV]; svn or svd is the constant 1 (VLAYOUT)
-        vb = v_base + start_n.to(tl.int64) * svn
-        v = _load(vb + offs_n[:, None] * svn + offs_dv[None, :] * svd, n_ok[:, None], dv_ok[None, :],
-                  CHECK_N, CHECK_DV)
+        if TMA:
+            v = v_src.load([start_n, 0])
+        else:
+            vb = v_src + start_n.to(tl.int64) * svn
+            v = _load(vb + offs_n[:, None] * svn + offs_dv[None, :] * svd, n_ok[:, None], dv_ok[None, :],
+                      CHECK_N, CHECK_DV)
         acc = _dot(p.to(v.dtype), v, acc, IEEE, UPCAST)
         m_i = m_new
     return acc, l_i, m_i
@@ -193,7 +199,7 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
              CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
              IS_GROUP: tl.constexpr, MASK: tl.constexpr, SINK: tl.constexpr, BIAS_TYPE: tl.constexpr,
              STORE_LSE: tl.constexpr, DROPOUT: tl.constexpr, SOFTCAP: tl.constexpr, VLAYOUT_C: tl.constexpr,
-             IEEE: tl.constexpr, UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr):
+             IEEE: tl.constexpr, UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr):
     pid_m = tl.program_id(0)
     if MASK:  # the longest rows (last query blocks under a causal mask) start first
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -268,6 +274,13 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
               PAD_M, CHECK_D)
     k_base = K + bk + off_hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
     v_base = V + bv + off_hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * svn
+    k_src = k_base
+    v_src = v_base
+    if TMA:  # on-device descriptors over this (batch, head)'s keys; row-major V, 16-byte aligned (the rules' promise)
+        k_src = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, dq_lim], strides=[stride_kn, 1],
+                                          block_shape=[BLOCK_N, BLOCK_DMODEL])
+        v_src = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, dv_lim], strides=[svn, 1],
+                                          block_shape=[BLOCK_N, BLOCK_DV])
 
     qk_scale = sm_scale * 1.4426950408889634
     cap_scale = sm_scale
@@ -321,36 +334,36 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
             if SPLIT:
                 k_lo = s_lo
                 k_hi = tl.minimum(s_end, s_hi)
-            acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, b_base, b_rows, rng_lo, rng_hi, slope2,
+            acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
                                    k_lo, k_hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                    mask_off, window_left, window_right, sink,
                                    stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
                                    2, PAD_M, PAD_N, CHECK_D, CHECK_DV, BLOCK_N,
-                                   BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT)
+                                   BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT, TMA)
             lo = tl.maximum(lo, s_end)
         if SPLIT:
             lo = tl.maximum(lo, s_lo)
             end = tl.maximum(tl.minimum(end, s_hi), lo)
         a_end = tl.maximum(tl.minimum(f_lo, end), lo)
         b_end = tl.maximum(tl.minimum(f_hi, end), a_end)
-        acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, b_base, b_rows, rng_lo, rng_hi, slope2,
+        acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
                                lo, a_end, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                mask_off, window_left, window_right, sink,
                                stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
                                2, PAD_M, PAD_N, CHECK_D, CHECK_DV, BLOCK_N,
-                               BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT)
-        acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, b_base, b_rows, rng_lo, rng_hi, slope2,
+                               BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT, TMA)
+        acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
                                a_end, b_end, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                mask_off, window_left, window_right, sink,
                                stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
                                0, PAD_M, False, CHECK_D, CHECK_DV, BLOCK_N,
-                               BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT)
-        acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, b_base, b_rows, rng_lo, rng_hi, slope2,
+                               BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT, TMA)
+        acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
                                b_end, end, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                mask_off, window_left, window_right, sink,
                                stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
                                2, PAD_M, PAD_N, CHECK_D, CHECK_DV, BLOCK_N,
-                               BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT)
+                               BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT, TMA)
     else:
         if PAD_N:
             full = (seqlen_k // BLOCK_N) * BLOCK_N
@@ -365,19 +378,19 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
             k_hi = tl.minimum(full, s_hi)
             t_lo = tl.maximum(full, s_lo)
             t_hi = tl.minimum(seqlen_k, s_hi)
-        acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, b_base, b_rows, rng_lo, rng_hi, slope2,
+        acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
                                k_lo, k_hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                0, -1, -1, 0,
                                stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
                                0, PAD_M, False, CHECK_D, CHECK_DV, BLOCK_N,
-                               BIAS_TYPE, SOFTCAP, False, DROPOUT, IEEE, UPCAST_DOT)
+                               BIAS_TYPE, SOFTCAP, False, DROPOUT, IEEE, UPCAST_DOT, TMA)
         if PAD_N:
-            acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, b_base, b_rows, rng_lo, rng_hi, slope2,
+            acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
                                    t_lo, t_hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                    0, -1, -1, 0,
                                    stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
                                    1, PAD_M, True, CHECK_D, CHECK_DV, BLOCK_N,
-                                   BIAS_TYPE, SOFTCAP, False, DROPOUT, IEEE, UPCAST_DOT)
+                                   BIAS_TYPE, SOFTCAP, False, DROPOUT, IEEE, UPCAST_DOT, TMA)
 
     # epilogue: rows that saw no allowed column (l = 0) give 0 and lse = -inf
     live = l_i > 0.0
@@ -426,11 +439,13 @@ CONSTEXPRS: tuple[str, ...] = (
     "BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DV", "HEAD_DIM_Q", "HEAD_DIM_V",
     "PAD_M", "PAD_N", "PAD_D", "PAD_DV", "CHECK_D", "CHECK_DV",
     "IS_GROUP", "MASK", "SINK", "BIAS_TYPE", "STORE_LSE", "DROPOUT", "SOFTCAP", "VLAYOUT_C", "IEEE", "UPCAST_DOT",
-    "SPLIT",
+    "SPLIT", "TMA",
 )
 
 
 
+# the pipelines whose K/V loads go through tensor descriptors (TMA); the rules' data says which archs have them
+TMA_PIPELINES = ("qr_async_trload", "qr_async_trload_v3")
 _BIAS = {"no": 0, "bias": 1, "alibi": 2}
 _MASKS = ("no", "top_left", "bottom_right", "generic")
 
@@ -492,6 +507,9 @@ def constexprs(sig: dict, alg: dict) -> dict:
     bd, bdv = block_d(hq), block_d(hv)
     pad_d, pad_dv = bool(alg.get("pad_d", 1)), bool(alg.get("pad_dv", 1))
     mask = sig.get("mask", "no") != "no"
+    tma = alg.get("pipeline") in TMA_PIPELINES
+    if tma and sig.get("vlayout", "r") != "r":
+        raise ValueError(f"pipeline {alg['pipeline']} (TMA descriptors) needs row-major V (vlayout r)")
     return {
         "BLOCK_M": m0, "BLOCK_N": n0, "BLOCK_DMODEL": bd, "BLOCK_DV": bdv, "HEAD_DIM_Q": hq, "HEAD_DIM_V": hv,
         "PAD_M": bool(alg.get("pad_s", 1)) or group, "PAD_N": bool(alg.get("pad_sk", 1)) or group,
@@ -500,7 +518,7 @@ def constexprs(sig: dict, alg: dict) -> dict:
         "BIAS_TYPE": _BIAS[sig.get("bias", "no")], "STORE_LSE": bool(sig.get("lse", False)),
         "DROPOUT": bool(sig.get("dropout", False)), "SOFTCAP": bool(sig.get("logits", False)),
         "VLAYOUT_C": sig.get("vlayout", "r") == "c", "IEEE": dtype == "fp32", "UPCAST_DOT": False,
-        "SPLIT": sig.get("family", "fwd") == "fwd_splitkv",
+        "SPLIT": sig.get("family", "fwd") == "fwd_splitkv", "TMA": tma,
     }
 
 
@@ -684,7 +702,7 @@ def _bf16_decode(b):
 def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0,
                     offset=0, softcap=None, sink=0, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                     dtype=None, block_m=16, block_n=16, lse=True, vlayout="r", hdim_q=None, hdim_v=None,
-                    pad=None, mask_kernel=None, num_splits=0):
+                    pad=None, mask_kernel=None, num_splits=0, pipeline="qr_async"):
     """Run :func:`fmha_fwd` on the CPU (``TRITON_INTERPRET=1`` must have been set before triton was
     imported) with the keyword arguments of :func:`fmha_dsl.reference.attention_fwd`.
 
@@ -693,7 +711,8 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
     a column-major view), ``hdim_q``/``hdim_v`` (the kernel's head-dim bounds, default the problem's),
     ``pad`` (``(pad_s, pad_sk, pad_d, pad_dv)``; default: only the checks the shapes need), ``mask_kernel``
     (force the mask kernel on or off; default: on when a causal mask or window is given), ``num_splits`` (> 0:
-    run the split-KV kernel with that many splits, then the combine kernel).
+    run the split-KV kernel with that many splits, then the combine kernel), ``pipeline`` (``"qr_async_trload"``:
+    K/V through tensor descriptors).
     q/k/v may be any strided views whose head dim is contiguous.  Returns ``(out, lse)`` as NumPy arrays
     (``out`` float32 for bf16; ``lse`` None when ``lse`` is False).
     """
@@ -787,7 +806,7 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
     sig = {"dtype": dtype, "mode": "group" if group else "batch", "vlayout": vlayout, "hdim_q": hq, "hdim_v": hv,
            "mask": "top_left" if use_mask else "no", "bias": {0: "no", 1: "bias", 2: "alibi"}[bias_type],
            "lse": bool(lse), "dropout": dropout_p > 0, "logits": softcap is not None, "sink": sink > 0}
-    alg = {"tile": (block_m, block_n, 0, 0, 0, 0), "pad_s": pad[0], "pad_sk": pad[1], "pad_d": pad[2],
+    alg = {"tile": (block_m, block_n, 0, 0, 0, 0), "pipeline": pipeline, "pad_s": pad[0], "pad_sk": pad[1], "pad_d": pad[2],
            "pad_dv": pad[3]}
     if num_splits:
         sig["family"] = "fwd_splitkv"

@@ -10,7 +10,9 @@ CK vocabulary -> Triton (see docs/triton.md):
   tile k0 = k0max, n1     -> the head dims padded to a power of two (BLOCK_DMODEL, BLOCK_DV)
   wave m0 (warps)         -> num_warps
   warp m/n/k              -> the MFMA/WMMA shape (AMD: matrix_instr_nonkdim = warp m)
-  pipeline qr | qr_async  -> num_stages 1 | 2 (AMD) or 3 (NVIDIA)
+  pipeline qr | qr_async  -> num_stages 1 | 2 (AMD) or 3 (NVIDIA), K/V by pointer loads (cp.async when staged)
+  pipeline qr_async_trload | qr_async_trload_v3
+                          -> K/V through on-device TMA tensor descriptors, num_stages 2 | 3 (sm90)
   block_per_cu            -> waves_per_eu (AMD occupancy hint; -1 = compiler's choice)
 """
 
@@ -37,8 +39,23 @@ def arch_info(arch: str) -> dict:
 
 
 def stages(b: dict) -> int:
+    """num_stages of the key's pipeline on its arch's vendor (1 where the pipeline does not exist there: the
+    pipeline rules reject those keys)."""
     vendor = arch_info(b["arch"])["vendor"]
-    return _data()["pipelines"][b["pipeline"]][vendor]
+    return _data()["pipelines"].get(b["pipeline"], {}).get(vendor, 1)
+
+
+def uses_tma(pipeline: str) -> bool:
+    """Whether ``pipeline`` loads K/V through tensor descriptors (the TMA copy engine)."""
+    return bool(_data()["pipelines"].get(pipeline, {}).get("tma"))
+
+
+def _pipeline_ok(b) -> bool:
+    return arch_info(b["arch"])["vendor"] in _data()["pipelines"].get(b["pipeline"], {})
+
+
+def _tma_ok(b) -> bool:
+    return not uses_tma(b["pipeline"]) or bool(arch_info(b["arch"]).get("tma"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,6 +116,12 @@ def acc_regs(b: dict) -> int:
     return (m0 * dv + m0 * n0) // max(1, threads)
 
 
+def reg_budget(arch: str) -> int:
+    """Accumulator registers a tile may keep per thread: 3/4 of the register file's per-thread size (255
+    addressable registers on NVIDIA count as 256).  The build's resource report has the real counts and spills."""
+    return (arch_info(arch)["max_regs_per_thread"] + 1) // 4 * 3
+
+
 def _warps_ok(b) -> bool:
     nw = b["tile"].wave[0]
     return nw > 0 and nw & (nw - 1) == 0 and nw <= arch_info(b["arch"])["max_warps"]
@@ -124,8 +147,14 @@ RULES = (
     Rule("triton.hdim", ("hdim",), lambda b: 1 <= b["hdim"][0] <= 256 and 1 <= b["hdim"][1] <= 256,
          lambda b: f"head dims above 256 are not supported (got {b['hdim']})", "split the head dim", blame="hdim"),
     Rule("triton.pipeline", ("pipeline",), lambda b: b["pipeline"] in _data()["pipelines"],
-         lambda b: f"the triton backend implements pipelines qr and qr_async, not {b['pipeline']}",
+         lambda b: f"the triton backend implements pipelines {', '.join(_data()['pipelines'])}, not {b['pipeline']}",
          "use pipeline(qr | qr_async) or pipeline(*)", blame="pipeline"),
+    Rule("triton.tma", ("arch", "pipeline"), lambda b: _tma_ok(b) and _pipeline_ok(b),
+         lambda b: f"pipeline {b['pipeline']} loads K and V through TMA tensor descriptors; {b['arch']} has no TMA "
+                   "copy engine (sm90 has)", "use pipeline(qr_async) on this arch", blame="pipeline"),
+    Rule("triton.tma-vlayout", ("pipeline", "vlayout"), lambda b: not uses_tma(b["pipeline"]) or b["vlayout"] == "r",
+         lambda b: f"pipeline {b['pipeline']} (TMA descriptors) needs row-major V; vlayout(c) is column-major",
+         "use pipeline(qr_async) for column-major V", blame="pipeline"),
     Rule("triton.num-warps", ("arch", "tile"), _warps_ok,
          lambda b: f"num_warps (wave m0 = {b['tile'].wave[0]}) must be a power of two up to "
                    f"{arch_info(b['arch'])['max_warps']}", "use wave(4, ...) or wave(8, ...)", blame="tile"),
@@ -146,9 +175,9 @@ RULES = (
                    f"memory; {b['arch']} has {arch_info(b['arch'])['shared_bytes']}",
          "use a smaller n0, or pipeline(qr) (one stage)", blame="tile"),
     Rule("triton.registers", ("arch", "hdim", "tile"),
-         lambda b: acc_regs(b) <= arch_info(b["arch"])["max_regs_per_thread"] * 3 // 4,
+         lambda b: acc_regs(b) <= reg_budget(b["arch"]),
          lambda b: f"tile {b['tile'].tile[:4]} keeps {acc_regs(b)} fp32 accumulators per thread on "
-                   f"{b['tile'].wave[0]} warps; more than 3/4 of {b['arch']}'s "
+                   f"{b['tile'].wave[0]} warps; more than {reg_budget(b['arch'])}, 3/4 of {b['arch']}'s "
                    f"{arch_info(b['arch'])['max_regs_per_thread']} registers (it would spill)",
          "use a smaller m0 or more warps", blame="tile"),
 )

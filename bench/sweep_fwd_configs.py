@@ -1,0 +1,150 @@
+"""Sweep the forward template's launch configurations on this GPU: which tiles, warp counts, stage counts and
+K/V load paths (pointer loads or TMA descriptors) are worth adding to the Triton backend's tables.
+
+    python3 -P bench/sweep_fwd_configs.py [--json PATH] [--seqlens 512,2048,8192] [--dtype fp16] [-j 16]
+
+The product template (``fmha_dsl.kernels.triton_fwd.fmha_fwd``) runs through Triton's JIT with the constexprs the
+build would give it (batch mode, no padding, causal or not), 16 heads, 16k tokens per batch; cuDNN (SDPA) is
+timed in the same run.  Every configuration's output is checked against SDPA before it is timed.  Compiles
+run first in ``-j`` worker processes (they fill Triton's on-disk cache); timing is serial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import itertools
+import json
+import multiprocessing
+import os
+import sys
+
+TILES = ((128, 64, 4), (128, 64, 8), (128, 128, 8), (128, 128, 4), (64, 64, 4), (64, 128, 4))
+# (num_stages, pipeline): pointer loads with 3 stages (qr_async), K/V through TMA descriptors with 2-4 stages
+STAGINGS = ((3, "qr_async"), (2, "qr_async_trload"), (3, "qr_async_trload"), (4, "qr_async_trload"))
+
+
+def _configs():
+    return [(t, st, p) for t in TILES for (st, p) in STAGINGS]
+
+
+def _setup(d, causal, s, dtype, tile, pipe, device="cuda"):
+    import torch
+
+    from fmha_dsl.kernels import triton_fwd as T
+
+    b, h = max(1, 16384 // s), 16
+    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device=device, dtype=tdt, generator=g) for _ in range(3))
+    o = torch.empty_like(q)
+    args = T.pack_args(q=q, k=k, v=v, out=o, q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(),
+                       out_strides=o.stride(), nhead_q=h, nhead_k=h, head_dim_q=d, head_dim_v=d, seqlen_q=s,
+                       seqlen_k=s, lse=o, bias=o, alibi=o, cu_seqlens_q=o, cu_seqlens_k=o,
+                       window_left=-1, window_right=0 if causal else -1)
+    sig = {"dtype": dtype, "hdim_q": d, "hdim_v": d, "mask": "top_left" if causal else "no"}
+    const = T.constexprs(sig, {"tile": tile[:2], "pipeline": pipe, "pad_s": 0, "pad_sk": 0, "pad_d": 0, "pad_dv": 0})
+    grid = T.grid(b, h, s, tile[0])
+    return (q, k, v, o), args, const, grid
+
+
+def _allocator():
+    import torch
+    import triton
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
+def _compile(job):
+    """Worker: compile one configuration (fills Triton's cache); returns an error line or None."""
+    d, causal, dtype, tile, stages, pipe = job
+    _allocator()
+    from fmha_dsl.kernels import triton_fwd as T
+
+    try:
+        _, args, const, grid = _setup(d, causal, 1024, dtype, tile, pipe)
+        T.fmha_fwd.warmup(*args, **const, grid=grid, num_warps=tile[2], num_stages=stages)
+        return None
+    except Exception as exc:  # noqa: BLE001  (reported per configuration)
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--seqlens", default="512,2048,8192")
+    ap.add_argument("--dtype", default="fp16")
+    ap.add_argument("--hdims", default="64,128")
+    ap.add_argument("-j", type=int, default=16)
+    args = ap.parse_args(argv)
+
+    import torch
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from fmha_dsl.kernels import triton_fwd as T
+
+    _allocator()
+    hdims = [int(x) for x in args.hdims.split(",")]
+    jobs = [(d, c, args.dtype, t, st, p) for d in hdims for c in (False, True) for (t, st, p) in _configs()]
+    with cf.ProcessPoolExecutor(args.j, mp_context=multiprocessing.get_context("spawn")) as ex:
+        errors = dict(zip(jobs, ex.map(_compile, jobs)))
+    F = torch.nn.functional
+    info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "dtype": args.dtype}
+    print(json.dumps(info), flush=True)
+    rows = []
+    for d, causal in itertools.product(hdims, (False, True)):
+        for s in (int(x) for x in args.seqlens.split(",")):
+            row = {"d": d, "causal": causal, "seqlen": s, "configs": {}}
+            flops = 4 * (16384 // s) * 16 * s * s * d / (2 if causal else 1)
+            (q, k, v, _), *_ = _setup(d, causal, s, args.dtype, TILES[0], "qr_async")
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                row["cudnn"] = flops / triton.testing.do_bench(
+                    lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)) * 1e-9
+            for tile, stages, pipe in _configs():
+                name = f"{tile[0]}x{tile[1]}w{tile[2]}_s{stages}_{'tma' if pipe.endswith('trload') else 'ptr'}"
+                err = errors[(d, causal, args.dtype, tile, stages, pipe)]
+                if err:
+                    row["configs"][name] = err
+                    continue
+                (q2, k2, v2, o), kargs, const, grid = _setup(d, causal, s, args.dtype, tile, pipe)
+
+                def go(kargs=kargs, const=const, grid=grid, tile=tile, stages=stages):
+                    T.fmha_fwd[grid](*kargs, **const, num_warps=tile[2], num_stages=stages)
+
+                try:
+                    go()
+                    torch.cuda.synchronize()
+                    e = (o.float() - ref.float()).abs().max().item()
+                    if not e < 2e-2:
+                        row["configs"][name] = f"wrong ({e:.3g})"
+                        continue
+                    row["configs"][name] = round(flops / triton.testing.do_bench(go) * 1e-9, 1)
+                except Exception as exc:  # noqa: BLE001
+                    row["configs"][name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+                del q2, k2, v2, o
+            ok = {n: t for n, t in row["configs"].items() if isinstance(t, float)}
+            # what the shipped tables have now: pointer loads with 3 stages, TMA (K/V) with 2 and 3
+            cur = {n: t for n, t in ok.items() if n.endswith(("_s3_ptr", "_s2_tma", "_s3_tma"))}
+            best = max(ok, key=ok.get) if ok else None
+            row.update(best=best, best_tflops=ok.get(best), current_best=max(cur.values(), default=None))
+            print(f"d{d} {'C' if causal else 'N'} s{s}: cudnn {row['cudnn']:.0f} | current table {row['current_best']} "
+                  f"| sweep best {row['best_tflops']} ({best}) = {(row['best_tflops'] or 0) / row['cudnn']:.3f}x cudnn",
+                  flush=True)
+            top = sorted(ok.items(), key=lambda kv: -kv[1])[:6]
+            print("    " + " | ".join(f"{n} {t:.0f}" for n, t in top), flush=True)
+            bad = sorted({t for t in row["configs"].values() if isinstance(t, str)})
+            for b in bad[:2]:
+                print("    !", b, flush=True)
+            rows.append(row)
+    path = args.json or (os.path.join(os.environ["OUT"], "sweep_fwd_configs.json") if os.environ.get("OUT") else None)
+    if path:
+        with open(path, "w") as f:
+            json.dump({"info": info, "rows": rows}, f, indent=1, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
