@@ -268,13 +268,14 @@ def cmd_schema(args) -> int:
             for s in by[block]:
                 _out(f"  {s.name}({', '.join(s.params)})  -- {s.doc}")
     elif args.what == "rules":
-        from .rules import FAMILY_MODULES, family_rules
+        from .rules import FAMILY_MODULES, TRITON_MODULES, family_rules
         from .rules.ck_common import HDIM_RULE, TILE_RULES
 
         seen = {}
-        for fam in FAMILY_MODULES:
-            for r in family_rules(fam).rules:
-                seen.setdefault(r.id, (fam, r))
+        for backend, mods in (("ck", FAMILY_MODULES), ("triton", TRITON_MODULES)):
+            for fam in mods:
+                for r in family_rules(fam, backend).rules:
+                    seen.setdefault(r.id, (fam, r))
         for r in (HDIM_RULE,) + TILE_RULES:
             seen.setdefault(r.id, ("all", r))
         for rid in sorted(seen):

@@ -12,13 +12,15 @@ table by head dim (``qr_async`` before ``qr``):
     sm90       <= 128      (128, 64, 8)                 two warpgroups keep the 128x128 accumulator unspilled
     sm90       <= 256      (64, 64, 4)                  fits shared memory with 3 stages
     sm80       <= 64       (128, 64, 4)
-    sm80       <= 256      (64, 64, 4)                  (128, 64, 4) exceeds the register budget at d=128
+    sm80       <= 256      (64, 64, 4)                  (128, 64, 4) is at the register budget's edge at d=128
     gfx9xx     <= 128      (128, 64, 4)                 CDNA MFMA 32x32
     gfx9xx     <= 256      (64, 64, 4)
     gfx11/12   any         (64, 32, 4)                  RDNA WMMA, 64 KiB LDS
     =========  ==========  ==========================  =====================================================
 
 When the table's tile is not among the rule-checked candidates, the dispatcher's static preference decides.
+Only pointer-load pipelines are compiled here (``qr_async``, else ``qr``): they serve aligned and unaligned
+arguments alike and replay on the torch fast path; the TMA pipelines (sm90) come from built registries.
 The binary goes through the build's content-addressed cache (:mod:`fmha_dsl.cache`, the same entries
 ``fmha-dsl build --backend triton`` uses), so a second process loads it without compiling.
 
@@ -55,7 +57,9 @@ def choose(entries, problem, arch: str):
     """The entry to compile among rule-checked ``entries`` that serve ``problem``."""
     from .match import mismatches, preference
 
-    ok = sorted((e for e in entries if not mismatches(e, problem)), key=preference)
+    from fmha_dsl.rules.triton_fwd import uses_tma
+
+    ok = sorted((e for e in entries if not mismatches(e, problem) and not uses_tma(e.alg["pipeline"])), key=preference)
     if not ok:
         return None
     want = table_tile(arch, max(problem.hdim_q, problem.hdim_v))

@@ -107,6 +107,15 @@ def test_schema(what):
         json.loads(out.stdout)
 
 
+def test_schema_rules_lists_both_backends_rules():
+    from fmha_dsl.rules import family_rules
+
+    listed = {line.split()[0] for line in cli("schema", "rules").stdout.splitlines() if line.strip()}
+    for fam, backend in (("fwd", "ck"), ("bwd_dq_dk_dv", "ck"), ("fwd", "triton"), ("fwd_splitkv", "triton")):
+        assert {r.id for r in family_rules(fam, backend).rules} <= listed, (fam, backend)
+    assert {"triton.tma", "triton.tma-vlayout"} <= listed
+
+
 def test_unsupported_family_is_a_warning_not_a_crash():
     out = cli("list", "ck_receipt0", "--arch", "gfx1100", "--format", "ck-names")
     assert out.returncode == 0

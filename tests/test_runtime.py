@@ -411,6 +411,20 @@ def test_jit_picks_the_table_tile():
         assert not mismatches(e, p)
 
 
+def test_jit_never_picks_a_tma_pipeline():
+    """fp32 at head dims 192x128 on sm90: the table tile (64, 64, 4) has no 3-stage qr_async (shared memory) but has
+    TMA variants; the JIT must fall to qr, which has an unaligned build (a TMA kernel has none)."""
+    from fmha_dsl.runtime import jit
+
+    p = problem(dtype="fp32", hdim_q=192, hdim_v=128)
+    cands = jit.candidates(p, "sm90")
+    tile = [e for e in cands if (e.alg["tile"][0], e.alg["tile"][1], e.alg["wave"][0]) == (64, 64, 4)]
+    assert {e.alg["pipeline"] for e in tile} >= {"qr", "qr_async_trload"}
+    assert "qr_async" not in {e.alg["pipeline"] for e in tile}
+    e = jit.choose(cands, p, "sm90")
+    assert e.alg["pipeline"] == "qr" and (e.alg["tile"][0], e.alg["tile"][1]) == (64, 64)
+
+
 def test_jit_compiles_once_into_the_artifact_cache(tmp_path):
     pytest.importorskip("triton")
     from fmha_dsl.runtime import jit
