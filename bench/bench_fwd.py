@@ -164,11 +164,11 @@ def main() -> None:
 def _dump(path, dev, rows):
     import torch
 
+    from fmha_dsl.registry import write_atomic
+
     doc = {"device": dev, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "python": platform.python_version(), "rows": rows}
-    with open(path + ".tmp", "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(path + ".tmp", path)
+    write_atomic(path, json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

@@ -73,13 +73,13 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    import torch.nn.functional as F
     from triton.testing import do_bench
 
     from fmha_dsl import seqtune
     from fmha_dsl.registry import Registry
     from fmha_dsl.runtime.dispatch import Dispatcher
-    from fmha_dsl.runtime.tune import expand_shapes, load_shapes, make_inputs, problem_of, tune
+    from fmha_dsl.runtime.tune import (expand_shapes, load_shapes, make_inputs, problem_of, relative_error,
+                                       sdpa_reference, tune)
 
     tune_info = None
     if not args.skip_tune:
@@ -110,8 +110,7 @@ def main() -> None:
                 continue
             q, k, v, out, lse, kw = make_inputs(cls, pt)
             sq, sk, b, hq, hk = pt
-            causal = cls["mask"] == "causal"
-            ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hk).float()
+            ref = sdpa_reference(q, k, v, cls, pt)
             times = {}
             for e in cands:
                 plan = disp_tab.plan_for(e, prob)
@@ -122,7 +121,7 @@ def main() -> None:
                 try:
                     run()
                     torch.cuda.synchronize()
-                    err = ((out.float() - ref).norm() / ref.norm()).item()
+                    err = relative_error(out, ref)
                     if not math.isfinite(err) or err > 2e-2:
                         continue
                     times[e.identifier] = do_bench(run, warmup=10, rep=40, return_mode="median") * 1000.0

@@ -28,7 +28,8 @@ def _configs():
     return [(t, st, p) for t in TILES for (st, p) in STAGINGS]
 
 
-def _setup(d, causal, s, dtype, tile, pipe, device="cuda"):
+def _inputs(d, causal, s, dtype, device="cuda"):
+    """q, k, v, an output (seed 0; 16k tokens, 16 heads) and the template's packed run-time arguments."""
     import torch
 
     from fmha_dsl.kernels import triton_fwd as T
@@ -42,10 +43,16 @@ def _setup(d, causal, s, dtype, tile, pipe, device="cuda"):
                        out_strides=o.stride(), nhead_q=h, nhead_k=h, head_dim_q=d, head_dim_v=d, seqlen_q=s,
                        seqlen_k=s, lse=o, bias=o, alibi=o, cu_seqlens_q=o, cu_seqlens_k=o,
                        window_left=-1, window_right=0 if causal else -1)
+    return (q, k, v, o), args
+
+
+def _kernel(d, causal, s, dtype, tile, pipe):
+    """The constexprs the build gives this configuration (batch mode, no padding) and its launch grid."""
+    from fmha_dsl.kernels import triton_fwd as T
+
     sig = {"dtype": dtype, "hdim_q": d, "hdim_v": d, "mask": "top_left" if causal else "no"}
     const = T.constexprs(sig, {"tile": tile[:2], "pipeline": pipe, "pad_s": 0, "pad_sk": 0, "pad_d": 0, "pad_dv": 0})
-    grid = T.grid(b, h, s, tile[0])
-    return (q, k, v, o), args, const, grid
+    return const, T.grid(max(1, 16384 // s), 16, s, tile[0])
 
 
 def _allocator():
@@ -62,7 +69,8 @@ def _compile(job):
     from fmha_dsl.kernels import triton_fwd as T
 
     try:
-        _, args, const, grid = _setup(d, causal, 1024, dtype, tile, pipe)
+        _, args = _inputs(d, causal, 1024, dtype)
+        const, grid = _kernel(d, causal, 1024, dtype, tile, pipe)
         T.fmha_fwd.warmup(*args, **const, grid=grid, num_warps=tile[2], num_stages=stages)
         return None
     except Exception as exc:  # noqa: BLE001  (reported per configuration)
@@ -98,7 +106,7 @@ def main(argv=None) -> int:
         for s in (int(x) for x in args.seqlens.split(",")):
             row = {"d": d, "causal": causal, "seqlen": s, "configs": {}}
             flops = 4 * (16384 // s) * 16 * s * s * d / (2 if causal else 1)
-            (q, k, v, _), *_ = _setup(d, causal, s, args.dtype, TILES[0], "qr_async")
+            (q, k, v, o), kargs = _inputs(d, causal, s, args.dtype)
             ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 row["cudnn"] = flops / triton.testing.do_bench(
@@ -109,12 +117,13 @@ def main(argv=None) -> int:
                 if err:
                     row["configs"][name] = err
                     continue
-                (q2, k2, v2, o), kargs, const, grid = _setup(d, causal, s, args.dtype, tile, pipe)
+                const, grid = _kernel(d, causal, s, args.dtype, tile, pipe)
 
-                def go(kargs=kargs, const=const, grid=grid, tile=tile, stages=stages):
+                def go(const=const, grid=grid, tile=tile, stages=stages):
                     T.fmha_fwd[grid](*kargs, **const, num_warps=tile[2], num_stages=stages)
 
                 try:
+                    o.fill_(float("nan"))  # the output is shared: a configuration that writes nothing must fail
                     go()
                     torch.cuda.synchronize()
                     e = (o.float() - ref.float()).abs().max().item()
@@ -124,7 +133,6 @@ def main(argv=None) -> int:
                     row["configs"][name] = round(flops / triton.testing.do_bench(go) * 1e-9, 1)
                 except Exception as exc:  # noqa: BLE001
                     row["configs"][name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-                del q2, k2, v2, o
             ok = {n: t for n, t in row["configs"].items() if isinstance(t, float)}
             # what the shipped tables have now: pointer loads with 3 stages, TMA (K/V) with 2 and 3
             cur = {n: t for n, t in ok.items() if n.endswith(("_s3_ptr", "_s2_tma", "_s3_tma"))}

@@ -41,7 +41,7 @@ class _NoTensor:  # stands for torch.Tensor until torch is first seen
 
 _T = _NoTensor              # torch.Tensor once torch is imported
 _torch = None               # the torch module
-_fwd_args = None            # fmha_dsl.runtime.dispatch.fwd_args
+_fwd_args = None            # fmha_dsl.runtime.plan.fwd_args
 _Dispatcher = _NoTensor     # fmha_dsl.runtime.dispatch.Dispatcher
 _raw_stream = None          # torch._C._cuda_getCurrentRawStream
 _TORCH_DTYPES: dict = {}    # torch dtype -> key dtype name
@@ -167,7 +167,7 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
         disp = registry
     else:
         disp = _dispatcher(registry, dev)
-    if dev >= 0 and not group:  # the common case, inlined (same order as runtime.dispatch.fwd_args)
+    if dev >= 0 and not group:  # the common case, inlined (same order as runtime.plan.fwd_args)
         qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
         os_ = out.stride()
         args = [qp, kp, vp, op, 0 if lse is None else lse.data_ptr(),
@@ -196,11 +196,7 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
         # compile) a variant without it.  The CPU interpreter takes tensors and has no such promise.
         aligned = dev < 0 or all(args[i] & 15 == 0 for i in _ALIGNED_IDX[vc])
     key = (dname, group, dq, dv, vc, mask != "no", bias_kind, bool(return_lse), bool(dropout_p),
-           softcap is not None, sink > 0, aligned, sq % disp.lq, sk % disp.lk)
-    if disp.sq_bounds:
-        key += (sum(1 for x in disp.sq_bounds if sq > x),)
-    if disp.ranking:  # measured / cost-model selection: the decision depends on the seqlen and batch x heads buckets
-        key += disp.bucket_key(sq, sk, b * hq)
+           softcap is not None, sink > 0, aligned) + disp.seq_key(sq, sk, b * hq)
     plan = disp.fast.get(key)
     if plan is None:
         plan = _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vc, mask, wl, wr, bias_kind, return_lse,
@@ -599,16 +595,12 @@ def _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vlayout_c, mask, w
                       vlayout="c" if vlayout_c else "r", mask=mask, window_left=int(wl), window_right=int(wr),
                       bias=bias_kind, lse=bool(return_lse), dropout=bool(dropout_p), logits=softcap is not None,
                       sink=bool(sink))
-    moduli = (disp.lq, disp.lk, disp.sq_bounds)
+    before = disp.fast
     plan = disp.plan(problem, aligned)
-    if _fast_path is not None and moduli != (disp.lq, disp.lk, disp.sq_bounds):
-        _fast_path.clear()  # a JIT compile changed how calls map to kernels: let the fast path learn again
-    # a JIT compile changes the tile lcm (and so the key's residues): store under the key of the new moduli
-    key = key[:12] + (sq % disp.lq, sk % disp.lk)
-    if disp.sq_bounds:
-        key += (sum(1 for x in disp.sq_bounds if sq > x),)
-    if disp.ranking:
-        key += disp.bucket_key(sq, sk, b * hq)
+    if disp.fast is not before:  # a JIT compile re-indexed the dispatcher: every cached decision is redone
+        if _fast_path is not None:
+            _fast_path.clear()  # and the fast path learns its recipes again
+        key = key[:12] + disp.seq_key(sq, sk, b * hq)  # the tile lcm (the key's residues) may have changed
     disp.fast[key] = plan
     return plan
 

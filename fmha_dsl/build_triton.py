@@ -45,7 +45,7 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     rep = expand(kernel_set.declarations, archs, profile, backend)
     triton_ids = {k.identifier for k in rep.kernels if k.backend == "triton"}
     reg = kernel_set.registry(profile=profile, report=rep)
-    cache = ArtifactCache(os.path.join(cache_dir, "kernels") if cache_dir else None)
+    cache = ArtifactCache.of(cache_dir)
 
     # jobs: one per kernel, plus one per distinct combine kernel the split-KV kernels need (shared by many)
     todo, ready, failures, spilled = [], {}, [], []
@@ -56,7 +56,7 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
         if e.identifier not in triton_ids:
             continue
         key = key_of[e.identifier] = content_key(cache_parts(e.sig, e.alg, e.arch))
-        mine = [("kernel", key, e.sig, e.alg, e.arch, e.identifier)]
+        mine = [("kernel", key, e.sig, e.alg, e.arch, e.name)]
         if e.sig["family"] == "fwd_splitkv":
             ckey = content_key(combine_parts(e.sig, e.arch))
             combine_of[e.identifier] = ckey
@@ -74,17 +74,16 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     if progress:
         progress(done, total, 0, hits)
     why_failed: dict[str, str] = {}
-    names = {e.identifier: e.name for e in reg}
 
     def finish(job, result):
         nonlocal done
-        kind, key, sig, _, arch, label = job
+        kind, key, _, _, arch, name = job
         meta, data = result
         done += 1
         if meta is None:
             why_failed[key] = str(data)
             if kind == "kernel":
-                failures.append({"name": names[label], "arch": arch, "reason": str(data)})
+                failures.append({"name": name, "arch": arch, "reason": str(data)})
         else:
             cache.put(key, meta, data, f"{kind}.{meta['binary_kind']}")
             ready[key] = (dict(meta, sha256=sha256_bytes(data), size=len(data)), data, False)
@@ -130,7 +129,7 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
                                  + why_failed.get(ckey, "not compiled")})
                 continue
             cmeta, cdata, _ = ready[ckey]
-            crel = f"kernels/{e.arch}/{combine_name(e.sig, e.arch)}.{cmeta['binary_kind']}"
+            crel = f"kernels/{e.arch}/{combine_jobs[ckey][5]}.{cmeta['binary_kind']}"
             if crel not in written:
                 write_atomic(os.path.join(out, crel), cdata)
                 written.add(crel)

@@ -42,6 +42,11 @@ class ArtifactCache:
     def __init__(self, root: str | None = None):
         self.root = root or cache_root()
 
+    @classmethod
+    def of(cls, cache_dir: str | None) -> "ArtifactCache":
+        """The kernel cache inside a cache folder (``cache_dir/kernels``; None: the default folder's)."""
+        return cls(os.path.join(cache_dir, "kernels") if cache_dir else None)
+
     def _dir(self, key: str) -> str:
         return os.path.join(self.root, key[:2], key)
 

@@ -58,13 +58,13 @@ def _explicit_tiles(decl: Declaration) -> tuple[Tile, ...]:
     d = decl.tile.dims
     n = decl.tile.tile_len
     base = list(V.TILE_DEFAULT) + [0, 0, 0]
-    keys = ([f"tile{i}" for i in range(max(n, 6))] + [f"wave{i}" for i in range(9)] + [f"warp{i}" for i in range(9)]
+    nt = max(n, 6)
+    keys = ([f"tile{i}" for i in range(nt)] + [f"wave{i}" for i in range(9)] + [f"warp{i}" for i in range(9)]
             + ["block_per_cu", "max_seq_len_q"])
-    defaults = base[:max(n, 6)] + list(V.WAVE_DEFAULT) + list(V.WARP_DEFAULT) + [-1, 0]
+    defaults = base[:nt] + list(V.WAVE_DEFAULT) + list(V.WARP_DEFAULT) + [-1, 0]
     out = []
     for combo in itertools.product(*[d[k] if d.get(k) else (dflt,) for k, dflt in zip(keys, defaults)]):
-        nt = max(n, 6)
-        t = list(combo[:nt])[: (6 if n == 6 else nt)]
+        t = list(combo[:nt])
         if t[3] <= 0:
             t[3] = t[1]
         if t[4] <= 0:

@@ -40,6 +40,7 @@ import re
 from collections.abc import Callable, Iterable
 
 from .errors import FmhaError, error
+from .registry import write_atomic
 
 __all__ = [
     "fastest_measured",
@@ -686,22 +687,12 @@ def write_report(build_dir_or_registry_json: str, out_path: str, *, png: bool | 
     if out_path.lower().endswith(".png"):
         png_path = out_path
     else:
-        page = render_html(table, kernels, chooser, chooser_name)
-        _mkdir(out_path)
-        with open(out_path, "w", encoding="utf-8", newline="\n") as f:
-            f.write(page)
+        write_atomic(out_path, render_html(table, kernels, chooser, chooser_name))
         written.append(out_path)
         if png:
             png_path = png if isinstance(png, str) else os.path.splitext(out_path)[0] + ".png"
     if png_path:
         data, _ = render_png(table, kernels, chooser, png_backend_name)
-        _mkdir(png_path)
-        with open(png_path, "wb") as f:
-            f.write(data)
+        write_atomic(png_path, data)
         written.append(png_path)
     return written
-
-
-def _mkdir(path: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)

@@ -121,9 +121,10 @@ def load_or_build(path: str, module: str, build, what: str):
         raise NativeUnavailable(f"loading {what} failed: {exc}") from None
 
 
-def load_once(state: dict, lock, env: str, module: str, what: str, locate):
+def load_once(state: dict, lock, env: str, module: str, what: str, library_path, build):
     """The extension module, imported (or built, then imported) once per process; :class:`NativeUnavailable` with
-    the reason otherwise, remembered in ``state``.  ``env=0`` turns it off; ``locate()`` gives ``(path, build)``."""
+    the reason otherwise, remembered in ``state``.  ``env=0`` turns it off; ``library_path()`` gives ``(path,
+    compiler)`` and ``build(path, compiler)`` makes the shared object."""
     mod = state.get("module")
     if mod is not None:
         return mod
@@ -135,8 +136,8 @@ def load_once(state: dict, lock, env: str, module: str, what: str, locate):
         try:
             if os.environ.get(env, "1") == "0":
                 raise NativeUnavailable(f"disabled by {env}=0")
-            path, build = locate()
-            mod = load_or_build(path, module, build, what)
+            path, cc = library_path()
+            mod = load_or_build(path, module, lambda: build(path, cc), what)
         except NativeUnavailable as exc:
             state["error"] = str(exc)
             raise

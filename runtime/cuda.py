@@ -342,14 +342,13 @@ class NativeKernel(CudaKernel):
 
         super().__init__(fn, block, scratch, alloc)
         mod = native.load()
-        kinds = native.kinds(fn.types) + b"p" * fn.trailing
-        self._native = mod.Launcher(native.driver_launch_address(), fn.handle, self._block, fn.shared, kinds,
-                                    fn.trailing)
+        spec = (native.driver_launch_address(), fn.handle, self._block, fn.shared,
+                native.kinds(fn.types) + b"p" * fn.trailing, fn.trailing)
+        self._native = mod.Launcher(*spec)
         self._go = self._native.launch
         # what the torch fast path (torch_fast.cpp) needs to replay a launch of this kernel; None: not replayable
         # (per-launch scratch buffers)
-        self.fast_spec = None if self._has_scratch else (native.driver_launch_address(), fn.handle, self._block,
-                                                         fn.shared, kinds, fn.trailing)
+        self.fast_spec = None if self._has_scratch else spec
 
     def launch(self, grid, args, stream: int = 0) -> None:
         if self._has_scratch:
@@ -415,8 +414,7 @@ def load_cubin(binary: bytes, *, entry: str, shared: int, num_warps: int, device
                 raise error("runtime.native", f"the native launcher is not available: {exc}", None,
                             "use launcher='cuda' (cuda-python), or install a C compiler and the Python headers",
                             cls=UsageError) from None
-        return CudaKernel(fn, block, scratch, alloc)
-    if launcher == "cuda":
+    if launcher in ("auto", "cuda"):  # auto: the native launcher did not build here
         return CudaKernel(fn, block, scratch, alloc)
     if launcher == "triton":
         return TritonKernel(fn, block, num_warps, scratch, names)

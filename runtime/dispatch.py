@@ -123,9 +123,7 @@ class Dispatcher:
                  launcher: str | None = None, jit: bool = False, device_name: str | None = None):
         reg, found_root = open_registry(registry)
         if jit and registry is not None:  # compiled kernels are added here, not to the caller's registry
-            seq = reg.seqtune
-            reg = Registry(reg.name, iter(reg), reg.profiles, reg.sources)
-            reg.seqtune = seq
+            reg = reg.filter()
         self.registry = reg
         self.root = root if root is not None else found_root
         self.arch = arch or detect_arch()
@@ -163,7 +161,7 @@ class Dispatcher:
         self.lk = _lcm({t[1] for t in tiles})
         self.sq_bounds = sorted({e.alg["max_seq_len_q"] for e in self.entries if e.alg["max_seq_len_q"] > 0})
         self._plans: dict[tuple, Plan] = {}
-        self._plan_of: dict[str, Plan] = {}  # one Plan per selected kernel
+        self._plan_of: dict[tuple, Plan] = {}  # one Plan per (selected kernel, split count)
         self.fast: dict[tuple, Plan] = {}  # attention()'s own problem-class keys
         # the selection depends on seqlen / batch x heads (table or cost model): the class key adds buckets --
         # only when some problem has a choice: a problem's candidates all lie in one exact-key group, so a
@@ -182,13 +180,18 @@ class Dispatcher:
     # -- selection --------------------------------------------------------------------------------------
     def class_key(self, p, aligned: bool = True) -> tuple:
         """The problem class: everything :meth:`select` looks at, reduced so equal keys select equally."""
-        sq, sk = _max_sq(p), _max_sk(p)
-        key = (_exact_key(p, getattr), p.hdim_q, p.hdim_v, sq % self.lq, sk % self.lk, aligned,
-               p.kv_layout, p.kv_lookup, p.page_size, p.num_splits)
+        return ((_exact_key(p, getattr), p.hdim_q, p.hdim_v, aligned, p.kv_layout, p.kv_lookup, p.page_size,
+                 p.num_splits) + self.seq_key(_max_sq(p), _max_sk(p), p.batch * p.nhead_q))
+
+    def seq_key(self, sq: int, sk: int, bh: int) -> tuple:
+        """What of the lengths (and batch x heads) a decision depends on: the residues modulo the tiles' lcm,
+        the ``max_seq_len_q`` band, and with ranked selection the seqlen / batch x heads buckets.  Part of every
+        cached decision's key (:meth:`class_key`, ``fmha_dsl.attention``'s own keys)."""
+        key = (sq % self.lq, sk % self.lk)
         if self.sq_bounds:
             key += (sum(1 for b in self.sq_bounds if sq > b),)
         if self.ranking:
-            key += self.bucket_key(sq, sk, p.batch * p.nhead_q)
+            key += self.bucket_key(sq, sk, bh)
         return key
 
     @staticmethod
@@ -257,7 +260,7 @@ class Dispatcher:
             r = self.ranked(self._representative(p), aligned, c)
             if r:
                 return r[0]["entry"]
-        return c[0] if c else None
+        return c[0]
 
     def select(self, p, aligned: bool = True) -> Entry:
         c = self.candidates(p, aligned)

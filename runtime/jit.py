@@ -29,8 +29,6 @@ This module imports the build machinery (lark, triton) only when a kernel is act
 
 from __future__ import annotations
 
-import os
-
 from fmha_dsl.errors import error
 from fmha_dsl.registry import Entry
 
@@ -96,7 +94,7 @@ def compile_entry(e: Entry, cache_dir: str | None = None, aligned: bool = True) 
     except ImportError:
         raise error("runtime.jit", "compiling kernels on first use needs Triton, which is not installed", None,
                     "pip install triton, or pass registry= a prebuilt build directory") from None
-    cache = ArtifactCache(os.path.join(cache_dir, "kernels") if cache_dir else None)  # as the build does
+    cache = ArtifactCache.of(cache_dir)  # the build and the JIT share it
     key = content_key(parts)
     hit = cache.get(key)
     if hit is not None:
@@ -141,7 +139,7 @@ def precompile(problems, arch: str, jobs: int | None = None, cache_dir: str | No
     from fmha_dsl.cache import ArtifactCache, content_key
     from fmha_dsl.compile_triton import cache_parts
 
-    cache = ArtifactCache(os.path.join(cache_dir, "kernels") if cache_dir else None)  # as the build does
+    cache = ArtifactCache.of(cache_dir)  # the build and the JIT share it
     todo = {}
     for p in problems:
         e = choose(candidates(p, arch), p, arch)

@@ -57,14 +57,9 @@ def build(path: str, cc: list[str]) -> None:
     cext.compile_atomic(cmd, path, "the native launcher", timeout=120)
 
 
-def _locate():
-    path, cc = library_path()
-    return path, lambda: build(path, cc)
-
-
 def load():
     """The compiled extension module (built on first use); raises :class:`NativeUnavailable` with the reason."""
-    return cext.load_once(_STATE, _LOCK, "FMHA_DSL_NATIVE_LAUNCH", MODULE, "the native launcher", _locate)
+    return cext.load_once(_STATE, _LOCK, "FMHA_DSL_NATIVE_LAUNCH", MODULE, "the native launcher", library_path, build)
 
 
 def available() -> tuple[bool, str]:

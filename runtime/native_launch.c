@@ -24,7 +24,6 @@
 
 #include "native_pack.h"
 
-#define MAX_PARAMS 512
 
 typedef struct {
     PyObject_HEAD
@@ -34,7 +33,7 @@ typedef struct {
     unsigned int shared;
     Py_ssize_t nparams;
     Py_ssize_t ntail;
-    char kinds[MAX_PARAMS];
+    char kinds[FMHA_MAX_PARAMS];
 } Launcher;
 
 static PyObject *Launcher_launch(Launcher *self, PyObject *const *args, Py_ssize_t nargs)
@@ -56,31 +55,12 @@ static PyObject *Launcher_launch(Launcher *self, PyObject *const *args, Py_ssize
     void *stream = PyLong_AsVoidPtr(args[3]);
     if (stream == NULL && PyErr_Occurred())
         return NULL;
-    PyObject *seq = PySequence_Fast(args[4], "launch(): args must be a list or tuple");
-    if (seq == NULL)
+    uint64_t storage[FMHA_MAX_PARAMS];
+    void *params[FMHA_MAX_PARAMS];
+    if (pack_all(args[4], self->kinds, self->nparams, self->ntail, storage, "launch()") < 0)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n != self->nparams && n != self->nparams - self->ntail) {
-        PyErr_Format(PyExc_TypeError, "launch(): the kernel takes %zd arguments (the last %zd optional), got %zd",
-                     self->nparams, self->ntail, n);
-        Py_DECREF(seq);
-        return NULL;
-    }
-    uint64_t storage[MAX_PARAMS];
-    void *params[MAX_PARAMS];
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (pack_one(items[i], self->kinds[i], &storage[i], i) < 0) {
-            Py_DECREF(seq);
-            return NULL;
-        }
+    for (Py_ssize_t i = 0; i < self->nparams; i++)
         params[i] = &storage[i];
-    }
-    Py_DECREF(seq);
-    for (Py_ssize_t i = n; i < self->nparams; i++) {
-        storage[i] = 0;
-        params[i] = &storage[i];
-    }
     int err;
     Py_BEGIN_ALLOW_THREADS
     err = self->fn(self->function, (unsigned int)g[0], (unsigned int)g[1], (unsigned int)g[2], self->block, 1, 1,
@@ -103,9 +83,9 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_ValueError, "Launcher(): launch_fn and function must be non-NULL");
         return -1;
     }
-    if (nkinds < 1 || nkinds > MAX_PARAMS || ntail < 0 || ntail > nkinds) {
+    if (nkinds < 1 || nkinds > FMHA_MAX_PARAMS || ntail < 0 || ntail > nkinds) {
         PyErr_Format(PyExc_ValueError, "Launcher(): %zd parameters (at most %d), %zd optional", nkinds,
-                     MAX_PARAMS, ntail);
+                     FMHA_MAX_PARAMS, ntail);
         return -1;
     }
     for (Py_ssize_t i = 0; i < nkinds; i++) {
@@ -158,6 +138,5 @@ PyMODINIT_FUNC PyInit__fmha_native(void)
         Py_DECREF(m);
         return NULL;
     }
-    PyModule_AddIntConstant(m, "MAX_PARAMS", MAX_PARAMS);
     return m;
 }

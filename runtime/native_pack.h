@@ -1,7 +1,7 @@
 /*
  * What the native launcher (native_launch.c) and the torch fast path (torch_fast.cpp) share, in C that C++
  * also compiles: the driver's launch entry point (``cuLaunchKernel`` and ``hipModuleLaunchKernel`` have this
- * signature) and packing one kernel argument into its 8-byte parameter slot (one slot per parameter).
+ * signature), the parameter limit, and packing kernel arguments into 8-byte parameter slots (one per parameter).
  *
  * ``kind`` is a struct-module code (b B h H i I q Q f d) or ``p`` for a pointer.  A value that does not fit
  * raises TypeError (not a number / not an int) or OverflowError naming the parameter, and returns -1.
@@ -12,6 +12,9 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+
+/* the most parameters a kernel may take (fmha_fwd takes 51 plus 2 scratch pointers) */
+#define FMHA_MAX_PARAMS 512
 
 /* cuLaunchKernel / hipModuleLaunchKernel */
 typedef int (*launch_fn)(void *function, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
@@ -68,6 +71,34 @@ static int pack_one(PyObject *o, char kind, uint64_t *slot, Py_ssize_t i)
     default: return bad_arg(i, kind, "unknown parameter kind");
     }
     return bad_arg(i, kind, "out of range for the parameter's type");
+}
+
+/* ``args`` (a list or tuple of ``nparams`` values, or all but the ``ntail`` optional trailing ones) into
+ * ``storage[0 .. nparams)``, one slot each; missing trailing slots are 0.  ``who`` prefixes the TypeError. */
+static int pack_all(PyObject *args, const char *kinds, Py_ssize_t nparams, Py_ssize_t ntail, uint64_t *storage,
+                    const char *who)
+{
+    PyObject *seq = PySequence_Fast(args, "args must be a list or tuple");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n != nparams && n != nparams - ntail) {
+        PyErr_Format(PyExc_TypeError, "%s: the kernel takes %zd arguments (the last %zd optional), got %zd", who,
+                     nparams, ntail, n);
+        Py_DECREF(seq);
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (pack_one(items[i], kinds[i], &storage[i], i) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    for (Py_ssize_t i = n; i < nparams; i++)
+        storage[i] = 0;
+    return 0;
 }
 
 #endif

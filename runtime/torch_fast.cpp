@@ -45,7 +45,7 @@
 
 namespace {
 
-constexpr Py_ssize_t kMaxParams = 512;
+constexpr Py_ssize_t kMaxParams = FMHA_MAX_PARAMS;
 constexpr Py_ssize_t kRunArgs = 20;
 enum RunArg {
     A_Q, A_K, A_V, A_CAUSAL, A_WINDOW, A_BIAS, A_ALIBI, A_DROPOUT, A_SEED, A_SOFTCAP, A_SINK, A_SCALE, A_LSE,
@@ -413,24 +413,11 @@ PyObject *FastPath_commit(FastPath *self, PyObject *const *a, Py_ssize_t nargs)
             return nullptr;
         r->grid[d] = static_cast<unsigned int>(g);
     }
-    PyObject *seq = PySequence_Fast(a[C_ARGS], "FastPath.commit(): args must be a list or tuple");
-    if (seq == nullptr)
-        return nullptr;
-    const Py_ssize_t given = PySequence_Fast_GET_SIZE(seq);
-    if (given != nparams && given != nparams - static_cast<Py_ssize_t>(ntail)) {
-        PyErr_Format(PyExc_TypeError, "FastPath.commit(): the kernel takes %zd arguments (the last %llu optional), "
-                     "got %zd", nparams, ntail, given);
-        Py_DECREF(seq);
-        return nullptr;
-    }
     r->storage.assign(static_cast<size_t>(nparams), 0);
-    for (Py_ssize_t i = 0; i < given; i++) {
-        if (pack_one(PySequence_Fast_ITEMS(seq)[i], kinds[i], &r->storage[static_cast<size_t>(i)], i) < 0) {
-            Py_DECREF(seq);
-            return nullptr;
-        }
-    }
-    Py_DECREF(seq);
+    if (pack_all(a[C_ARGS], kinds, nparams, static_cast<Py_ssize_t>(ntail), r->storage.data(),
+                 "FastPath.commit()") < 0)
+        return nullptr;
+    const Py_ssize_t given = PySequence_Size(a[C_ARGS]);  // a sequence: pack_all checked it
     if (!PyTuple_Check(a[C_SLOTS]) || PyTuple_GET_SIZE(a[C_SLOTS]) != N_SLOTS) {
         PyErr_Format(PyExc_TypeError, "FastPath.commit(): slots must be a %d-tuple (q, k, v, out, lse, scale)",
                      static_cast<int>(N_SLOTS));
@@ -606,6 +593,5 @@ PyMODINIT_FUNC PyInit__fmha_torch_fast(void)
         Py_DECREF(m);
         return nullptr;
     }
-    PyModule_AddIntConstant(m, "MAX_PARAMS", kMaxParams);
     return m;
 }

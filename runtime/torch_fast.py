@@ -73,14 +73,9 @@ def build(path: str, cxx: list[str]) -> None:
     cext.compile_atomic(cmd, path, "the torch fast path", timeout=600)
 
 
-def _locate():
-    path, cxx = library_path()
-    return path, lambda: build(path, cxx)
-
-
 def load():
     """The compiled extension module (built now if needed); raises :class:`NativeUnavailable` with the reason."""
-    return cext.load_once(_STATE, _LOCK, "FMHA_DSL_TORCH_FAST", MODULE, "the torch fast path", _locate)
+    return cext.load_once(_STATE, _LOCK, "FMHA_DSL_TORCH_FAST", MODULE, "the torch fast path", library_path, build)
 
 
 def start(on_ready) -> None:

@@ -229,6 +229,19 @@ def make_inputs(cls: dict, pt, seed: int = 0):
     return q, k, v, out, lse, kw
 
 
+def sdpa_reference(q, k, v, cls: dict, pt):
+    """torch SDPA's output for one shape-matrix point, in fp32 (what every timed kernel is checked against)."""
+    import torch.nn.functional as F
+
+    hq, hk = pt[3], pt[4]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=cls["mask"] == "causal", enable_gqa=hq != hk).float()
+
+
+def relative_error(out, ref) -> float:
+    """``|out - ref| / |ref|`` (Frobenius), NaN-propagating; 0/0 counts as 0."""
+    return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
 def tune(build_dir: str, shapes: str | None = None, budget: float | None = None, arch: str | None = None,
          progress: Callable[[dict], None] | None = None, warmup_ms: float = 10.0, rep_ms: float = 40.0,
          check_tol: float = 2e-2) -> TuneResult:
@@ -236,7 +249,6 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
     doc = load_shapes(shapes)  # a bad matrix is reported before torch, triton or the GPU are touched
     try:
         import torch
-        import torch.nn.functional as F
         from triton.testing import do_bench
     except ImportError as exc:
         raise error("usage.dependency", f"`fmha-dsl tune` runs kernels on the GPU and needs torch and triton: {exc}",
@@ -286,7 +298,6 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
                 break
             q, k, v, out, lse, kw = make_inputs(cls, pt)
             sq, sk, b, hq, hk = pt
-            causal = cls["mask"] == "causal"
             ref = None
             for e in todo:
                 if budget is not None and time.perf_counter() - t_start > budget:
@@ -303,9 +314,8 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
                     torch.cuda.synchronize()
                     if e.identifier not in checked:
                         if ref is None:
-                            ref = F.scaled_dot_product_attention(
-                                q, k, v, is_causal=causal, enable_gqa=hq != hk).float()
-                        err = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+                            ref = sdpa_reference(q, k, v, cls, pt)
+                        err = relative_error(out, ref)
                         if not math.isfinite(err) or err > check_tol:
                             raise ValueError(f"wrong result: relative error {err:.3g} vs SDPA at "
                                              f"seqlen {sq}x{sk} batch {b} heads {hq}/{hk}")

@@ -53,7 +53,7 @@ import math
 import triton
 import triton.language as tl
 
-__all__ = ["fmha_fwd", "ARGS", "CONSTEXPRS", "TMA_PIPELINES", "ALIGNED", "signature", "constexprs", "attrs", "aligned",
+__all__ = ["fmha_fwd", "ARGS", "CONSTEXPRS", "ALIGNED", "signature", "constexprs", "attrs", "aligned",
            "aligned_names", "grid", "pack_args", "run_interpreted", "block_d", "bf16_round"]
 
 # ------------------------------------------------------------------------------------------------------
@@ -443,9 +443,6 @@ CONSTEXPRS: tuple[str, ...] = (
 )
 
 
-
-# the pipelines whose K/V loads go through tensor descriptors (TMA); the rules' data says which archs have them
-TMA_PIPELINES = ("qr_async_trload", "qr_async_trload_v3")
 _BIAS = {"no": 0, "bias": 1, "alibi": 2}
 _MASKS = ("no", "top_left", "bottom_right", "generic")
 
@@ -507,7 +504,9 @@ def constexprs(sig: dict, alg: dict) -> dict:
     bd, bdv = block_d(hq), block_d(hv)
     pad_d, pad_dv = bool(alg.get("pad_d", 1)), bool(alg.get("pad_dv", 1))
     mask = sig.get("mask", "no") != "no"
-    tma = alg.get("pipeline") in TMA_PIPELINES
+    from ..rules.triton_fwd import uses_tma  # the backend's data marks the pipelines that load through TMA
+
+    tma = uses_tma(alg.get("pipeline", ""))
     if tma and sig.get("vlayout", "r") != "r":
         raise ValueError(f"pipeline {alg['pipeline']} (TMA descriptors) needs row-major V (vlayout r)")
     return {
@@ -806,8 +805,8 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
     sig = {"dtype": dtype, "mode": "group" if group else "batch", "vlayout": vlayout, "hdim_q": hq, "hdim_v": hv,
            "mask": "top_left" if use_mask else "no", "bias": {0: "no", 1: "bias", 2: "alibi"}[bias_type],
            "lse": bool(lse), "dropout": dropout_p > 0, "logits": softcap is not None, "sink": sink > 0}
-    alg = {"tile": (block_m, block_n, 0, 0, 0, 0), "pipeline": pipeline, "pad_s": pad[0], "pad_sk": pad[1], "pad_d": pad[2],
-           "pad_dv": pad[3]}
+    alg = {"tile": (block_m, block_n, 0, 0, 0, 0), "pipeline": pipeline, "pad_s": pad[0], "pad_sk": pad[1],
+           "pad_d": pad[2], "pad_dv": pad[3]}
     if num_splits:
         sig["family"] = "fwd_splitkv"
     const = constexprs(sig, alg)
@@ -848,7 +847,7 @@ def _run_split_interpreted(args, const, g, splits, msq, dv):
     lws = np.full((batch, nhq * splits, msq), np.nan, np.float32)
     wst, lst = workspace_strides(batch, nhq, splits, msq, dv)
     sargs, cargs = split_args(args, _Shim(ws, "float32"), _Shim(lws, "float32"), wst, lst, nhq, splits)
-    fmha_fwd[(g[0], nhq * splits, batch)](*sargs, **const)
+    fmha_fwd[grid(batch, nhq * splits, msq, const["BLOCK_M"])](*sargs, **const)
     cconst = C.constexprs({"hdim_v": dv, "mode": "group" if const["IS_GROUP"] else "batch",
                            "lse": const["STORE_LSE"]})
-    C.fmha_fwd_combine[(-(-msq // cconst["BLOCK_M"]), nhq, batch)](*cargs, **cconst)
+    C.fmha_fwd_combine[grid(batch, nhq, msq, cconst["BLOCK_M"])](*cargs, **cconst)

@@ -50,10 +50,6 @@ def uses_tma(pipeline: str) -> bool:
     return bool(_data()["pipelines"].get(pipeline, {}).get("tma"))
 
 
-def _pipeline_ok(b) -> bool:
-    return arch_info(b["arch"])["vendor"] in _data()["pipelines"].get(b["pipeline"], {})
-
-
 def _tma_ok(b) -> bool:
     return not uses_tma(b["pipeline"]) or bool(arch_info(b["arch"]).get("tma"))
 
@@ -149,7 +145,7 @@ RULES = (
     Rule("triton.pipeline", ("pipeline",), lambda b: b["pipeline"] in _data()["pipelines"],
          lambda b: f"the triton backend implements pipelines {', '.join(_data()['pipelines'])}, not {b['pipeline']}",
          "use pipeline(qr | qr_async) or pipeline(*)", blame="pipeline"),
-    Rule("triton.tma", ("arch", "pipeline"), lambda b: _tma_ok(b) and _pipeline_ok(b),
+    Rule("triton.tma", ("arch", "pipeline"), _tma_ok,
          lambda b: f"pipeline {b['pipeline']} loads K and V through TMA tensor descriptors; {b['arch']} has no TMA "
                    "copy engine (sm90 has)", "use pipeline(qr_async) on this arch", blame="pipeline"),
     Rule("triton.tma-vlayout", ("pipeline", "vlayout"), lambda b: not uses_tma(b["pipeline"]) or b["vlayout"] == "r",
