@@ -5,21 +5,20 @@
     DIR/build-report.json               what failed (and why), what was dropped for spilling, timings
 
 Each kernel's cache key covers its key fields, the template's source hash, the Triton version, the
-target and the compile options; a rebuild with nothing changed compiles nothing.  Compilation runs in a
-pool of worker processes; the parent alone writes the cache and the build directory, every file
-atomically, and the registry last -- a build killed at any moment leaves a cache and directory the next
-run reuses.
+target and the compile options; a rebuild with nothing changed compiles nothing.  Compilation runs in
+worker processes (:mod:`fmha_dsl.compile_pool`: a compiler crash fails that kernel only); the parent alone
+writes the cache and the build directory, every file atomically, and the registry last -- a build killed at
+any moment leaves a cache and directory the next run reuses.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from .cache import ArtifactCache, content_key, sha256_bytes
+from .compile_pool import run_isolated
 from .errors import UsageError, error
 from .expand import expand
 from .registry import Entry, Registry, write_atomic
@@ -90,20 +89,9 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
         if progress:
             progress(done, total, len(failures), hits)
 
-    if todo and jobs > 1:
-        ctx = multiprocessing.get_context("spawn")  # compilers in fresh processes, no inherited state
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
-            futs = {pool.submit(_compile_in_worker, job[0], job[2], job[3], job[4]): job for job in todo}
-            for fut in as_completed(futs):
-                job = futs[fut]
-                try:
-                    result = fut.result()
-                except Exception as exc:  # noqa: BLE001  (a crashed worker fails one kernel, not the build)
-                    result = (None, f"worker failed: {type(exc).__name__}: {exc}")
-                finish(job, result)
-    else:
-        for job in todo:
-            finish(job, _compile_in_worker(job[0], job[2], job[3], job[4]))
+    # every compile runs in a worker process: a compiler that crashes fails its kernel, not the build
+    run_isolated(_compile_in_worker, [(job[0], job[2], job[3], job[4]) for job in todo], jobs,
+                 lambda i, result: finish(todo[i], result))
 
     kept = Registry(reg.name, profiles=reg.profiles, sources=reg.sources)
     compiled = cached = 0

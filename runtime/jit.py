@@ -132,11 +132,10 @@ def compile_for(problem, arch: str, cache_dir: str | None = None, aligned: bool 
 def precompile(problems, arch: str, jobs: int | None = None, cache_dir: str | None = None) -> int:
     """Compile (in parallel worker processes) the kernels :func:`compile_for` would pick for ``problems``, into
     the artifact cache, so that later first uses only load them.  Returns how many were compiled."""
-    import multiprocessing
     import os
-    from concurrent.futures import ProcessPoolExecutor
 
     from fmha_dsl.cache import ArtifactCache, content_key
+    from fmha_dsl.compile_pool import run_isolated
     from fmha_dsl.compile_triton import cache_parts
 
     cache = ArtifactCache.of(cache_dir)  # the build and the JIT share it
@@ -153,13 +152,14 @@ def precompile(problems, arch: str, jobs: int | None = None, cache_dir: str | No
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
     from fmha_dsl.build_triton import _compile_in_worker
 
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futs = {key: pool.submit(_compile_in_worker, "kernel", e.sig, e.alg, e.arch) for key, e in todo.items()}
-        for key, fut in futs.items():
-            meta, data = fut.result()
-            if meta is not None:
-                cache.put(key, meta, data, f"kernel.{meta['binary_kind']}")
+    items = list(todo.items())
+
+    def store(i, result):  # a kernel that failed (or crashed its compiler) is compiled, and reported, on first use
+        meta, data = result
+        if meta is not None:
+            cache.put(items[i][0], meta, data, f"kernel.{meta['binary_kind']}")
+
+    run_isolated(_compile_in_worker, [("kernel", e.sig, e.alg, e.arch) for _, e in items], jobs, store)
     return len(todo)
 
 

@@ -81,23 +81,60 @@ def test_changed_template_changes_every_cache_key(built, monkeypatch):
     assert before["template"] != after["template"]
 
 
-def test_failures_are_listed_and_the_build_goes_on(built, monkeypatch):
+def _flaky_compile(kind, sig, alg, arch):
+    """Stands in for the worker's compile (module level: the spawned workers import it): gfx950 fails."""
+    if arch == "gfx950":
+        return None, "OutOfResources: shared memory"
+    from fmha_dsl.build_triton import _compile_in_worker
+
+    return _compile_in_worker(kind, sig, alg, arch)
+
+
+def _crashing_compile(kind, sig, alg, arch):
+    """A compiler that aborts its process (an LLVM assertion) on gfx950."""
+    if arch == "gfx950":
+        os.abort()
+    from fmha_dsl.build_triton import _compile_in_worker
+
+    return _compile_in_worker(kind, sig, alg, arch)
+
+
+def _spilling_compile(kind, sig, alg, arch):
+    """The real compile, with sm90's resource report claiming spills."""
+    from fmha_dsl.build_triton import _compile_in_worker
+
+    meta, data = _compile_in_worker(kind, sig, alg, arch)
+    if meta is not None and arch == "sm90":
+        meta = dict(meta, resources=dict(meta["resources"], spills=64))
+    return meta, data
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_failures_are_listed_and_the_build_goes_on(built, monkeypatch, jobs):
     from fmha_dsl import build_triton as bt
 
     ks, root, cache, _ = built
-    real = bt._compile_in_worker
-
-    def flaky(kind, sig, alg, arch):
-        if arch == "gfx950":
-            return None, "OutOfResources: shared memory"
-        return real(kind, sig, alg, arch)
-
-    monkeypatch.setattr(bt, "_compile_in_worker", flaky)
-    res = build(ks, str(root / "out3"), jobs=1, cache_dir=str(root / "cache-empty"))
+    monkeypatch.setattr(bt, "_compile_in_worker", _flaky_compile)
+    res = build(ks, str(root / f"out3-{jobs}"), jobs=jobs, cache_dir=str(root / f"cache-empty-{jobs}"))
     assert [f["arch"] for f in res.failures] == ["gfx950"] and "OutOfResources" in res.failures[0]["reason"]
     assert res.by_arch == {"gfx942": 1, "sm90": 1}
-    report = json.loads((root / "out3" / "build-report.json").read_text())
+    report = json.loads((root / f"out3-{jobs}" / "build-report.json").read_text())
     assert report["failed"][0]["arch"] == "gfx950"
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_compiler_crash_fails_its_kernel_only(built, monkeypatch, jobs):
+    """The compile of one kernel kills its process: that kernel is listed with the signal, the others are built."""
+    from fmha_dsl import build_triton as bt
+
+    ks, root, _, _ = built
+    monkeypatch.setattr(bt, "_compile_in_worker", _crashing_compile)
+    res = build(ks, str(root / f"out-crash-{jobs}"), jobs=jobs, cache_dir=str(root / f"cache-crash-{jobs}"))
+    assert [f["arch"] for f in res.failures] == ["gfx950"]
+    assert "SIGABRT" in res.failures[0]["reason"] and "compiler crash" in res.failures[0]["reason"]
+    assert res.by_arch == {"gfx942": 1, "sm90": 1}
+    reg = fmha_dsl.Registry.load(str(root / f"out-crash-{jobs}" / "registry.json"))
+    assert sorted(e.arch for e in reg) == ["gfx942", "sm90"]
 
 
 def test_interrupted_build_resumes_from_the_cache(built):
@@ -121,15 +158,7 @@ def test_no_spills_drops_spilling_kernels(built, monkeypatch):
     from fmha_dsl import build_triton as bt
 
     ks, root, cache, _ = built
-    real = bt._compile_in_worker
-
-    def spilling(kind, sig, alg, arch):
-        meta, data = real(kind, sig, alg, arch)
-        if meta is not None and arch == "sm90":
-            meta = dict(meta, resources=dict(meta["resources"], spills=64))
-        return meta, data
-
-    monkeypatch.setattr(bt, "_compile_in_worker", spilling)
+    monkeypatch.setattr(bt, "_compile_in_worker", _spilling_compile)
     res = build(ks, str(root / "out5"), jobs=1, cache_dir=str(root / "cache-spill"), no_spills=True)
     assert "sm90" not in res.by_arch and res.by_arch == {"gfx942": 1, "gfx950": 1}
 

@@ -150,6 +150,13 @@ def test_the_cost_model_counts_splits_and_the_combine_pass():
 # ---------------------------------------------------------------------------------------------------------
 # build (CPU: Triton compiles for the targets without a GPU)
 # ---------------------------------------------------------------------------------------------------------
+def _no_combine(kind, sig, alg, arch):
+    """The real compile, but every combine kernel fails (module level: the build's spawned workers import it)."""
+    from fmha_dsl.build_triton import _compile_in_worker
+
+    return (None, "OutOfResources: combine") if kind == "combine" else _compile_in_worker(kind, sig, alg, arch)
+
+
 def test_build_compiles_one_shared_combine_kernel_per_signature(tmp_path):
     pytest.importorskip("triton")
     from fmha_dsl.build import build
@@ -173,15 +180,10 @@ def test_build_compiles_one_shared_combine_kernel_per_signature(tmp_path):
     assert again.compiled == 0 and again.cached == 4
     from fmha_dsl import build_triton as bt
 
-    real = bt._compile_in_worker
-
-    def no_combine(kind, sig, alg, arch):
-        return (None, "OutOfResources: combine") if kind == "combine" else real(kind, sig, alg, arch)
-
     import pytest as _p
 
     mp = _p.MonkeyPatch()
-    mp.setattr(bt, "_compile_in_worker", no_combine)
+    mp.setattr(bt, "_compile_in_worker", _no_combine)
     try:
         bad = build(ks, str(tmp_path / "out3"), jobs=1, cache_dir=str(tmp_path / "cache-empty"))
     finally:
