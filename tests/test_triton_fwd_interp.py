@@ -173,6 +173,19 @@ def test_fully_masked_rows_give_zero_and_neg_inf(interp):
     assert np.isfinite(l[:, 0, 24:]).all()
 
 
+@pytest.mark.parametrize("scale", [-1.0, 1.0])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sk", [64, 70])  # whole key blocks, or a tail block (the padded kernel)
+def test_large_logits_either_sign_of_scale(interp, scale, causal, sk):
+    """Scores of a few hundred: the row max subtracted before exp2 must be the true maximum of scale * q.k (for a
+    negative scale, scale * min q.k), or exp2 overflows.  The unmasked blocks take the max of the raw scores
+    before scaling (one FMA per score), which only holds for scale >= 0: a negative scale must not run them."""
+    q, k, v = make("fp32", Sq=48, Sk=sk)
+    q, k = q * 4, k * 4  # q.k has a standard deviation of about 90
+    out, l, _, _ = check(interp, "fp32", q, k, v, scale=scale, causal=causal, tol=1e-4)
+    assert np.isfinite(out).all() and np.isfinite(l).all()
+
+
 def test_seqlen_zero_batch(interp):
     q, k, v = make("fp16", Sq=0, Sk=20)
     out, l = interp(q, k, v)

@@ -6,7 +6,10 @@ fp16 / bf16 / fp32, head dims 1..256 (``Dq != Dv`` allowed, non-powers of two ma
 arguments), elementwise bias or ALiBi, optional LSE, Philox dropout bit-exact with ``tl.rand``, logits
 soft-cap, row- or column-major V.  Online softmax in base 2 with fp32 statistics; fully masked rows give
 ``out = 0`` and ``lse = -inf``.  For mask kernels the key loop visits only the key blocks a query block
-can see, and only the blocks that straddle the mask boundary pay for the mask.
+can see, and only the blocks that straddle the mask boundary pay for the mask.  At most two pipelined key loops
+run per program -- the fully visible blocks, then every masked block (sink, window edges, diagonal) in one loop --
+because Triton software-pipelines each top-level loop and an empty one still costs its prologue (docs/triton.md,
+"The key loop").
 
 API for the build and the runtime (plain Python; triton is imported by this module only):
 
@@ -106,31 +109,39 @@ def _uniform(seed, row_lo, row_hi, cols):
 
 
 @triton.jit
-def _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
-           lo, hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
-           mask_off, window_left, window_right, sink,
-           stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
-           STEP: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
-           CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-           BIAS_TYPE: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, DROPOUT: tl.constexpr,
-           IEEE: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
-    """Key blocks ``[lo, hi)`` (multiples of BLOCK_N).  STEP 0: no mask at all (every column in range and
-    allowed for every row); 1: key bounds only; 2: key bounds + window/corner + sink.  ``k_src``/``v_src``: the
-    K/V base pointers, or with TMA their tensor descriptors (which zero-fill past seqlen_k and the head dims)."""
-    d_ok = offs_d < dq_lim
-    dv_ok = offs_dv < dv_lim
-    m_ok = offs_m < seqlen_q
-    for start_n in range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
-        cols = start_n + offs_n
-        n_ok = cols < seqlen_k
-        if TMA:  # K tile [BLOCK_N, BLOCK_DMODEL] through the tensor-copy engine
-            qk = _dot(q, tl.trans(k_src.load([start_n, 0])), None, IEEE, UPCAST)
-        else:  # K^T tile [BLOCK_DMODEL, BLOCK_N]
-            kb = k_src + start_n.to(tl.int64) * stride_kn
-            k = _load(kb + offs_d[:, None] + offs_n[None, :] * stride_kn, d_ok[:, None], n_ok[None, :],
-                      CHECK_D, CHECK_N)
-            qk = _dot(q, k, None, IEEE, UPCAST)
+def _scores(q, k_src, start_n, offs_n, offs_d, d_ok, seqlen_k, stride_kn,
+            CHECK_D: tl.constexpr, CHECK_N: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+            TMA: tl.constexpr):
+    """``q @ K[start_n : start_n + BLOCK_N]^T`` in fp32 (raw scores, not yet scaled)."""
+    if TMA:  # K tile [BLOCK_N, BLOCK_DMODEL] through the tensor-copy engine (zero fill past the bounds)
+        qk = _dot(q, tl.trans(k_src.load([start_n, 0])), None, IEEE, UPCAST)
+    else:  # K^T tile [BLOCK_DMODEL, BLOCK_N]
+        n_ok = (start_n + offs_n) < seqlen_k
+        kb = k_src + start_n.to(tl.int64) * stride_kn
+        k = _load(kb + offs_d[:, None] + offs_n[None, :] * stride_kn, d_ok[:, None], n_ok[None, :],
+                  CHECK_D, CHECK_N)
+        qk = _dot(q, k, None, IEEE, UPCAST)
+    return qk
+
+
+@triton.jit
+def _softmax(l_i, m_i, qk, start_n, b_base, b_rows, rng_lo, rng_hi, slope2,
+             offs_m, offs_n, m_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
+             qk_scale, cap_scale, cap_log2, dropout_p, seed,
+             STEP: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
+             BIAS_TYPE: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, DROPOUT: tl.constexpr,
+             FMA: tl.constexpr):
+    """One key block's online-softmax step from its raw scores ``qk``: the unnormalised probabilities ``p``
+    (dropout applied), the factor ``alpha`` that rescales what was accumulated before, and the new row
+    statistics.  FMA (no soft-cap, no bias; ``qk_scale >= 0``): the row max of the raw scores, then one fused
+    multiply-add per score."""
+    cols = start_n + offs_n
+    n_ok = cols < seqlen_k
+    if FMA:  # unmasked blocks, no soft-cap or bias, qk_scale >= 0: the row max of the raw scores, then one FMA
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(qk * qk_scale - m_use[:, None])
+    else:
         # scores in log2 units
         if SOFTCAP:
             x = qk * cap_scale  # s / softcap
@@ -163,21 +174,106 @@ def _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if DROPOUT:
-            keep = _uniform(seed, rng_lo, rng_hi, cols) >= dropout_p
-            p = tl.where(keep, p, 0.0)
-        # V tile [BLOCK_N, BLOCK_DV]; svn or svd is the constant 1 (VLAYOUT)
-        if TMA:
-            v = v_src.load([start_n, 0])
-        else:
-            vb = v_src + start_n.to(tl.int64) * svn
-            v = _load(vb + offs_n[:, None] * svn + offs_dv[None, :] * svd, n_ok[:, None], dv_ok[None, :],
-                      CHECK_N, CHECK_DV)
-        acc = _dot(p.to(v.dtype), v, acc, IEEE, UPCAST)
-        m_i = m_new
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DROPOUT:
+        keep = _uniform(seed, rng_lo, rng_hi, cols) >= dropout_p
+        p = tl.where(keep, p, 0.0)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
+def _pv(acc, alpha, p, start_n, v_src, offs_n, offs_dv, dv_ok, seqlen_k, svn, svd,
+        CHECK_N: tl.constexpr, CHECK_DV: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+        TMA: tl.constexpr):
+    """``acc * alpha + p @ V[start_n : start_n + BLOCK_N]``."""
+    acc = acc * alpha[:, None]
+    # V tile [BLOCK_N, BLOCK_DV]; svn or svd is the constant 1 (VLAYOUT)
+    if TMA:
+        v = v_src.load([start_n, 0])
+    else:
+        n_ok = (start_n + offs_n) < seqlen_k
+        vb = v_src + start_n.to(tl.int64) * svn
+        v = _load(vb + offs_n[:, None] * svn + offs_dv[None, :] * svd, n_ok[:, None], dv_ok[None, :],
+                  CHECK_N, CHECK_DV)
+    return _dot(p.to(v.dtype), v, acc, IEEE, UPCAST)
+
+
+@triton.jit
+def _block(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
+           start_n, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok, m_ok, seqlen_q, seqlen_k,
+           mask_off, window_left, window_right, sink,
+           stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed,
+           STEP: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr,
+           CHECK_DV: tl.constexpr, BIAS_TYPE: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr,
+           DROPOUT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
+    """One key block: scores, online softmax (the FMA form for STEP 0 without soft-cap or bias), ``acc += P V``."""
+    qk = _scores(q, k_src, start_n, offs_n, offs_d, d_ok, seqlen_k, stride_kn, CHECK_D, CHECK_N, IEEE, UPCAST, TMA)
+    p, alpha, l_i, m_i = _softmax(l_i, m_i, qk, start_n, b_base, b_rows, rng_lo, rng_hi, slope2, offs_m,
+                                  offs_n, m_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right,
+                                  sink, qk_scale, cap_scale, cap_log2, dropout_p, seed,
+                                  STEP, CHECK_M, CHECK_N, BIAS_TYPE, SOFTCAP, SINK, DROPOUT,
+                                  STEP == 0 and not SOFTCAP and BIAS_TYPE == 0)
+    acc = _pv(acc, alpha, p, start_n, v_src, offs_n, offs_dv, dv_ok, seqlen_k, svn, svd,
+              CHECK_N, CHECK_DV, IEEE, UPCAST, TMA)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
+           lo, hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
+           mask_off, window_left, window_right, sink,
+           stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
+           STEP: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
+           CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+           BIAS_TYPE: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, DROPOUT: tl.constexpr,
+           IEEE: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
+    """Key blocks ``[lo, hi)`` (multiples of BLOCK_N).  STEP 0: no mask at all (every column in range and
+    allowed for every row); 1: key bounds only; 2: key bounds + window/corner + sink.  ``k_src``/``v_src``: the
+    K/V base pointers, or with TMA their tensor descriptors (which zero-fill past seqlen_k and the head dims).
+    STEP 0 without soft-cap or bias takes the row max of the raw scores and then one fused multiply-add per score
+    (one multiply per score fewer): that needs ``qk_scale >= 0``, and the caller sends a negative scale's blocks
+    to another loop."""
+    d_ok = offs_d < dq_lim
+    dv_ok = offs_dv < dv_lim
+    m_ok = offs_m < seqlen_q
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        acc, l_i, m_i = _block(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
+                               start_n, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok, m_ok,
+                               seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
+                               stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed,
+                               STEP, CHECK_M, CHECK_N, CHECK_D, CHECK_DV, BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE,
+                               UPCAST, TMA)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _masked(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
+            lo1, n1, lo2, n2, lo3, n3, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
+            mask_off, window_left, window_right, sink,
+            stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
+            CHECK_M: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
+            BLOCK_N: tl.constexpr, BIAS_TYPE: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr,
+            DROPOUT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
+    """The masked key blocks (STEP 2) of three ranges in one loop: ``n1`` blocks from ``lo1``, ``n2`` from ``lo2``,
+    ``n3`` from ``lo3`` (a negative count is none)."""
+    d_ok = offs_d < dq_lim
+    dv_ok = offs_dv < dv_lim
+    m_ok = offs_m < seqlen_q
+    n1 = tl.maximum(n1, 0)
+    n2 = tl.maximum(n2, 0)
+    n12 = n1 + n2
+    for i in range(0, n12 + tl.maximum(n3, 0)):
+        start_n = tl.where(i < n1, lo1 + i * BLOCK_N, tl.where(i < n12, lo2 + (i - n1) * BLOCK_N,
+                                                               lo3 + (i - n12) * BLOCK_N))
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        acc, l_i, m_i = _block(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
+                               start_n, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok, m_ok,
+                               seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
+                               stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed,
+                               2, CHECK_M, CHECK_N, CHECK_D, CHECK_DV, BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE,
+                               UPCAST, TMA)
     return acc, l_i, m_i
 
 
@@ -327,43 +423,39 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
         f_lo = tl.cdiv(f_lo, BLOCK_N) * BLOCK_N
         f_hi = tl.where(window_right >= 0, tl.minimum(start_m + mask_off + window_right + 1, seqlen_k), seqlen_k)
         f_hi = (tl.maximum(f_hi, 0) // BLOCK_N) * BLOCK_N
+        k_lo = lo * 0  # sink blocks [k_lo, k_hi) (none without SINK)
+        k_hi = k_lo
         if SINK:
             s_end = tl.minimum(tl.cdiv(sink, BLOCK_N), tl.cdiv(seqlen_k, BLOCK_N)) * BLOCK_N
-            k_lo = s_end * 0
             k_hi = s_end
             if SPLIT:
                 k_lo = s_lo
-                k_hi = tl.minimum(s_end, s_hi)
-            acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
-                                   k_lo, k_hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
-                                   mask_off, window_left, window_right, sink,
-                                   stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
-                                   2, PAD_M, PAD_N, CHECK_D, CHECK_DV, BLOCK_N,
-                                   BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT, TMA)
+                k_hi = tl.maximum(tl.minimum(s_end, s_hi), s_lo)
             lo = tl.maximum(lo, s_end)
         if SPLIT:
             lo = tl.maximum(lo, s_lo)
             end = tl.maximum(tl.minimum(end, s_hi), lo)
         a_end = tl.maximum(tl.minimum(f_lo, end), lo)
         b_end = tl.maximum(tl.minimum(f_hi, end), a_end)
-        acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
-                               lo, a_end, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
-                               mask_off, window_left, window_right, sink,
-                               stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
-                               2, PAD_M, PAD_N, CHECK_D, CHECK_DV, BLOCK_N,
-                               BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT, TMA)
+        if not SOFTCAP and BIAS_TYPE == 0:  # the unmasked loop's FMA form needs qk_scale >= 0: a negative scale
+            a_end = tl.where(qk_scale >= 0, a_end, b_end)  # sends those blocks to the masked loop (mask all-true)
+        # the blocks every row sees in full, then (softmax is order-free) the masked ones -- sink, the window's left
+        # edge, the diagonal / right edge -- in one loop: two loops whatever the mask, none of them empty under a
+        # causal mask (an empty loop still pays its software pipeline's prologue and epilogue)
         acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
                                a_end, b_end, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                mask_off, window_left, window_right, sink,
                                stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
                                0, PAD_M, False, CHECK_D, CHECK_DV, BLOCK_N,
                                BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT, TMA)
-        acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
-                               b_end, end, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
-                               mask_off, window_left, window_right, sink,
-                               stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
-                               2, PAD_M, PAD_N, CHECK_D, CHECK_DV, BLOCK_N,
-                               BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT, TMA)
+        acc, l_i, m_i = _masked(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
+                                k_lo, (k_hi - k_lo) // BLOCK_N, lo, (a_end - lo) // BLOCK_N,
+                                b_end, (end - b_end) // BLOCK_N,
+                                offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
+                                mask_off, window_left, window_right, sink,
+                                stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
+                                PAD_M, PAD_N, CHECK_D, CHECK_DV, BLOCK_N,
+                                BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT, TMA)
     else:
         if PAD_N:
             full = (seqlen_k // BLOCK_N) * BLOCK_N
@@ -378,12 +470,25 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
             k_hi = tl.minimum(full, s_hi)
             t_lo = tl.maximum(full, s_lo)
             t_hi = tl.minimum(seqlen_k, s_hi)
+        n_hi = k_hi  # the unmasked loop's FMA form needs qk_scale >= 0: a negative scale sends its blocks elsewhere
+        if not SOFTCAP and BIAS_TYPE == 0:
+            n_hi = tl.where(qk_scale >= 0, k_hi, k_lo)
+            if PAD_N:  # to the tail loop (bounds checks; it then starts at k_lo)
+                t_lo = tl.where(qk_scale >= 0, t_lo, k_lo)
         acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
-                               k_lo, k_hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
+                               k_lo, n_hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                0, -1, -1, 0,
                                stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
                                0, PAD_M, False, CHECK_D, CHECK_DV, BLOCK_N,
                                BIAS_TYPE, SOFTCAP, False, DROPOUT, IEEE, UPCAST_DOT, TMA)
+        if not SOFTCAP and BIAS_TYPE == 0 and not PAD_N:
+            if n_hi < k_hi:  # (rare: under a branch, so that it costs nothing when not taken)
+                acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
+                                       n_hi, k_hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
+                                       0, -1, -1, 0,
+                                       stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim,
+                                       dv_lim, 1, PAD_M, False, CHECK_D, CHECK_DV, BLOCK_N,
+                                       BIAS_TYPE, SOFTCAP, False, DROPOUT, IEEE, UPCAST_DOT, TMA)
         if PAD_N:
             acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
                                    t_lo, t_hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
