@@ -4,18 +4,26 @@ A compiler can die outright on some input (an LLVM assertion aborts the process;
 backend).  ``concurrent.futures`` then breaks the whole pool and every pending job with it, and a compile in the
 build's own process takes the build down.  :func:`run_isolated` keeps ``workers`` spawned processes, hands each
 one job at a time over its own pipe, and watches the processes: when one dies, the job it held -- and only that
-one -- fails with the exit status, and a fresh worker takes its place.
+one -- fails with the exit status, and a fresh worker takes its place.  A worker that cannot even start (a script
+that calls the build without an ``if __name__ == "__main__":`` guard: spawning re-imports it) is a usage error,
+not a crashed kernel.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import signal
+import time
 from multiprocessing.connection import wait
+
+from .errors import UsageError, error
+
+_READY = "ready"
 
 
 def _serve(conn, fn) -> None:
-    """Worker loop: ``(index, args)`` in, ``(index, fn(*args))`` out, until ``None``."""
+    """Worker loop: says it is ready, then ``(index, args)`` in, ``(index, fn(*args))`` out, until ``None``."""
+    conn.send(_READY)
     while True:
         msg = conn.recv()
         if msg is None:
@@ -23,9 +31,14 @@ def _serve(conn, fn) -> None:
         i, args = msg
         try:
             res = fn(*args)
-        except Exception as exc:  # noqa: BLE001  (a failing job is a result)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001  (a failing job is a result, SystemExit included)
             res = (None, f"worker failed: {type(exc).__name__}: {exc}")
-        conn.send((i, res))
+        try:
+            conn.send((i, res))
+        except (TypeError, ValueError, AttributeError) as exc:  # a result that cannot be pickled
+            conn.send((i, (None, f"worker failed: its result could not be sent back: {exc}")))
 
 
 def _died(code: int | None) -> str:
@@ -44,13 +57,15 @@ class _Worker:
         self.proc = ctx.Process(target=_serve, args=(child, fn), daemon=True)
         self.proc.start()
         child.close()
+        self.ready = False
         self.job = None
 
 
 def run_isolated(fn, jobs: list, workers: int, on_result) -> None:
     """Call ``on_result(i, fn(*jobs[i]))`` for every job, computed in ``workers`` spawned processes (``fn`` must be
     a module-level function).  ``fn`` returns ``(meta, data)``, or ``(None, reason)`` on failure; a job whose
-    process dies gets ``(None, reason)`` naming the exit status.  Results arrive in completion order."""
+    process dies gets ``(None, reason)`` naming the exit status.  Results arrive in completion order, each job
+    exactly once.  Raises :class:`~fmha_dsl.errors.UsageError` when worker processes cannot start."""
     if not jobs:
         return
     ctx = multiprocessing.get_context("spawn")  # compilers in fresh processes, no inherited state
@@ -58,49 +73,58 @@ def run_isolated(fn, jobs: list, workers: int, on_result) -> None:
     pool: list[_Worker] = []
 
     def feed(w: _Worker) -> None:
+        """Hand ``w`` the next job (or nothing); a worker that died meanwhile is handled by the wait loop."""
+        w.job = pending.pop() if pending else None
+        if w.job is not None:
+            try:
+                w.conn.send((w.job, jobs[w.job]))
+            except OSError:  # died after its last answer: the sentinel reports it, with this job
+                pass
+
+    def died(w: _Worker) -> None:
+        w.proc.join()
+        pool.remove(w)
+        if not w.ready:
+            raise error("build.workers", f"a compile worker process exited (status {w.proc.exitcode}) before it "
+                        "started", None, "spawned workers re-import the main module: a script that builds must "
+                        "call the build under `if __name__ == \"__main__\":`", cls=UsageError)
+        i, w.job = w.job, None
+        on_result(i, (None, _died(w.proc.exitcode)))
         if pending:
-            w.job = pending.pop()
-            w.conn.send((w.job, jobs[w.job]))
-        else:
-            w.job = None
+            pool.append(_Worker(ctx, fn))
 
     try:
         for _ in range(max(1, min(workers, len(jobs)))):
-            w = _Worker(ctx, fn)
-            pool.append(w)
-            feed(w)
+            pool.append(_Worker(ctx, fn))
         while True:
-            busy = [w for w in pool if w.job is not None]
-            if not busy:
+            live = [w for w in pool if not w.ready or w.job is not None]
+            if not live:
                 break
-            ready = set(wait([w.conn for w in busy] + [w.proc.sentinel for w in busy]))
-            for w in busy:
+            ready = set(wait([w.conn for w in live] + [w.proc.sentinel for w in live]))
+            for w in live:
                 if w.conn in ready:
                     try:
-                        i, res = w.conn.recv()
+                        msg = w.conn.recv()
                     except (EOFError, OSError):  # died after the pipe became readable
                         ready.add(w.proc.sentinel)
                     else:
-                        on_result(i, res)
+                        if msg == _READY:
+                            w.ready = True
+                        else:
+                            on_result(*msg)
                         feed(w)
                         continue
                 if w.proc.sentinel in ready:
-                    w.proc.join()
-                    i, w.job = w.job, None
-                    pool.remove(w)
-                    on_result(i, (None, _died(w.proc.exitcode)))
-                    if pending:
-                        fresh = _Worker(ctx, fn)
-                        pool.append(fresh)
-                        feed(fresh)
+                    died(w)
     finally:
         for w in pool:
             try:
                 w.conn.send(None)
-            except (OSError, ValueError):
+            except OSError:
                 pass
+        deadline = time.monotonic() + 5.0  # idle workers stop at once; busy ones (an interrupt) are terminated
         for w in pool:
-            w.proc.join(timeout=5)
+            w.proc.join(timeout=0 if w.job is not None else max(0.0, deadline - time.monotonic()))
             if w.proc.is_alive():
                 w.proc.terminate()
                 w.proc.join()

@@ -131,7 +131,8 @@ def compile_for(problem, arch: str, cache_dir: str | None = None, aligned: bool 
 
 def precompile(problems, arch: str, jobs: int | None = None, cache_dir: str | None = None) -> int:
     """Compile (in parallel worker processes) the kernels :func:`compile_for` would pick for ``problems``, into
-    the artifact cache, so that later first uses only load them.  Returns how many were compiled."""
+    the artifact cache, so that later first uses only load them.  Returns how many were compiled; one that fails
+    is left for its first use, which reports why."""
     import os
 
     from fmha_dsl.cache import ArtifactCache, content_key
@@ -153,14 +154,16 @@ def precompile(problems, arch: str, jobs: int | None = None, cache_dir: str | No
     from fmha_dsl.build_triton import _compile_in_worker
 
     items = list(todo.items())
+    stored = []
 
     def store(i, result):  # a kernel that failed (or crashed its compiler) is compiled, and reported, on first use
         meta, data = result
         if meta is not None:
             cache.put(items[i][0], meta, data, f"kernel.{meta['binary_kind']}")
+            stored.append(i)
 
     run_isolated(_compile_in_worker, [("kernel", e.sig, e.alg, e.arch) for _, e in items], jobs, store)
-    return len(todo)
+    return len(stored)
 
 
 __all__ = ["TILE_TABLE", "table_tile", "choose", "candidates", "compile_entry", "compile_for", "precompile"]

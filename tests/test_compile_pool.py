@@ -1,8 +1,15 @@
 """Compile jobs in worker processes: a job whose process dies (a compiler crash) fails alone."""
 
 import os
+import sys
+import threading
+import time
+import types
+
+import pytest
 
 from fmha_dsl.compile_pool import run_isolated
+from fmha_dsl.errors import UsageError
 
 
 def _work(x):
@@ -14,6 +21,22 @@ def _work(x):
     if x == 7:
         os._exit(3)
     return {"x": x * 2}, bytes([x])
+
+
+def _odd_result(x):
+    """Jobs that end badly without a crash: SystemExit, and a result that cannot be pickled."""
+    if x == 2:
+        raise SystemExit(0)
+    if x == 3:
+        return {"f": lambda: 0}, b""
+    return {"x": x}, b""
+
+
+def _dies_after(x):
+    """Job 1 kills its process just after answering."""
+    if x == 1:
+        threading.Thread(target=lambda: (time.sleep(0.2), os._exit(9)), daemon=True).start()
+    return {"x": x}, b""
 
 
 def _run(workers, n=10):
@@ -48,3 +71,47 @@ def test_more_workers_than_jobs_and_no_jobs():
     got = _run(8, n=3)
     assert got == {i: ({"x": 2 * i}, bytes([i])) for i in range(3)}
     run_isolated(_work, [], 4, lambda i, r: (_ for _ in ()).throw(AssertionError("no job, no result")))
+
+
+def _collect(fn, n, workers, pause=0.0):
+    got = {}
+
+    def on_result(i, res):
+        assert i not in got, f"job {i} reported twice"
+        got[i] = res
+        time.sleep(pause)  # the parent writes files meanwhile
+
+    run_isolated(fn, [(i,) for i in range(n)], workers, on_result)
+    assert sorted(got) == list(range(n))
+    return got
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_system_exit_and_unpicklable_results_are_failures(workers):
+    got = _collect(_odd_result, 5, workers)
+    assert got[2] == (None, "worker failed: SystemExit: 0")
+    assert got[3][0] is None and "could not be sent back" in got[3][1]
+    assert [got[i] for i in (0, 1, 4)] == [({"x": i}, b"") for i in (0, 1, 4)]
+
+
+def test_a_worker_that_dies_between_jobs():
+    """Job 1's worker dies 0.2 s after answering, while the parent is still busy with the answer: the next send
+    meets a dead pipe.  Every job is still reported once; only the job that worker held can fail."""
+    got = _collect(_dies_after, 5, 1, pause=0.4)
+    assert got[1] == ({"x": 1}, b"")
+    crashed = [i for i, r in got.items() if r[0] is None]
+    assert len(crashed) <= 1 and all("status 9" in got[i][1] for i in crashed)
+    assert all(got[i] == ({"x": i}, b"") for i in got if i not in crashed)
+
+
+def test_workers_that_cannot_start_are_a_usage_error():
+    """A function the spawned worker cannot import (as when a script without a __main__ guard builds)."""
+    mod = types.ModuleType("fmha_pool_test_nowhere")
+    exec("def fn(x):\n    return {}, b''\n", mod.__dict__)
+    sys.modules[mod.__name__] = mod
+    try:
+        with pytest.raises(UsageError, match="before it started") as exc:
+            run_isolated(mod.fn, [(1,), (2,)], 2, lambda i, r: None)
+        assert "__main__" in exc.value.hint
+    finally:
+        del sys.modules[mod.__name__]

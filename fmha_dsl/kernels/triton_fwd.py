@@ -440,8 +440,8 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
         if not SOFTCAP and BIAS_TYPE == 0:  # the unmasked loop's FMA form needs qk_scale >= 0: a negative scale
             a_end = tl.where(qk_scale >= 0, a_end, b_end)  # sends those blocks to the masked loop (mask all-true)
         # the blocks every row sees in full, then (softmax is order-free) the masked ones -- sink, the window's left
-        # edge, the diagonal / right edge -- in one loop: two loops whatever the mask, none of them empty under a
-        # causal mask (an empty loop still pays its software pipeline's prologue and epilogue)
+        # edge, the diagonal / right edge -- in one loop: two loops whatever the mask (an empty loop still pays its
+        # software pipeline's prologue and epilogue; under a causal mask only the first query blocks have no full one)
         acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
                                a_end, b_end, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                mask_off, window_left, window_right, sink,
