@@ -17,10 +17,8 @@ Triton's register cap (``maxnreg<N>``).  ``--once`` launches each configuration 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import itertools
 import json
-import multiprocessing
 import os
 import sys
 
@@ -34,30 +32,44 @@ KNOBS = "none"
 
 def _parse_configs(tiles: str, stagings: str, knobs: str) -> list:
     """``[(tile (m, n, warps), stages, pipeline, knob)]`` from the command line's lists; a knob is a tuple of
-    ``(name, value)`` items (constexprs upper case, ``maxnreg`` an int)."""
+    ``(name, value)`` items (constexprs upper case, ``maxnreg`` an int).  Raises ValueError naming a bad item."""
     out = []
     for t in tiles.split(","):
-        mn, w = t.split("w")
-        m, n = mn.split("x")
+        try:
+            mn, w = t.split("w")
+            m, n = mn.split("x")
+            tile = (int(m), int(n), int(w))
+        except ValueError:
+            raise ValueError(f"--tiles item {t!r}: expected MxNwW, e.g. 128x64w4") from None
         for st in stagings.split(","):
-            stages, pipe = st.split(":")
+            try:
+                stages, pipe = st.split(":")
+                stages = int(stages)
+            except ValueError:
+                raise ValueError(f"--stagings item {st!r}: expected stages:pipeline, e.g. 3:qr_async") from None
             for kn in knobs.split(","):
                 items = []
                 for item in ("" if kn == "none" else kn).split("+"):
-                    if item.startswith("maxnreg"):
-                        items.append(("maxnreg", int(item[7:])))
-                    elif "=" in item:
-                        key, val = item.split("=")
-                        items.append((key.upper(), int(val)))
-                    elif item:
-                        items.append((item.upper(), True))
-                out.append(((int(m), int(n), int(w)), int(stages), pipe, tuple(items)))
+                    try:
+                        if item.startswith("maxnreg"):
+                            items.append(("maxnreg", int(item[7:])))
+                        elif "=" in item:
+                            key, val = item.split("=")
+                            items.append((key.upper(), int(val)))
+                        elif item:
+                            items.append((item.upper(), True))
+                    except ValueError:
+                        raise ValueError(f"--knobs item {item!r}: expected name, name=N or maxnreg<N>") from None
+                out.append((tile, stages, pipe, tuple(items)))
     return out
 
 
+def _tag(knob) -> str:
+    return "".join(f"_{k.lower()}" if v is True else f"_{k.lower()}{v}" for k, v in knob)
+
+
 def _name(tile, stages, pipe, knob):
-    tag = "".join(f"_{k.lower()}" if v is True else f"_{k.lower()}{v}" for k, v in knob)
-    return f"{tile[0]}x{tile[1]}w{tile[2]}_s{stages}_{'tma' if 'trload' in pipe else 'ptr'}{tag}"
+    return f"{tile[0]}x{tile[1]}w{tile[2]}_s{stages}_{'tma' if 'trload' in pipe else 'ptr'}{_tag(knob)}"
 
 
 def _options(tile, stages, knob) -> dict:
@@ -126,24 +138,32 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", default="0,1", help="0 (no mask), 1 (causal) or both")
     ap.add_argument("--tiles", default=TILES, help="MxNwW,...")
     ap.add_argument("--stagings", default=STAGINGS, help="stages:pipeline,...")
-    ap.add_argument("--knobs", default=KNOBS, help="none,fma,qreg,fma+maxnreg168,...")
+    ap.add_argument("--knobs", default=KNOBS, help="none,maxnreg168,<constexpr>,<constexpr>=N,... ('+' joins)")
     ap.add_argument("--once", action="store_true", help="launch each configuration once, untimed (for a profiler)")
     ap.add_argument("-j", type=int, default=16)
     args = ap.parse_args(argv)
-    configs = _parse_configs(args.tiles, args.stagings, args.knobs)
+    try:
+        configs = _parse_configs(args.tiles, args.stagings, args.knobs)
+    except ValueError as exc:
+        ap.error(str(exc))
 
     import torch
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from fmha_dsl.compile_pool import run_isolated
     from fmha_dsl.kernels import triton_fwd as T
 
     _allocator()
     hdims = [int(x) for x in args.hdims.split(",")]
     masks = [bool(int(c)) for c in args.causal.split(",")]
     jobs = [(d, c, args.dtype, t, st, p, kn) for d in hdims for c in masks for (t, st, p, kn) in configs]
-    with cf.ProcessPoolExecutor(args.j, mp_context=multiprocessing.get_context("spawn")) as ex:
-        errors = dict(zip(jobs, ex.map(_compile, jobs)))
+    errors = {}  # a compiler that crashes (Triton asserts abort the process) fails its configuration only
+
+    def done(i, res):
+        errors[jobs[i]] = res[1] if isinstance(res, tuple) else res
+
+    run_isolated(_compile, [(job,) for job in jobs], args.j, done)
     F = torch.nn.functional
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "dtype": args.dtype, "tokens": args.tokens}
@@ -197,7 +217,7 @@ def main(argv=None) -> int:
                   flush=True)
             by_knob = {}
             for tile, stages, pipe, knob in configs:
-                tag = _name((0, 0, 0), 0, "", knob)[len("0x0w0_s0_ptr"):] or "_none"
+                tag = _tag(knob) or "_none"
                 t = ok.get(_name(tile, stages, pipe, knob), 0.0)
                 by_knob[tag] = max(by_knob.get(tag, 0.0), t)
             row["best_by_knob"] = by_knob

@@ -39,40 +39,6 @@ def _dies_after(x):
     return {"x": x}, b""
 
 
-def _run(workers, n=10):
-    got = {}
-
-    def on_result(i, res):
-        assert i not in got, f"job {i} reported twice"
-        got[i] = res
-
-    run_isolated(_work, [(i,) for i in range(n)], workers, on_result)
-    return got
-
-
-def _check(got, n=10):
-    assert sorted(got) == list(range(n))
-    assert got[3][0] is None and "SIGABRT" in got[3][1] and "compiler crash" in got[3][1]
-    assert got[5] == (None, "worker failed: ValueError: bad input")
-    assert got[7][0] is None and "status 3" in got[7][1]
-    for i in set(range(n)) - {3, 5, 7}:
-        assert got[i] == ({"x": 2 * i}, bytes([i]))
-
-
-def test_a_crashing_job_fails_alone_with_several_workers():
-    _check(_run(3))
-
-
-def test_a_crashing_job_fails_alone_with_one_worker():
-    _check(_run(1))
-
-
-def test_more_workers_than_jobs_and_no_jobs():
-    got = _run(8, n=3)
-    assert got == {i: ({"x": 2 * i}, bytes([i])) for i in range(3)}
-    run_isolated(_work, [], 4, lambda i, r: (_ for _ in ()).throw(AssertionError("no job, no result")))
-
-
 def _collect(fn, n, workers, pause=0.0):
     got = {}
 
@@ -84,6 +50,28 @@ def _collect(fn, n, workers, pause=0.0):
     run_isolated(fn, [(i,) for i in range(n)], workers, on_result)
     assert sorted(got) == list(range(n))
     return got
+
+
+def _check(got):
+    assert got[3][0] is None and "SIGABRT" in got[3][1] and "compiler crash" in got[3][1]
+    assert got[5] == (None, "worker failed: ValueError: bad input")
+    assert got[7][0] is None and "status 3" in got[7][1]
+    for i in set(range(10)) - {3, 5, 7}:
+        assert got[i] == ({"x": 2 * i}, bytes([i]))
+
+
+def test_a_crashing_job_fails_alone_with_several_workers():
+    _check(_collect(_work, 10, 3))
+
+
+def test_a_crashing_job_fails_alone_with_one_worker():
+    _check(_collect(_work, 10, 1))
+
+
+def test_more_workers_than_jobs_and_no_jobs():
+    got = _collect(_work, 3, 8)
+    assert got == {i: ({"x": 2 * i}, bytes([i])) for i in range(3)}
+    run_isolated(_work, [], 4, lambda i, r: (_ for _ in ()).throw(AssertionError("no job, no result")))
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -482,7 +482,8 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
                                0, PAD_M, False, CHECK_D, CHECK_DV, BLOCK_N,
                                BIAS_TYPE, SOFTCAP, False, DROPOUT, IEEE, UPCAST_DOT, TMA)
         if not SOFTCAP and BIAS_TYPE == 0 and not PAD_N:
-            if n_hi < k_hi:  # (rare: under a branch, so that it costs nothing when not taken)
+            if n_hi < k_hi:  # (rare: under a branch, so that it costs nothing when not taken; STEP 1 without
+                # bounds checks is the plain form of STEP 0)
                 acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
                                        n_hi, k_hi, offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                        0, -1, -1, 0,
