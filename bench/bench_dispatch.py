@@ -14,7 +14,7 @@ Variants:
                       through the torch fast path (runtime/torch_fast.cpp) once it is built -- the script
                       waits for that build first
   attention[python]   the same with the torch fast path switched off (attention()'s Python path)
-  attention[cuda]     the same through cuda-python's cuLaunchKernel (Dispatcher(None, jit=True, launcher="cuda"))
+  attention[cuda]     the same through cuda-python's cuLaunchKernel (Dispatcher(None, builder=Builder(), launcher="cuda"))
   attention[triton]   the same through Triton's C launcher
   attention[tuned]    with --registry DIR: a built (and tuned) registry, seqtune selection on the hot path
   sdpa                torch.nn.functional.scaled_dot_product_attention
@@ -82,6 +82,7 @@ def main(argv=None) -> int:
     import torch
 
     import fmha_dsl
+    from fmha_dsl.first_use import Builder
     from fmha_dsl.runtime.dispatch import Dispatcher, current_stream
 
     if not torch.cuda.is_available():
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
     contexts = {"attention[python]": _PythonPath}
     dispatchers = {}
     for name in ("cuda", "triton"):
-        d = Dispatcher(None, jit=True, launcher=name)
+        d = Dispatcher(None, builder=Builder(), launcher=name)
         try:
             fmha_dsl.attention(q, k, v, registry=d)
         except Exception as exc:  # noqa: BLE001  (report, keep measuring the rest)

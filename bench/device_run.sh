@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-machine run (see bench/README_device.md): lay the tree out as the installed package, build the
 # benchmark set for the local GPU, run the GPU tests and the benchmarks.  Logs and JSON go to $OUT.
-#   bash bench/device_run.sh [all|tests|fwd|flex|dispatch|select|seqbuild|seqtune|seqeval]   (several: "tests dispatch")
+#   bash bench/device_run.sh [all|tests|fwd|flex|dispatch|select|seqbuild|seqtune|seqeval|default]   (several: "tests dispatch")
+#   default: bench/bench_default.py (what fmha_dsl.attention gives with default arguments; DEFAULT_PARTS picks parts)
 set -uo pipefail
 what=" ${*:-all} "
 export OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -11,7 +12,7 @@ rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r fmha_dsl /tmp/pkg/ && cp -r runtim
 export PYTHONPATH=/tmp/pkg:/tmp/site PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1 FMHA_DSL_CACHE_DIR=/tmp/fmha-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 arch=$(python3 -P -c "from fmha_dsl.runtime.dispatch import detect_arch; print(detect_arch())")
-if [[ $what == *" all "* || $what == *" fwd "* || $what == *" flex "* ]]; then
+if [[ $what == *" all "* || $what == *" fwd "* || $what == *" flex "* || $what == *" default "* ]]; then
   python3 -P -m fmha_dsl.cli build bench_fwd --arch "$arch" -o /tmp/bench -j 16 -q 2>&1 | tail -5 | tee "$OUT/build.log"
   cp /tmp/bench/build-report.json "$OUT/" 2>/dev/null
 fi
@@ -45,4 +46,11 @@ if [[ $what == *" select "* || $what == *" seqeval "* ]]; then
   python3 -P bench/bench_select.py --build "$SEQ_DIR" --skip-tune --json "$OUT/bench_select.json" 2>&1 | tee "$OUT/bench_select.log" | grep -v "^[bf][fp]16 d"
   python3 -P -m fmha_dsl.cli report "$SEQ_DIR" -o "$OUT/report.html" --png 2>&1 | tail -3
   python3 -P bench/bench_dispatch.py --registry "$SEQ_DIR" --json "$OUT/bench_dispatch_tuned.json" 2>&1 | tail -14
+fi
+if [[ $what == *" all "* || $what == *" default "* ]]; then
+  best=$(ls bench/results/*_"$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -o 'H[0-9]00' | tr 'H' 'h')"_fwd_sdpa_run*.json 2>/dev/null | sort | tail -1)
+  [[ -z "$best" ]] && best=$(ls bench/results/*_fwd_sdpa_run*.json | sort | tail -1)
+  python3 -P bench/bench_default.py --parts "${DEFAULT_PARTS:-firstcall,prefill,padded,decode}" --best-from "$best" \
+    --build /tmp/bench ${DEFAULT_ARGS:-} --json "$OUT/bench_default.json" 2>&1 | tee "$OUT/bench_default.log"
+  cp "$FMHA_DSL_CACHE_DIR"/tuned/*.json "$OUT/" 2>/dev/null
 fi

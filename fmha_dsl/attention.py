@@ -12,10 +12,13 @@ What it computes is ``docs/semantics.md`` (the same as :func:`fmha_dsl.reference
   axis at stride 1: column-major V).  A BSHD tensor is passed as ``x.transpose(1, 2)``; the output then has the
   same memory order as ``q``.
 * ``registry``: a build directory, a ``registry.json`` path, a :class:`~fmha_dsl.registry.Registry` or a
-  :class:`~fmha_dsl.runtime.dispatch.Dispatcher`.  ``None`` (default): the one kernel the problem needs is
-  compiled on first use (Triton, tile from :data:`fmha_dsl.runtime.jit.TILE_TABLE`), cached on disk with the
-  build's artifact cache and in memory per problem class; ``FMHA_DSL_NO_BUILD=1`` makes a missing kernel an
-  error (``dispatch.no-kernel``) instead.
+  :class:`~fmha_dsl.runtime.dispatch.Dispatcher`.  ``None`` (default): selection by measurement on first use
+  (:mod:`fmha_dsl.runtime.autotune`): the first call of a problem class and length octave compiles the
+  rule-checked candidates (:class:`fmha_dsl.first_use.Builder`: exact head dims, every tile and pipeline, split-KV
+  for few query blocks), times them on this call's arguments, keeps the fastest and records it per device (a
+  recorded or shipped decision compiles only the winner); binaries go through the build's artifact cache.
+  ``FMHA_DSL_AUTOTUNE=0`` skips the timing (cost model), ``FMHA_DSL_NO_BUILD=1`` makes a missing kernel an error
+  (``dispatch.no-kernel``).  A registry without a seqtune table is timed the same way on first use.
 * Group mode: ``max_seqlen_q/k`` (ints) avoid a device-to-host copy of ``cu_seqlens``; without them the
   lengths are read back (one synchronisation) and fully checked.
 * Dropout: ``seed=None`` draws a seed from torch's CPU generator (NumPy inputs: from NumPy's); ``offset`` is
@@ -200,7 +203,7 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
     plan = disp.fast.get(key)
     if plan is None:
         plan = _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vc, mask, wl, wr, bias_kind, return_lse,
-                     dropout_p, softcap, sink, aligned)
+                     dropout_p, softcap, sink, aligned, _measurer(dev, b, hq, sq, args))
         if dev >= 0 and _fast_path is None and disp.arch.startswith("sm"):
             from .runtime import torch_fast
 
@@ -329,7 +332,12 @@ def _dispatcher(registry, dev: int):
         if got is None:
             got = _DISPATCHERS[key] = (Dispatcher(registry, arch), registry)
     else:
-        got = (Dispatcher(registry, arch, jit=registry is None), registry)
+        builder = None
+        if registry is None:
+            from .first_use import Builder
+
+            builder = Builder()
+        got = (Dispatcher(registry, arch, builder=builder), registry)
     _DISPATCHERS[fast_key] = got
     return got[0]
 
@@ -585,8 +593,36 @@ def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):
     return "alibi", None, alibi_strides(alibi)
 
 
+def _measurer(dev: int, b: int, hq: int, sq: int, args):
+    """``measure(plan) -> microseconds``: one launch of a candidate plan on this call's own arguments, after the L2
+    cache is flushed (what first-use selection compares, round-robin), or None where nothing can be timed (the CPU
+    interpreter, a CUDA graph being captured)."""
+    if dev < 0:
+        return None
+    torch = _torch
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    state = {}
+
+    def measure(plan):
+        if not state:
+            l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or (64 << 20))
+            state["flush"] = torch.empty(2 * l2, dtype=torch.int8, device=f"cuda:{dev}")
+            state["t"] = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        stream = torch.cuda.current_stream(dev)
+        t0, t1 = state["t"]
+        state["flush"].zero_()
+        t0.record(stream)
+        plan.launch(dev, b, hq, sq, args)
+        t1.record(stream)
+        t1.synchronize()
+        return t0.elapsed_time(t1) * 1000.0
+
+    return measure
+
+
 def _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vlayout_c, mask, wl, wr, bias_kind, return_lse,
-          dropout_p, softcap, sink, aligned=True):
+          dropout_p, softcap, sink, aligned=True, measure=None):
     from .keys import Problem
 
     problem = Problem(family="fwd", dtype=dname, arch=disp.arch, batch=max(1, int(b)), nhead_q=int(hq),
@@ -596,7 +632,7 @@ def _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vlayout_c, mask, w
                       bias=bias_kind, lse=bool(return_lse), dropout=bool(dropout_p), logits=softcap is not None,
                       sink=bool(sink))
     before = disp.fast
-    plan = disp.plan(problem, aligned)
+    plan = disp.plan(problem, aligned, measure)
     if disp.fast is not before:  # a JIT compile re-indexed the dispatcher: every cached decision is redone
         if _fast_path is not None:
             _fast_path.clear()  # and the fast path learns its recipes again

@@ -4,15 +4,18 @@ A compiler can die outright on some input (an LLVM assertion aborts the process;
 backend).  ``concurrent.futures`` then breaks the whole pool and every pending job with it, and a compile in the
 build's own process takes the build down.  :func:`run_isolated` keeps ``workers`` spawned processes, hands each
 one job at a time over its own pipe, and watches the processes: when one dies, the job it held -- and only that
-one -- fails with the exit status, and a fresh worker takes its place.  A worker that cannot even start (a script
-that calls the build without an ``if __name__ == "__main__":`` guard: spawning re-imports it) is a usage error,
-not a crashed kernel.
+one -- fails with the exit status, and a fresh worker takes its place.  Workers are started without re-importing
+the caller's main module (the jobs are functions of fmha-dsl's own modules), so a script, a notebook or a ``python -``
+session that compiles -- ``fmha_dsl.attention``'s first use included -- needs no ``if __name__ == "__main__":``
+guard and is never run again in a worker.  A worker that cannot start is a usage error, not a crashed kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import signal
+import sys
 import time
 from multiprocessing.connection import wait
 
@@ -51,11 +54,29 @@ def _died(code: int | None) -> str:
     return f"the compiler process exited (status {code}) while compiling this kernel: a compiler crash"
 
 
+@contextlib.contextmanager
+def _main_module_hidden():
+    """While a worker starts: the spawn start method re-runs the parent's ``__main__`` (found through its ``__spec__``
+    or ``__file__``) in the child unless neither is set; the jobs never need it."""
+    main = sys.modules.get("__main__")
+    saved = {a: vars(main)[a] for a in ("__spec__", "__file__") if main is not None and a in vars(main)}
+    try:
+        if "__spec__" in saved:
+            main.__spec__ = None
+        if "__file__" in saved:
+            del main.__file__
+        yield
+    finally:
+        for a, v in saved.items():
+            setattr(main, a, v)
+
+
 class _Worker:
     def __init__(self, ctx, fn):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(child, fn), daemon=True)
-        self.proc.start()
+        with _main_module_hidden():
+            self.proc.start()
         child.close()
         self.ready = False
         self.job = None
@@ -86,8 +107,8 @@ def run_isolated(fn, jobs: list, workers: int, on_result) -> None:
         pool.remove(w)
         if not w.ready:
             raise error("build.workers", f"a compile worker process exited (status {w.proc.exitcode}) before it "
-                        "started", None, "spawned workers re-import the main module: a script that builds must "
-                        "call the build under `if __name__ == \"__main__\":`", cls=UsageError)
+                        "started", None, "check that the Python executable can start (sys.executable) and that fmha_dsl "
+                        "imports in a fresh process", cls=UsageError)
         i, w.job = w.job, None
         on_result(i, (None, _died(w.proc.exitcode)))
         if pending:

@@ -34,8 +34,14 @@ small tuple; when the selection ranks (a table, or compiled kernels for the cost
 evaluated at the bucket's smallest member, so a decision depends on the bucket only.  No match raises :class:`fmha_dsl.errors.FmhaError` (rule ``dispatch.no-kernel``) naming the
 three closest entries, the fields where they differ, and the ``.fmha`` declaration that would add a match.
 
-With ``jit=True`` a miss compiles the one key the problem needs instead (:mod:`fmha_dsl.runtime.jit`;
-``FMHA_DSL_NO_BUILD=1`` turns that off).
+A compiling dispatcher (``builder=``, e.g. :class:`fmha_dsl.first_use.Builder`; what ``fmha_dsl.attention`` uses
+without a registry) selects by measurement on first use instead (:mod:`fmha_dsl.runtime.autotune`): per decision key
+(the problem class and the octaves of the lengths and of batch x heads) it compiles the candidates the builder ranks
+highest, times them on the caller's arguments (``plan(problem, measure=...)``), keeps the fastest and records it per
+device; without ``measure`` (or with ``FMHA_DSL_AUTOTUNE=0``) the cost model chooses among the compiled candidates,
+never one that spills while one that does not exists.  ``FMHA_DSL_NO_BUILD=1`` makes a missing kernel an error.
+A registry without a seqtune table gets the same treatment when the caller can measure: its candidates are timed
+once per decision key.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from fmha_dsl import seqtune
 from fmha_dsl.errors import UsageError, error
 from fmha_dsl.registry import Entry, Registry
 
-from . import abi
+from . import abi, autotune
 from .match import (EXACT, PAGED_FAMILIES, PIPELINE_RANK, _exact_key, _lcm, _max_sk, _max_sq,  # noqa: F401
                     declaration_for, describe, group_key, mismatches, no_kernel_error, preference, promised_aligned,
                     serves_fwd)
@@ -116,13 +122,16 @@ class Dispatcher:
     ``launcher``: ``"auto"`` (default on NVIDIA, ``FMHA_DSL_LAUNCHER`` overrides: ``"native"`` where fmha-dsl's
     C launcher compiles, else ``"cuda"``), ``"native"``, ``"cuda"`` (cuda-python), ``"triton"`` (Triton's C
     launcher), ``"hip"`` (AMD) or ``"interpret"`` (the template under ``TRITON_INTERPRET=1`` on CPU
-    tensors: tests and debugging).  ``jit``: compile missing kernels on first use.
+    tensors: tests and debugging).  ``builder``: compile on first use (see the module docstring); it has
+    ``candidates(problem, arch, aligned)`` and ``compile(entries, aligned)`` (:class:`fmha_dsl.first_use.Builder`).
+    ``tuned_dir``: where first-use decisions are recorded (default: fmha-dsl's cache folder; ``""``: nowhere).
     """
 
     def __init__(self, registry=None, arch: str | None = None, *, root: str | None = None,
-                 launcher: str | None = None, jit: bool = False, device_name: str | None = None):
+                 launcher: str | None = None, builder=None, device_name: str | None = None,
+                 tuned_dir: str | None = None):
         reg, found_root = open_registry(registry)
-        if jit and registry is not None:  # compiled kernels are added here, not to the caller's registry
+        if builder is not None and registry is not None:  # compiled kernels are added here, not to the caller's
             reg = reg.filter()
         self.registry = reg
         self.root = root if root is not None else found_root
@@ -131,8 +140,11 @@ class Dispatcher:
         if self.launcher not in LAUNCHERS:
             raise error("usage.value", f"unknown launcher {self.launcher!r}", None,
                         f"one of: {', '.join(LAUNCHERS)} (FMHA_DSL_LAUNCHER sets the default)", cls=UsageError)
-        self.jit = bool(jit)
+        self.builder = builder
+        self.jit = builder is not None
         self._lock = threading.RLock()
+        self._decided: dict[str, Entry] = {}   # decision key -> the entry chosen (measured or recorded)
+        self.measured: dict[str, dict] = {}    # decision key -> {kernel name: microseconds} timed in this process
         self._binaries: dict[str, bytes] = {}
         self._stages: dict[str, Stage] = {}
         # the seqtune table, when measured on this arch and device (else a SeqtuneDeviceWarning, and None)
@@ -147,6 +159,16 @@ class Dispatcher:
                 table = None
         self.table = table
         self.compute_units = seqtune.compute_units(self.arch, table)
+        self.tuned = None
+        if builder is not None or table is None:
+            if device_name is None:
+                device_name = _device_name()
+            if tuned_dir is None:
+                from fmha_dsl.cache import cache_base
+
+                tuned_dir = cache_base()
+            self.tuned = autotune.TunedTable(self.arch, device_name, tuned_dir or None,
+                                             autotune.shipped(self.arch, device_name) if builder is not None else None)
         self._reindex()
 
     # -- index ------------------------------------------------------------------------------------------
@@ -166,15 +188,22 @@ class Dispatcher:
         # the selection depends on seqlen / batch x heads (table or cost model): the class key adds buckets --
         # only when some problem has a choice: a problem's candidates all lie in one exact-key group, so a
         # choice needs a group of two or more.  A JIT dispatcher holds one kernel per class: no buckets.
-        ranked_data = self.table is not None or any(e.build for e in self.entries if e.source != "<jit>")
-        self.ranking = ranked_data and any(len(g) > 1 for g in groups.values())
+        ranked_data = self.table is not None or any(e.build for e in self.entries)
+        self.ranking = self.builder is None and ranked_data and any(len(g) > 1 for g in groups.values())
 
-    def add(self, entry: Entry, binary: bytes | None = None) -> None:
-        """Add a kernel (and its binary bytes) to this dispatcher's registry; cached decisions are redone."""
+    def add(self, entry: Entry, binary=None) -> None:
+        """Add a kernel (and its binary: bytes, or ``{identifier: bytes}`` with a split kernel's
+        ``<id>:combine``) to this dispatcher's registry; cached decisions are redone."""
+        self.add_many([(entry, binary)])
+
+    def add_many(self, items) -> None:
         with self._lock:
-            self.registry.add(entry)
-            if binary is not None:
-                self._binaries[entry.identifier] = binary
+            for entry, binary in items:
+                self.registry.add(entry)
+                if isinstance(binary, dict):
+                    self._binaries.update(binary)
+                elif binary is not None:
+                    self._binaries[entry.identifier] = binary
             self._reindex()
 
     # -- selection --------------------------------------------------------------------------------------
@@ -185,8 +214,11 @@ class Dispatcher:
 
     def seq_key(self, sq: int, sk: int, bh: int) -> tuple:
         """What of the lengths (and batch x heads) a decision depends on: the residues modulo the tiles' lcm,
-        the ``max_seq_len_q`` band, and with ranked selection the seqlen / batch x heads buckets.  Part of every
-        cached decision's key (:meth:`class_key`, ``fmha_dsl.attention``'s own keys)."""
+        the ``max_seq_len_q`` band, and with ranked selection the seqlen / batch x heads buckets (a compiling
+        dispatcher: only the octaves of its decision keys, :func:`fmha_dsl.runtime.autotune.buckets`).  Part of
+        every cached decision's key (:meth:`class_key`, ``fmha_dsl.attention``'s own keys)."""
+        if self.builder is not None:
+            return autotune.buckets(sq, sk, bh)
         key = (sq % self.lq, sk % self.lk)
         if self.sq_bounds:
             key += (sum(1 for b in self.sq_bounds if sq > b),)
@@ -262,33 +294,128 @@ class Dispatcher:
                 return r[0]["entry"]
         return c[0]
 
-    def select(self, p, aligned: bool = True) -> Entry:
+    def select(self, p, aligned: bool = True, measure=None) -> Entry:
+        """The entry that runs ``p``.  ``measure(plan) -> microseconds`` (optional) times a candidate plan on the
+        caller's arguments: a compiling dispatcher, and a registry without a seqtune table, then choose by it."""
+        if self.builder is not None:
+            return self._first_use(p, aligned, measure)
         c = self.candidates(p, aligned)
         if c:
+            if measure is not None and len(c) > 1 and self.table is None and autotune.enabled():
+                return self._measured(p, aligned, c[:_max_timed()], measure, record=True)
             return self._best(p, c, aligned)
-        if self.jit and os.environ.get("FMHA_DSL_NO_BUILD", "") not in ("1", "true", "yes"):
-            from . import jit
-
-            with self._lock:
-                c = self.candidates(p, aligned)
-                if c:
-                    return self._best(p, c, aligned)
-                entry, binary = jit.compile_for(p, self.arch, aligned=aligned)
-                self.add(entry, binary)
-                c = self.candidates(p, aligned)
-                if c:
-                    return self._best(p, c, aligned)
         raise no_kernel_error(p, self.arch, self.entries, self.registry.name, self.registry.archs, aligned)
 
-    def plan(self, problem, aligned: bool = True) -> Plan:
-        """The execution plan for ``problem`` (a :class:`fmha_dsl.keys.Problem`); cached per problem class."""
+    # -- first use ----------------------------------------------------------------------------------------
+    def _first_use(self, p, aligned: bool, measure) -> Entry:
+        tk = autotune.key(p, aligned)
+        with self._lock:
+            e = self._decided.get(tk)
+            if e is not None:
+                return e
+            no_build = os.environ.get("FMHA_DSL_NO_BUILD", "") in ("1", "true", "yes")
+            rec = self.tuned.get(tk) if self.tuned is not None else None
+            if rec is not None and not no_build:  # a recorded decision: compile (or load) the winner only
+                got = self._compile([self.builder.entry_for(rec["sig"], rec["alg"], self.arch)], aligned)
+                if got and not mismatches(got[0], p, aligned):
+                    self._decided[tk] = got[0]
+                    return got[0]
+            if no_build:
+                raise no_kernel_error(p, self.arch, self.entries, self.registry.name, self.registry.archs, aligned)
+            cands = self.builder.candidates(p, self.arch, aligned)
+            if not cands:
+                raise error("runtime.jit", f"the Triton rules allow no kernel for {describe(p)} on {self.arch}",
+                            None, "the head dims, dtype or features exceed what the Triton template supports here")
+            timed = measure is not None and autotune.enabled()
+            if timed:
+                built = self._compile(cands, aligned)
+            else:  # a few at a time, until one compiles without spilling (or none is left)
+                built = []
+                for i in range(0, len(cands), _UNTIMED):
+                    built += self._compile(cands[i:i + _UNTIMED], aligned)
+                    if len(_without_spills(built)) < len(built) or not any(_spills(e) for e in built):
+                        break
+            if not built:
+                raise error("runtime.jit", f"no candidate kernel for {describe(p)} on {self.arch} compiled", None,
+                            "report this with the problem's shapes; meanwhile pass a registry built elsewhere")
+            built = _without_spills(built)
+            if timed and len(built) > 1:
+                e = self._measured(p, aligned, built, measure, record=True)
+            else:
+                e = min(built, key=lambda x: (seqtune.cost(x, p, self.arch, self.compute_units)[0], x.identifier))
+            self._decided[tk] = e
+            return e
+
+    def _compile(self, entries, aligned: bool) -> list[Entry]:
+        """Compile (or load) ``entries`` through the builder and add them; the ones that compiled, in order."""
+        have = {e.identifier: e for e in self.entries}
+        out, new = [], []
+        for res in self.builder.compile([e for e in entries if e.identifier not in have], aligned):
+            e, bins = res
+            if isinstance(bins, dict):
+                new.append((e, bins))
+                have[e.identifier] = e
+        if new:
+            self.add_many(new)
+        for e in entries:
+            if e.identifier in have and (have[e.identifier].build or {}):
+                out.append(have[e.identifier])
+        return out
+
+    def _measured(self, p, aligned: bool, cands: list, measure, record: bool) -> Entry:
+        """Time every candidate on the caller's arguments and keep the fastest; record the decision.
+
+        ``measure(plan)`` times one launch (after flushing the L2 cache).  Candidates are timed round-robin -- one
+        launch of each per round, so clock and temperature drift spread over all of them -- for about
+        :data:`TUNE_SECONDS` (5 to 25 rounds), then the closest three get as many rounds again; the median decides."""
+        tk = autotune.key(p, aligned)
+        if record and self.tuned is not None and self.builder is None:
+            rec = self.tuned.get(tk)
+            if rec is not None:
+                for e in cands:
+                    if e.name == rec.get("kernel") and dict(e.sig) == rec["sig"]:
+                        return e
+        plans = {e.identifier: self.plan_for(e, p) for e in cands}
+        by_id = {e.identifier: e for e in cands}
+        samples: dict[str, list] = {}
+        for i, pl in plans.items():  # warm-up: loads each kernel once; a candidate that cannot run drops out
+            t = _time_one(measure, pl)
+            if t is not None:
+                samples[i] = []
+        if not samples:
+            return cands[0]
+        once = sum(_time_one(measure, plans[i]) or 0.0 for i in samples)  # one round, in microseconds
+        rounds = int(min(25, max(5, TUNE_SECONDS * 1e6 / max(once, 1.0))))
+
+        def run(ids, n):
+            for _ in range(n):
+                for i in ids:
+                    t = _time_one(measure, plans[i])
+                    if t is not None:
+                        samples[i].append(t)
+
+        run(list(samples), rounds)
+        med = {i: _median(v) for i, v in samples.items() if v}
+        top = sorted(med, key=med.get)[:3]
+        if len(top) > 1:
+            run(top, rounds)
+            med.update({i: _median(samples[i]) for i in top})
+        win = by_id[min(med, key=lambda i: (med[i], i))]
+        if record and self.tuned is not None:
+            self.tuned.record(tk, autotune.record_of(win, med, {i: by_id[i].name for i in med}))
+        self.measured[tk] = {by_id[i].name: t for i, t in med.items()}
+        return win
+
+    def plan(self, problem, aligned: bool = True, measure=None) -> Plan:
+        """The execution plan for ``problem`` (a :class:`fmha_dsl.keys.Problem`); cached per problem class.
+        ``measure``: see :meth:`select`."""
         if problem.arch is not None and problem.arch != self.arch:
             raise error("dispatch.arch", f"problem is for {problem.arch}, this dispatcher serves {self.arch}",
                         None, "make a Dispatcher for that arch", cls=UsageError)
         key = self.class_key(problem, aligned)
         plan = self._plans.get(key)
         if plan is None:
-            entry = self.select(problem, aligned)
+            entry = self.select(problem, aligned, measure)
             key = self.class_key(problem, aligned)  # a JIT compile may have changed the tile lcm
             pk = (entry.identifier, problem.num_splits if problem.family == "fwd_splitkv" else 0)
             plan = self._plan_of.get(pk)
@@ -378,11 +505,48 @@ class Dispatcher:
                           launcher=self.launcher, scratch=scratch, alloc=_torch_alloc, names=names)
 
 
+_UNTIMED = 4   # candidates compiled when the choice is the cost model's (it weighs the builds' resource reports)
+
+
+TUNE_SECONDS = 0.5   # the timing budget of one first-use decision (more rounds for short kernels)
+
+
+def _median(xs: list) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def _max_timed() -> int:
+    return 16
+
+
+def _spills(e) -> int:
+    return int(((e.build or {}).get("resources") or {}).get("spills") or 0)
+
+
+def _without_spills(entries: list) -> list:
+    """Never a candidate that spills while one that does not exists (the build's resource report)."""
+    clean = [e for e in entries if not _spills(e)]
+    return clean or entries
+
+
+def _time_one(measure, plan):
+    """``measure(plan)`` in microseconds, or None when that candidate cannot run (it is then never chosen)."""
+    from fmha_dsl.errors import FmhaError
+
+    try:
+        t = measure(plan)
+    except (FmhaError, RuntimeError, OSError, ValueError):
+        return None
+    return None if t is None or t != t or t <= 0 else float(t)
+
+
 def combine_entry(entry: Entry) -> Entry:
     """The combine kernel built with split-KV kernel ``entry``, as an entry of its own (family
     ``fwd_splitkv_combine``, identifier ``<split id>:combine``; its build is the split build's ``combine``)."""
     b = entry.build["combine"] or {}
-    name = os.path.splitext(os.path.basename(b.get("binary", "")))[0] or entry.name + "_combine"
+    name = b.get("name") or os.path.splitext(os.path.basename(b.get("binary") or ""))[0] or entry.name + "_combine"
     return Entry(None, name, entry.source, b, sig=dict(entry.sig, family="fwd_splitkv_combine"), alg=entry.alg,
                  arch=entry.arch, ident=entry.identifier + ":combine")
 

@@ -93,13 +93,39 @@ def test_a_worker_that_dies_between_jobs():
 
 
 def test_workers_that_cannot_start_are_a_usage_error():
-    """A function the spawned worker cannot import (as when a script without a __main__ guard builds)."""
+    """A function the spawned worker cannot import."""
     mod = types.ModuleType("fmha_pool_test_nowhere")
     exec("def fn(x):\n    return {}, b''\n", mod.__dict__)
     sys.modules[mod.__name__] = mod
     try:
         with pytest.raises(UsageError, match="before it started") as exc:
             run_isolated(mod.fn, [(1,), (2,)], 2, lambda i, r: None)
-        assert "__main__" in exc.value.hint
+        assert "fresh process" in exc.value.hint
     finally:
         del sys.modules[mod.__name__]
+
+
+def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(tmp_path):
+    """The spawn start method would re-run an unguarded script in every worker (and fail there): workers start
+    with the main module hidden, so the script runs once and its compiles succeed."""
+    import subprocess
+
+    marks = tmp_path / "runs"
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import sys\n"
+        f"open({str(marks)!r}, 'a').write('run\\n')\n"
+        "from fmha_dsl.compile_pool import run_isolated\n"
+        "from test_compile_pool_helpers import ok\n"
+        "got = {}\n"
+        "run_isolated(ok, [(1,), (2,), (3,)], 2, lambda i, r: got.__setitem__(i, r))\n"
+        "assert sorted(got) == [0, 1, 2], got\n"
+        "print('done')\n")
+    (tmp_path / "test_compile_pool_helpers.py").write_text("def ok(x):\n    return {'x': x}, b''\n")
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr[-2000:]
+    assert marks.read_text() == "run\n"

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 import fmha_dsl  # noqa: E402
+from fmha_dsl.first_use import Builder
 from fmha_dsl.errors import FmhaError  # noqa: E402
 from fmha_dsl.keys import Problem  # noqa: E402
 from fmha_dsl.reference import attention_fwd, philox_uniform  # noqa: E402
@@ -313,13 +314,13 @@ def test_every_launcher_agrees():
     a = fmha_dsl.attention(q, k, v, causal=True)
     outs = {}
     for name in ("native", "cuda", "triton"):
-        d = Dispatcher(None, jit=True, launcher=name)
+        d = Dispatcher(None, builder=Builder(), launcher=name)
         outs[name] = fmha_dsl.attention(q, k, v, causal=True, registry=d)
         [plan] = d.fast.values()
         assert plan._stage.kernel(0).kind == name
         assert torch.equal(a, outs[name]), name
     # the default ("auto") is the native launcher wherever it compiles (it does on this machine)
-    auto = Dispatcher(None, jit=True)
+    auto = Dispatcher(None, builder=Builder())
     fmha_dsl.attention(q, k, v, registry=auto)
     assert native.available()[0] and next(iter(auto.fast.values()))._stage.kernel(0).kind == "native"
     # a value that does not fit its 32-bit parameter is a located error before anything is launched
@@ -335,7 +336,7 @@ def test_every_launcher_agrees():
 def test_plan_run_directly():
     from fmha_dsl.runtime.dispatch import Dispatcher
 
-    disp = Dispatcher(None, jit=True)
+    disp = Dispatcher(None, builder=Builder())
     q, k, v = rnd(2, 4, 200, 64), rnd(2, 4, 200, 64), rnd(2, 4, 200, 64)
     plan = disp.plan(P(mask="bottom_right", lse=True, batch=2, nhead_q=4, nhead_k=4, seqlen_q=200, seqlen_k=200))
     out, lse = torch.empty_like(q), torch.empty(2, 4, 200, device="cuda")
@@ -450,7 +451,7 @@ def test_the_torch_fast_path_on_side_streams_in_graphs_and_with_misaligned_point
     # another launcher: declined once learnt, so its calls pay no token
     from fmha_dsl.runtime.dispatch import Dispatcher
 
-    d = Dispatcher(None, jit=True, launcher="cuda")
+    d = Dispatcher(None, builder=Builder(), launcher="cuda")
     for _ in range(3):
         assert torch.equal(fmha_dsl.attention(q, k, v, registry=d), want)
     st = fp.stats()
@@ -546,7 +547,7 @@ def test_alignment_is_decided_per_argument():
             args[i] = fn(args[i])
             cases.append((f"{name} {how}", tuple(args), True))
     for what, args, unaligned in cases:
-        d = Dispatcher(None, jit=True)
+        d = Dispatcher(None, builder=Builder())
         close(fmha_dsl.attention(*args, registry=d), want, torch.float16, what)
         [plan] = d.fast.values()
         assert (plan.entry.alg["constraint"] == "unaligned") == unaligned, what

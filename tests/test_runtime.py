@@ -14,6 +14,7 @@ import pytest
 
 import fmha_dsl
 from fmha_dsl.errors import FmhaError, UsageError
+from fmha_dsl.first_use import Builder
 from fmha_dsl.keys import Algorithm, KernelKey, Problem, Signature
 from fmha_dsl.reference import attention_fwd
 from fmha_dsl.registry import Entry, Registry
@@ -393,50 +394,137 @@ def test_arch_detection_without_a_gpu_is_a_clear_error():
 
 def test_no_build_turns_a_jit_miss_into_the_no_kernel_error(monkeypatch):
     monkeypatch.setenv("FMHA_DSL_NO_BUILD", "1")
-    d = Dispatcher(None, arch="sm90", jit=True)
+    d = Dispatcher(None, arch="sm90", builder=Builder(), tuned_dir="")
     with pytest.raises(FmhaError) as ei:
         d.plan(problem())
     assert ei.value.rule == "dispatch.no-kernel" and "kernel_set extra" in ei.value.hint
 
 
-def test_jit_picks_the_table_tile():
-    from fmha_dsl.runtime import jit
+def test_first_use_candidates_come_from_the_rules_with_exact_head_dims():
+    """Candidates are keys the Triton rules allow, for the problem's exact head dims (no run-time head-dim masks),
+    padded sequence dims, every table tile and pipeline; TMA pipelines only for aligned arguments; split-KV
+    candidates for problems with few query blocks."""
+    from fmha_dsl.rules.triton_fwd import uses_tma
 
-    for arch, hd, want in (("sm90", 64, (128, 64, 4)), ("sm90", 128, (128, 64, 8)), ("sm80", 128, (64, 64, 4)),
-                           ("gfx942", 128, (128, 64, 4))):
-        p = problem(hdim_q=hd, hdim_v=hd, mask="top_left", lse=True)
-        e = jit.choose(jit.candidates(p, arch), p, arch)
-        assert (e.alg["tile"][0], e.alg["tile"][1], e.alg["wave"][0]) == want
-        assert e.alg["pipeline"] == "qr_async" and all(e.alg[f] for f in ("pad_s", "pad_sk"))
-        assert not mismatches(e, p)
+    b = Builder()
+    p = problem(hdim_q=80, hdim_v=80, mask="top_left", lse=True, seqlen_q=4095, seqlen_k=4095, batch=4, nhead_q=16,
+                nhead_k=16)
+    cands = b.candidates(p, "sm90", limit=100)
+    assert cands and all(not mismatches(e, p) for e in cands)
+    assert all((e.sig["hdim_q"], e.sig["hdim_v"]) == (80, 80) and not e.alg["pad_d"] and not e.alg["pad_dv"]
+               and e.alg["pad_s"] and e.alg["pad_sk"] for e in cands)
+    assert {e.alg["pipeline"] for e in cands} >= {"qr_async", "qr_async_trload"}
+    assert all(e.sig["family"] == "fwd" for e in cands)  # 4096 rows x 64 heads fill the device
+    un = b.candidates(p, "sm90", aligned=False, limit=100)
+    assert un and not any(uses_tma(e.alg["pipeline"]) for e in un)
+    assert all(e.alg["constraint"] == "unaligned" for e in un)
+    dec = problem(seqlen_q=1, seqlen_k=8192, batch=1, nhead_q=32, nhead_k=8, hdim_q=128, hdim_v=128)
+    fams = {e.sig["family"] for e in b.candidates(dec, "sm90", limit=100)}
+    assert fams == {"fwd", "fwd_splitkv"}
+    for arch in ("sm80", "gfx942", "gfx1100"):
+        got = b.candidates(p, arch, limit=100)
+        assert got and not any(uses_tma(e.alg["pipeline"]) for e in got), arch
+    assert len(b.candidates(p, "sm90", limit=5)) == 5
+    # lengths that are multiples of 128: the tiles dividing 128 come unpadded (their padded twins are dropped), the
+    # others padded
+    a = p.model_copy(update={"seqlen_q": 4096, "seqlen_k": 4096})
+    al = b.candidates(a, "sm90", limit=100)
+    assert al and all(not mismatches(e, a) for e in al)
+    for e in al:
+        fits = 128 % e.alg["tile"][0] == 0 and 128 % e.alg["tile"][1] == 0
+        assert (e.alg["pad_s"], e.alg["pad_sk"]) == ((0, 0) if fits else (1, 1)), e.name
+    assert any(e.alg["tile"][0] == 256 for e in al)
 
 
-def test_jit_never_picks_a_tma_pipeline():
-    """fp32 at head dims 192x128 on sm90: the table tile (64, 64, 4) has no 3-stage qr_async (shared memory) but has
-    TMA variants; the JIT must fall to qr, which has an unaligned build (a TMA kernel has none)."""
-    from fmha_dsl.runtime import jit
-
-    p = problem(dtype="fp32", hdim_q=192, hdim_v=128)
-    cands = jit.candidates(p, "sm90")
-    tile = [e for e in cands if (e.alg["tile"][0], e.alg["tile"][1], e.alg["wave"][0]) == (64, 64, 4)]
-    assert {e.alg["pipeline"] for e in tile} >= {"qr", "qr_async_trload"}
-    assert "qr_async" not in {e.alg["pipeline"] for e in tile}
-    e = jit.choose(cands, p, "sm90")
-    assert e.alg["pipeline"] == "qr" and (e.alg["tile"][0], e.alg["tile"][1]) == (64, 64)
-
-
-def test_jit_compiles_once_into_the_artifact_cache(tmp_path):
+def test_first_use_compiles_into_the_artifact_cache_once(tmp_path):
     pytest.importorskip("triton")
-    from fmha_dsl.runtime import jit
+    from fmha_dsl.first_use import precompile
 
     cache = str(tmp_path / "c")
     p = problem(hdim_q=64, hdim_v=64, mask="top_left", lse=True)
-    e, data = jit.compile_for(p, "sm90", cache_dir=cache)
-    assert data[:4] == b"\x7fELF" and e.build["entry"] and e.build["params"] == list(abi.FWD_NAMES)
-    assert e.build["block_m"] == e.alg["tile"][0]
-    assert jit.precompile([p], "sm90", cache_dir=cache) == 0  # already cached
-    e2, data2 = jit.compile_for(p, "sm90", cache_dir=cache)
-    assert data2 == data and e2.identifier == e.identifier
+    b = Builder(cache, jobs=2)
+    [e] = b.candidates(p, "sm90", limit=1)
+    [(got, bins)] = b.compile([e])
+    data = bins[e.identifier]
+    assert data[:4] == b"\x7fELF" and got.build["entry"] and got.build["params"] == list(abi.FWD_NAMES)
+    assert got.build["block_m"] == e.alg["tile"][0] and got.identifier == e.identifier
+    assert precompile([p], "sm90", cache_dir=cache, limit=1) == 1  # already cached: nothing recompiled
+    [(_, bins2)] = Builder(cache, jobs=1).compile([e])
+    assert bins2[e.identifier] == data
+
+
+def test_a_recorded_decision_compiles_only_the_winner(tmp_path):
+    """A decision recorded by one process is what the next one uses: it compiles only that kernel."""
+    from fmha_dsl.runtime import autotune
+
+    p = problem(hdim_q=64, hdim_v=64, lse=True)
+
+    class Counting(Builder):
+        asked: list = []
+
+        def compile(self, entries, aligned=True):
+            entries = list(entries)
+            Counting.asked.append(len(entries))
+            def build(e):
+                b = {"entry": "x", "params": list(abi.FWD_NAMES)}
+                if e.sig["family"] == "fwd_splitkv":
+                    b["combine"] = {"entry": "c", "params": list(abi.COMBINE_NAMES)}
+                return b
+
+            return [(Entry(None, e.name, "<t>", build(e), sig=e.sig, alg=e.alg, arch=e.arch, ident=e.identifier),
+                     {e.identifier: b"bin"}) for e in entries]
+
+    b = Counting()
+    want = b.candidates(p, "sm90", limit=3)[2]
+    autotune.TunedTable("sm90", None, str(tmp_path)).record(
+        autotune.key(p), autotune.record_of(want, {want.identifier: 1.0}, {want.identifier: want.name}))
+    d = Dispatcher(None, arch="sm90", builder=b, tuned_dir=str(tmp_path))
+    assert d.select(p).identifier == want.identifier and Counting.asked == [1]
+    # without a record and without a way to time, the cost model picks among a few compiled candidates
+    d2 = Dispatcher(None, arch="sm90", builder=b, tuned_dir="")
+    e2 = d2.select(p)
+    assert Counting.asked[-1] > 1 and not mismatches(e2, p)
+    # with a measure, the fastest is kept and recorded
+    times = {}
+
+    def measure(plan):
+        t = times.setdefault(plan.entry.identifier, 10.0 + len(times))
+        return t
+
+    d3 = Dispatcher(None, arch="sm90", builder=b, tuned_dir=str(tmp_path / "t3"))
+    p3 = problem(hdim_q=128, hdim_v=128, mask="top_left")
+    e3 = d3.select(p3, measure=measure)
+    assert times[e3.identifier] == min(times.values()) and len(times) > 1
+    rec = autotune.TunedTable("sm90", None, str(tmp_path / "t3")).get(autotune.key(p3))
+    assert rec["sig"] == dict(e3.sig) and len(rec["times_us"]) == len(times)
+
+
+def test_tuned_table_merges_concurrent_writers(tmp_path):
+    from fmha_dsl.runtime import autotune
+
+    a = autotune.TunedTable("sm90", "Dev X", str(tmp_path))
+    b = autotune.TunedTable("sm90", "Dev X", str(tmp_path))
+    a.record("k1", {"sig": {"a": 1}, "alg": {}, "kernel": "one"})
+    b.record("k2", {"sig": {"a": 2}, "alg": {}, "kernel": "two"})  # b never read k1: the write merges
+    c = autotune.TunedTable("sm90", "Dev X", str(tmp_path))
+    assert c.get("k1")["kernel"] == "one" and c.get("k2")["kernel"] == "two"
+    assert autotune.TunedTable("sm90", "Dev Y", str(tmp_path)).get("k1") is None  # another device's table
+    (tmp_path / "tuned" / "sm90__dev-x.json").write_text("{not json")
+    assert autotune.TunedTable("sm90", "Dev X", str(tmp_path)).get("k1") is None  # damaged: ignored, not raised
+    ro = tmp_path / "file"
+    ro.write_text("")
+    why = autotune.TunedTable("sm90", "Dev X", str(ro)).record("k", {"sig": {}, "alg": {}})
+    assert why and str(ro) in why  # an unwritable folder is reported, not raised
+
+
+def test_decision_keys_bucket_by_octave():
+    from fmha_dsl.runtime import autotune
+
+    k = autotune.key
+    assert k(problem(seqlen_q=1000, seqlen_k=1000)) == k(problem(seqlen_q=600, seqlen_k=1023))
+    assert k(problem(seqlen_q=1000, seqlen_k=1000)) != k(problem(seqlen_q=1024, seqlen_k=1000))
+    assert k(problem(hdim_q=80, hdim_v=80)) != k(problem(hdim_q=96, hdim_v=96))
+    assert k(problem(), aligned=False) != k(problem())
 
 
 def test_dispatcher_reads_what_the_triton_build_writes(tmp_path):
@@ -727,10 +815,11 @@ def test_importing_the_runtime_does_no_work():
     code = textwrap.dedent("""
         import sys
         import fmha_dsl, fmha_dsl.runtime
-        from fmha_dsl.runtime import abi, cuda, hip, dispatch, jit, interpret
+        from fmha_dsl.runtime import abi, cuda, hip, dispatch, autotune, interpret
         import fmha_dsl.attention
         bad = [m for m in ("lark", "triton", "triton.compiler", "torch", "numpy", "cuda.bindings", "hip",
-                           "pydantic", "fmha_dsl.parse", "fmha_dsl.kernelset", "fmha_dsl.compile_triton")
+                           "pydantic", "fmha_dsl.parse", "fmha_dsl.kernelset", "fmha_dsl.compile_triton", "fmha_dsl.first_use",
+                           "fmha_dsl.compile_pool", "fmha_dsl.build")
                if m in sys.modules]
         assert not bad, bad
         assert fmha_dsl.runtime.Dispatcher is dispatch.Dispatcher

@@ -32,6 +32,11 @@ ALIGNED: tuple[str, ...] = (
 )
 
 
+# Lengths that are multiples of this get unpadded first-use candidates (of the tiles that divide it); the runtime's
+# decision keys record it (fmha_dsl.first_use, fmha_dsl.runtime.autotune)
+SEQ_ALIGN = 128
+
+
 def aligned_names(vlayout: str = "r") -> tuple[str, ...]:
     """:data:`ALIGNED` plus V's non-unit stride (``stride_vn`` for "r", ``stride_vd`` for "c")."""
     return ALIGNED + (("stride_vd",) if vlayout == "c" else ("stride_vn",))

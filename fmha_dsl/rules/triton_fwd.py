@@ -131,11 +131,6 @@ def _block_ok(b) -> bool:
     return p2 and m0 >= 16 and n0 >= 16 and dq >= hq and dv >= hv
 
 
-def _pad_d_ok(b) -> bool:
-    hq, hv = b["hdim"]
-    return (b["pad_d"] or block_d(hq) == hq) and (b["pad_dv"] or block_d(hv) == hv)
-
-
 RULES = (
     Rule("triton.dtype", ("arch", "dtype"), lambda b: b["dtype"] in arch_info(b["arch"])["dtypes"],
          lambda b: f"the triton backend has no {b['dtype']} forward kernels for {b['arch']}",
@@ -158,9 +153,6 @@ RULES = (
          lambda b: f"tile {b['tile'].tile[:4]} must be powers of two, m0/n0 >= 16, and k0/n1 must cover the "
                    f"head dims {b['hdim']}", "use tile(*) or k0 = n1 = the next power of two of the head dim",
          blame="tile"),
-    Rule("triton.pad-d", ("hdim", "pad_d", "pad_dv"), _pad_d_ok,
-         lambda b: f"head dims {b['hdim']} are not powers of two: the kernel must pad hdim (pad_d/pad_dv true)",
-         "use padding(*, *, true, true)", blame="pad_d"),
     Rule("triton.group-mode-padding", ("mode", "pad_s", "pad_sk"),
          lambda b: b["mode"] != "group" or (b["pad_s"] and b["pad_sk"]),
          "group mode (varlen) kernels must pad seqlen_q and seqlen_k", "use padding(true, true, *, *)",

@@ -1,0 +1,276 @@
+"""[build] The kernels a problem can use, straight from the rules, compiled on first use.
+
+This is the builder a compiling dispatcher is handed (``Dispatcher(None, builder=Builder())``, what
+:func:`fmha_dsl.attention` makes when no registry is given).  The runtime never imports it: it only calls the two
+methods below, so compiling stays on the build side of the pipeline.
+
+``Builder.candidates(problem, arch, aligned)``
+    Every kernel key the Triton rules allow for the problem's class, made from keys directly (no ``.fmha`` text):
+    the problem's exact head dims (``pad_d = pad_dv = 0``: the head-dim tail is masked against a constant, which
+    keeps 16-byte loads), padded sequence dims (one kernel serves every length; the tail block alone pays the
+    bounds checks) -- and, for batch-mode lengths that are multiples of :data:`ALIGN`, the unpadded variant of each
+    tile that divides them too --, every tile of the arch's table and every pipeline (the TMA pipelines only for aligned
+    arguments), and -- for problems with few query blocks -- split-KV kernels.  Ranked by the cost model, at most
+    ``FMHA_DSL_TUNE_CANDIDATES`` of them (split-KV ones included).
+``Builder.compile(entries, aligned)``
+    ``[(entry with build, binaries) | (entry, reason)]``: each from the artifact cache or compiled in worker
+    processes (crash-isolated, ``FMHA_DSL_JOBS`` at a time), then cached.  ``binaries`` maps the entry's identifier
+    (and ``<id>:combine`` for a split-KV kernel's combine kernel) to bytes.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .cache import ArtifactCache, content_key, sha256_bytes
+from .errors import error
+from .registry import Entry
+
+# problems whose query blocks fill fewer programs than this many waves of the device get split-KV candidates too
+SPLIT_BELOW_WAVES = 2
+SPLITS_LOG2 = (4, 6)            # 16 and 64 splits at most (fewer when the key axis is short)
+DEFAULT_MAX_CANDIDATES = 24
+from .kernels.fwd_abi import SEQ_ALIGN as ALIGN  # noqa: E402  (lengths that also get unpadded candidates)
+
+
+def seq_aligned(problem) -> tuple[bool, bool]:
+    """Whether the problem's query and key lengths are multiples of :data:`ALIGN` (batch mode): part of the
+    decision key, because it decides which candidates exist."""
+    if problem.mode == "group":
+        return False, False
+    sq, sk = problem.max_seqlen_q or problem.seqlen_q, problem.max_seqlen_k or problem.seqlen_k
+    return sq > 0 and sq % ALIGN == 0, sk > 0 and sk % ALIGN == 0
+
+
+def max_candidates() -> int:
+    raw = os.environ.get("FMHA_DSL_TUNE_CANDIDATES", "")
+    try:
+        return max(1, int(raw)) if raw else DEFAULT_MAX_CANDIDATES
+    except ValueError:
+        return DEFAULT_MAX_CANDIDATES
+
+
+def compile_jobs() -> int:
+    raw = os.environ.get("FMHA_DSL_JOBS", "")
+    try:
+        return max(1, int(raw)) if raw else max(1, os.cpu_count() or 1)
+    except ValueError:
+        return max(1, os.cpu_count() or 1)
+
+
+def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> list[dict]:
+    """Rule-checked bindings of ``family`` for ``problem`` on ``arch`` (tile and pipeline free)."""
+    from .rules import family_rules
+    from .rules.base import FACTORY, schedule, search
+    from .rules.triton_fwd import uses_tma
+    from .vocab import ALG_DEFAULTS, SIG_DEFAULTS
+
+    fr = family_rules(family, "triton")
+    group = problem.mode == "group"
+    pinned = {
+        "dtype": problem.dtype, "hdim": (problem.hdim_q, problem.hdim_v), "mode": problem.mode,
+        "vlayout": problem.vlayout, "pad_s": pads[0], "pad_sk": pads[1], "pad_d": 0, "pad_dv": 0,
+        "mask": "top_left" if problem.mask != "no" else "no", "bias": problem.bias, "logits": problem.logits,
+        "lse": problem.lse, "dropout": problem.dropout, "sink": problem.sink,
+    }
+    del group  # (group mode pads the sequence dims anyway)
+    env = {"arch": arch, "factory": FACTORY[arch], "receipt": 0, "mask_impl": "simplified", "family": family,
+           "backend": "triton", **fr.fixed}
+    for name, value in {**SIG_DEFAULTS, **ALG_DEFAULTS}.items():
+        if name not in fr.fields and name not in env and name != "tile":
+            env[name] = value
+
+    def values(f, b):
+        if f in pinned:
+            return (pinned[f],)
+        if f == "pipeline":
+            return tuple(p for p in fr.domain(f, b) if aligned or not uses_tma(p))
+        if f == "max_splits_log2":
+            return SPLITS_LOG2
+        return fr.domain(f, b)
+
+    return [(b, fr) for b in search(fr.fields, values, schedule(fr.fields, fr.rules), env)]
+
+
+def _entry(b: dict, fr, arch: str, aligned: bool) -> Entry:
+    from .expand import _fields
+
+    name = fr.ck_name(b)
+    sig, alg = _fields(dict(b))
+    if not aligned:  # a distinct key (CK's constraint tag): it sits next to the aligned build of the same kernel
+        alg = dict(alg, constraint="unaligned")
+        name += "_unaligned"
+    return Entry(None, name, "<first-use>", None, sig=sig, alg=alg, arch=arch)
+
+
+class Builder:
+    """Makes and compiles the default path's candidate kernels (see the module docstring)."""
+
+    def __init__(self, cache_dir: str | None = None, jobs: int | None = None):
+        self.cache_dir = cache_dir
+        self.jobs = jobs
+
+    # -- keys -------------------------------------------------------------------------------------------
+    def candidates(self, problem, arch: str, aligned: bool = True, limit: int | None = None) -> list[Entry]:
+        """Rule-checked candidate entries (no build yet), most promising first by the cost model."""
+        from .seqtune import compute_units, cost, programs
+
+        if problem.family not in ("fwd", "fwd_splitkv"):
+            raise error("runtime.jit", f"compiling on first use serves the forward family, not {problem.family}",
+                        None, "pass registry= a build of a set that declares this family")
+        out = [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd", aligned)]
+        aq, ak = seq_aligned(problem)
+        if aq or ak:  # unpadded variants of the tiles that divide ALIGN
+            tight = {}
+            for b, fr in _bindings(problem, arch, "fwd", aligned, (0 if aq else 1, 0 if ak else 1)):
+                if ALIGN % b["tile"].tile[0] == 0 and ALIGN % b["tile"].tile[1] == 0:
+                    e = _entry(b, fr, arch, aligned)
+                    tight[_same_kernel(e)] = e
+            # every problem of this decision key is aligned alike: the padded twin of an unpadded kernel is dropped
+            out = [e for e in out if _same_kernel(e) not in tight] + list(tight.values())
+        sq = max(problem.max_seqlen_q or problem.seqlen_q, 1)
+        cus = compute_units(arch)
+        few = min((programs(sq, e.alg["tile"][0], problem.nhead_q, problem.batch) for e in out), default=0)
+        if problem.family == "fwd_splitkv" or few < SPLIT_BELOW_WAVES * cus:
+            split = [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd_splitkv", aligned)]
+            out += split
+        def rank(e):  # the cost model, then unpadded before padded variants of the same tile
+            return (cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
+
+        ranked = sorted(out, key=rank)
+        n = max_candidates() if limit is None else limit
+        if len(ranked) > n:  # keep both kinds in the cut when there are split kernels
+            fwd = [e for e in ranked if e.sig["family"] == "fwd"]
+            spl = [e for e in ranked if e.sig["family"] != "fwd"]
+            if spl:
+                ns = min(len(spl), max(n // 3, 1))
+                ranked = sorted(fwd[:n - ns] + spl[:ns], key=rank)
+            else:
+                ranked = ranked[:n]
+        return ranked
+
+    def entry_for(self, sig: dict, alg: dict, arch: str) -> Entry:
+        """The entry of a stored decision's key (checked against the rules when it is compiled)."""
+        alg = {k: tuple(v) if isinstance(v, list) else v for k, v in alg.items()}  # JSON gives lists
+        return Entry(None, "<first-use>", "<first-use>", None, sig=dict(sig), alg=alg, arch=arch)
+
+    # -- binaries ---------------------------------------------------------------------------------------
+    def compile(self, entries, aligned: bool = True) -> list[tuple[Entry, object]]:
+        """``[(entry with build, {identifier: bytes}) | (entry, reason str)]`` in the order given."""
+        try:
+            from .compile_triton import cache_parts, combine_name, combine_parts
+        except ImportError as exc:  # pragma: no cover
+            raise error("runtime.jit", f"cannot compile kernels: {exc}") from None
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            raise error("runtime.jit", "compiling kernels on first use needs Triton, which is not installed", None,
+                        "pip install triton, or pass registry= a prebuilt build directory") from None
+        cache = ArtifactCache.of(self.cache_dir)
+        entries = list(entries)
+        jobs: dict[str, tuple] = {}   # cache key -> job
+        ready: dict[str, tuple] = {}  # cache key -> (meta, data)
+        keys = []
+        for e in entries:
+            k = content_key(cache_parts(e.sig, e.alg, e.arch, aligned))
+            ck = None
+            if e.sig["family"] == "fwd_splitkv":
+                ck = content_key(combine_parts(e.sig, e.arch))
+                if ck not in jobs and ck not in ready:
+                    self._want(cache, ck, ("combine", e.sig, None, e.arch, True), jobs, ready)
+            if k not in jobs and k not in ready:
+                self._want(cache, k, ("kernel", e.sig, e.alg, e.arch, aligned), jobs, ready)
+            keys.append((k, ck))
+        why: dict[str, str] = {}
+        if jobs:
+            from .compile_pool import run_isolated
+
+            todo = list(jobs.items())
+
+            def store(i, result):
+                key, job = todo[i]
+                meta, data = result
+                if meta is None:
+                    why[key] = str(data)
+                    return
+                cache.put(key, meta, data, f"{job[0]}.{meta['binary_kind']}")
+                ready[key] = (dict(meta, sha256=sha256_bytes(data), size=len(data)), data)
+
+            n = max(1, min(self.jobs or compile_jobs(), len(todo)))
+            run_isolated(_compile_job, [job for _, job in todo], n, store)
+        out = []
+        for e, (k, ck) in zip(entries, keys):
+            if k not in ready:
+                out.append((e, why.get(k, "not compiled")))
+                continue
+            if ck is not None and ck not in ready:
+                out.append((e, "its split-KV combine kernel failed: " + why.get(ck, "not compiled")))
+                continue
+            meta, data = ready[k]
+            build = {x: v for x, v in meta.items() if x != "file"}
+            build.update(binary=None, cache_key=k)
+            bins = {e.identifier: data}
+            if ck is not None:
+                cmeta, cdata = ready[ck]
+                build["combine"] = {x: v for x, v in cmeta.items() if x != "file"}
+                build["combine"].update(binary=None, cache_key=ck, name=combine_name(e.sig, e.arch))
+                bins[e.identifier + ":combine"] = cdata
+            name = e.name if e.name != "<first-use>" else _name_of(e)
+            out.append((Entry(None, name, "<first-use>", build, sig=e.sig, alg=e.alg, arch=e.arch,
+                              ident=e.identifier), bins))
+        return out
+
+    @staticmethod
+    def _want(cache, key, job, jobs, ready):
+        hit = cache.get(key)
+        if hit is not None:
+            meta, data = hit
+            ready[key] = (meta, data)
+        else:
+            jobs[key] = job
+
+
+def _same_kernel(e: Entry) -> tuple:
+    a = e.alg
+    return (e.sig["family"], tuple(a["tile"]), tuple(a["wave"]), a["pipeline"], a["max_splits_log2"])
+
+
+def _unpadded(e: Entry) -> int:
+    return int(not e.alg["pad_s"]) + int(not e.alg["pad_sk"])
+
+
+def _name_of(e: Entry) -> str:
+    """The CK-style instance name of a stored decision's key."""
+    from .rules.base import FACTORY, Tile
+    from .rules.triton_fwd import ck_name
+
+    a, s = e.alg, e.sig
+    b = dict(s, **{k: v for k, v in a.items() if k != "tile"}, arch=e.arch, factory=FACTORY[e.arch],
+             hdim=(s["hdim_q"], s["hdim_v"]),
+             tile=Tile(tuple(a["tile"]), tuple(a["wave"]), tuple(a["warp"]), a["block_per_cu"], a["max_seq_len_q"]))
+    name = ck_name(b)
+    return name + "_unaligned" if a.get("constraint") == "unaligned" else name
+
+
+def _compile_job(kind: str, sig: dict, alg: dict | None, arch: str, aligned: bool):
+    from .compile_triton import compile_combine, compile_key
+
+    return compile_key(sig, alg, arch, aligned) if kind == "kernel" else compile_combine(sig, arch)
+
+
+
+
+def precompile(problems, arch: str, aligned: bool = True, jobs: int | None = None, cache_dir: str | None = None,
+               limit: int | None = None) -> int:
+    """Compile every first-use candidate of ``problems`` into the artifact cache (no GPU needed), so that a
+    deployment's first calls only load binaries.  Returns how many candidate kernels are now cached."""
+    b = Builder(cache_dir, jobs)
+    want: dict[str, Entry] = {}
+    for p in problems:
+        for e in b.candidates(p, arch, aligned, limit):
+            want.setdefault(e.identifier, e)
+    got = b.compile(list(want.values()), aligned)
+    return sum(1 for _, bins in got if isinstance(bins, dict))
+
+
+__all__ = ["Builder", "precompile", "max_candidates", "compile_jobs"]

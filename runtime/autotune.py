@@ -1,0 +1,183 @@
+"""Selection by measurement on first use, and the per-device table that remembers it.
+
+A compiling dispatcher (``Dispatcher(None, builder=...)``, what :func:`fmha_dsl.attention` uses without a registry)
+decides once per *decision key* -- the problem class (every field that selects a kernel, the head dims, whether
+the arguments keep the 16-byte promise) plus the octave of ``max_seqlen_q``, of ``max_seqlen_k`` and of
+``batch x nhead_q`` (:func:`key`).  On the first call of a key it compiles the rule-checked candidates the cost
+model ranks highest, times each on the caller's own arguments, keeps the fastest and records it here.  Later
+processes on the same device read the record and compile (or load from the artifact cache) only the winner.
+
+Records live in ``<cache>/tuned/<arch>__<device>.json`` (:func:`fmha_dsl.cache.cache_base`), written atomically
+and merged under a file lock, so concurrent processes never lose each other's records.  Tables shipped with the
+package (``fmha_dsl/data/tuned/*.json``, measured on named devices, with date and provenance) are read after the
+user's own.  ``FMHA_DSL_AUTOTUNE=0`` turns measuring off (the cost model's first choice is compiled instead).
+
+This module launches nothing itself and imports no compiler: the dispatcher hands it what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+
+from fmha_dsl.kernels.fwd_abi import SEQ_ALIGN
+
+VERSION = 1
+_FIELDS = ("family", "dtype", "mode", "vlayout", "bias", "lse", "dropout", "logits", "sink")
+
+
+def enabled() -> bool:
+    return os.environ.get("FMHA_DSL_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def octave(n: int) -> int:
+    """``n``'s power-of-two bucket: 0 for 0, else its bit length (1 -> 1, 2..3 -> 2, 1024..2047 -> 11)."""
+    return max(int(n), 0).bit_length()
+
+
+def buckets(sq: int, sk: int, bh: int, group: bool = False) -> tuple:
+    """The lengths' part of a decision key: octaves of ``sq``, ``sk`` and ``bh``, and (batch mode) whether ``sq`` and
+    ``sk`` are multiples of ``SEQ_ALIGN`` (such problems also have unpadded candidates)."""
+    if group:
+        return octave(sq), octave(sk), octave(bh), False, False
+    return octave(sq), octave(sk), octave(bh), sq > 0 and sq % SEQ_ALIGN == 0, sk > 0 and sk % SEQ_ALIGN == 0
+
+
+def key(p, aligned: bool = True) -> str:
+    """The decision key of problem ``p`` (a :class:`fmha_dsl.keys.Problem`), as a stable string."""
+    fam = "fwd" if p.family == "fwd_splitkv" and p.num_splits <= 1 else p.family
+    parts = [fam] + [str(getattr(p, f)).lower() for f in _FIELDS[1:]]
+    parts += [f"d{p.hdim_q}x{p.hdim_v}", "mask" if p.mask != "no" else "nmask", "a" if aligned else "u"]
+    sq, sk = p.max_seqlen_q or p.seqlen_q, p.max_seqlen_k or p.seqlen_k
+    oq, ok, obh, aq, ak = buckets(sq, sk, p.batch * p.nhead_q, p.mode == "group")
+    parts += ["q%d%s" % (oq, "a" if aq else ""), "k%d%s" % (ok, "a" if ak else ""), "bh%d" % obh]
+    return ".".join(parts)
+
+
+def device_slug(name: str | None) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", name or "unknown").strip("-").lower() or "unknown"
+
+
+class TunedTable:
+    """Recorded decisions for one arch and device: ``key -> {"sig", "alg", "times_us", "kernel", ...}``."""
+
+    def __init__(self, arch: str, device: str | None, folder: str | None = None, shipped: dict | None = None):
+        self.arch, self.device = arch, device
+        self.path = None
+        if folder is not None:
+            self.path = os.path.join(folder, "tuned", f"{arch}__{device_slug(device)}.json")
+        self._own: dict[str, dict] = {}
+        self._shipped = dict(shipped or {})
+        self._lock = threading.Lock()
+        self._loaded = False
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        if self.path is not None:
+            self._own = _read(self.path, self.arch, self.device)
+
+    def get(self, k: str) -> dict | None:
+        with self._lock:
+            self._load()
+            return self._own.get(k) or self._shipped.get(k)
+
+    def record(self, k: str, rec: dict) -> str | None:
+        """Remember ``rec`` under ``k`` and persist it (merged with what other processes wrote).  Returns None, or
+        why it could not be written (the decision still holds for this process)."""
+        with self._lock:
+            self._load()
+            self._own[k] = rec
+            if self.path is None:
+                return None
+            return _merge_write(self.path, self.arch, self.device, {k: rec})
+
+    def decisions(self) -> dict:
+        with self._lock:
+            self._load()
+            return {**self._shipped, **self._own}
+
+
+def _read(path: str, arch: str, device: str | None) -> dict:
+    """The decisions of a table file (nothing when it is missing, damaged or for another arch/device)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("version") != VERSION or doc.get("arch") != arch:
+        return {}
+    if device and doc.get("device") and doc["device"] != device:
+        return {}
+    dec = doc.get("decisions")
+    return {k: v for k, v in dec.items() if _valid(v)} if isinstance(dec, dict) else {}
+
+
+def _valid(rec) -> bool:
+    return isinstance(rec, dict) and isinstance(rec.get("sig"), dict) and isinstance(rec.get("alg"), dict)
+
+
+def _merge_write(path: str, arch: str, device: str | None, new: dict) -> str | None:
+    import tempfile
+
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".lock", "a") as lock:
+            try:
+                import fcntl
+
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            except (ImportError, OSError):  # pragma: no cover  (no flock: last writer wins per record set)
+                pass
+            dec = _read(path, arch, device)
+            dec.update(new)
+            doc = {"version": VERSION, "arch": arch, "device": device, "decisions": dict(sorted(dec.items()))}
+            fd, tmp = tempfile.mkstemp(prefix=".tuned.", dir=os.path.dirname(path))
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(doc, f, indent=1, sort_keys=True)
+                    f.write("\n")
+                os.replace(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    return None
+
+
+def shipped(arch: str, device: str | None) -> dict:
+    """Decisions shipped with the package for this arch and device name (exact name match)."""
+    from importlib import resources
+
+    out: dict = {}
+    try:
+        folder = resources.files("fmha_dsl.data").joinpath("tuned")
+        files = sorted(p for p in folder.iterdir() if p.name.endswith(".json"))
+    except (FileNotFoundError, NotADirectoryError, ModuleNotFoundError, OSError):
+        return out
+    for p in files:
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if doc.get("version") == VERSION and doc.get("arch") == arch and doc.get("device") == device:
+            out.update({k: v for k, v in (doc.get("decisions") or {}).items() if _valid(v)})
+    return out
+
+
+def record_of(entry, times_us: dict, names: dict) -> dict:
+    """What a decision stores: the winner's key fields, its name, and every candidate's time (by name)."""
+    return {"sig": dict(entry.sig), "alg": {k: list(v) if isinstance(v, tuple) else v for k, v in entry.alg.items()},
+            "kernel": entry.name, "date": time.strftime("%Y-%m-%d"),
+            "times_us": {names[i]: round(t, 3) for i, t in sorted(times_us.items(), key=lambda kv: kv[1])}}
+
+
+__all__ = ["enabled", "octave", "buckets", "key", "TunedTable", "shipped", "record_of", "device_slug"]
