@@ -380,11 +380,12 @@ def _apply_setter(c: _Collector, sc: _Scope, st: A.Setter, block: str):
 
 
 def _arch(c, sc: _Scope, st: A.Setter):
-    vals, wild = [], False
-    for a in st.args:
+    vals, wild, bad = [], False, False
+    for a in st.args:  # every bad arch is reported, not only the first
         if a.name is not None:
             c.err("setter.keyword", "`arch` takes arch names, not keywords", a.span)
-            return
+            bad = True
+            continue
         for v in _flatten(a.alt):
             if v.kind == "wild":
                 wild = True
@@ -394,7 +395,9 @@ def _arch(c, sc: _Scope, st: A.Setter):
             else:
                 c.err("value.unknown", f"unknown arch {_show(v)}", v.span,
                       did_you_mean(str(v.value), V.ARCHS) or f"one of: {', '.join(V.ARCHS)}")
-                return
+                bad = True
+    if bad:
+        return
     if not st.args:
         c.err("setter.arity", "`arch` needs at least one arch, or `*`", st.span)
         return
