@@ -158,13 +158,19 @@ RULES = (
          lambda b: f"tile {b['tile'].tile[:4]} must be powers of two, m0/n0 >= 16, and k0/n1 must cover the "
                    f"head dims {b['hdim']}", "use tile(*) or k0 = n1 = the next power of two of the head dim",
          blame="tile"),
+    # padding variants that cannot make another kernel (the template's constexprs()): dropped, and counted
     Rule("triton.pad-d", ("hdim", "pad_d", "pad_dv"), _pad_d_ok,
-         lambda b: f"head dims {b['hdim']} are not powers of two: the kernel must pad hdim (pad_d/pad_dv true)",
+         lambda b: f"head dims {b['hdim']} are not powers of two: the kernel masks the head dim against it either "
+                   "way, so pad_d/pad_dv false would only be a copy of the padded kernel that serves less",
          "use padding(*, *, true, true)", blame="pad_d"),
     Rule("triton.group-mode-padding", ("mode", "pad_s", "pad_sk"),
          lambda b: b["mode"] != "group" or (b["pad_s"] and b["pad_sk"]),
-         "group mode (varlen) kernels must pad seqlen_q and seqlen_k", "use padding(true, true, *, *)",
-         blame="mode"),
+         "group mode (varlen) kernels always bounds-check seqlen_q and seqlen_k: pad_s/pad_sk false would build "
+         "the same kernel as true", "use padding(true, true, *, *)", blame="mode"),
+    # sink tokens count only under a mask (SINK = sink and mask; attention() drops the count without one)
+    Rule("triton.same-kernel", ("mask", "sink"), lambda b: not (b["sink"] and b["mask"] == "no"),
+         "sink(true) with mask(no) builds the same kernel as sink(false): sink tokens act only under a mask",
+         "pair sink(true) with a mask (mask(causal), or a window at run time)", blame="sink", filter=True),
     Rule("triton.shared-memory", ("arch", "dtype", "pipeline", "tile"),
          lambda b: smem_bytes(b) <= arch_info(b["arch"])["shared_bytes"],
          lambda b: f"tile {b['tile'].tile[:4]} with {stages(b)} stage(s) needs {smem_bytes(b)} bytes of shared "
