@@ -18,7 +18,7 @@ import multiprocessing
 import os
 from dataclasses import dataclass, field
 
-from .errors import UsageError, error
+from .errors import Diagnostic, RuleError, UsageError, error
 from .expand import DeclResult, Report, expand_decl, merge
 from .registry import Entry, document_chunks, entry_line, sort_key, stat_row, statistics, write_atomic
 from .rules import FAMILY_MODULES
@@ -112,6 +112,9 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
     except OSError as exc:
         raise error("usage.output", f"cannot create the output folder `{out}`: {exc.strerror or exc}", None,
                     "pass a writable directory with -o", cls=UsageError) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise error("usage.output", f"the output folder `{out}` is not writable", None,
+                    "pass a writable directory with -o, or make this one writable", cls=UsageError)
     archs, prof, backend = _archs(arch), _profile(profile), _backend(backend)
     decls = kernel_set.declarations
     jobs = max(1, jobs or os.cpu_count() or 1)
@@ -127,6 +130,8 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
             if row[1] not in seen:
                 seen.add(row[1])
                 rows.append(row)
+    if not rows:
+        raise nothing_to_build(kernel_set, report, archs)
     rows.sort(key=lambda r: r[0])
     stats = statistics(r[3] for r in rows)
     profiles = [prof] if prof else sorted({d.profile.values[0] for d in decls})
@@ -136,4 +141,17 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
     return BuildResult(path, len(rows), stats["by_arch"], report)
 
 
-__all__ = ["build", "BuildResult"]
+def nothing_to_build(kernel_set, report: Report, archs) -> RuleError:
+    """The error of a build that expands to no kernel (no registry is written: an empty one would dispatch
+    nothing, silently).  The warnings that explain why (a family an arch lacks, a profile that leaves
+    nothing) become its notes."""
+    where = f" for {', '.join(archs)}" if archs else ""
+    notes = [d.message for d in report.notes]
+    return RuleError(Diagnostic(
+        "build.empty", f"nothing to build: kernel set `{kernel_set.name}` expands to no kernel{where}", None,
+        ("the notes say why; " if notes else "") + f"`fmha-dsl explain {kernel_set.path or 'FILE'}` shows what "
+        "each rule dropped; "
+        "another --arch, --profile or declaration may give kernels", tuple(dict.fromkeys(notes))))
+
+
+__all__ = ["build", "BuildResult", "nothing_to_build"]

@@ -42,6 +42,10 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
                     "pip install 'fmha-dsl[triton]'", cls=UsageError) from None
     t0 = time.perf_counter()
     rep = expand(kernel_set.declarations, archs, profile, backend)
+    if not rep.kernels:
+        from .build import nothing_to_build
+
+        raise nothing_to_build(kernel_set, rep, archs)
     triton_ids = {k.identifier for k in rep.kernels if k.backend == "triton"}
     reg = kernel_set.registry(profile=profile, report=rep)
     cache = ArtifactCache.of(cache_dir)

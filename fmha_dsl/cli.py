@@ -36,8 +36,38 @@ exit codes: 0 ok, 1 failures (invalid combinations, fmt --check diffs),
 """
 
 
+STDOUT_RULE = "output.stdout"
+
+
+def _write(text: str) -> None:
+    """Write to stdout; a stdout that refuses data (a full disk, /dev/full) is a usage error, not a bug."""
+    try:
+        sys.stdout.write(text)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _stdout_error(exc) from None
+
+
+def _flush() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _stdout_error(exc) from None
+
+
+def _stdout_error(exc: OSError):
+    from .errors import UsageError, error
+
+    return error(STDOUT_RULE, f"cannot write to standard output: {exc.strerror or exc}", None,
+                 "redirect the output to a file on a disk with free space (or to a pipe that reads it)",
+                 cls=UsageError)
+
+
 def _out(text: str = "") -> None:
-    sys.stdout.write(text + ("\n" if not text.endswith("\n") else ""))
+    _write(text + ("\n" if not text.endswith("\n") else ""))
 
 
 def _err(text: str) -> None:
@@ -45,15 +75,12 @@ def _err(text: str) -> None:
 
 
 def _resolve_set(path: str) -> str:
-    """A path, or the name of a shipped kernel set (``ck_receipt0``)."""
+    """A path, or the name of a shipped kernel set (``ck_receipt0``; a misspelt name gets a did-you-mean)."""
     if os.path.exists(path) or os.sep in path or "/" in path:
         return path
     from .kernelset import shipped
 
-    try:
-        return shipped(path)
-    except Exception:
-        return path
+    return shipped(path)
 
 
 def _load(args):
@@ -62,10 +89,11 @@ def _load(args):
     return load(_resolve_set(args.file))
 
 
-def _report(args):
+def _report(args, keep_going: bool = False):
     ks = _load(args)
     t0 = time.perf_counter()
-    rep = ks.expand_report(arch=args.arch, profile=args.profile, backend=getattr(args, "backend", None))
+    rep = ks.expand_report(arch=args.arch, profile=args.profile, backend=getattr(args, "backend", None),
+                           keep_going=keep_going)
     return ks, rep, time.perf_counter() - t0
 
 
@@ -98,7 +126,7 @@ def cmd_list(args) -> int:
         return EXIT_OK
     reg = ks.registry(args.arch, args.profile, report=rep)
     if args.format == "json":
-        sys.stdout.write(reg.to_json())
+        _write(reg.to_json())
     elif args.format == "identifiers":
         _out("\n".join(e.identifier for e in reg))
     else:
@@ -108,28 +136,39 @@ def cmd_list(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    ks, rep, dt = _report(args)
+    """Counts even when a declaration fails: that is when they are wanted (its errors follow them)."""
+    ks, rep, dt = _report(args, keep_going=True)
+    status = EXIT_FAIL if rep.errors else EXIT_OK
     if args.format == "json":
         _out(json.dumps({
-            "declarations": rep.per_decl, "dropped": dict(sorted(rep.dropped.items())),
-            "rules": rep.rule_text, "kernels": len(rep.kernels),
-            "warnings": [d.to_dict() for d in rep.notes]}, sort_keys=True, indent=1))
-        return EXIT_OK
+            "ok": not rep.errors, "declarations": rep.per_decl, "dropped": dict(sorted(rep.dropped.items())),
+            "dropped_by_declaration": rep.decl_dropped, "rules": rep.rule_text, "kernels": len(rep.kernels),
+            "warnings": [d.to_dict() for d in rep.notes], "diagnostics": [d.to_dict() for d in rep.errors]},
+            sort_keys=True, indent=1))
+        return status
     _print_notes(rep, args.format)
     _out(f"kernel set {ks.name}: {len(ks.declarations)} declarations, {len(rep.kernels)} kernels "
          f"(expanded in {dt * 1000:.0f} ms)")
     _out("")
-    _out("kernels per declaration and arch:")
+    _out("kernels per declaration and arch, and the candidates each rule dropped from it:")
     for label, counts in rep.per_decl.items():
-        cells = ", ".join(f"{a}: {n}" for a, n in counts.items())
+        cells = ", ".join(f"{a}: {n}" for a, n in counts.items()) or "(not for these archs)"
         _out(f"  {label:<32} {cells}")
+        for rid, n in rep.decl_dropped.get(label, {}).items():
+            _out(f"  {'':<32}   {n:>9}  dropped by {rid}")
     _out("")
     _out("candidates dropped by each rule (wildcard values the rules do not allow):")
     if not rep.dropped:
         _out("  (none)")
     for rid, n in sorted(rep.dropped.items(), key=lambda t: (-t[1], t[0])):
         _out(f"  {n:>9}  {rid:<40} e.g. {rep.rule_text.get(rid, '')}")
-    return EXIT_OK
+    if rep.errors:
+        _flush()
+        from .errors import RuleError
+
+        _err("")
+        _err(RuleError(rep.errors).render())
+    return status
 
 
 class _Progress:
@@ -244,7 +283,7 @@ def cmd_fmt(args) -> int:
             if new != text:
                 write_atomic(path, new)
         else:
-            sys.stdout.write(new)
+            _write(new)
     return status
 
 
@@ -285,7 +324,7 @@ def cmd_schema(args) -> int:
     elif args.what == "grammar":
         from .parse import grammar_text
 
-        sys.stdout.write(grammar_text())
+        _write(grammar_text())
     return EXIT_OK
 
 
@@ -374,6 +413,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush of what is left has nowhere to fail."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (captured by a test)
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+
+
 def main(argv=None) -> int:
     from .errors import FmhaError, ParseError, RegistryError, UsageError
 
@@ -383,11 +435,16 @@ def main(argv=None) -> int:
         parser.print_help()
         return EXIT_INPUT
     try:
-        return args.fn(args)
+        status = args.fn(args)
+        _flush()  # here, not at exit: a stdout that refuses data is reported like any other error
+        return status
     except FmhaError as exc:
         if args.debug:
             raise
         fmt = getattr(args, "format", "text")
+        if exc.rule == STDOUT_RULE:
+            _silence_stdout()
+            fmt = "text"
         if fmt == "json":
             _out(json.dumps({"ok": False, "diagnostics": [d.to_dict() for d in exc.diagnostics]},
                             sort_keys=True, indent=1))
@@ -401,10 +458,7 @@ def main(argv=None) -> int:
         _err("interrupted")
         return 130
     except BrokenPipeError:
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
+        _silence_stdout()
         return EXIT_OK
     except Exception:  # a bug in fmha-dsl, not in the input
         import traceback

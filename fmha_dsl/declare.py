@@ -380,11 +380,12 @@ def _apply_setter(c: _Collector, sc: _Scope, st: A.Setter, block: str):
 
 
 def _arch(c, sc: _Scope, st: A.Setter):
-    vals, wild = [], False
-    for a in st.args:
+    vals, wild, bad = [], False, False
+    for a in st.args:  # every bad arch is reported, not only the first
         if a.name is not None:
             c.err("setter.keyword", "`arch` takes arch names, not keywords", a.span)
-            return
+            bad = True
+            continue
         for v in _flatten(a.alt):
             if v.kind == "wild":
                 wild = True
@@ -394,7 +395,9 @@ def _arch(c, sc: _Scope, st: A.Setter):
             else:
                 c.err("value.unknown", f"unknown arch {_show(v)}", v.span,
                       did_you_mean(str(v.value), V.ARCHS) or f"one of: {', '.join(V.ARCHS)}")
-                return
+                bad = True
+    if bad:
+        return
     if not st.args:
         c.err("setter.arity", "`arch` needs at least one arch, or `*`", st.span)
         return
@@ -535,6 +538,18 @@ def _tile_spec(*scopes: _Scope) -> TileSpec:
     return TileSpec(dims, spans, wild, tile_len)
 
 
+def _rules_pick(fields: dict, tile: TileSpec, span: Span) -> tuple[dict, TileSpec]:
+    """In a ``kernel { }`` block, an unset pipeline and an unset tile (no tile, wave, warp, block_per_cu or
+    max_seq_len_q setter in the kernel or its set) mean ``*``: the rules pick what fits the signature, so
+    ``kernel { signature { family(fwd) dtype(bf16) hdim(128) } }`` is a complete declaration.  The C++
+    ``.add(FmhaSignature()..., FmhaAlgorithm()...)`` form keeps CK's ``FmhaAlgorithm()`` defaults instead."""
+    if "pipeline" not in fields:
+        fields = {**fields, "pipeline": FieldSpec(None, span, explicit=False)}
+    if not tile.dims:
+        tile = TileSpec({}, {}, True, tile.tile_len)
+    return fields, tile
+
+
 def resolve(src: A.SourceFile) -> list[Declaration]:
     """All declarations of all kernel sets in one parsed file."""
     c = _Collector()
@@ -558,8 +573,11 @@ def resolve(src: A.SourceFile) -> list[Declaration]:
             profile = sc.profile or top.profile or FieldSpec(("ck_default",), kd.span, explicit=False)
             mask_impl = (sc.mask_impl or top.mask_impl or ("simplified", None))[0]
             backend = (sc.backend or top.backend or ("ck", None))[0]
+            fields, tile = _merge(top, sc), _tile_spec(top, sc)
+            if kd.form == "block":
+                fields, tile = _rules_pick(fields, tile, kd.span)
             decls.append(Declaration(
-                set_name=ks.name, name=kd.name, index=i, fields=_merge(top, sc), tile=_tile_spec(top, sc),
+                set_name=ks.name, name=kd.name, index=i, fields=fields, tile=tile,
                 archs=archs, profile=profile, mask_impl=mask_impl, backend=backend, wheres=tuple(ks.wheres) + tuple(kd.wheres),
                 span=kd.span, path=src.path))
     c.raise_if_any()

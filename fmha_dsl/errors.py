@@ -145,10 +145,12 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """A "did you mean X?" hint for a misspelt name, or None."""
     import difflib
 
-    choices = [str(c) for c in choices]
-    close = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
+    by_lower: dict[str, str] = {}
+    for c in choices:  # case-insensitive: `GFX942` and `SM90` find `gfx942` and `sm90`
+        by_lower.setdefault(str(c).lower(), str(c))
+    close = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1, cutoff=0.6)
     if close:
-        return f"did you mean `{close[0]}`?"
+        return f"did you mean `{by_lower[close[0]]}`?"
     return None
 
 

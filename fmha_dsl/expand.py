@@ -50,6 +50,8 @@ class Report:
     per_decl: dict = field(default_factory=dict)               # decl label -> {arch: count}
     notes: list[Diagnostic] = field(default_factory=list)      # warnings (unsupported family on an arch ...)
     rule_text: dict = field(default_factory=dict)              # rule id -> a sample message
+    decl_dropped: dict = field(default_factory=dict)           # decl label -> {rule id: pruned candidates}
+    errors: list[Diagnostic] = field(default_factory=list)     # with keep_going: what expansion would raise
 
 
 def _explicit_tiles(decl: Declaration) -> tuple[Tile, ...]:
@@ -192,6 +194,7 @@ class _Expander:
         out: list[Kernel] = []
         counts: dict = {}
         unsupported: list[str] = []
+        no_backend: list[str] = []  # families this backend does not implement (no arch helps)
         tried = 0
         before = Counter(self.report.dropped)
         for arch in archs:
@@ -203,6 +206,8 @@ class _Expander:
                           f"{', '.join(f for f in V.FAMILIES if family_rules(f, self.backend))})")
                 if reason:
                     unsupported.append(reason)
+                    if fr is None:
+                        no_backend.append(family)
                     continue
                 tried += 1
                 n_arch += self._expand_one(fr, arch, receipt, out)
@@ -218,8 +223,7 @@ class _Expander:
                 # explicitly; with `arch(*)` or a narrowing --arch it stays a warning
                 if d.archs.values is not None and self.archs == d.archs.values:
                     msg = f"declaration `{d.label}` expands to no kernel: " + "; ".join(dict.fromkeys(unsupported))
-                    raise RuleError(Diagnostic("decl.unsupported", msg, d.span,
-                                               "pick an arch that supports this family, or use `arch(*)`"))
+                    raise RuleError(Diagnostic("decl.unsupported", msg, d.span, self._unsupported_hint(no_backend)))
                 return out
             mine = self.report.dropped - before
             if any(rid.startswith("receipt.") for rid in mine) and self._nonempty_without_profile():
@@ -230,11 +234,23 @@ class _Expander:
                 return out
             top = [r for r, _ in mine.most_common(3)]
             hint = ("the rules that dropped most: " + ", ".join(f"`{r}`" for r in top)
-                    + "; run `fmha-dsl explain` for details") if top else "check the declaration's fields"
+                    + f"; `fmha-dsl explain {d.display or d.path or 'FILE'}` counts what each rule dropped"
+                    ) if top else "check the declaration's fields"
             if not top and self.missed_tiles:
                 hint = _missed_tiles_hint(self.missed_tiles)
             raise RuleError(Diagnostic("decl.empty", f"declaration `{d.label}` expands to no kernel", d.span, hint))
         return out
+
+    def _unsupported_hint(self, no_backend: list[str]) -> str:
+        if no_backend:  # the backend is the cause, not the arch
+            has = [f for f in V.FAMILIES if family_rules(f, self.backend)]
+            others = [b for b in V.BACKENDS if b != self.backend  # one that has them on one of these archs
+                      and all(family_rules(f, b) and any(family_rules(f, b).supported(a) is None for a in self.archs)
+                              for f in dict.fromkeys(no_backend))]
+            alt = f", or backend({others[0]}) for {', '.join(dict.fromkeys(no_backend))}" if others else ""
+            return (f"the {self.backend} backend implements {' and '.join(has)} only: use family("
+                    f"{' | '.join(has)}){alt}")
+        return "pick an arch that supports this family, or use `arch(*)`"
 
     def _nonempty_without_profile(self) -> bool:
         """Would this declaration give kernels if no receipt filtered them?  (Only asked when empty.)"""
@@ -366,35 +382,56 @@ def expand_decl(decl: Declaration, archs: tuple[str, ...] | None, profile: str |
     return DeclResult(report, [], False)
 
 
-def merge(results: list[DeclResult], decls, archs, backend: str | None = None) -> Report:
-    """Combine per-declaration results in declaration order; raise the errors they found."""
+def _backend_note(archs, backend: str) -> str:
+    """`; sm90 has no ck kernels: ...` when some of ``archs`` are not targets of ``backend``."""
+    foreign = [a for a in archs if a not in ALL_ARCHS[backend]]
+    if not foreign:
+        return ""
+    other = next((b for b in ALL_ARCHS if b != backend and all(a in ALL_ARCHS[b] for a in foreign)), None)
+    return (f"; {', '.join(foreign)} {'has' if len(foreign) == 1 else 'have'} no {backend} kernels"
+            + (f": add `backend({other})` too" if other else ""))
+
+
+def merge(results: list[DeclResult], decls, archs, backend: str | None = None, keep_going: bool = False) -> Report:
+    """Combine per-declaration results in declaration order; raise the errors they found (with ``keep_going``,
+    keep them in ``Report.errors`` instead: ``explain`` shows the counts of a declaration that fails)."""
     report = Report()
     errors: list[Diagnostic] = []
     for r in results:
         report.kernels.extend(r.report.kernels)
         report.dropped.update(r.report.dropped)
         report.per_decl.update(r.report.per_decl)
+        for label in r.report.per_decl:
+            report.decl_dropped[label] = dict(sorted(r.report.dropped.items(), key=lambda t: (-t[1], t[0])))
         report.notes.extend(r.report.notes)
         for k, v in r.report.rule_text.items():
             report.rule_text.setdefault(k, v)
         errors.extend(r.errors)
     if results and all(r.skipped for r in results):
         d = decls[0]
+        mine = ", ".join(resolve_archs(d, None, backend))
+        why = (f"is declared for {mine}" if d.archs.explicit else
+               f"declares no arch, so it is for {mine} only (the default)")
+        wanted = " | ".join(archs)
         raise RuleError(Diagnostic(
-            "arch.not-declared", f"no declaration is for {', '.join(archs)}: `{d.label}` is declared for "
-            f"{', '.join(resolve_archs(d, None, backend))}", d.archs.span, "add the arch to the set's `arch(...)` or use `arch(*)`"))
-    if errors:
+            "arch.not-declared", f"no declaration is for {', '.join(archs)}: `{d.label}` {why}", d.archs.span,
+            f"--arch only picks among the archs a set declares: add `arch({wanted})` to the set (or `arch(*)` for "
+            "every arch of its backend)" + _backend_note(archs, backend or d.backend)))
+    if errors and keep_going:
+        report.errors = errors
+    elif errors:
         raise RuleError(errors)
     return report
 
 
 def expand(decls, archs: tuple[str, ...] | None = None, profile: str | None = None,
-           backend: str | None = None) -> Report:
-    """Expand declarations into kernels.  Raises :class:`RuleError` for explicit invalid requests.
+           backend: str | None = None, keep_going: bool = False) -> Report:
+    """Expand declarations into kernels.  Raises :class:`RuleError` for explicit invalid requests and empty
+    declarations; with ``keep_going``, returns them in ``Report.errors`` with the counts of every declaration.
 
     ``backend`` overrides the declarations' own ``backend(...)`` (CLI ``--backend``).
     """
-    return merge([expand_decl(d, archs, profile, backend) for d in decls], decls, archs, backend)
+    return merge([expand_decl(d, archs, profile, backend) for d in decls], decls, archs, backend, keep_going)
 
 
 __all__ = ["Kernel", "Report", "DeclResult", "expand", "expand_decl", "merge", "resolve_archs", "AMD_ARCHS",

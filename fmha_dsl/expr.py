@@ -88,6 +88,36 @@ def _enum_field(e: Expr) -> str | None:
     return None
 
 
+_PADS = ("pad_s", "pad_sk", "pad_d", "pad_dv")
+
+
+def _is_pad(*nodes: Expr) -> bool:
+    """Padding fields are numbers (0, 1, 8) that setters also take as false/true: `pad_s == true` is fine."""
+    return any(n.op == "name" and n.args[0] in _PADS for n in nodes)
+
+
+def _mismatch_hint(a: Expr, ta: str, b: Expr, tb: str) -> str:
+    field, ftype = (a, ta) if a.op == "name" and a.args[0] in NAMES else (b, tb)
+    name = field.args[0] if field.op == "name" else None
+    if ftype == "bool" and name:
+        return f"`{name}` is true or false: write `{name} == true` (or just `{name}`)"
+    if ftype == "int" and name:
+        return f"`{name}` is a number: compare it with one, e.g. `{name} == 128`"
+    if ftype == "str" and name:
+        return f"`{name}` is a name: compare it with one, quoted, e.g. `{name} == \"{_example(name)}\"`"
+    return "quote names of values, e.g. pipeline == \"qr\""
+
+
+def _a(type_name: str) -> str:
+    return ("an " if type_name[0] in "aeiou" else "a ") + type_name
+
+
+def _example(name: str) -> str:
+    known = {"pipeline": "qr_async", "arch": "gfx942", "factory": "gfx9", "dtype": "bf16", "mask": "top_left"}
+    table = V.ALIASES.get(name)
+    return known.get(name) or (sorted(set(table.values()))[0] if table else "...")
+
+
 def compile_expr(e: Expr, field: str | None = None) -> Compiled:
     """Compile ``e``; ``field`` is the enum field a literal here is compared with (for its aliases)."""
     op = e.op
@@ -154,9 +184,9 @@ def compile_expr(e: Expr, field: str | None = None) -> Compiled:
         sym = e.args[0]
         l = compile_expr(e.args[1], _enum_field(e.args[2]))
         r = compile_expr(e.args[2], _enum_field(e.args[1]))
-        if l.type != r.type and not {l.type, r.type} <= {"int", "bool"}:
-            raise error("where.type", f"cannot compare a {l.type} with a {r.type}", e.span,
-                        "quote names of values, e.g. pipeline == \"qr\"", cls=ParseError)
+        if l.type != r.type and not ({l.type, r.type} == {"int", "bool"} and _is_pad(e.args[1], e.args[2])):
+            raise error("where.type", f"cannot compare {_a(l.type)} with {_a(r.type)}", e.span,
+                        _mismatch_hint(e.args[1], l.type, e.args[2], r.type), cls=ParseError)
         if sym not in ("==", "!=") and l.type != "int":
             raise error("where.type", f"`{sym}` compares integers only", e.span, cls=ParseError)
         cmpf, lf, rf = _CMP[sym], l.fn, r.fn

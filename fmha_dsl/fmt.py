@@ -9,6 +9,7 @@ idempotent: ``fmt(fmt(x)) == fmt(x)``, and the result parses to the same declara
 from __future__ import annotations
 
 from . import ast as A
+from . import vocab as V
 from .parse import parse_text
 
 _PREC = {"or": 1, "and": 2, "not": 3, "cmp": 4, "in": 4, "notin": 4, "bin+": 5, "bin*": 6, "neg": 7}
@@ -132,15 +133,18 @@ class _Printer:
         if end_line is not None:
             self.last_line = end_line
 
-    def kernel(self, k: A.KernelDecl, indent: int):
+    def kernel(self, k: A.KernelDecl, indent: int, ks: A.KernelSetDecl):
         head = f"kernel {k.name} {{" if k.name else "kernel {"
         self.emit(indent, head, _first_line(k.span))
+        extra = _add_defaults(k, ks)
         for block, setters in (("signature", k.signature), ("algorithm", k.algorithm)):
-            if not setters:
+            if not setters and not (block == "algorithm" and extra):
                 continue
             self.out.append("    " * (indent + 1) + block + " {")
             for st in setters:
                 self.emit(indent + 2, _setter(st), st.span)
+            if block == "algorithm":
+                self.out.extend("    " * (indent + 2) + text for text in extra)
             self.out.append("    " * (indent + 1) + "}")
             self.last_line += 1  # the closing brace takes a line of its own
         self._items(indent + 1, k.setters, k.wheres)
@@ -159,8 +163,24 @@ class _Printer:
         for k in ks.kernels:
             if self.out and self.out[-1] != "":
                 self.out.append("")
-            self.kernel(k, 1)
+            self.kernel(k, 1, ks)
         self.close(0, ks.span.end_line)
+
+
+def _add_defaults(k: A.KernelDecl, ks: A.KernelSetDecl) -> list[str]:
+    """Setters that keep a C++ ``.add(...)`` line's meaning once it is a ``kernel { }`` block: ``.add`` keeps CK's
+    ``FmhaAlgorithm()`` defaults for an unset pipeline and tile, where a block means ``*`` (declare._rules_pick)."""
+    if k.form != "add":
+        return []
+    names = {s.name for s in k.signature + k.algorithm + k.setters + ks.setters}
+    out = []
+    if "pipeline" not in names:
+        out.append(f"pipeline({V.ALG_DEFAULTS['pipeline']})")
+    if not any(n in ("tile", "wave", "warp", "block_per_cu", "max_seq_len_q") or n.startswith(("tile_", "wave_",
+                                                                                                 "warp_"))
+               for n in names):
+        out.append(f"tile({', '.join(str(x) for x in V.TILE_DEFAULT)})")
+    return out
 
 
 def _first_line(span):

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from . import vocab as V
 from .declare import Declaration, resolve
-from .errors import UsageError, did_you_mean, error
+from .errors import Diagnostic, ParseError, Span, UsageError, did_you_mean, error
 from .expand import Report, expand
 from .parse import parse_file, parse_text
 from .registry import Registry
@@ -23,7 +23,7 @@ def _archs(arch: ArchArg) -> Optional[tuple[str, ...]]:
     if arch is None:
         return None
     items = [arch] if isinstance(arch, str) else list(arch)
-    out = []
+    out, bad = [], []
     for a in items:
         for part in str(a).split(","):
             part = part.strip()
@@ -31,10 +31,12 @@ def _archs(arch: ArchArg) -> Optional[tuple[str, ...]]:
                 continue
             if part == "*":
                 return None
-            if part not in V.ARCHS:
-                raise error("usage.arch", f"unknown arch `{part}`", None,
-                            did_you_mean(part, V.ARCHS) or f"one of: {', '.join(V.ARCHS)}", cls=UsageError)
+            if part not in V.ARCHS:  # every unknown arch is reported, not only the first
+                bad.append(Diagnostic("usage.arch", f"unknown arch `{part}`", None,
+                                      did_you_mean(part, V.ARCHS) or f"one of: {', '.join(V.ARCHS)}"))
             out.append(part)
+    if bad:
+        raise UsageError(bad)
     return tuple(dict.fromkeys(out)) or None
 
 
@@ -71,8 +73,10 @@ class KernelSet(BaseModel):
     declarations: tuple[Declaration, ...]
     files: tuple[str, ...] = ()
 
-    def expand_report(self, arch: ArchArg = None, profile=None, backend: str | None = None) -> Report:
-        return expand(self.declarations, _archs(arch), _profile(profile), _backend(backend))
+    def expand_report(self, arch: ArchArg = None, profile=None, backend: str | None = None,
+                      keep_going: bool = False) -> Report:
+        """What expansion keeps and drops; ``keep_going``: errors go to ``Report.errors`` instead of raising."""
+        return expand(self.declarations, _archs(arch), _profile(profile), _backend(backend), keep_going)
 
     def expand(self, arch: ArchArg = None, profile=None, backend: str | None = None) -> list[KernelKey]:
         """Every kernel key the declarations allow, deduplicated, in a deterministic order."""
@@ -97,7 +101,18 @@ def _display(decl_path: str | None, top: str | None) -> str:
     return rel.replace(os.sep, "/")
 
 
-def _make(files, path) -> KernelSet:
+def _first_line(path: str | None, text: str | None) -> str:
+    """Line 1 of the top-level file (for the caret of a file-level error)."""
+    if text is None and path is not None:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.readline()
+        except OSError:
+            text = ""
+    return (text or "").split("\n", 1)[0]
+
+
+def _make(files, path, text: str | None = None) -> KernelSet:
     import dataclasses
 
     decls: list[Declaration] = []
@@ -106,25 +121,33 @@ def _make(files, path) -> KernelSet:
         shown = _display(src.path, path)
         decls.extend(dataclasses.replace(d, display=shown) for d in resolve(src))
         sets.extend(s.name for s in src.sets)
-    if not sets:
-        raise error("set.none", "no `kernel_set` in this file", None,
-                    "declare one: `kernel_set NAME { kernel { ... } }`")
+    if not sets:  # an input error about the whole file: located at its start
+        raise error("set.none", "no `kernel_set` in this file", Span(path, 1, 1, source_line=_first_line(path, text)),
+                    "declare one: `kernel_set NAME { kernel { signature { ... } } }`", cls=ParseError)
     name = sets[-1] if len(sets) == 1 or path is None else os.path.splitext(os.path.basename(path))[0]
     return KernelSet(name=name, path=path, sets=tuple(sets), declarations=tuple(decls),
                      files=tuple(f.path for f in files if f.path))
 
 
+def shipped_names() -> list[str]:
+    """Names of the kernel sets shipped with the package (``ck_receipt0`` ...)."""
+    from .locate import folder
+
+    return sorted(p.name[:-5] for p in folder("kernelsets").iterdir() if p.name.endswith(".fmha"))
+
+
 def shipped(name: str) -> str:
-    """Path of a kernel set shipped with the package (``shipped("ck_receipt0")``)."""
-    from importlib import resources
+    """Path of a kernel set shipped with the package (``shipped("ck_receipt0")``); from a source checkout,
+    the checkout's ``kernelsets/`` folder."""
+    from .locate import folder
 
     base = name if name.endswith(".fmha") else name + ".fmha"
-    ref = resources.files("fmha_dsl.kernelsets").joinpath(base)
+    ref = folder("kernelsets").joinpath(base)
     if not ref.is_file():
-        avail = sorted(p.name[:-5] for p in resources.files("fmha_dsl.kernelsets").iterdir()
-                       if p.name.endswith(".fmha"))
-        raise error("input.file-not-found", f"no shipped kernel set `{name}`", None,
-                    did_you_mean(name, avail) or "shipped sets: " + ", ".join(avail))
+        avail = shipped_names()
+        raise error("input.file-not-found", f"no such file or shipped kernel set: `{name}`", None,
+                    did_you_mean(name, avail) or "give the path of a .fmha file, or one of the shipped sets: "
+                    + ", ".join(avail), cls=UsageError)
     return str(ref)
 
 
@@ -138,12 +161,12 @@ def loads(text: str, path: str | None = None) -> KernelSet:
     """Like :func:`load`, from text; with ``path``, includes are resolved from its folder (without a path,
     an include is an error)."""
     if path is not None:
-        return _make(parse_file(path, text), path)
+        return _make(parse_file(path, text), path, text)
     src = parse_text(text, path)
     if src.includes:
         raise error("include.no-path", "`include` needs the including file's path", src.includes[0].span,
                     "use fmha_dsl.load(path), or fmha_dsl.loads(text, path=...)")
-    return _make([src], path)
+    return _make([src], path, text)
 
 
-__all__ = ["KernelSet", "load", "loads", "shipped"]
+__all__ = ["KernelSet", "load", "loads", "shipped", "shipped_names"]

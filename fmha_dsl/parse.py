@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from importlib import resources
 
 from . import ast as A
 from .errors import ParseError, Span, error
+from .locate import folder
 
 # Terminal names -> how a user writes them.
 _TOKEN_WORDS = {
@@ -30,7 +30,7 @@ _TOKEN_WORDS = {
 
 
 def grammar_text() -> str:
-    return resources.files("fmha_dsl.grammar").joinpath("fmha.lark").read_text(encoding="utf-8")
+    return folder("grammar").joinpath("fmha.lark").read_text(encoding="utf-8")
 
 
 _PARSE_LOCK = threading.Lock()
@@ -336,7 +336,9 @@ def _translate(exc, lines: _Lines) -> ParseError:
         sp = lines.span(tok.line, tok.column, tok.end_line, tok.end_column)
         shown = str(tok)
         hint = f"expected {_expected_words(exc.expected)}"
-        if tok.type == "NAME" and "LPAR" in exc.expected:
+        if tok.type == "EQUAL" and "CMP_OP" in exc.expected:  # `where pipeline = "qr"`
+            hint = "to compare, write `==` (`=` only names a setter's argument, as in `hdim(q=128)`)"
+        elif tok.type == "NAME" and "LPAR" in exc.expected:
             hint += f"; setters are calls: write `{shown}(...)`"
         elif tok.type == "NAME" and "LPAR" not in exc.expected and exc.expected & {"RBRACE", "NAME", "DOT"}:
             hint = f"setters are calls: write `{shown}(...)`; " + hint

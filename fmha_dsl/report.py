@@ -39,7 +39,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 
-from .errors import FmhaError, error
+from .errors import FmhaError, UsageError, error
 from .registry import write_atomic
 
 __all__ = [
@@ -68,8 +68,9 @@ CHAR_W = 6.0  # logical px per character at text scale 1 (SVG font-size 10 monos
 # loading
 # ---------------------------------------------------------------------------------------------
 def _fail(message: str, path: str | None = None) -> FmhaError:
+    """The input is a registry without a usable table: an input error (exit 2)."""
     notes = (f"registry: {path}",) if path else ()
-    return error(RULE, message, hint=HINT, notes=notes)
+    return error(RULE, message, hint=HINT, notes=notes, cls=UsageError)
 
 
 def load_table(build_dir_or_registry_json: str) -> tuple[dict, dict]:
@@ -81,7 +82,9 @@ def load_table(build_dir_or_registry_json: str) -> tuple[dict, dict]:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except FileNotFoundError:
-        raise _fail(f"no registry at {path}", path) from None
+        raise error("report.no-registry", f"no registry.json at `{path}`", None,
+                    "build first: `fmha-dsl build FILE -o DIR` writes DIR/registry.json, then `fmha-dsl tune DIR` "
+                    "(on the GPU) measures it for the report", cls=UsageError) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _fail(f"cannot read registry {path}: {e}", path) from None
     if not isinstance(doc, dict):

@@ -30,7 +30,7 @@ import time
 from typing import Callable, Optional
 
 from fmha_dsl import seqtune
-from fmha_dsl.errors import UsageError, error
+from fmha_dsl.errors import FmhaError, UsageError, error
 from fmha_dsl.registry import Registry
 
 DEFAULT_SHAPES = os.path.join(os.path.dirname(seqtune.__file__), "data", "seqtune_shapes.json")
@@ -256,9 +256,20 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
 
     from .dispatch import Dispatcher, detect_arch
 
+    if not torch.cuda.is_available():  # a CPU-only torch, or no GPU visible: --arch cannot stand in for one
+        raise error("usage.no-gpu", "`fmha-dsl tune` times kernels on a GPU, and torch sees none"
+                    + ("" if getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None)
+                       else " (this torch is a CPU-only build)"), None,
+                    "run it on the GPU machine, with a CUDA or ROCm build of torch; --arch only picks which of the "
+                    "registry's archs to tune there", cls=UsageError)
     path = os.path.join(build_dir, "registry.json") if os.path.isdir(build_dir) else build_dir
     reg = Registry.load(path)
-    arch = arch or detect_arch()
+    if arch is None:
+        try:
+            arch = detect_arch()
+        except FmhaError as exc:  # its hint names the Python argument (arch=); here it is the --arch flag
+            raise error(exc.rule, exc.message, None, "pass --arch with the registry arch whose kernels this GPU "
+                        "runs (sm80, sm90, gfx942 ...)", cls=UsageError) from None
     dev = device_info(arch)
     res = TuneResult(path=path, device=dev)
 

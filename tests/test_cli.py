@@ -141,3 +141,191 @@ def test_jobs_must_be_positive():
     for bad in ("0", "-3", "x"):
         r = cli("build", "ck_receipt0", "--arch", "gfx942", "-o", "/tmp/never-written", "-j", bad)
         assert r.returncode == 2 and "-j/--jobs: must be a whole number >= 1" in r.stderr
+
+
+# ---- defects found trying the CLI as a new user ------------------------------------------------------------
+REPO = os.path.dirname(HERE)
+EMPTY_BUILD = """kernel_set e { arch(gfx942, gfx1100)
+  kernel k { signature { family(bwd_dq_dk_dv) dtype(fp16) hdim(128) } algorithm { pipeline(*) tile(*) padding(*) } }
+}
+"""
+
+
+def run_main(capsys, *args):
+    """The CLI in this process (so a test can patch os-level calls); (exit code, stdout, stderr)."""
+    from fmha_dsl import cli as cli_module
+
+    rc = cli_module.main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _failing_replace(errno_value, strerror):
+    real = os.replace
+
+    def fake(src, dst, *a, **kw):
+        if str(dst).endswith((".fmha", "registry.json")):
+            raise OSError(errno_value, strerror)
+        return real(src, dst, *a, **kw)
+
+    return fake
+
+
+def test_a_full_disk_is_an_input_error_naming_the_path(write, tmp_path, monkeypatch, capsys):
+    import errno
+
+    p = write("g.fmha", GOOD)
+    out = tmp_path / "out"
+    monkeypatch.setattr(os, "replace", _failing_replace(errno.ENOSPC, "No space left on device"))
+    rc, _, err = run_main(capsys, "build", p, "-o", str(out), "-q")
+    assert rc == 2 and "Traceback" not in err
+    assert f"cannot write `{out / 'registry.json'}`: No space left on device" in err and "disk is full" in err
+    assert os.listdir(out) == []  # no registry, no temporary file left
+
+
+def test_fmt_write_into_a_read_only_folder_is_an_input_error(write, monkeypatch, capsys):
+    import errno
+
+    p = write("u.fmha", "kernel_set a{kernel{signature{family(fwd)}}}")
+    monkeypatch.setattr(os, "replace", _failing_replace(errno.EACCES, "Permission denied"))  # root writes anyway
+    rc, _, err = run_main(capsys, "fmt", "--write", p)
+    assert rc == 2 and f"cannot write `{p}`: Permission denied" in err and "writable" in err
+    assert open(p).read() == "kernel_set a{kernel{signature{family(fwd)}}}"
+    assert sorted(os.listdir(os.path.dirname(p))) == ["u.fmha"]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes into read-only folders")
+def test_build_into_a_read_only_folder(write, tmp_path):
+    p = write("g.fmha", GOOD)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        r = cli("build", p, "-o", str(ro))
+        assert r.returncode == 2 and str(ro) in r.stderr and "Traceback" not in r.stderr
+        r = cli("fmt", "--write", p, cwd=str(ro))
+        assert r.returncode == 0  # p is elsewhere: nothing to do with the read-only cwd
+    finally:
+        ro.chmod(0o755)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_stdout_on_a_full_disk(write):
+    p = write("g.fmha", GOOD)
+    for args in (("list", p), ("list", p, "--format", "json"), ("schema", "grammar"), ("check", p)):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([sys.executable, "-m", "fmha_dsl.cli", *args], stdout=full, stderr=subprocess.PIPE,
+                               text=True, cwd=HERE, timeout=300)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "cannot write to standard output: No space left on device" in r.stderr
+        assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
+
+
+def test_tune_without_a_gpu_is_a_usage_error_naming_the_flag(tmp_path, monkeypatch, capsys):
+    """A CPU-only torch (or no GPU): exit 2 and a hint about --arch, not an AssertionError from torch.cuda."""
+    import types
+
+    pytest.importorskip("triton")
+    torch = types.ModuleType("torch")
+    torch.__version__ = "0.0+cpu"
+    torch.cuda = types.SimpleNamespace(is_available=lambda: False)
+    torch.version = types.SimpleNamespace(cuda=None, hip=None)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    for args in (("--arch", "sm90"), ()):
+        rc, _, err = run_main(capsys, "tune", str(tmp_path), *args)
+        assert rc == 2 and "Traceback" not in err
+        assert "error[usage.no-gpu]" in err and "CPU-only" in err and "--arch" in err and "arch=" not in err
+
+
+def test_fmt_write_follows_symlinks_and_keeps_the_mode(tmp_path):
+    target = tmp_path / "real.fmha"
+    target.write_text("kernel_set a{kernel{signature{family(fwd)}}}")
+    target.chmod(0o640)
+    link = tmp_path / "link.fmha"
+    link.symlink_to(target)
+    assert cli("fmt", "--write", str(link)).returncode == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text().startswith("kernel_set a {\n")
+    assert (target.stat().st_mode & 0o777) == 0o640
+    assert sorted(os.listdir(tmp_path)) == ["link.fmha", "real.fmha"]
+
+
+def test_shipped_sets_are_found_from_a_source_checkout():
+    """`python bench/bench_expand.py` / `python -m fmha_dsl.cli` from the repository root import the checkout,
+    whose kernelsets/ and grammar/ are top-level folders (the wheel maps them into the package)."""
+    env = dict(os.environ, PYTHONPATH=REPO)
+    code = ("import fmha_dsl, os; print(os.path.dirname(os.path.dirname(fmha_dsl.__file__))); "
+            "print(fmha_dsl.shipped('ck_receipt0'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    root, path = r.stdout.split()
+    assert os.path.samefile(root, REPO) and os.path.samefile(path, os.path.join(REPO, "kernelsets", "ck_receipt0.fmha"))
+    r = subprocess.run([sys.executable, "-m", "fmha_dsl.cli", "check", "seqtune_fwd"], capture_output=True,
+                       text=True, cwd=REPO, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("ok: seqtune_fwd:"), r.stderr
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n"])
+def test_a_file_without_a_kernel_set_is_a_located_input_error(write, text):
+    p = write("none.fmha", text)
+    r = cli("check", p)
+    assert r.returncode == 2 and f"{p}:1:1: error[set.none]" in r.stderr
+    doc = json.loads(cli("check", p, "--format", "json").stdout)["diagnostics"][0]
+    assert (doc["path"], doc["line"], doc["column"]) == (p, 1, 1)
+
+
+def test_explain_counts_what_emptied_a_declaration(write):
+    p = write("z.fmha", "kernel_set z { arch(gfx942)\n  kernel k { signature { family(fwd) dtype(fp16) hdim(128) } "
+                        "algorithm { pipeline(*) tile(*) padding(*) } where tile_m0 > 100000 }\n}\n")
+    r = cli("check", p)
+    assert r.returncode == 1 and "decl.empty" in r.stderr and f"`fmha-dsl explain {os.path.basename(p)}`" in r.stderr
+    r = cli("explain", p)
+    assert r.returncode == 1 and "decl.empty" in r.stderr
+    assert "k                                gfx942: 0" in r.stdout
+    assert "dropped by where#0" in r.stdout and "dropped by ck.fwd.hdim-tile" in r.stdout
+    doc = json.loads(cli("explain", p, "--format", "json").stdout)
+    assert doc["ok"] is False and doc["diagnostics"][0]["rule"] == "decl.empty"
+    assert doc["declarations"]["k"] == {"gfx942": 0} and doc["dropped_by_declaration"]["k"]["where#0"] > 0
+
+
+NO_ARCH = "kernel_set n { kernel k { signature { family(fwd) dtype(fp16) hdim(128) } } }"
+TRITON_BWD = ("kernel_set t { backend(triton) arch(sm90)\n"
+              "  kernel k { signature { family(bwd_dq_dk_dv) dtype(bf16) hdim(128) } }\n}\n")
+HINTS = {  # case: (file text or None, arguments ({} = the file), wanted in stderr, unwanted in stderr)
+    "triton-backward": (TRITON_BWD, ("check", "{}"),
+                        ["the triton backend implements fwd and fwd_splitkv only"], ["pick an arch"]),
+    "shipped-name": (None, ("check", "ck_receipt"), ["did you mean `ck_receipt0`?"], ["relative includes"]),
+    "report-unbuilt": (None, ("report", "{dir}"), ["no registry.json", "build first"], ["run fmha-dsl tune"]),
+    "where-equals": ('kernel_set w { kernel { signature { family(fwd) } where pipeline = "qr" } }', ("check", "{}"),
+                     ["write `==`"], []),
+    "arch-case-flag": (GOOD, ("check", "{}", "--arch", "GFX942"), ["did you mean `gfx942`?"], []),
+    "arch-case-file": (GOOD.replace("gfx942", "SM90"), ("check", "{}"), ["did you mean `sm90`?"], []),
+    "arch-flag-no-arch-set": (NO_ARCH, ("check", "{}", "--arch", "sm90"),
+                              ["declares no arch, so it is for gfx942 only",
+                               "--arch only picks among the archs a set declares", "add `backend(triton)` too"], []),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HINTS))
+def test_hints_point_the_right_way(case, write, tmp_path):
+    text, args, wanted, unwanted = HINTS[case]
+    p = write("h.fmha", text) if text is not None else None
+    r = cli(*[a.format(p, dir=tmp_path) for a in args])
+    assert r.returncode in (1, 2) and "Traceback" not in r.stderr, r.stderr
+    for w in wanted:
+        assert w in r.stderr, r.stderr
+    for u in unwanted:
+        assert u not in r.stderr, r.stderr
+
+
+def test_every_bad_arch_is_reported(write):
+    r = cli("check", write("a.fmha", GOOD.replace("arch(gfx942)", "arch(gfx924, sm_90)")))
+    assert r.returncode == 2 and "unknown arch `gfx924`" in r.stderr and "unknown arch `sm_90`" in r.stderr
+    assert "2 errors" in r.stderr
+
+
+def test_a_build_of_no_kernel_fails_and_writes_nothing(write, tmp_path):
+    p = write("e.fmha", EMPTY_BUILD)
+    r = cli("build", p, "--arch", "gfx1100", "-o", str(tmp_path / "out"))
+    assert r.returncode == 1 and "error[build.empty]" in r.stderr and "no backward kernels for gfx11" in r.stderr
+    assert not (tmp_path / "out" / "registry.json").exists()

@@ -62,9 +62,12 @@ CASES = [
     ("kernel_set a { kernel { where hdim_q } }", "where.type", 1, 25),
     ("kernel_set a { kernel { where hdim_q in 3 } }", "where.type", 1, 41),
     ("kernel_set a { kernel { where lse and 1 } }", "where.type", 1, 39),
+    ("kernel_set a { kernel { where lse == 1 } }", "where.type", 1, 31),   # a flag is true/false, not 0/1
+    ("kernel_set a { kernel { where 128 != dropout } }", "where.type", 1, 31),
+    ("kernel_set a { kernel { where hdim_q == true } }", "where.type", 1, 31),
     # --- sets
     ("kernel_set a { arch(gfx942) }", "set.empty", 1, 12),
-    ("// nothing here\n", "set.none", None, None),
+    ("// nothing here\n", "set.none", 1, 1),   # a file-level error is located at the file's start
 ]
 
 

@@ -385,3 +385,64 @@ def test_pipeline_star_draws_tma_only_where_the_arch_has_it(write):
         ks = fmha_dsl.load(write("t.fmha", "kernel_set t {\n" + body + "\n}\n"))
         got = {(e.alg["pipeline"], e.sig["vlayout"]) for e in ks.registry(arch=arch)}
         assert got == want, arch
+
+
+# ---- the minimal declaration: in a kernel { } block, an unset pipeline and tile mean `*` ---------------------
+MINIMAL = "kernel fwd { signature { family(fwd) dtype(bf16) hdim(128) } }"
+
+
+@pytest.mark.parametrize("backend", ["ck", "triton"])
+@pytest.mark.parametrize("algorithm", ["", "algorithm { tile(*) }", "algorithm { pipeline(*) }"])
+def test_the_minimal_declaration_expands(write, backend, algorithm):
+    body = f"backend({backend}) arch(*)\n" + MINIMAL.replace(" } }", " } " + algorithm + " }")
+    rep = expand(write, body)
+    assert rep.kernels and {k.arch for k in rep.kernels} >= {"gfx90a", "gfx942", "gfx950"}
+    assert all(k.sig["hdim_q"] == 128 and k.sig["dtype"] == "bf16" for k in rep.kernels)
+    assert all(k.alg["pad_s"] == k.alg["pad_sk"] == 1 for k in rep.kernels)  # padding keeps its default
+
+
+def test_add_form_keeps_cks_algorithm_defaults(write):
+    """`.add(..., FmhaAlgorithm()...)` is CK's C++ and keeps FmhaAlgorithm()'s defaults (pipeline qr, CK's
+    default tile); fmt spells them out when it rewrites the line as a block, so the meaning stays."""
+    from fmha_dsl.fmt import format_source
+
+    body = ('add(FmhaSignature().family("fwd").dtype("fp16").hdim(128).bias("bias"), '
+            'FmhaAlgorithm().tile_n0(128).wave(4, 1, 1, 4, 1, 1), "gfx942")\n'
+            'add(FmhaSignature().family("fwd").dtype("fp16").hdim(64), FmhaAlgorithm().pipeline("qr_async"), "gfx942")')
+    rep = expand(write, body)
+    assert [(k.alg["pipeline"], k.alg["tile"]) for k in rep.kernels] == [
+        ("qr", (128, 128, 32, 128, 32, 128)), ("qr_async", (128, 64, 32, 128, 32, 128))]
+    text = "kernel_set t {\n" + body + "\n}\n"
+    block = format_source(text)
+    assert ".add" not in block and "pipeline(qr)" in block and "tile(128, 64, 32, 128, 32, 128)" in block
+    assert [k.identifier for k in fmha_dsl.loads(block).expand_report().kernels] == \
+        [k.identifier for k in rep.kernels]
+
+
+# ---- Triton: variants that cannot make another kernel are dropped and counted --------------------------------
+def test_triton_expansion_has_no_two_kernels_with_the_same_code(write):
+    """Every kept key compiles to its own binary: what decides the code (the template's constexprs and the
+    compile options) differs between any two keys of an arch."""
+    pytest.importorskip("triton")
+    from fmha_dsl.compile_triton import compile_options
+    from fmha_dsl.kernels.triton_fwd import constexprs
+
+    body = """backend(triton) arch(*)
+    kernel k {
+        signature { family(fwd | fwd_splitkv) dtype(bf16) hdim(128 | 80) mode(*) mask(*) bias(no) lse(*)
+                    dropout(false) sink(*) logits(false) vlayout(r) }
+        algorithm { padding(*) tile(128, 64, *, *, *, *) pipeline(*) }
+    }"""
+    rep = expand(write, body)
+    seen = {}
+    for k in rep.kernels:
+        code = (k.arch, k.alg.get("max_splits_log2"), tuple(sorted(constexprs(k.sig, k.alg).items())),
+                tuple(sorted(compile_options(k.sig, k.alg, k.arch).items())))
+        assert code not in seen, (k.name, seen[code])
+        seen[code] = k.name
+    assert rep.dropped["triton.same-kernel"] > 0            # sink(true) without a mask
+    assert rep.dropped["triton.group-mode-padding"] > 0     # group mode pads rows and columns anyway
+    # hdim 80: pad_d false masks against the constant 80 (16-byte loads), pad_d true against the run-time head dim
+    # (any Dq <= 80): two kernels, both kept
+    assert {k.alg["pad_d"] for k in rep.kernels if k.sig["hdim_q"] == 80} == {0, 1}
+    assert all(not (k.sig["sink"] and k.sig["mask"] == "no") for k in rep.kernels)

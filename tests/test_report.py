@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 import pytest
 
 from fmha_dsl import report
-from fmha_dsl.errors import FmhaError
+from fmha_dsl.errors import FmhaError, UsageError
 
 SEQLENS = [128, 256, 512, 1024, 2048, 4096]
 
@@ -202,7 +202,7 @@ def test_deterministic(build_dir, tmp_path):
             assert f1.read() == f2.read()
 
 
-@pytest.mark.parametrize("content", [None, "{not json", "[]", json.dumps(_registry(with_table=False)),
+@pytest.mark.parametrize("content", ["{not json", "[]", json.dumps(_registry(with_table=False)),
                                      json.dumps({"seqtune": {"classes": "x"}}),
                                      json.dumps({"seqtune": {"classes": []}})])
 def test_error_no_table(tmp_path, content):
@@ -214,6 +214,15 @@ def test_error_no_table(tmp_path, content):
         report.write_report(str(d), str(tmp_path / "o.html"))
     assert ei.value.rule == "report.no-table"
     assert "fmha-dsl tune" in ei.value.hint
+    assert not os.path.exists(tmp_path / "o.html")
+
+
+def test_error_no_registry_says_build_first(tmp_path):
+    """A folder without registry.json was never built: tuning it is not the next step, building is."""
+    with pytest.raises(FmhaError) as ei:
+        report.write_report(str(tmp_path), str(tmp_path / "o.html"))
+    assert ei.value.rule == "report.no-registry" and isinstance(ei.value, UsageError)
+    assert "registry.json" in ei.value.message and "fmha-dsl build" in ei.value.hint
     assert not os.path.exists(tmp_path / "o.html")
 
 

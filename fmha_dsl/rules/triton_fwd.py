@@ -155,8 +155,12 @@ RULES = (
          blame="tile"),
     Rule("triton.group-mode-padding", ("mode", "pad_s", "pad_sk"),
          lambda b: b["mode"] != "group" or (b["pad_s"] and b["pad_sk"]),
-         "group mode (varlen) kernels must pad seqlen_q and seqlen_k", "use padding(true, true, *, *)",
-         blame="mode"),
+         "group mode (varlen) kernels always bounds-check seqlen_q and seqlen_k: pad_s/pad_sk false would build "
+         "the same kernel as true", "use padding(true, true, *, *)", blame="mode"),
+    # sink tokens count only under a mask (SINK = sink and mask; attention() drops the count without one)
+    Rule("triton.same-kernel", ("mask", "sink"), lambda b: not (b["sink"] and b["mask"] == "no"),
+         "sink(true) with mask(no) builds the same kernel as sink(false): sink tokens act only under a mask",
+         "pair sink(true) with a mask (mask(causal), or a window at run time)", blame="sink", filter=True),
     Rule("triton.shared-memory", ("arch", "dtype", "pipeline", "tile"),
          lambda b: smem_bytes(b) <= arch_info(b["arch"])["shared_bytes"],
          lambda b: f"tile {b['tile'].tile[:4]} with {stages(b)} stage(s) needs {smem_bytes(b)} bytes of shared "
