@@ -43,7 +43,7 @@ from __future__ import annotations
 import os
 import threading
 
-from fmha_dsl import seqtune
+from fmha_dsl import knobs, seqtune
 from fmha_dsl.errors import UsageError, error
 from fmha_dsl.registry import Entry, Registry
 
@@ -104,7 +104,7 @@ def open_registry(registry) -> tuple[Registry, str | None]:
 def default_launcher(arch: str) -> str:
     if arch.startswith("gfx"):
         return "hip"
-    return os.environ.get("FMHA_DSL_LAUNCHER", "auto") or "auto"
+    return knobs.launcher()
 
 
 class Dispatcher:
@@ -266,7 +266,7 @@ class Dispatcher:
         c = self.candidates(p, aligned)
         if c:
             return self._best(p, c, aligned)
-        if self.jit and os.environ.get("FMHA_DSL_NO_BUILD", "") not in ("1", "true", "yes"):
+        if self.jit and not knobs.no_build():
             from . import jit
 
             with self._lock:
