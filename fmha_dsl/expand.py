@@ -14,6 +14,7 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 
+from . import arch as arch_table
 from . import vocab as V
 from .declare import Declaration
 from .errors import Diagnostic, RuleError, Span
@@ -23,8 +24,8 @@ from .rules import family_rules
 from .rules.base import FACTORY, Rule, Tile, schedule, search
 from .rules.ck_common import common_rules
 
-AMD_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
-ALL_ARCHS = {"ck": AMD_ARCHS, "triton": AMD_ARCHS + ("sm80", "sm90")}   # what `arch(*)` means per backend
+AMD_ARCHS = arch_table.vendor_archs("amd")
+ALL_ARCHS = {b: arch_table.backend_archs(b) for b in V.BACKENDS}   # what `arch(*)` means per backend
 _DEFAULTS = {**V.SIG_DEFAULTS, **V.ALG_DEFAULTS}
 
 

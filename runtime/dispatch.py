@@ -43,6 +43,7 @@ from __future__ import annotations
 import os
 import threading
 
+from fmha_dsl import arch as arch_table
 from fmha_dsl import knobs, seqtune
 from fmha_dsl.errors import UsageError, error
 from fmha_dsl.registry import Entry, Registry
@@ -55,7 +56,7 @@ from .plan import (Plan, Stage, _stream_handle, alibi_strides, bias_strides, cur
                    fwd_args)
 
 
-ARCH_OF_CAPABILITY = {8: "sm80", 9: "sm90"}
+ARCH_OF_CAPABILITY = arch_table.by_capability()  # fmha_dsl/data/archs.json
 LAUNCHERS = ("auto", "native", "cuda", "triton", "hip", "interpret")
 
 
@@ -370,11 +371,11 @@ class Dispatcher:
             from .hip import load_hsaco
 
             return load_hsaco(data, entry=b["entry"], shared=int(b.get("shared", 0)), num_warps=num_warps,
-                              device=device, types=types, warp_size=int(b.get("warp_size") or 64), scratch=scratch)
+                              device=device, types=types, warp_size=int(b.get("warp_size") or arch_table.warp_size(self.arch, 64)), scratch=scratch)
         from .cuda import load_cubin
 
         return load_cubin(data, entry=b["entry"], shared=int(b.get("shared", 0)), num_warps=num_warps,
-                          device=device, types=types, warp_size=int(b.get("warp_size") or 32),
+                          device=device, types=types, warp_size=int(b.get("warp_size") or arch_table.warp_size(self.arch, 32)),
                           launcher=self.launcher, scratch=scratch, alloc=_torch_alloc, names=names)
 
 
