@@ -118,7 +118,8 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
     if any((backend or d.backend) == "triton" for d in decls):
         from .build_triton import build_with_triton
 
-        return build_with_triton(kernel_set, out, archs, prof, backend, jobs, progress, no_spills, cache_dir)
+        return BuildResult(**build_with_triton(kernel_set, out, archs, prof, backend, jobs, progress, no_spills,
+                                               cache_dir))
     done = sorted(_run(decls, archs, prof, backend, jobs), key=lambda t: t[0])
     report = merge([res for _, res, _ in done], decls, archs, backend)
     seen, rows = set(), []

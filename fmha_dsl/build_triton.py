@@ -32,7 +32,9 @@ def _compile_in_worker(kind: str, sig: dict, alg: dict | None, arch: str):
 
 def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, progress, no_spills: bool,
                       cache_dir: str | None):
-    from .build import BuildResult
+    """Expand, compile (through the cache) and write the build directory; returns the fields of
+    :class:`fmha_dsl.build.BuildResult` as a dict (:func:`fmha_dsl.build.build` wraps them, so this module,
+    below ``build``, never imports it)."""
     from .compile_triton import cache_parts, combine_name, combine_parts
 
     try:
@@ -140,7 +142,8 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     write_atomic(os.path.join(out, "build-report.json"), json.dumps(
         {"compiled": compiled, "cached": cached, "failed": failures, "dropped_for_spills": spilled,
          "kernels": len(kept), "seconds": round(seconds, 3), "jobs": jobs}, indent=1, sort_keys=True) + "\n")
-    return BuildResult(path, len(kept), kept.statistics()["by_arch"], rep, compiled, cached, failures, seconds)
+    return {"path": path, "total": len(kept), "by_arch": kept.statistics()["by_arch"], "report": rep,
+            "compiled": compiled, "cached": cached, "failures": failures, "seconds": seconds}
 
 
 __all__ = ["build_with_triton"]

@@ -19,7 +19,8 @@ from . import vocab as V
 from .declare import Declaration
 from .errors import Diagnostic, RuleError, Span
 from .expr import where_rule
-from .fields import ALG_KEYS, SIG_KEYS, KeyFields
+from .fields import ALG_KEYS, SIG_KEYS
+from .keyfields import KeyFields
 from .rules import family_rules
 from .rules.base import FACTORY, Rule, Tile, schedule, search
 from .rules.ck_common import common_rules

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
 from .errors import Diagnostic, RegistryError, Span
-from .fields import KeyFields
+from .keyfields import KeyFields
 
 if TYPE_CHECKING:
     from .keys import KernelKey
