@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from .errors import UsageError, error
 from .expand import DeclResult, Report, expand_decl, merge
-from .registry import Entry, document_chunks, entry_line, sort_key, stat_row, statistics, write_atomic
+from .registry import (Entry, document_chunks, entry_line, registry_path, sort_key, stat_row, statistics,
+                       write_atomic)
 from .rules import FAMILY_MODULES
 
 # rough relative costs per rule module, so the pool starts the big tasks first and the workers finish together
@@ -133,7 +134,7 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
     profiles = [prof] if prof else sorted({d.profile.values[0] for d in decls})
     sources = sorted({os.path.basename(f) for f in kernel_set.files})
     chunks = document_chunks(kernel_set.name, sorted(stats["by_arch"]), profiles, sources, stats, [r[2] for r in rows])
-    path = write_atomic(os.path.join(out, "registry.json"), chunks)
+    path = write_atomic(registry_path(out), chunks)
     return BuildResult(path, len(rows), stats["by_arch"], report)
 
 

@@ -21,7 +21,7 @@ from .cache import ArtifactCache, content_key, sha256_bytes
 from .compile_pool import run_isolated
 from .errors import UsageError, error
 from .expand import expand
-from .registry import Entry, Registry, write_atomic
+from .registry import Entry, Registry, registry_path, write_atomic
 
 
 def _compile_in_worker(kind: str, sig: dict, alg: dict | None, arch: str):
@@ -136,7 +136,7 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
         compiled += not from_cache
     failures.sort(key=lambda f: (f["arch"], f["name"]))
     spilled.sort(key=lambda f: (f["arch"], f["name"]))
-    path = os.path.join(out, "registry.json")
+    path = registry_path(out)
     kept.save(path)
     seconds = time.perf_counter() - t0
     write_atomic(os.path.join(out, "build-report.json"), json.dumps(

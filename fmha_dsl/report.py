@@ -39,8 +39,8 @@ import os
 import re
 from collections.abc import Callable, Iterable
 
-from .errors import FmhaError, error
-from .registry import write_atomic
+from .errors import FmhaError, RegistryError, error
+from .registry import read_document, registry_path, write_atomic
 
 __all__ = [
     "fastest_measured",
@@ -74,18 +74,11 @@ def _fail(message: str, path: str | None = None) -> FmhaError:
 
 def load_table(build_dir_or_registry_json: str) -> tuple[dict, dict]:
     """Return ``(seqtune_table, kernels_by_identifier)``; FmhaError ``report.no-table`` when absent/malformed."""
-    path = build_dir_or_registry_json
-    if os.path.isdir(path):
-        path = os.path.join(path, "registry.json")
+    path = registry_path(build_dir_or_registry_json)
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise _fail(f"no registry at {path}", path) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _fail(f"cannot read registry {path}: {e}", path) from None
-    if not isinstance(doc, dict):
-        raise _fail(f"registry {path} is not a JSON object", path)
+        doc = read_document(path)
+    except RegistryError as e:
+        raise _fail(e.message, path) from None
     table = doc.get("seqtune")
     if table is None:
         raise _fail(f"registry {path} has no seqtune table", path)

@@ -46,7 +46,7 @@ import threading
 from fmha_dsl import arch as arch_table
 from fmha_dsl import knobs, seqtune
 from fmha_dsl.errors import UsageError, error
-from fmha_dsl.registry import Entry, Registry
+from fmha_dsl.registry import Entry, Registry, registry_path
 
 from . import abi
 from .match import (EXACT, PAGED_FAMILIES, PIPELINE_RANK, _exact_key, _lcm, _max_sk, _max_sq,  # noqa: F401
@@ -93,9 +93,7 @@ def open_registry(registry) -> tuple[Registry, str | None]:
     if registry is None:
         return Registry("jit"), None
     if isinstance(registry, (str, os.PathLike)):
-        p = os.fspath(registry)
-        if os.path.isdir(p):
-            p = os.path.join(p, "registry.json")
+        p = registry_path(registry)
         return Registry.load(p), os.path.dirname(os.path.abspath(p))
     raise error("usage.value", f"registry must be a Registry, a build directory or a registry.json path, got "
                 f"{type(registry).__name__}", None, "e.g. Dispatcher('build/bench')", cls=UsageError)

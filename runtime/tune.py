@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 from fmha_dsl import seqtune
 from fmha_dsl.errors import UsageError, error
-from fmha_dsl.registry import Registry
+from fmha_dsl.registry import Registry, registry_path
 
 DEFAULT_SHAPES = os.path.join(os.path.dirname(seqtune.__file__), "data", "seqtune_shapes.json")
 
@@ -256,7 +256,7 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
 
     from .dispatch import Dispatcher, detect_arch
 
-    path = os.path.join(build_dir, "registry.json") if os.path.isdir(build_dir) else build_dir
+    path = registry_path(build_dir)
     reg = Registry.load(path)
     arch = arch or detect_arch()
     dev = device_info(arch)
