@@ -153,6 +153,7 @@ def test_registry_files_are_opened_only_by_the_registry_module():
     """fmha_dsl/registry.py is the one reader/writer of registry files (the seqtune table lives inside them): no
     other module spells the file name as a value (docstrings and messages may mention it)."""
     import ast
+    import os
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     bad = []
