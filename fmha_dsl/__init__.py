@@ -43,7 +43,8 @@ _EXPORTS = {
     "Signature": "keys", "Algorithm": "keys", "KernelKey": "keys", "Problem": "keys",
     "Registry": "registry", "Entry": "registry",
     "FmhaError": "errors", "ParseError": "errors", "RuleError": "errors", "RegistryError": "errors",
-    "UsageError": "errors", "Diagnostic": "errors", "Span": "errors",
+    "UsageError": "errors", "InputError": "errors", "BuildError": "errors", "DispatchError": "errors",
+    "InternalError": "errors", "Diagnostic": "errors", "Span": "errors",
     "format_source": "fmt",
     "attention": "attention",
 }

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from . import ast as A
 from . import vocab as V
-from .errors import Diagnostic, ParseError, Span, did_you_mean
+from .errors import Diagnostic, InternalError, ParseError, Span, did_you_mean
 
 WILD = "*"
 
@@ -376,7 +376,7 @@ def _apply_setter(c: _Collector, sc: _Scope, st: A.Setter, block: str):
         if r and r != WILD:
             setattr(sc, name, (r, v.span))
     else:  # a setter in vocab.SETTERS without a handler: our bug
-        raise AssertionError(f"no handler for setter {name}")
+        raise InternalError(Diagnostic("internal.setter", f"no handler for setter {name}"))
 
 
 def _arch(c, sc: _Scope, st: A.Setter):
