@@ -6,31 +6,19 @@ import re
 
 import pytest
 
+from sources import REPO, python_sources
+
 from fmha_dsl import knobs
 from fmha_dsl.errors import UsageError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCE_DIRS = ("fmha_dsl", "runtime", "grammar", "kernelsets")
 NAME = re.compile(r"FMHA_DSL_[A-Z0-9_]+")
-
-
-def _sources():
-    for top in SOURCE_DIRS:
-        for dirpath, _, files in os.walk(os.path.join(REPO, top)):
-            for f in files:
-                if f.endswith(".py"):
-                    yield os.path.join(dirpath, f)
 
 
 def test_no_knob_is_read_outside_knobs_py():
     """No os.environ/getenv call names an FMHA_DSL_ variable, and no bare "FMHA_DSL_X" string (a name handed to a
     reader elsewhere) exists outside knobs.py; prose in docstrings and messages may mention them."""
-    own = os.path.join(REPO, "fmha_dsl", "knobs.py")
     bad = []
-    for path in _sources():
-        if path == own:
-            continue
-        text = open(path, encoding="utf-8").read()
+    for path, text in python_sources(skip=("fmha_dsl/knobs.py",)):
         for lineno, line in enumerate(text.splitlines(), 1):
             if NAME.search(line) and re.search(r"environ|getenv|putenv", line):
                 bad.append(f"{path}:{lineno}: {line.strip()}")
@@ -48,9 +36,11 @@ def test_every_knob_is_documented_and_every_mentioned_knob_exists():
     readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
     assert "docs/knobs.md" in readme
     mentioned = set()
-    for path in [*_sources(), *(os.path.join(REPO, "docs", f) for f in os.listdir(os.path.join(REPO, "docs"))),
+    for _, text in python_sources():
+        mentioned |= set(NAME.findall(text))
+    for path in [*(os.path.join(REPO, "docs", f) for f in os.listdir(os.path.join(REPO, "docs"))),
                  os.path.join(REPO, "README.md")]:
-        if path.endswith((".py", ".md")):
+        if path.endswith(".md"):
             mentioned |= set(NAME.findall(open(path, encoding="utf-8").read()))
     assert mentioned <= declared, f"undeclared knobs mentioned: {sorted(mentioned - declared)}"
 

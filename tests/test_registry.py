@@ -153,17 +153,9 @@ def test_registry_files_are_opened_only_by_the_registry_module():
     """fmha_dsl/registry.py is the one reader/writer of registry files (the seqtune table lives inside them): no
     other module spells the file name as a value (docstrings and messages may mention it)."""
     import ast
-    import os
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    bad = []
-    for top in ("fmha_dsl", "runtime"):
-        for dirpath, _, files in os.walk(os.path.join(repo, top)):
-            for f in files:
-                path = os.path.join(dirpath, f)
-                if not f.endswith(".py") or path == os.path.join(repo, "fmha_dsl", "registry.py"):
-                    continue
-                for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-                    if isinstance(node, ast.Constant) and node.value == "registry.json":
-                        bad.append(f"{path}:{node.lineno}")
+    from sources import python_sources
+
+    bad = [f"{path}:{node.lineno}" for path, text in python_sources(skip=("fmha_dsl/registry.py",))
+           for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Constant) and node.value == "registry.json"]
     assert not bad, "use fmha_dsl.registry.registry_path / Registry.load / read_document: " + ", ".join(bad)
