@@ -2,7 +2,7 @@
 
     from fmha_dsl import arch
     arch.names()                  # ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201", "sm80", "sm90")
-    arch.info("sm90")             # {"vendor": "nvidia", "warp_size": 32, "shared_bytes": 232448, "binary": "cubin", ...}
+    arch.info("sm90")             # {"vendor": "nvidia", "warp_size": 32, "binary": "cubin", ...}
     arch.backend_archs("ck")      # what ``arch(*)`` means for a backend (CK is AMD only)
     arch.factories()["gfx942"]    # "gfx9": CK's arch trait, the unit upstream's tile tables are keyed by
     arch.of_capability(9)         # "sm90": the arch of an NVIDIA device of that compute-capability major

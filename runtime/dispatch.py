@@ -369,11 +369,11 @@ class Dispatcher:
             from .hip import load_hsaco
 
             return load_hsaco(data, entry=b["entry"], shared=int(b.get("shared", 0)), num_warps=num_warps,
-                              device=device, types=types, warp_size=int(b.get("warp_size") or arch_table.warp_size(self.arch, 64)), scratch=scratch)
+                              device=device, types=types, warp_size=int(b.get("warp_size") or 64), scratch=scratch)
         from .cuda import load_cubin
 
         return load_cubin(data, entry=b["entry"], shared=int(b.get("shared", 0)), num_warps=num_warps,
-                          device=device, types=types, warp_size=int(b.get("warp_size") or arch_table.warp_size(self.arch, 32)),
+                          device=device, types=types, warp_size=int(b.get("warp_size") or 32),
                           launcher=self.launcher, scratch=scratch, alloc=_torch_alloc, names=names)
 
 
