@@ -14,12 +14,37 @@ Public API (re-exported lazily: importing fmha_dsl does no work)::
 
 __version__ = "0.1.0"
 
+
+def _source_checkout_path(package_dir: str) -> list[str]:
+    """The repository root when this package runs from a source checkout (``python`` in the repo root, or
+    ``pip install -e .``), else nothing.
+
+    The wheel installs the top-level folders ``runtime/``, ``grammar/`` and ``kernelsets/`` as
+    ``fmha_dsl.runtime``, ``fmha_dsl.grammar`` and ``fmha_dsl.kernelsets`` (pyproject's ``package-dir``).  In a
+    checkout they are siblings of this folder, so the repository root joins ``__path__`` (after the package's own
+    folder, so the package's modules always win) and the same import names resolve to the same files.  Only
+    ``os.path`` checks: no I/O beyond three ``stat`` calls, nothing imported."""
+    import os.path
+
+    root = os.path.dirname(package_dir)
+    if os.path.isdir(os.path.join(package_dir, "runtime")):  # an installed wheel: the folders are inside
+        return []
+    if all(os.path.isfile(os.path.join(root, sub, "__init__.py")) for sub in _CHECKOUT_SUBPACKAGES):
+        return [root]
+    return []
+
+
+# the top-level folders of the repository that the wheel installs under this package (pyproject's package-dir)
+_CHECKOUT_SUBPACKAGES = ("runtime", "grammar", "kernelsets")
+__path__ += _source_checkout_path(__path__[0])  # noqa: F821 (set by the import system)
+
 _EXPORTS = {
     "load": "kernelset", "loads": "kernelset", "shipped": "kernelset", "KernelSet": "kernelset",
     "Signature": "keys", "Algorithm": "keys", "KernelKey": "keys", "Problem": "keys",
     "Registry": "registry", "Entry": "registry",
     "FmhaError": "errors", "ParseError": "errors", "RuleError": "errors", "RegistryError": "errors",
-    "UsageError": "errors", "Diagnostic": "errors", "Span": "errors",
+    "UsageError": "errors", "InputError": "errors", "BuildError": "errors", "DispatchError": "errors",
+    "InternalError": "errors", "Diagnostic": "errors", "Span": "errors",
     "format_source": "fmt",
     "attention": "attention",
 }

@@ -19,8 +19,9 @@ import os
 from dataclasses import dataclass, field
 
 from .errors import Diagnostic, RuleError, UsageError, error
-from .expand import DeclResult, Report, expand_decl, merge
-from .registry import Entry, document_chunks, entry_line, sort_key, stat_row, statistics, write_atomic
+from .expand import DeclResult, Report, expand_decl, merge, nothing_to_build
+from .registry import (Entry, document_chunks, entry_line, registry_path, sort_key, stat_row, statistics,
+                       write_atomic)
 from .rules import FAMILY_MODULES
 
 # rough relative costs per rule module, so the pool starts the big tasks first and the workers finish together
@@ -121,7 +122,8 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
     if any((backend or d.backend) == "triton" for d in decls):
         from .build_triton import build_with_triton
 
-        return build_with_triton(kernel_set, out, archs, prof, backend, jobs, progress, no_spills, cache_dir)
+        return BuildResult(**build_with_triton(kernel_set, out, archs, prof, backend, jobs, progress, no_spills,
+                                               cache_dir))
     done = sorted(_run(decls, archs, prof, backend, jobs), key=lambda t: t[0])
     report = merge([res for _, res, _ in done], decls, archs, backend)
     seen, rows = set(), []
@@ -137,21 +139,8 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
     profiles = [prof] if prof else sorted({d.profile.values[0] for d in decls})
     sources = sorted({os.path.basename(f) for f in kernel_set.files})
     chunks = document_chunks(kernel_set.name, sorted(stats["by_arch"]), profiles, sources, stats, [r[2] for r in rows])
-    path = write_atomic(os.path.join(out, "registry.json"), chunks)
+    path = write_atomic(registry_path(out), chunks)
     return BuildResult(path, len(rows), stats["by_arch"], report)
-
-
-def nothing_to_build(kernel_set, report: Report, archs) -> RuleError:
-    """The error of a build that expands to no kernel (no registry is written: an empty one would dispatch
-    nothing, silently).  The warnings that explain why (a family an arch lacks, a profile that leaves
-    nothing) become its notes."""
-    where = f" for {', '.join(archs)}" if archs else ""
-    notes = [d.message for d in report.notes]
-    return RuleError(Diagnostic(
-        "build.empty", f"nothing to build: kernel set `{kernel_set.name}` expands to no kernel{where}", None,
-        ("the notes say why; " if notes else "") + f"`fmha-dsl explain {kernel_set.path or 'FILE'}` shows what "
-        "each rule dropped; "
-        "another --arch, --profile or declaration may give kernels", tuple(dict.fromkeys(notes))))
 
 
 __all__ = ["build", "BuildResult", "nothing_to_build"]

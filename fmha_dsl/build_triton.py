@@ -20,8 +20,8 @@ import time
 from .cache import ArtifactCache, content_key, sha256_bytes
 from .compile_pool import run_isolated
 from .errors import UsageError, error
-from .expand import expand
-from .registry import Entry, Registry, write_atomic
+from .expand import expand, nothing_to_build
+from .registry import Entry, Registry, registry_path, write_atomic
 
 
 def _compile_in_worker(kind: str, sig: dict, alg: dict | None, arch: str):
@@ -32,7 +32,9 @@ def _compile_in_worker(kind: str, sig: dict, alg: dict | None, arch: str):
 
 def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, progress, no_spills: bool,
                       cache_dir: str | None):
-    from .build import BuildResult
+    """Expand, compile (through the cache) and write the build directory; returns the fields of
+    :class:`fmha_dsl.build.BuildResult` as a dict (:func:`fmha_dsl.build.build` wraps them, so this module,
+    below ``build``, never imports it)."""
     from .compile_triton import cache_parts, combine_name, combine_parts
 
     try:
@@ -43,8 +45,6 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     t0 = time.perf_counter()
     rep = expand(kernel_set.declarations, archs, profile, backend)
     if not rep.kernels:
-        from .build import nothing_to_build
-
         raise nothing_to_build(kernel_set, rep, archs)
     triton_ids = {k.identifier for k in rep.kernels if k.backend == "triton"}
     reg = kernel_set.registry(profile=profile, report=rep)
@@ -138,13 +138,14 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
         compiled += not from_cache
     failures.sort(key=lambda f: (f["arch"], f["name"]))
     spilled.sort(key=lambda f: (f["arch"], f["name"]))
-    path = os.path.join(out, "registry.json")
+    path = registry_path(out)
     kept.save(path)
     seconds = time.perf_counter() - t0
     write_atomic(os.path.join(out, "build-report.json"), json.dumps(
         {"compiled": compiled, "cached": cached, "failed": failures, "dropped_for_spills": spilled,
          "kernels": len(kept), "seconds": round(seconds, 3), "jobs": jobs}, indent=1, sort_keys=True) + "\n")
-    return BuildResult(path, len(kept), kept.statistics()["by_arch"], rep, compiled, cached, failures, seconds)
+    return {"path": path, "total": len(kept), "by_arch": kept.statistics()["by_arch"], "report": rep,
+            "compiled": compiled, "cached": cached, "failures": failures, "seconds": seconds}
 
 
 __all__ = ["build_with_triton"]

@@ -22,7 +22,9 @@ import tempfile
 def cache_base() -> str:
     """fmha-dsl's cache folder: ``$FMHA_DSL_CACHE_DIR``, else ``$XDG_CACHE_HOME/fmha-dsl``, else
     ``~/.cache/fmha-dsl`` (read at call time)."""
-    return os.environ.get("FMHA_DSL_CACHE_DIR") or os.path.join(
+    from .knobs import cache_dir
+
+    return cache_dir() or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "fmha-dsl")
 
 

@@ -31,8 +31,8 @@ examples:
   fmha-dsl tune build/bench --budget 600          (on the GPU)
   fmha-dsl report build/bench -o report.html --png
 
-exit codes: 0 ok, 1 failures (invalid combinations, fmt --check diffs),
-            2 usage or input errors, 70 internal error
+exit codes: 0 ok, 1 failures (invalid combinations, build or dispatch failures, fmt --check diffs),
+            2 usage or input errors, 70 internal error (fmha_dsl.errors: one class per fault)
 """
 
 
@@ -427,7 +427,7 @@ def _silence_stdout() -> None:
 
 
 def main(argv=None) -> int:
-    from .errors import FmhaError, ParseError, RegistryError, UsageError
+    from .errors import FmhaError, InternalError
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -446,14 +446,16 @@ def main(argv=None) -> int:
             _silence_stdout()
             fmt = "text"
         if fmt == "json":
-            _out(json.dumps({"ok": False, "diagnostics": [d.to_dict() for d in exc.diagnostics]},
-                            sort_keys=True, indent=1))
+            doc = {"ok": False, "fault": exc.fault, "diagnostics": [d.to_dict() for d in exc.diagnostics]}
+            _out(json.dumps(doc, sort_keys=True, indent=1))
         else:
             _err(exc.render())
             n = len(exc.diagnostics)
             if n > 1:
                 _err(f"{n} errors")
-        return EXIT_INPUT if isinstance(exc, (ParseError, RegistryError, UsageError)) else EXIT_FAIL
+        if isinstance(exc, InternalError):
+            _err("fmha-dsl: internal error (this is a bug; please report it with the input that caused it)")
+        return exc.exit_code  # the class says whose fault it is: 2 input, 1 failures, 70 internal (errors.py)
     except KeyboardInterrupt:
         _err("interrupted")
         return 130

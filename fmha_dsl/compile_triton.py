@@ -43,7 +43,7 @@ def triton_version() -> str:
 
 
 def arch_info(arch: str) -> dict:
-    from .rules.triton_fwd import arch_info as info
+    from .arch import info
 
     return info(arch)
 

@@ -1,10 +1,25 @@
-"""Diagnostics and the one exception root of fmha-dsl.
+"""Diagnostics and the one exception root of fmha-dsl, split by whose fault it is.
 
-Every problem with user input (a malformed ``.fmha`` file, an unknown field, an invalid
-combination, a bad registry JSON) is an :class:`FmhaError`.  An error carries one or more
+Every error fmha-dsl raises on purpose is an :class:`FmhaError`.  An error carries one or more
 :class:`Diagnostic` values; each names the rule that fired, the place (path, line, column,
 with the source line for a caret), what was expected and a hint.  Diagnostics are plain data:
 :mod:`fmha_dsl.cli` renders them as text or JSON, library code never prints.
+
+The class says whose fault it is (``fault``) and the CLI's exit code (``exit_code``)::
+
+    FmhaError                      fault            exit
+    ├── InputError                 "input"          2   the user's input: text, arguments, files, environment
+    │   ├── ParseError                                  not valid .fmha (syntax, setters, ``where``)
+    │   ├── UsageError                                  bad API/CLI arguments, a missing optional dependency
+    │   ├── RegistryError                               a registry file that is malformed or off-schema
+    │   └── RuleError                               1   well-formed, but asks for what the arch rules forbid
+    ├── BuildError                 "build"          1   the toolchain (Triton, a compiler) failed on valid input
+    ├── DispatchError              "dispatch"       1   at run time: no kernel serves the problem, a binary is
+    │                                                   missing or stale, the driver refuses a load or launch
+    └── InternalError              "internal"       70  fmha-dsl's own bug
+
+:func:`error` picks the class from the rule's namespace (``dispatch.*`` -> :class:`DispatchError` ...,
+:data:`CLASS_OF_RULE`) unless ``cls=`` names one.
 """
 
 from __future__ import annotations
@@ -84,8 +99,12 @@ class FmhaError(Exception):
     """Base class of every user-facing error.
 
     Attributes mirror the first diagnostic: ``rule``, ``path``, ``line``, ``column``,
-    ``hint``; ``diagnostics`` holds all of them (a file may have several errors).
+    ``hint``; ``diagnostics`` holds all of them (a file may have several errors).  ``fault`` and
+    ``exit_code`` are the class's (see the module docstring).
     """
+
+    fault = "failure"
+    exit_code = 1
 
     def __init__(self, diagnostics: Diagnostic | Iterable[Diagnostic]):
         if isinstance(diagnostics, Diagnostic):
@@ -119,26 +138,74 @@ class FmhaError(Exception):
         return (self.__class__, (self.diagnostics,))
 
 
-class ParseError(FmhaError):
+class InputError(FmhaError):
+    """The user's input is wrong (the base of the input errors below)."""
+
+    fault = "input"
+    exit_code = 2
+
+
+class ParseError(InputError):
     """The text is not valid ``.fmha`` syntax (or a setter is unknown / malformed)."""
 
 
-class RuleError(FmhaError):
-    """A declaration names a combination the arch rules forbid, or expands to nothing."""
-
-
-class RegistryError(FmhaError):
-    """A registry JSON file is malformed or does not match the schema."""
-
-
-class UsageError(FmhaError):
+class UsageError(InputError):
     """Bad arguments to the API or CLI that are not tied to a source file."""
 
 
+class RegistryError(InputError):
+    """A registry JSON file is malformed or does not match the schema."""
+
+
+class RuleError(InputError):
+    """A declaration names a combination the arch rules forbid, or expands to nothing (a failure: exit 1)."""
+
+    exit_code = 1
+
+
+class BuildError(FmhaError):
+    """A compiler or Triton failed on a valid kernel (not the user's input; the message carries the tool's words)."""
+
+    fault = "build"
+
+
+class DispatchError(FmhaError):
+    """At run time: no kernel serves the problem, a binary is missing or stale, the driver refuses it."""
+
+    fault = "dispatch"
+
+
+class InternalError(FmhaError):
+    """fmha-dsl's own bug: a state the code should never reach."""
+
+    fault = "internal"
+    exit_code = 70
+
+
+# a rule's namespace (or the whole rule) -> its class, for error() without cls=; the longest match wins
+CLASS_OF_RULE: dict[str, type[FmhaError]] = {
+    "syntax": ParseError, "where": ParseError, "include": ParseError, "set": ParseError, "value": ParseError,
+    "input": UsageError, "usage": UsageError, "registry": RegistryError, "decl": RuleError,
+    "build": BuildError, "runtime.jit": BuildError,
+    "dispatch": DispatchError, "runtime": DispatchError,
+    "report": UsageError, "internal": InternalError,
+}
+
+
+def class_of_rule(rule: str) -> type[FmhaError]:
+    """The error class :func:`error` uses for ``rule`` when no ``cls`` is given."""
+    parts = rule.split(".")
+    for n in range(len(parts), 0, -1):
+        cls = CLASS_OF_RULE.get(".".join(parts[:n]))
+        if cls is not None:
+            return cls
+    return FmhaError
+
+
 def error(rule: str, message: str, span: Span | None = None, hint: str | None = None,
-          notes: Iterable[str] = (), cls: type[FmhaError] = FmhaError) -> FmhaError:
-    """Shorthand: build an exception holding one diagnostic."""
-    return cls(Diagnostic(rule, message, span, hint, tuple(notes)))
+          notes: Iterable[str] = (), cls: type[FmhaError] | None = None) -> FmhaError:
+    """Shorthand: build an exception holding one diagnostic (``cls`` None: :func:`class_of_rule`)."""
+    return (cls or class_of_rule(rule))(Diagnostic(rule, message, span, hint, tuple(notes)))
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
@@ -158,10 +225,16 @@ __all__ = [
     "Span",
     "Diagnostic",
     "FmhaError",
+    "InputError",
     "ParseError",
     "RuleError",
     "RegistryError",
     "UsageError",
+    "BuildError",
+    "DispatchError",
+    "InternalError",
+    "CLASS_OF_RULE",
+    "class_of_rule",
     "error",
     "did_you_mean",
 ]

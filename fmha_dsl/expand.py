@@ -14,17 +14,19 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 
+from . import arch as arch_table
 from . import vocab as V
 from .declare import Declaration
 from .errors import Diagnostic, RuleError, Span
 from .expr import where_rule
-from .fields import ALG_KEYS, SIG_KEYS, KeyFields
+from .fields import ALG_KEYS, SIG_KEYS
+from .keyfields import KeyFields
 from .rules import family_rules
 from .rules.base import FACTORY, Rule, Tile, schedule, search
 from .rules.ck_common import common_rules
 
-AMD_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
-ALL_ARCHS = {"ck": AMD_ARCHS, "triton": AMD_ARCHS + ("sm80", "sm90")}   # what `arch(*)` means per backend
+AMD_ARCHS = arch_table.vendor_archs("amd")
+ALL_ARCHS = {b: arch_table.backend_archs(b) for b in V.BACKENDS}   # what `arch(*)` means per backend
 _DEFAULTS = {**V.SIG_DEFAULTS, **V.ALG_DEFAULTS}
 
 
@@ -435,4 +437,17 @@ def expand(decls, archs: tuple[str, ...] | None = None, profile: str | None = No
 
 
 __all__ = ["Kernel", "Report", "DeclResult", "expand", "expand_decl", "merge", "resolve_archs", "AMD_ARCHS",
-           "ALL_ARCHS"]
+           "ALL_ARCHS", "nothing_to_build"]
+
+
+def nothing_to_build(kernel_set, report: "Report", archs) -> RuleError:
+    """The error of a build that expands to no kernel (no registry is written: an empty one would dispatch
+    nothing, silently).  The warnings that explain why (a family an arch lacks, a profile that leaves
+    nothing) become its notes."""
+    where = f" for {', '.join(archs)}" if archs else ""
+    notes = [d.message for d in report.notes]
+    return RuleError(Diagnostic(
+        "build.empty", f"nothing to build: kernel set `{kernel_set.name}` expands to no kernel{where}", None,
+        ("the notes say why; " if notes else "") + f"`fmha-dsl explain {kernel_set.path or 'FILE'}` shows what "
+        "each rule dropped; "
+        "another --arch, --profile or declaration may give kernels", tuple(dict.fromkeys(notes))))

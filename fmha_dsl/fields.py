@@ -1,7 +1,8 @@
-"""Kernel-key fields as plain data: names, the identifier string, and lazily built Pydantic keys.
+"""Kernel-key fields as plain data: the field names, the identifier string, and :func:`trusted` construction.
 
 Kept free of Pydantic so expansion and registry writing (tens of thousands of kernels) run without
-building model objects; :mod:`fmha_dsl.keys` defines the models over the same field names.
+building model objects; :mod:`fmha_dsl.keys` defines the models over the same field names, and
+:mod:`fmha_dsl.keyfields` holds a kernel's fields with its model built on first use.
 """
 
 from __future__ import annotations
@@ -53,32 +54,3 @@ def identifier_from(s: dict, a: dict, arch: str) -> str:
 
 
 _BIT = {False: "0", True: "1"}
-
-
-class KeyFields:
-    """A kernel's key as plain field dicts, with the Pydantic :class:`KernelKey` built on first use.
-
-    Expansion produces tens of thousands of these; most are only counted, named and written to
-    JSON, which needs no model objects.  ``sig``/``alg`` are kept in sorted key order.
-    """
-
-    __slots__ = ("sig", "alg", "arch", "_key", "_ident")
-
-    def __init__(self, sig: dict, alg: dict, arch: str, key=None, ident: str | None = None):
-        self.sig, self.alg, self.arch, self._key, self._ident = sig, alg, arch, key, ident
-
-    @property
-    def key(self):
-        """The :class:`fmha_dsl.keys.KernelKey` (built on first use, without re-validation)."""
-        if self._key is None:
-            from .keys import Algorithm, KernelKey, Signature
-
-            self._key = trusted(KernelKey, {"signature": trusted(Signature, self.sig),
-                                            "algorithm": trusted(Algorithm, self.alg), "arch": self.arch})
-        return self._key
-
-    @property
-    def identifier(self) -> str:
-        if self._ident is None:
-            self._ident = identifier_from(self.sig, self.alg, self.arch)
-        return self._ident

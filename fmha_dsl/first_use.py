@@ -20,17 +20,15 @@ methods below, so compiling stays on the build side of the pipeline.
 
 from __future__ import annotations
 
-import os
-
+from . import knobs
 from .cache import ArtifactCache, content_key, sha256_bytes
 from .errors import error
+from .kernels.fwd_abi import SEQ_ALIGN as ALIGN  # lengths that are multiples of it also get unpadded candidates
 from .registry import Entry
 
 # problems whose query blocks fill fewer programs than this many waves of the device get split-KV candidates too
 SPLIT_BELOW_WAVES = 2
 SPLITS_LOG2 = (4, 6)            # 16 and 64 splits at most (fewer when the key axis is short)
-DEFAULT_MAX_CANDIDATES = 24
-from .kernels.fwd_abi import SEQ_ALIGN as ALIGN  # noqa: E402  (lengths that also get unpadded candidates)
 
 
 def seq_aligned(problem) -> tuple[bool, bool]:
@@ -43,19 +41,11 @@ def seq_aligned(problem) -> tuple[bool, bool]:
 
 
 def max_candidates() -> int:
-    raw = os.environ.get("FMHA_DSL_TUNE_CANDIDATES", "")
-    try:
-        return max(1, int(raw)) if raw else DEFAULT_MAX_CANDIDATES
-    except ValueError:
-        return DEFAULT_MAX_CANDIDATES
+    return knobs.tune_candidates()
 
 
 def compile_jobs() -> int:
-    raw = os.environ.get("FMHA_DSL_JOBS", "")
-    try:
-        return max(1, int(raw)) if raw else max(1, os.cpu_count() or 1)
-    except ValueError:
-        return max(1, os.cpu_count() or 1)
+    return knobs.jobs()
 
 
 def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> list[dict]:
@@ -66,14 +56,12 @@ def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> li
     from .vocab import ALG_DEFAULTS, SIG_DEFAULTS
 
     fr = family_rules(family, "triton")
-    group = problem.mode == "group"
     pinned = {
         "dtype": problem.dtype, "hdim": (problem.hdim_q, problem.hdim_v), "mode": problem.mode,
         "vlayout": problem.vlayout, "pad_s": pads[0], "pad_sk": pads[1], "pad_d": 0, "pad_dv": 0,
         "mask": "top_left" if problem.mask != "no" else "no", "bias": problem.bias, "logits": problem.logits,
         "lse": problem.lse, "dropout": problem.dropout, "sink": problem.sink,
     }
-    del group  # (group mode pads the sequence dims anyway)
     env = {"arch": arch, "factory": FACTORY[arch], "receipt": 0, "mask_impl": "simplified", "family": family,
            "backend": "triton", **fr.fixed}
     for name, value in {**SIG_DEFAULTS, **ALG_DEFAULTS}.items():

@@ -17,7 +17,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from . import vocab as V
-from .fields import KeyFields, identifier_from, trusted  # noqa: F401  (re-exported)
+from .fields import identifier_from, trusted  # noqa: F401  (re-exported)
 
 Family = Literal[V.FAMILIES]
 DType = Literal[V.DTYPES]
@@ -180,4 +180,4 @@ def json_schema() -> dict:
     return KernelKey.model_json_schema(mode="serialization")
 
 
-__all__ = ["Signature", "Algorithm", "KernelKey", "KeyFields", "Problem", "identifier_of", "identifier_from", "json_schema"]
+__all__ = ["Signature", "Algorithm", "KernelKey", "Problem", "identifier_of", "identifier_from", "json_schema"]

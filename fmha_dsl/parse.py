@@ -253,7 +253,7 @@ class _Builder:
             return A.Value("bool", False, sp)
         if d in ("tuple", "list"):
             return A.Value(d, tuple(self.alt(c) for c in t.children if c is not None), sp)
-        raise AssertionError(f"unknown atom {d}")  # grammar and builder out of sync: our bug
+        raise error("internal.parse", f"unknown atom {d}")  # grammar and builder out of sync: our bug
 
     # -- expressions
     def where(self, t) -> A.Where:
@@ -263,7 +263,7 @@ class _Builder:
         from lark import Token
 
         if isinstance(t, Token):
-            raise AssertionError("bare token in expression")
+            raise error("internal.parse", "bare token in expression")
         sp = self.L.of_meta(t.meta)
         d, ch = t.data, t.children
         if d == "e_name":
@@ -292,7 +292,7 @@ class _Builder:
             return A.Expr("in", (self.expr(ch[0]), self.expr(ch[1])), sp)
         if d == "not_in":
             return A.Expr("notin", (self.expr(ch[0]), self.expr(ch[1])), sp)
-        raise AssertionError(f"unknown expression node {d}")
+        raise error("internal.parse", f"unknown expression node {d}")
 
 
 # ---- Lark errors -> diagnostics -----------------------------------------------------------------

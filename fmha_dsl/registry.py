@@ -16,7 +16,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
 from .errors import Diagnostic, RegistryError, Span, UsageError, error
-from .fields import KeyFields
+from .keyfields import KeyFields
 
 if TYPE_CHECKING:
     from .keys import KernelKey
@@ -187,18 +187,49 @@ class Registry:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Registry":
+        """The registry file at ``path`` (schema-checked)."""
         p = os.fspath(path)
-        try:
-            with open(p, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise RegistryError(Diagnostic("registry.missing", f"no registry at `{p}`", None,
-                                           "build one with `fmha-dsl build SET.fmha -o DIR`")) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise RegistryError(Diagnostic("registry.unreadable", f"cannot read `{p}`: {exc}", None)) from None
-        reg = cls.from_json(text, p)
+        reg = cls.from_json(read_text(p), p)
         reg.path = os.path.abspath(p)
         return reg
+
+
+# ---- registry files: this module is the one place that opens them -------------------------------
+REGISTRY_FILE = "registry.json"
+
+
+def registry_path(path: str | os.PathLike) -> str:
+    """A build directory's ``registry.json``, or ``path`` itself when it is not a directory."""
+    p = os.fspath(path)
+    return os.path.join(p, REGISTRY_FILE) if os.path.isdir(p) else p
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The text of a registry file; :class:`RegistryError` ``registry.missing`` / ``registry.unreadable``."""
+    p = os.fspath(path)
+    try:
+        with open(p, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise RegistryError(Diagnostic("registry.missing", f"no registry at `{p}`", None,
+                                       "build one with `fmha-dsl build SET.fmha -o DIR`")) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RegistryError(Diagnostic("registry.unreadable", f"cannot read `{p}`: {exc}", None)) from None
+
+
+def read_document(path: str | os.PathLike) -> dict:
+    """A registry file as a raw JSON object, without the schema check (the report reads tables of registries this
+    version's schema would refuse); :class:`RegistryError` when it is missing, unreadable or not a JSON object."""
+    p = os.fspath(path)
+    text = read_text(p)
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RegistryError(Diagnostic("registry.json", f"`{p}` is not valid JSON: {exc.msg} (line {exc.lineno})",
+                                       None)) from None
+    if not isinstance(doc, dict):
+        raise RegistryError(Diagnostic("registry.json", f"registry `{p}` is not a JSON object", None))
+    return doc
 
 
 # ---- the JSON text, shared by Registry.to_json and the parallel build ----------------------------

@@ -237,11 +237,10 @@ def splits_at(limit: int, seqlen_k: int, n0: int, nprog: int, cus: int) -> int:
     return max(1, min(limit, _cdiv(max(seqlen_k, 1), n0), _cdiv(SPLIT_WAVES * max(cus, 1), max(nprog, 1))))
 
 
-@functools.lru_cache(maxsize=None)
 def arch_info(arch: str) -> dict:
-    from .data import load
+    from .arch import get
 
-    return load("triton")["archs"].get(arch, {})
+    return get(arch)
 
 
 def compute_units(arch: str | None, table: Table | None = None) -> int:

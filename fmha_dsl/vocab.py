@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import arch as _arch
+
 FAMILIES = (
     "fwd", "fwd_pagedkv", "fwd_splitkv", "fwd_splitkv_combine", "fwd_appendkv",
     "batch_prefill", "bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq",
@@ -29,7 +31,7 @@ PIPELINES = (
     "qr_nwarp_sshuffle", "appendkv", "splitkv_combine", "batch_prefill_gfx11", "bwd", "qr_hpad",
     "dot_do_o", "convert_dq",
 )
-ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201", "sm80", "sm90")
+ARCHS = _arch.names()  # fmha_dsl/data/archs.json
 
 # alias -> canonical, per field (CK's symbol_map plus the spellings its examples use)
 ALIASES: dict[str, dict[str, str]] = {

@@ -19,7 +19,7 @@ triton):
 ``interpret``  run a selected kernel on the CPU under ``TRITON_INTERPRET=1`` (tests)
 
 At import time this package may import only ``fmha_dsl.keys``, ``fields``, ``registry``, ``errors``,
-``vocab`` and ``reference``.
+``keyfields``, ``vocab``, ``reference``, ``knobs`` and ``arch``.
 """
 
 _EXPORTS = {

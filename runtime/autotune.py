@@ -23,6 +23,7 @@ import re
 import threading
 import time
 
+from fmha_dsl import knobs
 from fmha_dsl.kernels.fwd_abi import SEQ_ALIGN
 
 VERSION = 1
@@ -30,7 +31,7 @@ _FIELDS = ("family", "dtype", "mode", "vlayout", "bias", "lse", "dropout", "logi
 
 
 def enabled() -> bool:
-    return os.environ.get("FMHA_DSL_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return knobs.autotune()
 
 
 def octave(n: int) -> int:

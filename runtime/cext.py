@@ -121,9 +121,10 @@ def load_or_build(path: str, module: str, build, what: str):
         raise NativeUnavailable(f"loading {what} failed: {exc}") from None
 
 
-def load_once(state: dict, lock, env: str, module: str, what: str, library_path, build):
+def load_once(state: dict, lock, knob, module: str, what: str, library_path, build):
     """The extension module, imported (or built, then imported) once per process; :class:`NativeUnavailable` with
-    the reason otherwise, remembered in ``state``.  ``env=0`` turns it off; ``library_path()`` gives ``(path,
+    the reason otherwise, remembered in ``state``.  ``knob`` (a boolean :class:`fmha_dsl.knobs.Knob`) set to ``0``
+    turns it off; ``library_path()`` gives ``(path,
     compiler)`` and ``build(path, compiler)`` makes the shared object."""
     mod = state.get("module")
     if mod is not None:
@@ -134,8 +135,8 @@ def load_once(state: dict, lock, env: str, module: str, what: str, library_path,
         if "error" in state:
             raise NativeUnavailable(state["error"])
         try:
-            if os.environ.get(env, "1") == "0":
-                raise NativeUnavailable(f"disabled by {env}=0")
+            if not knob.get():
+                raise NativeUnavailable(f"disabled by {knob.name}=0")
             path, cc = library_path()
             mod = load_or_build(path, module, lambda: build(path, cc), what)
         except NativeUnavailable as exc:

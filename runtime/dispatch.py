@@ -49,9 +49,10 @@ from __future__ import annotations
 import os
 import threading
 
-from fmha_dsl import seqtune
+from fmha_dsl import arch as arch_table
+from fmha_dsl import knobs, seqtune
 from fmha_dsl.errors import UsageError, error
-from fmha_dsl.registry import Entry, Registry
+from fmha_dsl.registry import Entry, Registry, registry_path
 
 from . import abi, autotune
 from .match import (EXACT, PAGED_FAMILIES, PIPELINE_RANK, _exact_key, _lcm, _max_sk, _max_sq,  # noqa: F401
@@ -61,7 +62,7 @@ from .plan import (Plan, Stage, _stream_handle, alibi_strides, bias_strides, cur
                    fwd_args)
 
 
-ARCH_OF_CAPABILITY = {8: "sm80", 9: "sm90"}
+ARCH_OF_CAPABILITY = arch_table.by_capability()  # fmha_dsl/data/archs.json
 LAUNCHERS = ("auto", "native", "cuda", "triton", "hip", "interpret")
 
 
@@ -98,9 +99,7 @@ def open_registry(registry) -> tuple[Registry, str | None]:
     if registry is None:
         return Registry("jit"), None
     if isinstance(registry, (str, os.PathLike)):
-        p = os.fspath(registry)
-        if os.path.isdir(p):
-            p = os.path.join(p, "registry.json")
+        p = registry_path(registry)
         return Registry.load(p), os.path.dirname(os.path.abspath(p))
     raise error("usage.value", f"registry must be a Registry, a build directory or a registry.json path, got "
                 f"{type(registry).__name__}", None, "e.g. Dispatcher('build/bench')", cls=UsageError)
@@ -110,14 +109,14 @@ def open_registry(registry) -> tuple[Registry, str | None]:
 def default_launcher(arch: str) -> str:
     if arch.startswith("gfx"):
         return "hip"
-    return os.environ.get("FMHA_DSL_LAUNCHER", "auto") or "auto"
+    return knobs.launcher()
 
 
 class Dispatcher:
     """Selects, loads and launches registry kernels for one arch.
 
     ``registry``: a :class:`~fmha_dsl.registry.Registry`, a build directory or a ``registry.json`` path (``None``:
-    empty, for ``jit=True``).  ``arch``: the registry arch to serve (default: the current device's).
+    empty, for a compiling dispatcher).  ``arch``: the registry arch to serve (default: the current device's).
     ``root``: where the entries' ``build["binary"]`` paths are relative to (default: the registry file's folder).
     ``launcher``: ``"auto"`` (default on NVIDIA, ``FMHA_DSL_LAUNCHER`` overrides: ``"native"`` where fmha-dsl's
     C launcher compiles, else ``"cuda"``), ``"native"``, ``"cuda"`` (cuda-python), ``"triton"`` (Triton's C
@@ -313,7 +312,7 @@ class Dispatcher:
             e = self._decided.get(tk)
             if e is not None:
                 return e
-            no_build = os.environ.get("FMHA_DSL_NO_BUILD", "") in ("1", "true", "yes")
+            no_build = knobs.no_build()
             rec = self.tuned.get(tk) if self.tuned is not None else None
             if rec is not None and not no_build:  # a recorded decision: compile (or load) the winner only
                 got = self._compile([self.builder.entry_for(rec["sig"], rec["alg"], self.arch)], aligned)

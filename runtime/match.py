@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from functools import reduce
 
-from fmha_dsl.errors import Diagnostic, FmhaError
+from fmha_dsl.errors import Diagnostic, DispatchError, FmhaError
 from fmha_dsl.registry import Entry
 
 # Signature fields compared exactly (CK's fmha_signature_matches), besides mask, head dims and the conditionals
@@ -165,5 +165,5 @@ def no_kernel_error(p, arch: str, entries, reg_name: str, all_archs=(), aligned:
     decl = declaration_for(p, arch)
     hint = ("add this declaration to a .fmha file and rebuild (`fmha-dsl build FILE --backend triton "
             f"--arch {arch} -o DIR`), or call with registry=None to compile it on first use:\n{decl}")
-    return FmhaError(Diagnostic("dispatch.no-kernel", f"no kernel in registry `{reg_name}` for {arch} serves "
+    return DispatchError(Diagnostic("dispatch.no-kernel", f"no kernel in registry `{reg_name}` for {arch} serves "
                                 f"{describe(p)}", None, hint, tuple(notes)))

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import threading
 
+from fmha_dsl import knobs
+
 from . import cext
 from .cext import NativeUnavailable
 
@@ -59,7 +61,7 @@ def build(path: str, cc: list[str]) -> None:
 
 def load():
     """The compiled extension module (built on first use); raises :class:`NativeUnavailable` with the reason."""
-    return cext.load_once(_STATE, _LOCK, "FMHA_DSL_NATIVE_LAUNCH", MODULE, "the native launcher", library_path, build)
+    return cext.load_once(_STATE, _LOCK, knobs.NATIVE_LAUNCH, MODULE, "the native launcher", library_path, build)
 
 
 def available() -> tuple[bool, str]:

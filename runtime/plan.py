@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fmha_dsl.errors import UsageError, error
 from fmha_dsl.seqtune import split_limit, splits_at
@@ -16,7 +16,14 @@ from .match import promised_aligned
 if TYPE_CHECKING:
     from fmha_dsl.registry import Entry
 
-    from .dispatch import Dispatcher
+
+class KernelLoader(Protocol):
+    """What a plan needs of its dispatcher (:class:`fmha_dsl.runtime.dispatch.Dispatcher` is one; this module sits
+    below ``dispatch`` and does not import it)."""
+
+    compute_units: int
+
+    def load(self, entry: Entry, device: int): ...
 
 # ---------------------------------------------------------------------------------------------------------
 # plans
@@ -26,7 +33,7 @@ class Stage:
 
     __slots__ = ("family", "entry", "kernel_id", "_dispatcher", "_kernels")
 
-    def __init__(self, entry: Entry, dispatcher: "Dispatcher"):
+    def __init__(self, entry: Entry, dispatcher: KernelLoader):
         self.family = entry.sig["family"]
         self.entry = entry
         self.kernel_id = entry.identifier

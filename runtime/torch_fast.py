@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 import threading
 
+from fmha_dsl import knobs
+
 from . import cext
 from .cext import NativeUnavailable
 
@@ -75,7 +77,7 @@ def build(path: str, cxx: list[str]) -> None:
 
 def load():
     """The compiled extension module (built now if needed); raises :class:`NativeUnavailable` with the reason."""
-    return cext.load_once(_STATE, _LOCK, "FMHA_DSL_TORCH_FAST", MODULE, "the torch fast path", library_path, build)
+    return cext.load_once(_STATE, _LOCK, knobs.TORCH_FAST, MODULE, "the torch fast path", library_path, build)
 
 
 def start(on_ready) -> None:

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 from fmha_dsl import seqtune
 from fmha_dsl.errors import FmhaError, UsageError, error
-from fmha_dsl.registry import Registry
+from fmha_dsl.registry import Registry, registry_path
 
 DEFAULT_SHAPES = os.path.join(os.path.dirname(seqtune.__file__), "data", "seqtune_shapes.json")
 
@@ -262,7 +262,7 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
                        else " (this torch is a CPU-only build)"), None,
                     "run it on the GPU machine, with a CUDA or ROCm build of torch; --arch only picks which of the "
                     "registry's archs to tune there", cls=UsageError)
-    path = os.path.join(build_dir, "registry.json") if os.path.isdir(build_dir) else build_dir
+    path = registry_path(build_dir)
     reg = Registry.load(path)
     if arch is None:
         try:

@@ -162,3 +162,37 @@ def test_hdim_v_out_of_range_points_at_v(write):
     with pytest.raises(FmhaError) as info:
         fmha_dsl.load(write("a.fmha", "kernel_set a { kernel { signature { hdim(64, 2000) } } }"))
     assert info.value.rule == "value.range" and info.value.column == 46
+
+
+def test_error_classes_say_whose_fault_it_is():
+    from fmha_dsl import errors as E
+
+    assert issubclass(fmha_dsl.ParseError, E.InputError) and issubclass(fmha_dsl.UsageError, E.InputError)
+    assert issubclass(fmha_dsl.RegistryError, E.InputError) and issubclass(fmha_dsl.RuleError, E.InputError)
+    table = {E.ParseError: ("input", 2), E.UsageError: ("input", 2), E.RegistryError: ("input", 2),
+             E.RuleError: ("input", 1), E.BuildError: ("build", 1), E.DispatchError: ("dispatch", 1),
+             E.InternalError: ("internal", 70)}
+    for cls, (fault, code) in table.items():
+        assert (cls.fault, cls.exit_code) == (fault, code) and issubclass(cls, FmhaError)
+    # error() without cls= picks the class from the rule's namespace
+    assert type(E.error("dispatch.no-binary", "x")) is E.DispatchError
+    assert type(E.error("runtime.cuda", "x")) is E.DispatchError
+    assert type(E.error("runtime.jit", "x")) is E.BuildError
+    assert type(E.error("usage.value", "x")) is E.UsageError
+    assert type(E.error("internal.parse", "x")) is E.InternalError
+    assert type(E.error("dispatch.no-device", "x", cls=E.UsageError)) is E.UsageError
+    assert type(E.error("nothing.known", "x")) is FmhaError
+
+
+def test_cli_exit_code_follows_the_class(monkeypatch, capsys):
+    from fmha_dsl import cli
+    from fmha_dsl import errors as E
+
+    for cls, code in ((E.UsageError, 2), (E.RuleError, 1), (E.BuildError, 1), (E.DispatchError, 1),
+                      (E.InternalError, 70)):
+        def boom(args, cls=cls):
+            raise E.error("x.y", "boom", cls=cls)
+
+        monkeypatch.setattr(cli, "cmd_check", boom)
+        assert cli.main(["check", "ck_receipt0"]) == code
+    assert "this is a bug" in capsys.readouterr().err

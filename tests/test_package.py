@@ -74,3 +74,20 @@ def test_every_subpackage_is_installed():
             importlib.import_module(f"fmha_dsl.{name}")
     for sub in ("grammar", "kernelsets", "runtime", "kernels", "rules", "data"):
         importlib.import_module(f"fmha_dsl.{sub}")
+
+
+def test_source_checkout_maps_the_top_level_folders_like_the_wheel(tmp_path):
+    """From a checkout (no install, or ``pip install -e .``), ``fmha_dsl.runtime``/``grammar``/``kernelsets`` are
+    the repository's top-level folders, the same modules the wheel installs under the package."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import fmha_dsl, fmha_dsl.runtime, fmha_dsl.grammar, fmha_dsl.kernelsets, os; "
+            "print(os.path.dirname(fmha_dsl.__file__)); print(os.path.dirname(fmha_dsl.runtime.__file__)); "
+            "print(fmha_dsl.shipped('ck_receipt0'))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = repo  # the checkout first, whatever else is installed
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path), env=env)
+    assert out.returncode == 0, out.stderr
+    pkg, runtime, shipped = out.stdout.split()
+    assert pkg == os.path.join(repo, "fmha_dsl")
+    assert runtime == os.path.join(repo, "runtime")
+    assert shipped == os.path.join(repo, "kernelsets", "ck_receipt0.fmha")

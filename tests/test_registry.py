@@ -147,3 +147,15 @@ def test_filtered_registry_keeps_its_folder(reg, tmp_path):
     reg.save(tmp_path / "registry.json")
     loaded = Registry.load(tmp_path / "registry.json")
     assert loaded.for_arch("gfx942").path == loaded.path
+
+
+def test_registry_files_are_opened_only_by_the_registry_module():
+    """fmha_dsl/registry.py is the one reader/writer of registry files (the seqtune table lives inside them): no
+    other module spells the file name as a value (docstrings and messages may mention it)."""
+    import ast
+
+    from sources import python_sources
+
+    bad = [f"{path}:{node.lineno}" for path, text in python_sources(skip=("fmha_dsl/registry.py",))
+           for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Constant) and node.value == "registry.json"]
+    assert not bad, "use fmha_dsl.registry.registry_path / Registry.load / read_document: " + ", ".join(bad)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from .. import arch as arch_table
 from ..fields import _x
 
 # Expansion order of every key field.  Rules are checked as soon as all their deps are bound,
@@ -34,9 +35,8 @@ ORDER = (
 )
 ENV = ("arch", "factory", "receipt", "mask_impl", "family", "backend")
 
-# CK factory (arch trait) of each arch: the unit upstream's tables are keyed by.
-FACTORY = {"gfx90a": "gfx9", "gfx942": "gfx9", "gfx950": "gfx950", "gfx1100": "gfx11", "gfx1201": "gfx12",
-           "sm80": "sm80", "sm90": "sm90"}
+# CK factory (arch trait) of each arch: the unit upstream's tables are keyed by (data/archs.json "ck_factory")
+FACTORY = arch_table.factories()
 ARCH_SUFFIX = {"gfx9": "_gfx9", "gfx950": "_gfx950", "gfx11": "_gfx11", "gfx12": "_gfx12"}
 
 

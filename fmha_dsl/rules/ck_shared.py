@@ -12,12 +12,13 @@ from __future__ import annotations
 import functools
 from typing import Callable, Sequence
 
+from .. import arch as arch_table
 from .. import vocab as V
 from ..data import load
 from .base import Rule, Tile, pad_token, tf, x
 
 FP16_BF16 = ("fp16", "bf16")
-CK_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
+CK_ARCHS = arch_table.backend_archs("ck")
 PAD_TOKENS = (("pad_s", "s"), ("pad_sk", "sk"), ("pad_d", "d"), ("pad_dv", "dv"))
 PAD_FIELDS = tuple(f for f, _ in PAD_TOKENS)
 

@@ -3,7 +3,7 @@
 One template serves every flag combination, so the rules here are about what the template supports and
 what fits the target: dtypes per arch, head dims up to 256, a power-of-two warp count, shared memory and
 accumulator registers for the tile, and the staging a CK pipeline name maps to.  Targets and limits are
-data (``fmha_dsl/data/triton.json``).
+data (``fmha_dsl/data/triton.json``; the targets' limits: ``fmha_dsl/arch.py``).
 
 CK vocabulary -> Triton (see docs/triton.md):
   tile m0 / n0            -> BLOCK_M / BLOCK_N
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 
+from .. import arch as arch_table
 from ..data import load
 from ..kernels.fwd_abi import block_d
 from .base import FamilyRules, Rule, Tile, pad_token, tf
@@ -35,7 +36,7 @@ def _data() -> dict:
 
 
 def arch_info(arch: str) -> dict:
-    return _data()["archs"][arch]
+    return arch_table.info(arch)
 
 
 def stages(b: dict) -> int:
@@ -202,7 +203,7 @@ FWD_FIELDS = ("dtype", "hdim", "mode", "vlayout", "pipeline", "tile") + PADS + (
 
 
 def _supported(arch: str) -> str | None:
-    return None if arch in _data()["archs"] else f"the triton backend has no target {arch}"
+    return None if arch in arch_table.backend_archs("triton") else f"the triton backend has no target {arch}"
 
 
 FAMILIES = {

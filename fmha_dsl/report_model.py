@@ -1,0 +1,264 @@
+"""[report] What a report shows, as data: the seqtune table read from a registry, throughput numbers, short kernel
+labels and the model of one class panel (:func:`_class_model`).  Drawing is :mod:`fmha_dsl.report_scene`'s;
+the page and the image are :mod:`fmha_dsl.report`'s.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+
+import os
+
+from .errors import FmhaError, RegistryError, UsageError, error
+from .registry import read_document, registry_path
+
+RULE = "report.no-table"
+HINT = "run fmha-dsl tune DIR first"
+
+Chooser = Callable[[dict, dict], "str | None"]
+
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf", "#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd")
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------
+def _fail(message: str, path: str | None = None) -> FmhaError:
+    """The input is a registry without a usable table: an input error (exit 2)."""
+    notes = (f"registry: {path}",) if path else ()
+    return error(RULE, message, hint=HINT, notes=notes, cls=UsageError)
+
+
+def load_table(build_dir_or_registry_json: str) -> tuple[dict, dict]:
+    """Return ``(seqtune_table, kernels_by_identifier)``; FmhaError ``report.no-table`` when absent/malformed."""
+    path = registry_path(build_dir_or_registry_json)
+    if not os.path.exists(path):
+        raise error("report.no-registry", f"no registry.json at `{path}`", None,
+                    "build first: `fmha-dsl build FILE -o DIR` writes DIR/registry.json, then `fmha-dsl tune DIR` "
+                    "(on the GPU) measures it for the report", cls=UsageError)
+    try:
+        doc = read_document(path)
+    except RegistryError as e:
+        raise _fail(e.message, path) from None
+    table = doc.get("seqtune")
+    if table is None:
+        raise _fail(f"registry {path} has no seqtune table", path)
+    if not isinstance(table, dict) or not isinstance(table.get("classes"), list):
+        raise _fail(f"the seqtune table of {path} is malformed (no \"classes\" list)", path)
+    if not table["classes"]:
+        raise _fail(f"the seqtune table of {path} has no measured classes", path)
+    for i, c in enumerate(table["classes"]):
+        if not isinstance(c, dict) or not isinstance(c.get("class"), dict) or not isinstance(c.get("points"), list):
+            raise _fail(f"seqtune class #{i} of {path} is malformed (needs \"class\" and \"points\")", path)
+        for j, p in enumerate(c["points"]):
+            ok = isinstance(p, dict) and isinstance(p.get("times_us", {}), dict) and all(
+                isinstance(p.get(k), int) and p.get(k) > 0
+                for k in ("seqlen_q", "seqlen_k", "batch", "nhead_q"))
+            if ok:
+                ok = all(isinstance(v, (int, float)) and v > 0 for v in p.get("times_us", {}).values())
+            if not ok:
+                raise _fail(f"seqtune class #{i} point #{j} of {path} is malformed", path)
+    kernels = {}
+    for k in doc.get("kernels") or []:
+        if isinstance(k, dict) and isinstance(k.get("identifier"), str):
+            kernels[k["identifier"]] = k
+    return table, kernels
+
+
+# ---------------------------------------------------------------------------------------------
+# numbers
+# ---------------------------------------------------------------------------------------------
+def fastest_measured(cls: dict, point: dict) -> str | None:
+    """Default chooser: the kernel with the smallest measured time at this point (ties: identifier order)."""
+    times = {k: v for k, v in (point.get("times_us") or {}).items() if k not in (point.get("failed") or {})}
+    if not times:
+        return None
+    return min(sorted(times), key=lambda k: times[k])
+
+
+def _is_causal(cls: dict) -> bool:
+    return str(cls.get("mask", "no")) not in ("no", "none", "no_mask", "n", "")
+
+
+def point_flops(cls: dict, point: dict) -> float:
+    dq = int(cls.get("hdim_q") or 0)
+    dv = int(cls.get("hdim_v") or dq)
+    flops = 2.0 * point["batch"] * point["nhead_q"] * point["seqlen_q"] * point["seqlen_k"] * (dq + dv)
+    if _is_causal(cls):
+        flops *= 0.5
+    if "bwd" in str(cls.get("family", "")):
+        flops *= 2.5
+    return flops
+
+
+def point_tflops(cls: dict, point: dict, time_us: float) -> float:
+    """TFLOP/s of one measurement (formula in the module docstring)."""
+    return point_flops(cls, point) / (time_us * 1e-6) / 1e12
+
+
+# ---------------------------------------------------------------------------------------------
+# labels
+# ---------------------------------------------------------------------------------------------
+_ID_RE = re.compile(r"_p([a-z0-9_]+?)_t(\d+(?:x\d+)*)_w(\d+(?:x\d+)*)_wt(\d+(?:x\d+)*)_pad(\d+)")
+
+
+def _tokens(ident: str, kernel: dict | None) -> dict:
+    """The algorithm tokens of a kernel: tile, wave (warps), warp tile, pipeline, padding."""
+    alg = (kernel or {}).get("algorithm") or {}
+    if alg:
+        tile = [int(x) for x in alg.get("tile") or []]
+        wave = [int(x) for x in alg.get("wave") or []]
+        warp = [int(x) for x in alg.get("warp") or []]
+        pad = "".join(str(int(alg.get(k, 0))) for k in ("pad_s", "pad_sk", "pad_d", "pad_dv"))
+        pipe = str(alg.get("pipeline") or (kernel or {}).get("pipeline") or "")
+    else:
+        m = _ID_RE.search(ident)
+        if not m:
+            return {"tile": [], "wave": [], "warp": [], "pipeline": "", "pad": "", "raw": ident}
+        pipe, t, w, wt, pad = m.groups()
+        tile, wave, warp = ([int(x) for x in s.split("x")] for s in (t, w, wt))
+    return {"tile": tile, "wave": wave, "warp": warp, "pipeline": pipe, "pad": pad, "raw": ""}
+
+
+def short_labels(identifiers: Iterable[str], kernels: dict) -> dict[str, str]:
+    """Kernel identifier -> short legend label made of the tokens that differ between these kernels.
+
+    Always starts with the tile (its shortest prefix that tells the tiles apart, at least m0 x n0);
+    then warps (``w4x1x1``), warp tile (``wt32x32x16``), pipeline and padding (``pad1111``) where they
+    differ.  Colliding labels get ``#2``, ``#3`` ...
+    """
+    ids = sorted(set(identifiers))
+    toks = {i: _tokens(i, kernels.get(i)) for i in ids}
+    tiles = [tuple(t["tile"]) for t in toks.values()]
+    n = 2
+    while n < max((len(t) for t in tiles), default=0) and len({t[:n] for t in tiles}) < len(set(tiles)):
+        n += 1
+
+    def varies(key, f=lambda v: v):
+        return len({repr(f(t[key])) for t in toks.values()}) > 1
+
+    out = {}
+    for i in ids:
+        t = toks[i]
+        if t["raw"]:
+            parts = [t["raw"][-48:]]
+        else:
+            parts = ["x".join(map(str, t["tile"][:n]))] if t["tile"] else []
+            if varies("wave", lambda v: v[:3]):
+                parts.append("w" + "x".join(map(str, t["wave"][:3])))
+            if varies("warp", lambda v: v[:3]):
+                parts.append("wt" + "x".join(map(str, t["warp"][:3])))
+            if varies("pipeline") or len(ids) == 1 or not parts:
+                parts.append(t["pipeline"])
+            if varies("pad"):
+                parts.append("pad" + t["pad"])
+        out[i] = " ".join(p for p in parts if p) or i
+    seen: dict[str, int] = {}
+    for i in ids:
+        lab = out[i]
+        seen[lab] = seen.get(lab, 0) + 1
+        if seen[lab] > 1:
+            out[i] = f"{lab} #{seen[lab]}"
+    return out
+
+
+def _class_title(cls: dict) -> str:
+    fam, dt, mode = cls.get("family", "?"), cls.get("dtype", "?"), cls.get("mode", "?")
+    dq, dv = cls.get("hdim_q", "?"), cls.get("hdim_v", "?")
+    return f"{fam} {dt} {mode} d{dq}/{dv} mask={cls.get('mask', 'no')}"
+
+
+def _class_rest(cls: dict) -> str:
+    shown = {"family", "dtype", "mode", "hdim_q", "hdim_v", "mask"}
+    return " ".join(f"{k}={_fmt_val(cls[k])}" for k in sorted(cls) if k not in shown)
+
+
+def _fmt_val(v) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def _device_title(table: dict) -> str:
+    dev = table.get("device") or {}
+    if not isinstance(dev, dict):
+        return str(dev)
+    name = dev.get("name") or "unknown device"
+    arch = dev.get("arch")
+    return f"{name} ({arch})" if arch else str(name)
+
+
+def _num(v: float) -> str:
+    """Deterministic short number text."""
+    if v == int(v) and abs(v) < 1e15:
+        return str(int(v))
+    return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+
+
+def _coord(v: float) -> str:
+    s = f"{v:.2f}".rstrip("0").rstrip(".")
+    return "0" if s in ("-0", "") else s
+
+
+# ---------------------------------------------------------------------------------------------
+# the model of one class panel
+# ---------------------------------------------------------------------------------------------
+def _shape_groups(points: list[dict]) -> list[tuple[tuple, list[dict]]]:
+    """Points split into lines: same (Hq, Hk, seqlen relation), then chains along seqlen.
+
+    A chain is either one batch size or one token count (batch x seqlen_q, the issue's fixed-token matrix);
+    the longest chain is taken first, so a matrix measured at batch 1 and at 16k tokens gives two lines.
+    Key: (kind, value, Hq, Hk, eq, seqlen_q) with kind 0 = batch, 1 = tokens; x = seqlen_q (= seqlen_k) or
+    seqlen_k.
+    """
+    by: dict[tuple, list[dict]] = {}
+    for p in points:
+        eq = p["seqlen_q"] == p["seqlen_k"]
+        by.setdefault((p["nhead_q"], p.get("nhead_k", p["nhead_q"]), 0 if eq else 1, 0 if eq else p["seqlen_q"]),
+                      []).append(p)
+    out: list[tuple[tuple, list[dict]]] = []
+    for (hq, hk, rel, sq), pts in sorted(by.items()):
+        left = list(pts)
+        while left:
+            chains: dict[tuple, list[dict]] = {}
+            for p in left:
+                chains.setdefault((0, p["batch"]), []).append(p)
+                chains.setdefault((1, p["batch"] * p["seqlen_q"]), []).append(p)
+            (kind, val), chain = max(chains.items(), key=lambda kv: (len(kv[1]), -kv[0][0], -kv[0][1]))
+            seen, line = set(), []
+            for p in sorted(chain, key=lambda p: (p["seqlen_k"], p["seqlen_q"])):
+                x = p["seqlen_q"] if rel == 0 else p["seqlen_k"]
+                if x not in seen:  # one point per x on a line
+                    seen.add(x)
+                    line.append(p)
+            out.append(((kind, val, hq, hk, rel, sq), line))
+            ids = {id(p) for p in line}
+            left = [p for p in left if id(p) not in ids]
+    return out
+
+
+def _x_of(key: tuple, p: dict) -> int:
+    return p["seqlen_q"] if key[4] == 0 else p["seqlen_k"]
+
+
+def _group_title(key: tuple) -> str:
+    kind, val, hq, hk, eq, sq = key
+    rel = "seqlen_q = seqlen_k" if eq == 0 else f"seqlen_q = {sq}"
+    what = f"B={val}" if kind == 0 else f"B x seqlen_q = {val} tokens"
+    return f"{what}, Hq={hq} Hk={hk}, {rel}"
+
+
+def _class_model(entry: dict, kernels: dict, chooser: Chooser) -> dict:
+    cls, points = entry["class"], entry["points"]
+    ids = sorted({k for p in points for k in (p.get("times_us") or {})} |
+                 {k for p in points for k in (p.get("failed") or {})})
+    labels = short_labels(ids, kernels)
+    colors = {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(ids)}
+    picks = []
+    for p in points:
+        sel = chooser(cls, p)
+        picks.append(sel)
+    return {"class": cls, "points": points, "ids": ids, "labels": labels, "colors": colors,
+            "picks": picks, "groups": _shape_groups(points)}

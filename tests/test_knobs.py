@@ -1,0 +1,60 @@
+"""Every FMHA_DSL_* environment variable is declared once (fmha_dsl/knobs.py), read only there, and documented."""
+
+import ast
+import os
+import re
+
+import pytest
+
+from sources import REPO, python_sources
+
+from fmha_dsl import knobs
+from fmha_dsl.errors import UsageError
+
+NAME = re.compile(r"FMHA_DSL_[A-Z0-9_]+")
+
+
+def test_no_knob_is_read_outside_knobs_py():
+    """No os.environ/getenv call names an FMHA_DSL_ variable, and no bare "FMHA_DSL_X" string (a name handed to a
+    reader elsewhere) exists outside knobs.py; prose in docstrings and messages may mention them."""
+    bad = []
+    for path, text in python_sources(skip=("fmha_dsl/knobs.py",)):
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if NAME.search(line) and re.search(r"environ|getenv|putenv", line):
+                bad.append(f"{path}:{lineno}: {line.strip()}")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and NAME.fullmatch(node.value):
+                bad.append(f"{path}:{node.lineno}: the knob name {node.value!r} as a value")
+    assert not bad, "read FMHA_DSL_* through fmha_dsl.knobs:\n" + "\n".join(bad)
+
+
+def test_every_knob_is_documented_and_every_mentioned_knob_exists():
+    declared = {k.name for k in knobs.KNOBS}
+    assert len(declared) == len(knobs.KNOBS)
+    doc = open(os.path.join(REPO, "docs", "knobs.md"), encoding="utf-8").read()
+    assert knobs.markdown_table() in doc, "docs/knobs.md's table differs from knobs.markdown_table()"
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    assert "docs/knobs.md" in readme
+    mentioned = set()
+    for _, text in python_sources():
+        mentioned |= set(NAME.findall(text))
+    for path in [*(os.path.join(REPO, "docs", f) for f in os.listdir(os.path.join(REPO, "docs"))),
+                 os.path.join(REPO, "README.md")]:
+        if path.endswith(".md"):
+            mentioned |= set(NAME.findall(open(path, encoding="utf-8").read()))
+    assert mentioned <= declared, f"undeclared knobs mentioned: {sorted(mentioned - declared)}"
+
+
+def test_knobs_are_read_at_call_time(monkeypatch):
+    monkeypatch.delenv("FMHA_DSL_NO_BUILD", raising=False)
+    assert knobs.no_build() is False
+    for text, want in (("1", True), ("yes", True), ("TRUE", True), ("0", False), ("off", False), ("", False)):
+        monkeypatch.setenv("FMHA_DSL_NO_BUILD", text)
+        assert knobs.no_build() is want
+    monkeypatch.setenv("FMHA_DSL_NO_BUILD", "maybe")
+    with pytest.raises(UsageError, match="FMHA_DSL_NO_BUILD=maybe"):
+        knobs.no_build()
+    monkeypatch.setenv("FMHA_DSL_LAUNCHER", "")
+    assert knobs.launcher() == "auto"
+    monkeypatch.setenv("FMHA_DSL_CACHE_DIR", "/x")
+    assert knobs.cache_dir() == "/x"
