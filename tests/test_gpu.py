@@ -449,8 +449,9 @@ def test_the_torch_fast_path_on_side_streams_in_graphs_and_with_misaligned_point
     base = torch.empty(q.numel() + 1, device="cuda", dtype=q.dtype)
     qm = base[1:].view_as(q)
     qm.copy_(q)
-    for _ in range(2):
-        assert torch.equal(fmha_dsl.attention(qm, k, v), want)
+    first = fmha_dsl.attention(qm, k, v)  # its own first-use decision: maybe another tile, so not bit-equal to want
+    close(first, want, torch.float16)
+    assert torch.equal(fmha_dsl.attention(qm, k, v), first)  # the repeat runs the same kernel
     # another launcher: declined once learnt, so its calls pay no token
     from fmha_dsl.runtime.dispatch import Dispatcher
 
