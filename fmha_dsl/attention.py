@@ -594,8 +594,9 @@ def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):
 
 
 def _measurer(dev: int, b: int, hq: int, sq: int, args):
-    """``measure(plan) -> microseconds``: one launch of a candidate plan on this call's own arguments, after the L2
-    cache is flushed (what first-use selection compares, round-robin), or None where nothing can be timed (the CPU
+    """``measure(plan, n) -> [microseconds] * n``: ``n`` launches of a candidate plan on this call's own arguments,
+    each after the L2 cache is flushed and timed by its own events, enqueued back to back and read after one
+    synchronisation (what first-use selection compares, round-robin); None where nothing can be timed (the CPU
     interpreter, a CUDA graph being captured)."""
     if dev < 0:
         return None
@@ -604,19 +605,19 @@ def _measurer(dev: int, b: int, hq: int, sq: int, args):
         return None
     state = {}
 
-    def measure(plan):
+    def measure(plan, n=1):
         if not state:
             l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or (64 << 20))
             state["flush"] = torch.empty(2 * l2, dtype=torch.int8, device=f"cuda:{dev}")
-            state["t"] = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         stream = torch.cuda.current_stream(dev)
-        t0, t1 = state["t"]
-        state["flush"].zero_()
-        t0.record(stream)
-        plan.launch(dev, b, hq, sq, args)
-        t1.record(stream)
-        t1.synchronize()
-        return t0.elapsed_time(t1) * 1000.0
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for t0, t1 in ev:
+            state["flush"].zero_()
+            t0.record(stream)
+            plan.launch(dev, b, hq, sq, args)
+            t1.record(stream)
+        ev[-1][1].synchronize()
+        return [t0.elapsed_time(t1) * 1000.0 for t0, t1 in ev]
 
     return measure
 

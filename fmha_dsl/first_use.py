@@ -122,8 +122,11 @@ class Builder:
         if problem.family == "fwd_splitkv" or few < SPLIT_BELOW_WAVES * cus:
             split = [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd_splitkv", aligned)]
             out += split
-        def rank(e):  # the cost model, then unpadded before padded variants of the same tile
-            return (cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
+        from .rules.triton_fwd import stages
+
+        def rank(e):  # the cost model; then pipelined before single-stage loads, unpadded before padded
+            one = stages({"arch": arch, "pipeline": e.alg["pipeline"]}) <= 1
+            return (one, cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
 
         ranked = sorted(out, key=rank)
         n = max_candidates() if limit is None else limit

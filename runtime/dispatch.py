@@ -294,7 +294,7 @@ class Dispatcher:
         return c[0]
 
     def select(self, p, aligned: bool = True, measure=None) -> Entry:
-        """The entry that runs ``p``.  ``measure(plan) -> microseconds`` (optional) times a candidate plan on the
+        """The entry that runs ``p``.  ``measure(plan, n) -> [microseconds]`` (optional) times a candidate plan on the
         caller's arguments: a compiling dispatcher, and a registry without a seqtune table, then choose by it."""
         if self.builder is not None:
             return self._first_use(p, aligned, measure)
@@ -364,9 +364,10 @@ class Dispatcher:
     def _measured(self, p, aligned: bool, cands: list, measure, record: bool) -> Entry:
         """Time every candidate on the caller's arguments and keep the fastest; record the decision.
 
-        ``measure(plan)`` times one launch (after flushing the L2 cache).  Candidates are timed round-robin -- one
-        launch of each per round, so clock and temperature drift spread over all of them -- for about
-        :data:`TUNE_SECONDS` (5 to 25 rounds), then the closest three get as many rounds again; the median decides."""
+        ``measure(plan, n)`` times ``n`` launches (each after flushing the L2 cache).  Candidates are timed
+        round-robin -- three launches of each per round, so clock and temperature drift spread over all of them --
+        for about :data:`TUNE_SECONDS` (2 to 8 rounds), then the closest three get as many rounds again; the median
+        decides."""
         tk = autotune.key(p, aligned)
         if record and self.tuned is not None and self.builder is None:
             rec = self.tuned.get(tk)
@@ -377,21 +378,20 @@ class Dispatcher:
         plans = {e.identifier: self.plan_for(e, p) for e in cands}
         by_id = {e.identifier: e for e in cands}
         samples: dict[str, list] = {}
-        for i, pl in plans.items():  # warm-up: loads each kernel once; a candidate that cannot run drops out
-            t = _time_one(measure, pl)
-            if t is not None:
+        once = 0.0
+        for i, pl in plans.items():  # warm-up: loads each kernel; a candidate that cannot run drops out
+            got = _time_n(measure, pl, 2)
+            if got:
                 samples[i] = []
+                once += got[-1]
         if not samples:
             return cands[0]
-        once = sum(_time_one(measure, plans[i]) or 0.0 for i in samples)  # one round, in microseconds
-        rounds = int(min(25, max(5, TUNE_SECONDS * 1e6 / max(once, 1.0))))
+        rounds = int(min(8, max(2, TUNE_SECONDS * 1e6 / max(3 * once, 1.0))))
 
         def run(ids, n):
             for _ in range(n):
                 for i in ids:
-                    t = _time_one(measure, plans[i])
-                    if t is not None:
-                        samples[i].append(t)
+                    samples[i] += _time_n(measure, plans[i], 3)
 
         run(list(samples), rounds)
         med = {i: _median(v) for i, v in samples.items() if v}
@@ -530,15 +530,16 @@ def _without_spills(entries: list) -> list:
     return clean or entries
 
 
-def _time_one(measure, plan):
-    """``measure(plan)`` in microseconds, or None when that candidate cannot run (it is then never chosen)."""
+def _time_n(measure, plan, n: int) -> list:
+    """``measure(plan, n)``: ``n`` launch times in microseconds, or [] when that candidate cannot run (it is then
+    never chosen)."""
     from fmha_dsl.errors import FmhaError
 
     try:
-        t = measure(plan)
+        ts = measure(plan, n)
     except (FmhaError, RuntimeError, OSError, ValueError):
-        return None
-    return None if t is None or t != t or t <= 0 else float(t)
+        return []
+    return [float(t) for t in ts if t == t and t > 0]
 
 
 def combine_entry(entry: Entry) -> Entry:

@@ -487,9 +487,9 @@ def test_a_recorded_decision_compiles_only_the_winner(tmp_path):
     # with a measure, the fastest is kept and recorded
     times = {}
 
-    def measure(plan):
+    def measure(plan, n=1):
         t = times.setdefault(plan.entry.identifier, 10.0 + len(times))
-        return t
+        return [t] * n
 
     d3 = Dispatcher(None, arch="sm90", builder=b, tuned_dir=str(tmp_path / "t3"))
     p3 = problem(hdim_q=128, hdim_v=128, mask="top_left")
