@@ -337,11 +337,12 @@ class Dispatcher:
             if not built:
                 raise error("runtime.jit", f"no candidate kernel for {describe(p)} on {self.arch} compiled", None,
                             "report this with the problem's shapes; meanwhile pass a registry built elsewhere")
-            built = _without_spills(built)
-            if timed and len(built) > 1:
+            if timed and len(built) > 1:  # measured: a kernel whose resource report shows a stack frame (counted
+                # as spills) may still be the fastest (sm90's (128, 64, 4) d128 tiles are), the timing decides
                 e = self._measured(p, aligned, built, measure, record=True)
-            else:
-                e = min(built, key=lambda x: (seqtune.cost(x, p, self.arch, self.compute_units)[0], x.identifier))
+            else:  # the cost model: never a candidate that spills while one that does not exists
+                e = min(_without_spills(built),
+                        key=lambda x: (seqtune.cost(x, p, self.arch, self.compute_units)[0], x.identifier))
             self._decided[tk] = e
             return e
 
