@@ -1163,3 +1163,20 @@ def test_plan_run_through_the_cuda_launcher(fake_cuda, torch, tmp_path):
     assert got == exp
     assert exp["Q"] == q.data_ptr() and exp["stride_kh"] == 300 * 64 and exp["nhead_k"] == 2
     assert launch["values"][-2:] == [0, 0]
+
+
+def test_the_shipped_h200_table_is_read_for_its_device_only():
+    """The decisions measured on an H200 ship with the package (data/tuned/) and are used on that device alone;
+    each names a key the dispatcher can rebuild, for the class its decision key describes."""
+    from fmha_dsl.runtime import autotune
+
+    got = autotune.shipped("sm90", "NVIDIA H200")
+    assert len(got) > 50
+    assert autotune.shipped("sm90", "NVIDIA H100 80GB HBM3") == {} and autotune.shipped("gfx942", "NVIDIA H200") == {}
+    b = Builder()
+    for key, rec in got.items():
+        e = b.entry_for(rec["sig"], rec["alg"], "sm90")
+        fam, dtype = key.split(".")[:2]
+        assert e.sig["dtype"] == dtype and e.sig["family"] in ("fwd", "fwd_splitkv") and fam == "fwd"
+        assert f"d{e.sig['hdim_q']}x{e.sig['hdim_v']}" in key and not e.alg["pad_d"] and not e.alg["pad_dv"]
+        assert rec["kernel"] in rec["times_us"] and min(rec["times_us"].values()) == rec["times_us"][rec["kernel"]]
