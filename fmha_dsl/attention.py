@@ -209,8 +209,9 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
 
             torch_fast.start(_fast_ready)  # once per process; the Python path serves calls until it is ready
     kern = plan._kernels.get(dev)
-    if kern is None or plan._extra_aligned_idx or plan.splits:
-        plan.launch(dev, b, hq, sq, args)  # first launch on this device, or promises the class key does not cover
+    if kern is None or plan._extra_aligned_idx or plan.splits or plan.packed:
+        plan.launch(dev, b, hq, sq, args)  # first launch on this device, promises the class key does not cover, or
+        # a grid of its own (split-KV: two stages; GQA-packed rows: one program per K/V head)
         if ftok is not None and kern is not None:
             _fast_path.decline(ftok, disp)  # two stages or per-call checks: the Python path's job
     else:

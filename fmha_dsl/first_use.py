@@ -52,6 +52,7 @@ def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> li
     """Rule-checked bindings of ``family`` for ``problem`` on ``arch`` (tile and pipeline free)."""
     from .rules import family_rules
     from .rules.base import FACTORY, schedule, search
+    from .kernels.fwd_abi import packs_gqa
     from .rules.triton_fwd import uses_tma
     from .vocab import ALG_DEFAULTS, SIG_DEFAULTS
 
@@ -71,8 +72,9 @@ def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> li
     def values(f, b):
         if f in pinned:
             return (pinned[f],)
-        if f == "pipeline":
-            return tuple(p for p in fr.domain(f, b) if aligned or not uses_tma(p))
+        if f == "pipeline":  # GQA-packed rows only where there is a group to pack
+            return tuple(p for p in fr.domain(f, b) if (aligned or not uses_tma(p))
+                         and (problem.nhead_q > problem.nhead_k or not packs_gqa(p)))
         if f == "max_splits_log2":
             return SPLITS_LOG2
         return fr.domain(f, b)

@@ -27,6 +27,8 @@ import math
 import warnings
 from typing import Iterable
 
+from .kernels.fwd_abi import packs_gqa
+
 CLASS_FIELDS = ("family", "dtype", "mode", "vlayout", "hdim_q", "hdim_v", "mask", "bias", "lse", "dropout",
                 "logits", "sink")
 POINT_FIELDS = ("seqlen_q", "seqlen_k", "batch", "nhead_q", "nhead_k")
@@ -301,7 +303,8 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
     sk = max(int(p.max_seqlen_k or p.seqlen_k), 1)
     cus = cus or compute_units(arch)
     occ = occupancy(entry, arch)
-    nprog = programs(sq, m0, p.nhead_q, p.batch)
+    g = max(1, p.nhead_q // max(p.nhead_k, 1)) if packs_gqa(a.get("pipeline", "")) else 1
+    nprog = programs(sq * g, m0, p.nhead_q // g, p.batch)  # GQA-packed rows: one program per K/V head
     ns = splits_at(split_limit(entry), sk, n0, nprog, cus)
     nprog *= ns
     w = waves(nprog, cus * occ)

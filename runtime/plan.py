@@ -9,7 +9,7 @@ from fmha_dsl.errors import UsageError, error
 from fmha_dsl.seqtune import split_limit, splits_at
 
 from . import abi
-from fmha_dsl.kernels.fwd_abi import COMBINE_BLOCK_M, aligned_names, block_d, split_args, workspace_strides
+from fmha_dsl.kernels.fwd_abi import COMBINE_BLOCK_M, aligned_names, block_d, packs_gqa, split_args, workspace_strides
 
 from .match import promised_aligned
 
@@ -103,7 +103,7 @@ class Plan:
     """
 
     __slots__ = ("api_family", "stages", "problem", "entry", "_stage", "_kernels", "block_m", "_group", "_lse",
-                 "_aligned_idx", "_extra_aligned_idx", "splits", "_split")
+                 "_aligned_idx", "_extra_aligned_idx", "splits", "_split", "packed")
 
     def __init__(self, problem, stages):
         self.api_family = problem.family
@@ -124,6 +124,8 @@ class Plan:
         # split-KV: at most this many splits per launch (0: not a split plan); see SplitLaunch
         self.splits = split_limit(self.entry)
         self._split = None
+        # the query heads of a GQA group packed into one program's rows (grid: fwd_abi.grid_of)
+        self.packed = packs_gqa(self.entry.alg.get("pipeline", ""))
         if self.splits:
             if problem.family == "fwd_splitkv" and problem.num_splits > 1:
                 self.splits = int(problem.num_splits)
@@ -177,7 +179,12 @@ class Plan:
 
     def launch(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, stream=None) -> None:
         """Launch on ``device`` (torch's current stream there, or ``stream``: int handle or torch stream)."""
-        gx = (max_seqlen_q + self.block_m - 1) // self.block_m
+        heads = nhead_q
+        if self.packed:  # one program per K/V head, its group's query heads in the rows
+            heads = args[_NHK]
+            gx = (max_seqlen_q * (nhead_q // max(heads, 1)) + self.block_m - 1) // self.block_m
+        else:
+            gx = (max_seqlen_q + self.block_m - 1) // self.block_m
         if not (gx and nhead_q and batch):
             return
         kern = self._kernels.get(device)
@@ -196,9 +203,10 @@ class Plan:
         elif not isinstance(stream, int):
             stream = _stream_handle(stream)
         if self._split is not None:
-            self._split.launch(kern, self.splits, device, gx, batch, nhead_q, max_seqlen_q, args, stream, explicit)
+            self._split.launch(kern, self.splits, device, gx, heads, batch, nhead_q, max_seqlen_q, args, stream,
+                               explicit)
         else:
-            kern.launch((gx, nhead_q, batch), args, stream)
+            kern.launch((gx, heads, batch), args, stream)
 
     def run(self, q, k, v, out, lse=None, *, stream=None, **kw):
         """Compute ``out`` (and ``lse``) for tensors of this plan's problem class.  Keywords as :meth:`args`."""
@@ -213,6 +221,7 @@ class Plan:
 
 
 _MAX_SK = abi.FWD_NAMES.index("max_seqlen_k")
+_NHK = abi.FWD_NAMES.index("nhead_k")
 _I32_MAX = (1 << 31) - 1
 
 
@@ -231,17 +240,21 @@ class SplitLaunch:
     def __init__(self, combine: Stage, block_m: int, n0: int, block_dv: int, cus: int):
         self.combine, self.block_m, self.n0, self.block_dv, self.cus = combine, block_m, n0, block_dv, cus
 
-    def count(self, limit: int, batch: int, nhead_q: int, max_seqlen_q: int, max_seqlen_k: int) -> int:
-        nprog = -(-max(int(max_seqlen_q), 1) // self.block_m) * nhead_q * batch
+    def count(self, limit: int, batch: int, nhead_q: int, max_seqlen_q: int, max_seqlen_k: int,
+              nprog: int | None = None) -> int:
+        """Splits for a launch of ``nprog`` programs before splitting (default: query blocks x heads x batch)."""
+        if nprog is None:
+            nprog = -(-max(int(max_seqlen_q), 1) // self.block_m) * nhead_q * batch
         s = splits_at(int(limit), int(max_seqlen_k), self.n0, nprog, self.cus)
         while s > 1 and nhead_q * s * max(1, max_seqlen_q) * self.block_dv > _I32_MAX:
             s //= 2
         return s
 
-    def launch(self, kern, limit, device, gx, batch, nhead_q, max_seqlen_q, args, stream, explicit_stream) -> None:
+    def launch(self, kern, limit, device, gx, heads, batch, nhead_q, max_seqlen_q, args, stream,
+               explicit_stream) -> None:
         import torch
 
-        s = self.count(limit, batch, nhead_q, max_seqlen_q, args[_MAX_SK])
+        s = self.count(limit, batch, nhead_q, max_seqlen_q, args[_MAX_SK], gx * heads * batch)
         wst, lst = workspace_strides(batch, nhead_q, s, max_seqlen_q, self.block_dv)
         dev = f"cuda:{device}" if device >= 0 else "cpu"
         n_o = batch * wst[0]
@@ -254,7 +267,7 @@ class SplitLaunch:
             wp = buf.data_ptr()
             lp = wp + 4 * n_o   # n_o is a multiple of BLOCK_DV >= 16: the LSE part stays 64-byte aligned
         a, cargs = split_args(args, wp, lp, wst, lst, nhead_q, s)
-        kern.launch((gx, nhead_q * s, batch), a, stream)
+        kern.launch((gx, heads * s, batch), a, stream)
         ckern = self.combine.kernel(device)
         ckern.launch(((max_seqlen_q + COMBINE_BLOCK_M - 1) // COMBINE_BLOCK_M, nhead_q, batch), cargs, stream)
 

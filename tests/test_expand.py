@@ -379,9 +379,10 @@ def test_pipeline_star_draws_tma_only_where_the_arch_has_it(write):
         signature { family(fwd) dtype(fp16) mode(batch) hdim(64) mask(no) vlayout(*) }
         algorithm { pipeline(*) tile(64, 64, *, *, *, *) }
     }"""
+    packed = {("qr_nwarp_sshuffle", "r"), ("qr_nwarp_sshuffle", "c")}  # GQA-packed rows: every arch, both layouts
     for arch, want in (("sm90", {("qr", "r"), ("qr", "c"), ("qr_async", "r"), ("qr_async", "c"),
-                                 ("qr_async_trload", "r"), ("qr_async_trload_v3", "r")}),
-                       ("sm80", {("qr", "r"), ("qr", "c"), ("qr_async", "r"), ("qr_async", "c")})):
+                                 ("qr_async_trload", "r"), ("qr_async_trload_v3", "r")} | packed),
+                       ("sm80", {("qr", "r"), ("qr", "c"), ("qr_async", "r"), ("qr_async", "c")} | packed)):
         ks = fmha_dsl.load(write("t.fmha", "kernel_set t {\n" + body + "\n}\n"))
         got = {(e.alg["pipeline"], e.sig["vlayout"]) for e in ks.registry(arch=arch)}
         assert got == want, arch

@@ -746,3 +746,36 @@ def test_tma_pipelines_against_the_reference(tmp_path):
     with pytest.raises(FmhaError) as ei:
         fmha_dsl.attention(q, kk, v, registry=disp)
     assert ei.value.rule == "dispatch.no-kernel" and "16-divisible" in ei.value.render()
+
+
+class _PackedOnly(Builder):
+    """First-use candidates restricted to the GQA-packed pipeline (and split-KV, when the builder offers it)."""
+
+    def candidates(self, problem, arch, aligned=True, limit=None):
+        return [e for e in super().candidates(problem, arch, aligned, 100) if e.alg["pipeline"] == "qr_nwarp_sshuffle"]
+
+
+@pytest.mark.parametrize("sq,causal", [(1, False), (4, "bottom_right"), (37, True)])
+def test_gqa_packed_rows_on_the_gpu(sq, causal):
+    """The GQA-packed pipeline (one program per K/V head) against the reference, with its split-KV variants when the
+    problem has few query blocks; every kernel the restricted builder compiled is run."""
+    from fmha_dsl.runtime.dispatch import Dispatcher
+
+    q = rnd(2, 8, sq, 128, dtype=torch.bfloat16)
+    k, v = rnd(2, 2, 300, 128, dtype=torch.bfloat16), rnd(2, 2, 300, 128, dtype=torch.bfloat16)
+    want, want_lse = reference(q, k, v, causal=causal)
+    d = Dispatcher(None, builder=_PackedOnly(), tuned_dir="")
+    out, lse = fmha_dsl.attention(q, k, v, causal=causal, return_lse=True, registry=d)
+    assert d.entries and all(e.alg["pipeline"] == "qr_nwarp_sshuffle" for e in d.entries)
+    close(out, want, torch.bfloat16)
+    close(lse, want_lse, torch.bfloat16, "lse")
+    from fmha_dsl.keys import Problem
+
+    p = Problem(dtype="bf16", batch=2, nhead_q=8, nhead_k=2, seqlen_q=sq, seqlen_k=300, hdim_q=128, hdim_v=128,
+                mask="no" if not causal else "top_left", lse=True)
+    kw = {} if not causal else {"window": (-1, 0), "bottom_right": causal == "bottom_right"}
+    for e in d.candidates(p):  # every compiled packed kernel, split or not
+        o, l = torch.empty_like(q), torch.empty(2, 8, sq, device="cuda")
+        d.plan_for(e, p).run(q, k, v, o, l, **kw)
+        close(o, want, torch.bfloat16, "out")
+        close(l, want_lse, torch.bfloat16, "lse")

@@ -505,3 +505,55 @@ def test_split_kv_group_mode(interp):
     out, l, _, _ = check(interp, "fp16", q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal="bottom_right",
                          dropout_p=0.2, seed=5, num_splits=3)
     assert (out[38:50] == 0).all() and np.isneginf(l[:, 38:50]).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# GQA-packed rows (pipeline qr_nwarp_sshuffle): one program per K/V head, the group's query heads in the rows
+# ---------------------------------------------------------------------------------------------
+
+PACK_FEATURES = ("plain", "causal_top_left", "causal_bottom_right", "causal_br_sq_gt_sk", "window", "window_sink",
+                 "causal_sink_wide", "window_huge_sink_huge", "softcap", "hdim_pad_runtime", "vlayout_c", "no_lse",
+                 "even_blocks")
+
+
+@pytest.mark.parametrize("heads", [(4, 1), (6, 2), (2, 2)])
+@pytest.mark.parametrize("name", PACK_FEATURES)
+def test_gqa_packed_rows(interp, name, heads):
+    """Rows mix heads and queries (row t: query t // g of head kv * g + t % g): the masks, the per-row stores and
+    the block ranges (first/last query of a block) against the reference, with and without split-KV."""
+    spec = dict(FEATURES[name])
+    shape = dict(spec.get("shape", {}), Hq=heads[0], Hk=heads[1])
+    spec["shape"] = shape
+    q, k, v, kw = _setup("fp32", spec)
+    for splits in (0, 3):
+        check(interp, "fp32", q, k, v, pipeline="qr_nwarp_sshuffle", num_splits=splits, **kw)
+
+
+@pytest.mark.parametrize("sq", [1, 4, 5])
+def test_gqa_packed_decode_shapes(interp, sq):
+    """Decode-sized queries (a block holds several queries of every head of the group), fp16, causal corner at the
+    bottom right, split into more parts than the key axis has blocks."""
+    q, k, v, kw = _setup("fp16", dict(causal="bottom_right", shape=dict(B=2, Hq=8, Hk=2, Sq=sq, Sk=70)))
+    for splits in (0, 8):
+        check(interp, "fp16", q, k, v, pipeline="qr_nwarp_sshuffle", num_splits=splits, block_m=16, **kw)
+
+
+def test_gqa_packed_group_mode(interp):
+    q, k, v = make("fp16", Hq=4, Hk=2, Dq=24, Dv=40, group=GROUP)
+    cq = np.concatenate([[0], np.cumsum(GROUP[0])]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(GROUP[1])]).astype(np.int32)
+    for splits in (0, 3):
+        out, l, _, _ = check(interp, "fp16", q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal="bottom_right",
+                             num_splits=splits, pipeline="qr_nwarp_sshuffle")
+        assert (out[38:50] == 0).all() and np.isneginf(l[:, 38:50]).all()
+
+
+def test_gqa_packing_has_no_bias_or_dropout():
+    from fmha_dsl.kernels.triton_fwd import constexprs
+
+    sig = {"dtype": "fp16", "hdim_q": 64, "hdim_v": 64}
+    alg = {"tile": (64, 64), "pipeline": "qr_nwarp_sshuffle"}
+    assert constexprs(sig, alg)["PACK_GQA"] and not constexprs(sig, dict(alg, pipeline="qr_async"))["PACK_GQA"]
+    for bad in ({"bias": "bias"}, {"bias": "alibi"}, {"dropout": True}):
+        with pytest.raises(ValueError, match="GQA-packed"):
+            constexprs(dict(sig, **bad), alg)

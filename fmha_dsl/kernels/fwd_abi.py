@@ -37,6 +37,25 @@ ALIGNED: tuple[str, ...] = (
 SEQ_ALIGN = 128
 
 
+# Pipelines whose programs each serve one K/V head, with the query heads of its GQA group packed into the tile's
+# rows (row t = query t // g of head kv_head * g + t % g, g = nhead_q // nhead_k): the K/V of a group is read once
+# instead of g times.  Their grid is (cdiv(max_seqlen_q * g, BLOCK_M), nhead_k [* splits], batch): see grid_of.
+PACKED_PIPELINES = ("qr_nwarp_sshuffle",)
+
+
+def packs_gqa(pipeline: str) -> bool:
+    return pipeline in PACKED_PIPELINES
+
+
+def grid_of(packed: bool, batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, block_m: int,
+            splits: int = 1) -> tuple[int, int, int]:
+    """The launch grid of a forward (or split-KV: ``splits`` > 1) kernel; any zero means nothing to launch."""
+    if packed:
+        g = nhead_q // max(nhead_k, 1)
+        return ((int(max_seqlen_q) * g + block_m - 1) // block_m, int(nhead_k) * splits, int(batch))
+    return ((int(max_seqlen_q) + block_m - 1) // block_m, int(nhead_q) * splits, int(batch))
+
+
 def aligned_names(vlayout: str = "r") -> tuple[str, ...]:
     """:data:`ALIGNED` plus V's non-unit stride (``stride_vn`` for "r", ``stride_vd`` for "c")."""
     return ALIGNED + (("stride_vd",) if vlayout == "c" else ("stride_vn",))

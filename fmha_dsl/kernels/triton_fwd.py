@@ -295,20 +295,28 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
              CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
              IS_GROUP: tl.constexpr, MASK: tl.constexpr, SINK: tl.constexpr, BIAS_TYPE: tl.constexpr,
              STORE_LSE: tl.constexpr, DROPOUT: tl.constexpr, SOFTCAP: tl.constexpr, VLAYOUT_C: tl.constexpr,
-             IEEE: tl.constexpr, UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr):
+             IEEE: tl.constexpr, UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr,
+             PACK_GQA: tl.constexpr):
     pid_m = tl.program_id(0)
     if MASK:  # the longest rows (last query blocks under a causal mask) start first
         pid_m = tl.num_programs(0) - 1 - pid_m
     pid_h = tl.program_id(1)
+    group_r = nhead_q // nhead_k
+    heads = nhead_q
+    if PACK_GQA:  # one program per K/V head: the query heads of its group are packed into the tile's rows
+        heads = nhead_k
     off_h = pid_h
     n_split = 1
     split = 0
     if SPLIT:  # split-KV: program_id(1) = head * num_splits + split
-        n_split = tl.num_programs(1) // nhead_q
+        n_split = tl.num_programs(1) // heads
         off_h = pid_h // n_split
         split = pid_h % n_split
     off_b = tl.program_id(2)
-    off_hk = off_h // (nhead_q // nhead_k)
+    if PACK_GQA:
+        off_hk = off_h
+    else:
+        off_hk = off_h // group_r
 
     if IS_GROUP:
         q_start = tl.load(cu_seqlens_q + off_b)
@@ -333,7 +341,10 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
         bo = off_b.to(tl.int64) * stride_ob
         bl = off_b.to(tl.int64) * stride_lb
     start_m = pid_m * BLOCK_M
-    if start_m >= seqlen_q:
+    rows_total = seqlen_q
+    if PACK_GQA:  # packed row t is query t // group_r of head off_hk * group_r + t % group_r
+        rows_total = seqlen_q * group_r
+    if start_m >= rows_total:
         return
     # split-KV: this program sees the key blocks [s_lo, s_hi) (whole blocks, evenly shared by the splits)
     s_lo = start_m * 0
@@ -359,15 +370,27 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
         dv_lim = HEAD_DIM_V
 
     offs_r = tl.arange(0, BLOCK_M)
-    offs_m = start_m + offs_r
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_DMODEL)
     offs_dv = tl.arange(0, BLOCK_DV)
-    m_ok = offs_m < seqlen_q
-
-    q_base = Q + bq + off_h.to(tl.int64) * stride_qh + (q_start + start_m).to(tl.int64) * stride_qm
-    q = _load(q_base + offs_r[:, None] * stride_qm + offs_d[None, :], m_ok[:, None], offs_d[None, :] < dq_lim,
-              PAD_M, CHECK_D)
+    if PACK_GQA:
+        t_rows = start_m + offs_r
+        offs_m = t_rows // group_r                       # each row's query index
+        head_r = off_hk * group_r + t_rows % group_r     # each row's query head
+        m_ok = t_rows < rows_total
+        q_first = start_m // group_r                     # the block's first and last query
+        q_last = (tl.minimum(start_m + BLOCK_M, rows_total) - 1) // group_r
+        q_rows = bq + head_r.to(tl.int64) * stride_qh + (q_start + offs_m).to(tl.int64) * stride_qm
+        q = _load(Q + q_rows[:, None] + offs_d[None, :], m_ok[:, None], offs_d[None, :] < dq_lim, True, CHECK_D)
+    else:
+        offs_m = start_m + offs_r
+        head_r = offs_r * 0 + off_h
+        m_ok = offs_m < seqlen_q
+        q_first = start_m
+        q_last = tl.minimum(start_m + BLOCK_M, seqlen_q) - 1
+        q_base = Q + bq + off_h.to(tl.int64) * stride_qh + (q_start + start_m).to(tl.int64) * stride_qm
+        q = _load(q_base + offs_r[:, None] * stride_qm + offs_d[None, :], m_ok[:, None], offs_d[None, :] < dq_lim,
+                  PAD_M, CHECK_D)
     k_base = K + bk + off_hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
     v_base = V + bv + off_hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * svn
     k_src = k_base
@@ -411,9 +434,9 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
         window_right = tl.where(window_right >= seqlen_q + seqlen_k, -1, window_right)
         sink = tl.maximum(tl.minimum(sink, seqlen_k), 0)
         mask_off = (seqlen_k - seqlen_q) * mask_bottom_right
-        m_last = tl.minimum(start_m + BLOCK_M, seqlen_q) - 1
+        m_last = q_last
         # columns some row of this block may see: [j_lo, j_hi)
-        j_lo = tl.where(window_left >= 0, tl.maximum(start_m + mask_off - window_left, 0), 0)
+        j_lo = tl.where(window_left >= 0, tl.maximum(q_first + mask_off - window_left, 0), 0)
         j_hi = tl.where(window_right >= 0, tl.minimum(m_last + mask_off + window_right + 1, seqlen_k), seqlen_k)
         j_hi = tl.maximum(j_hi, 0)
         lo = (j_lo // BLOCK_N) * BLOCK_N
@@ -421,7 +444,7 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
         # columns every row of this block may see, in whole blocks: [f_lo, f_hi)
         f_lo = tl.where(window_left >= 0, tl.maximum(m_last + mask_off - window_left, 0), 0)
         f_lo = tl.cdiv(f_lo, BLOCK_N) * BLOCK_N
-        f_hi = tl.where(window_right >= 0, tl.minimum(start_m + mask_off + window_right + 1, seqlen_k), seqlen_k)
+        f_hi = tl.where(window_right >= 0, tl.minimum(q_first + mask_off + window_right + 1, seqlen_k), seqlen_k)
         f_hi = (tl.maximum(f_hi, 0) // BLOCK_N) * BLOCK_N
         k_lo = lo * 0  # sink blocks [k_lo, k_hi) (none without SINK)
         k_hi = k_lo
@@ -513,10 +536,21 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
         o_row = start_m
         bo = off_b.to(tl.int64) * stride_ob
         bl = off_b.to(tl.int64) * stride_lb
-    o_base = Out + bo + o_head.to(tl.int64) * stride_oh + o_row.to(tl.int64) * stride_om
-    o_ptrs = o_base + offs_r[:, None] * stride_om + offs_dv[None, :]
+    if PACK_GQA:  # every row has its own head and query: per-row addresses
+        r_head = head_r
+        r_row = q_start + offs_m
+        if SPLIT:
+            r_head = head_r * n_split + split
+            r_row = offs_m
+        o_rows = bo + r_head.to(tl.int64) * stride_oh + r_row.to(tl.int64) * stride_om
+        o_ptrs = Out + o_rows[:, None] + offs_dv[None, :]
+        l_ptrs = Lse + bl + r_head.to(tl.int64) * stride_lh + r_row.to(tl.int64)
+    else:
+        o_base = Out + bo + o_head.to(tl.int64) * stride_oh + o_row.to(tl.int64) * stride_om
+        o_ptrs = o_base + offs_r[:, None] * stride_om + offs_dv[None, :]
+        l_ptrs = Lse + bl + o_head.to(tl.int64) * stride_lh + o_row.to(tl.int64) + offs_r
     o_val = out.to(Out.dtype.element_ty)
-    if PAD_M:
+    if PAD_M or PACK_GQA:
         if CHECK_DV:
             tl.store(o_ptrs, o_val, mask=m_ok[:, None] & (offs_dv[None, :] < dv_lim))
         else:
@@ -528,8 +562,7 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
             tl.store(o_ptrs, o_val)
     if STORE_LSE or SPLIT:  # the combine kernel weighs the splits by their LSE
         lse = tl.where(live, m_i * 0.6931471805599453 + tl.log(tl.where(live, l_i, 1.0)), float("-inf"))
-        l_ptrs = Lse + bl + o_head.to(tl.int64) * stride_lh + o_row.to(tl.int64) + offs_r
-        if PAD_M:
+        if PAD_M or PACK_GQA:
             tl.store(l_ptrs, lse, mask=m_ok)
         else:
             tl.store(l_ptrs, lse)
@@ -541,13 +574,13 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
 
 DTYPES = ("fp16", "bf16", "fp32")
 
-from .fwd_abi import ALIGNED, ARGS, aligned_names, block_d  # noqa: E402,F401  (shared with the runtime/rules)
+from .fwd_abi import ALIGNED, ARGS, aligned_names, block_d, packs_gqa  # noqa: E402,F401  (shared with runtime/rules)
 
 CONSTEXPRS: tuple[str, ...] = (
     "BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DV", "HEAD_DIM_Q", "HEAD_DIM_V",
     "PAD_M", "PAD_N", "PAD_D", "PAD_DV", "CHECK_D", "CHECK_DV",
     "IS_GROUP", "MASK", "SINK", "BIAS_TYPE", "STORE_LSE", "DROPOUT", "SOFTCAP", "VLAYOUT_C", "IEEE", "UPCAST_DOT",
-    "SPLIT", "TMA",
+    "SPLIT", "TMA", "PACK_GQA",
 )
 
 
@@ -617,6 +650,9 @@ def constexprs(sig: dict, alg: dict) -> dict:
     tma = uses_tma(alg.get("pipeline", ""))
     if tma and sig.get("vlayout", "r") != "r":
         raise ValueError(f"pipeline {alg['pipeline']} (TMA descriptors) needs row-major V (vlayout r)")
+    pack = packs_gqa(alg.get("pipeline", ""))
+    if pack and (sig.get("bias", "no") != "no" or sig.get("dropout", False)):
+        raise ValueError(f"pipeline {alg['pipeline']} (GQA-packed rows) has no bias, ALiBi or dropout")
     return {
         "BLOCK_M": m0, "BLOCK_N": n0, "BLOCK_DMODEL": bd, "BLOCK_DV": bdv, "HEAD_DIM_Q": hq, "HEAD_DIM_V": hv,
         "PAD_M": bool(alg.get("pad_s", 1)) or group, "PAD_N": bool(alg.get("pad_sk", 1)) or group,
@@ -625,7 +661,7 @@ def constexprs(sig: dict, alg: dict) -> dict:
         "BIAS_TYPE": _BIAS[sig.get("bias", "no")], "STORE_LSE": bool(sig.get("lse", False)),
         "DROPOUT": bool(sig.get("dropout", False)), "SOFTCAP": bool(sig.get("logits", False)),
         "VLAYOUT_C": sig.get("vlayout", "r") == "c", "IEEE": dtype == "fp32", "UPCAST_DOT": False,
-        "SPLIT": sig.get("family", "fwd") == "fwd_splitkv", "TMA": tma,
+        "SPLIT": sig.get("family", "fwd") == "fwd_splitkv", "TMA": tma, "PACK_GQA": pack,
     }
 
 
@@ -920,7 +956,9 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
     const = constexprs(sig, alg)
     const["UPCAST_DOT"] = dtype == "bf16"
 
-    g = grid(B, Hq, sq_max, block_m)
+    from .fwd_abi import grid_of
+
+    g = grid_of(const["PACK_GQA"], B, Hq, Hk, sq_max, block_m)
     if min(g) == 0:  # nothing to compute (and empty arrays have meaningless strides)
         return (_bf16_decode(out) if dtype == "bf16" else out), (lse_arr if lse else None)
     args = pack_args(
@@ -935,7 +973,7 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
         softcap=0.0 if softcap is None else float(softcap), dropout_p=float(dropout_p), seed=seed, offset=offset,
         window_left=left, window_right=right, bottom_right=bottom_right, sink=int(sink), vlayout=vlayout)
     if num_splits:
-        _run_split_interpreted(args, const, g, int(num_splits), sq_max, Dv)
+        _run_split_interpreted(args, const, g, int(num_splits), sq_max, Dv, Hk)
     else:
         fmha_fwd[g](*args, **const)
     if dtype == "bf16":
@@ -943,19 +981,23 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
     return out, (lse_arr if lse else None)
 
 
-def _run_split_interpreted(args, const, g, splits, msq, dv):
+_ARG_AT = {name: i for i, (name, _) in enumerate(ARGS)}
+
+
+def _run_split_interpreted(args, const, g, splits, msq, dv, nhk):
     """Split kernel into NaN-filled fp32 workspaces, then the combine kernel into the arguments' ``Out``/``Lse``."""
     import numpy as np
 
     from . import triton_combine as C
-    from .fwd_abi import split_args, workspace_strides
+    from .fwd_abi import grid_of, split_args, workspace_strides
 
-    batch, nhq = g[2], g[1]
+    batch = g[2]
+    nhq = args[_ARG_AT["nhead_q"]]
     ws = np.full((batch, nhq * splits, msq, dv), np.nan, np.float32)
     lws = np.full((batch, nhq * splits, msq), np.nan, np.float32)
     wst, lst = workspace_strides(batch, nhq, splits, msq, dv)
     sargs, cargs = split_args(args, _Shim(ws, "float32"), _Shim(lws, "float32"), wst, lst, nhq, splits)
-    fmha_fwd[grid(batch, nhq * splits, msq, const["BLOCK_M"])](*sargs, **const)
+    fmha_fwd[grid_of(const["PACK_GQA"], batch, nhq, nhk, msq, const["BLOCK_M"], splits)](*sargs, **const)
     cconst = C.constexprs({"hdim_v": dv, "mode": "group" if const["IS_GROUP"] else "batch",
                            "lse": const["STORE_LSE"]})
     C.fmha_fwd_combine[grid(batch, nhq, msq, cconst["BLOCK_M"])](*cargs, **cconst)

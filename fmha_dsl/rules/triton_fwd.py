@@ -22,7 +22,7 @@ import functools
 
 from .. import arch as arch_table
 from ..data import load
-from ..kernels.fwd_abi import block_d
+from ..kernels.fwd_abi import block_d, packs_gqa
 from .base import FamilyRules, Rule, Tile, pad_token, tf
 
 PADS = ("pad_s", "pad_sk", "pad_d", "pad_dv")
@@ -144,6 +144,14 @@ RULES = (
     Rule("triton.tma", ("arch", "pipeline"), _tma_ok,
          lambda b: f"pipeline {b['pipeline']} loads K and V through TMA tensor descriptors; {b['arch']} has no TMA "
                    "copy engine (sm90 has)", "use pipeline(qr_async) on this arch", blame="pipeline"),
+    Rule("triton.pack-gqa", ("pipeline", "bias", "dropout"),
+         lambda b: not packs_gqa(b["pipeline"]) or (b["bias"] == "no" and not b["dropout"]),
+         lambda b: f"pipeline {b['pipeline']} packs the query heads of a GQA group into one tile's rows; it has no "
+                   "elementwise bias, ALiBi or dropout", "use pipeline(qr_async) for bias, ALiBi or dropout",
+         blame="pipeline"),
+    Rule("triton.pack-gqa-padding", ("pipeline", "pad_s"), lambda b: not packs_gqa(b["pipeline"]) or b["pad_s"],
+         "a GQA-packed pipeline bounds-checks its rows whatever pad_s says: pad_s false would build the same kernel",
+         "use padding(true, *, *, *)", blame="pad_s", filter=True),
     Rule("triton.tma-vlayout", ("pipeline", "vlayout"), lambda b: not uses_tma(b["pipeline"]) or b["vlayout"] == "r",
          lambda b: f"pipeline {b['pipeline']} (TMA descriptors) needs row-major V; vlayout(c) is column-major",
          "use pipeline(qr_async) for column-major V", blame="pipeline"),
