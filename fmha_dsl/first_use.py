@@ -29,6 +29,7 @@ from .registry import Entry
 # problems whose query blocks fill fewer programs than this many waves of the device get split-KV candidates too
 SPLIT_BELOW_WAVES = 2
 SPLITS_LOG2 = (4, 6)            # 16 and 64 splits at most (fewer when the key axis is short)
+CANDIDATES_VERSION = 2          # bumped when the candidate rules below change (part of Builder.fingerprint)
 
 
 def seq_aligned(problem) -> tuple[bool, bool]:
@@ -99,6 +100,7 @@ class Builder:
     def __init__(self, cache_dir: str | None = None, jobs: int | None = None):
         self.cache_dir = cache_dir
         self.jobs = jobs
+        self._fingerprint: str | None = None
 
     # -- keys -------------------------------------------------------------------------------------------
     def candidates(self, problem, arch: str, aligned: bool = True, limit: int | None = None) -> list[Entry]:
@@ -141,6 +143,23 @@ class Builder:
             else:
                 ranked = ranked[:n]
         return ranked
+
+    def fingerprint(self) -> str:
+        """What the candidate space and its kernels depend on: the template's source, the Triton backend's tables
+        and :data:`CANDIDATES_VERSION`.  A recorded decision made under another fingerprint is measured again
+        (a changed template or a new pipeline may change the winner)."""
+        if self._fingerprint is None:
+            import hashlib
+            import json
+
+            from .compile_triton import template_sha256
+            from .data import load
+
+            h = hashlib.sha256(template_sha256().encode())
+            h.update(json.dumps(load("triton"), sort_keys=True).encode())
+            h.update(str(CANDIDATES_VERSION).encode())
+            self._fingerprint = h.hexdigest()[:16]
+        return self._fingerprint
 
     def entry_for(self, sig: dict, alg: dict, arch: str) -> Entry:
         """The entry of a stored decision's key (checked against the rules when it is compiled)."""

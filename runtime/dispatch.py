@@ -314,6 +314,9 @@ class Dispatcher:
                 return e
             no_build = knobs.no_build()
             rec = self.tuned.get(tk) if self.tuned is not None else None
+            space = getattr(self.builder, "fingerprint", lambda: None)()
+            if rec is not None and rec.get("space") != space:
+                rec = None  # recorded under another template or candidate space: measured again
             if rec is not None and not no_build:  # a recorded decision: compile (or load) the winner only
                 got = self._compile([self.builder.entry_for(rec["sig"], rec["alg"], self.arch)], aligned)
                 if got and not mismatches(got[0], p, aligned):
@@ -402,7 +405,10 @@ class Dispatcher:
             med.update({i: _median(samples[i]) for i in top})
         win = by_id[min(med, key=lambda i: (med[i], i))]
         if record and self.tuned is not None:
-            self.tuned.record(tk, autotune.record_of(win, med, {i: by_id[i].name for i in med}))
+            rec = autotune.record_of(win, med, {i: by_id[i].name for i in med})
+            if self.builder is not None:
+                rec["space"] = self.builder.fingerprint()
+            self.tuned.record(tk, rec)
         self.measured[tk] = {by_id[i].name: t for i, t in med.items()}
         return win
 

@@ -476,8 +476,13 @@ def test_a_recorded_decision_compiles_only_the_winner(tmp_path):
 
     b = Counting()
     want = b.candidates(p, "sm90", limit=3)[2]
-    autotune.TunedTable("sm90", None, str(tmp_path)).record(
-        autotune.key(p), autotune.record_of(want, {want.identifier: 1.0}, {want.identifier: want.name}))
+    rec = autotune.record_of(want, {want.identifier: 1.0}, {want.identifier: want.name})
+    autotune.TunedTable("sm90", None, str(tmp_path)).record(autotune.key(p), dict(rec, space="another template"))
+    d = Dispatcher(None, arch="sm90", builder=b, tuned_dir=str(tmp_path))
+    d.select(p)  # a decision recorded under another candidate space is not used: the cost model's few compile
+    assert Counting.asked[-1] > 1
+    Counting.asked.clear()
+    autotune.TunedTable("sm90", None, str(tmp_path)).record(autotune.key(p), dict(rec, space=b.fingerprint()))
     d = Dispatcher(None, arch="sm90", builder=b, tuned_dir=str(tmp_path))
     assert d.select(p).identifier == want.identifier and Counting.asked == [1]
     # without a record and without a way to time, the cost model picks among a few compiled candidates
@@ -496,7 +501,7 @@ def test_a_recorded_decision_compiles_only_the_winner(tmp_path):
     e3 = d3.select(p3, measure=measure)
     assert times[e3.identifier] == min(times.values()) and len(times) > 1
     rec = autotune.TunedTable("sm90", None, str(tmp_path / "t3")).get(autotune.key(p3))
-    assert rec["sig"] == dict(e3.sig) and len(rec["times_us"]) == len(times)
+    assert rec["sig"] == dict(e3.sig) and len(rec["times_us"]) == len(times) and rec["space"] == b.fingerprint()
 
 
 def test_tuned_table_merges_concurrent_writers(tmp_path):
@@ -1163,6 +1168,16 @@ def test_plan_run_through_the_cuda_launcher(fake_cuda, torch, tmp_path):
     assert got == exp
     assert exp["Q"] == q.data_ptr() and exp["stride_kh"] == 300 * 64 and exp["nhead_k"] == 2
     assert launch["values"][-2:] == [0, 0]
+
+
+def test_the_shipped_h200_table_matches_the_current_candidate_space():
+    """A shipped decision made under another template or candidate space would never be measured again on that
+    device: the shipped table must be regenerated (bench/device_run.sh default) whenever the fingerprint changes."""
+    from fmha_dsl.runtime import autotune
+
+    fp = Builder().fingerprint()
+    stale = [k for k, r in autotune.shipped("sm90", "NVIDIA H200").items() if r.get("space") != fp]
+    assert not stale, f"{len(stale)} shipped decisions are stale (space != {fp}): rerun the default benchmark"
 
 
 def test_the_shipped_h200_table_is_read_for_its_device_only():
