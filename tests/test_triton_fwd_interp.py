@@ -446,14 +446,20 @@ def test_tma_descriptors(interp, dtype, name):
     check(interp, dtype, q, k, v, pipeline="qr_async_trload", **kw)
 
 
-def test_tma_descriptors_group_mode_and_split(interp):
-    q, k, v = make("fp16", Hq=2, Hk=1, Dq=24, Dv=40, group=GROUP)
+def _group_mode_with_and_without_splits(interp, hq, hk, pipeline):
+    """GROUP's batch (an empty query and an empty key sequence) bottom-right causal, in one pass and in 3 splits:
+    the rows of the sequence without keys are 0 with lse -inf."""
+    q, k, v = make("fp16", Hq=hq, Hk=hk, Dq=24, Dv=40, group=GROUP)
     cq = np.concatenate([[0], np.cumsum(GROUP[0])]).astype(np.int32)
     ck = np.concatenate([[0], np.cumsum(GROUP[1])]).astype(np.int32)
     for splits in (0, 3):
         out, l, _, _ = check(interp, "fp16", q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal="bottom_right",
-                             num_splits=splits, pipeline="qr_async_trload")
+                             num_splits=splits, pipeline=pipeline)
         assert (out[38:50] == 0).all() and np.isneginf(l[:, 38:50]).all()
+
+
+def test_tma_descriptors_group_mode_and_split(interp):
+    _group_mode_with_and_without_splits(interp, 2, 1, "qr_async_trload")
 
 
 def test_tma_needs_row_major_v():
@@ -539,13 +545,7 @@ def test_gqa_packed_decode_shapes(interp, sq):
 
 
 def test_gqa_packed_group_mode(interp):
-    q, k, v = make("fp16", Hq=4, Hk=2, Dq=24, Dv=40, group=GROUP)
-    cq = np.concatenate([[0], np.cumsum(GROUP[0])]).astype(np.int32)
-    ck = np.concatenate([[0], np.cumsum(GROUP[1])]).astype(np.int32)
-    for splits in (0, 3):
-        out, l, _, _ = check(interp, "fp16", q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal="bottom_right",
-                             num_splits=splits, pipeline="qr_nwarp_sshuffle")
-        assert (out[38:50] == 0).all() and np.isneginf(l[:, 38:50]).all()
+    _group_mode_with_and_without_splits(interp, 4, 2, "qr_nwarp_sshuffle")
 
 
 def test_gqa_packing_has_no_bias_or_dropout():

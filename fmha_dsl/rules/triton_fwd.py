@@ -13,6 +13,9 @@ CK vocabulary -> Triton (see docs/triton.md):
   pipeline qr | qr_async  -> num_stages 1 | 2 (AMD) or 3 (NVIDIA), K/V by pointer loads (cp.async when staged)
   pipeline qr_async_trload | qr_async_trload_v3
                           -> K/V through on-device TMA tensor descriptors, num_stages 2 | 3 (sm90)
+  pipeline qr_nwarp_sshuffle
+                          -> CK's decode pipeline: the query heads of a GQA group packed into one tile's rows
+                             (one program per K/V head), staged like qr_async
   block_per_cu            -> waves_per_eu (AMD occupancy hint; -1 = compiler's choice)
 """
 
