@@ -209,14 +209,17 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
 
             torch_fast.start(_fast_ready)  # once per process; the Python path serves calls until it is ready
     kern = plan._kernels.get(dev)
-    if kern is None or plan._extra_aligned_idx or plan.splits or plan.packed:
+    if kern is None or plan._extra_aligned_idx or plan.splits:
         plan.launch(dev, b, hq, sq, args)  # first launch on this device, promises the class key does not cover, or
-        # a grid of its own (split-KV: two stages; GQA-packed rows: one program per K/V head)
+        # split-KV (two stages and a workspace)
         if ftok is not None and kern is not None:
             _fast_path.decline(ftok, disp)  # two stages or per-call checks: the Python path's job
     else:
         bm = plan.block_m
-        grid = ((sq + bm - 1) // bm, hq, b)
+        if plan.packed:  # GQA-packed rows: one program per K/V head, its group's query heads in the rows
+            grid = ((sq * (hq // hk) + bm - 1) // bm, hk, b)
+        else:
+            grid = ((sq + bm - 1) // bm, hq, b)
         kern.launch(grid, args, _raw_stream(dev) if dev >= 0 else 0)
         if ftok is not None:
             spec = getattr(kern, "fast_spec", None)  # the native launcher's; other launchers are not replayed

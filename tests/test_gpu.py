@@ -749,10 +749,16 @@ def test_tma_pipelines_against_the_reference(tmp_path):
 
 
 class _PackedOnly(Builder):
-    """First-use candidates restricted to the GQA-packed pipeline (and split-KV, when the builder offers it)."""
+    """First-use candidates restricted to the GQA-packed pipeline (and split-KV, when the builder offers it and
+    ``split`` is True)."""
+
+    def __init__(self, split=True):
+        super().__init__()
+        self.split = split
 
     def candidates(self, problem, arch, aligned=True, limit=None):
-        return [e for e in super().candidates(problem, arch, aligned, 100) if e.alg["pipeline"] == "qr_nwarp_sshuffle"]
+        return [e for e in super().candidates(problem, arch, aligned, 100) if e.alg["pipeline"] == "qr_nwarp_sshuffle"
+                and (self.split or e.sig["family"] == "fwd")]
 
 
 @pytest.mark.parametrize("sq,causal", [(1, False), (4, "bottom_right"), (37, True)])
@@ -779,3 +785,22 @@ def test_gqa_packed_rows_on_the_gpu(sq, causal):
         d.plan_for(e, p).run(q, k, v, o, l, **kw)
         close(o, want, torch.bfloat16, "out")
         close(l, want_lse, torch.bfloat16, "lse")
+
+
+def test_gqa_packed_plans_replay_on_the_torch_fast_path():
+    """A packed plan has its own grid (one program per K/V head): its repeat calls are replayed in C++ with that
+    grid, giving the Python path's result."""
+    from fmha_dsl.runtime.dispatch import Dispatcher
+
+    fp = fast_path()
+    q = rnd(4, 8, 1, 128, dtype=torch.bfloat16)
+    k, v = rnd(4, 2, 1024, 128, dtype=torch.bfloat16), rnd(4, 2, 1024, 128, dtype=torch.bfloat16)
+    d = Dispatcher(None, builder=_PackedOnly(split=False), tuned_dir="")
+    first = fmha_dsl.attention(q, k, v, registry=d)
+    [plan] = d.fast.values()
+    assert plan.packed and not plan.splits
+    hits = fp.stats()["hits"]
+    for _ in range(3):
+        assert torch.equal(fmha_dsl.attention(q, k, v, registry=d), first)
+    assert fp.stats()["hits"] >= hits + 2
+    close(first, reference(q, k, v)[0], torch.bfloat16)
