@@ -14,8 +14,10 @@
   (head dims: the next power of two, counting the real head dim's FLOPs) and FA2.
 * decode: Sq = 1 and 4, GQA 4:1 and 8:1, d128, bf16, batch 1..64, Sk 2k..128k: K/V bytes read per second, next to
   FA2 and cuDNN (SDPA with enable_gqa) and the device's copy bandwidth measured here (bytes read + written).
-* firstcall: the first call of a class never seen (a fresh process, empty cache) and of one whose kernels and
-  decision are cached (another fresh process).
+* firstcall: the first call of a class never seen (a fresh process, empty cache, shipped decisions ignored:
+  ``FMHA_DSL_TUNED_SHIPPED=0``) and of one whose kernels and decision are cached (another fresh process).
+  Run the whole script with ``FMHA_DSL_TUNED_SHIPPED=0`` (``bench/device_run.sh default`` does) so that every
+  decision is measured in the run rather than read from the package.
 
 Timing: triton.testing.do_bench (warm-up, L2 flushed, median).  FLOPs = 4 * B * H * Sq * Sk * D (halved for causal;
 varlen: summed per sequence).  Every output is checked against SDPA's before it is timed.
@@ -348,7 +350,7 @@ print(round(t2 - t1, 3), round(time.perf_counter() - t2, 4))
 def firstcall():
     import tempfile
 
-    env = dict(os.environ, FMHA_DSL_CACHE_DIR=tempfile.mkdtemp(prefix="fmha-first-"))
+    env = dict(os.environ, FMHA_DSL_CACHE_DIR=tempfile.mkdtemp(prefix="fmha-first-"), FMHA_DSL_TUNED_SHIPPED="0")
     out = {}
     for tag in ("new_class_empty_cache", "cached_kernels_and_decision"):
         r = subprocess.run([sys.executable, "-P", "-c", _FIRST], capture_output=True, text=True, env=env, timeout=300)

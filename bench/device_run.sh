@@ -50,7 +50,7 @@ fi
 if [[ $what == *" all "* || $what == *" default "* ]]; then
   best=$(ls bench/results/*_"$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -o 'H[0-9]00' | tr 'H' 'h')"_fwd_sdpa_run*.json 2>/dev/null | sort | tail -1)
   [[ -z "$best" ]] && best=$(ls bench/results/*_fwd_sdpa_run*.json | sort | tail -1)
-  python3 -P bench/bench_default.py --parts "${DEFAULT_PARTS:-firstcall,prefill,padded,decode}" --best-from "$best" \
+  FMHA_DSL_TUNED_SHIPPED=0 python3 -P bench/bench_default.py --parts "${DEFAULT_PARTS:-firstcall,prefill,padded,decode}" --best-from "$best" \
     --build /tmp/bench ${DEFAULT_ARGS:-} --json "$OUT/bench_default.json" 2>&1 | tee "$OUT/bench_default.log"
   cp "$FMHA_DSL_CACHE_DIR"/tuned/*.json "$OUT/" 2>/dev/null
 fi

@@ -199,7 +199,7 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
         # compile) a variant without it.  The CPU interpreter takes tensors and has no such promise.
         aligned = dev < 0 or all(args[i] & 15 == 0 for i in _ALIGNED_IDX[vc])
     key = (dname, group, dq, dv, vc, mask != "no", bias_kind, bool(return_lse), bool(dropout_p),
-           softcap is not None, sink > 0, aligned) + disp.seq_key(sq, sk, b * hq)
+           softcap is not None, sink > 0, aligned, hq // hk) + disp.seq_key(sq, sk, b * hq)
     plan = disp.fast.get(key)
     if plan is None:
         plan = _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vc, mask, wl, wr, bias_kind, return_lse,
@@ -341,7 +341,8 @@ def _dispatcher(registry, dev: int):
             from .first_use import Builder
 
             builder = Builder()
-        got = (Dispatcher(registry, arch, builder=builder), registry)
+        name = _torch.cuda.get_device_name(dev) if dev >= 0 else None  # the tuned table of *this* device
+        got = (Dispatcher(registry, arch, builder=builder, device_name=name), registry)
     _DISPATCHERS[fast_key] = got
     return got[0]
 
@@ -641,7 +642,7 @@ def _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vlayout_c, mask, w
     if disp.fast is not before:  # a JIT compile re-indexed the dispatcher: every cached decision is redone
         if _fast_path is not None:
             _fast_path.clear()  # and the fast path learns its recipes again
-        key = key[:12] + disp.seq_key(sq, sk, b * hq)  # the tile lcm (the key's residues) may have changed
+        key = key[:13] + disp.seq_key(sq, sk, b * hq)  # the tile lcm (the key's residues) may have changed
     disp.fast[key] = plan
     return plan
 

@@ -16,6 +16,7 @@ import contextlib
 import multiprocessing
 import signal
 import sys
+import threading
 import time
 from multiprocessing.connection import wait
 
@@ -54,10 +55,18 @@ def _died(code: int | None) -> str:
     return f"the compiler process exited (status {code}) while compiling this kernel: a compiler crash"
 
 
+_HIDING = threading.Lock()  # one thread at a time changes (and restores) __main__
+
+
 @contextlib.contextmanager
 def _main_module_hidden():
     """While a worker starts: the spawn start method re-runs the parent's ``__main__`` (found through its ``__spec__``
     or ``__file__``) in the child unless neither is set; the jobs never need it."""
+    with _HIDING:
+        yield from _hidden()
+
+
+def _hidden():
     main = sys.modules.get("__main__")
     saved = {a: vars(main)[a] for a in ("__spec__", "__file__") if main is not None and a in vars(main)}
     try:

@@ -134,7 +134,7 @@ class Builder:
 
         ranked = sorted(out, key=rank)
         n = max_candidates() if limit is None else limit
-        if len(ranked) > n:  # keep both kinds in the cut when there are split kernels
+        if len(ranked) > n and n >= 3:  # keep both kinds in the cut when there are split kernels
             fwd = [e for e in ranked if e.sig["family"] == "fwd"]
             spl = [e for e in ranked if e.sig["family"] != "fwd"]
             if spl:
@@ -142,11 +142,12 @@ class Builder:
                 ranked = sorted(fwd[:n - ns] + spl[:ns], key=rank)
             else:
                 ranked = ranked[:n]
-        return ranked
+        return ranked[:n]
 
     def fingerprint(self) -> str:
-        """What the candidate space and its kernels depend on: the template's source, the Triton backend's tables
-        and :data:`CANDIDATES_VERSION`.  A recorded decision made under another fingerprint is measured again
+        """What the candidate space and its kernels depend on: the template's source, the Triton backend's tables,
+        its rules and :data:`CANDIDATES_VERSION` (not the Triton version: a decision names a kernel key, which any
+        Triton compiles).  A recorded decision made under another fingerprint is measured again
         (a changed template or a new pipeline may change the winner)."""
         if self._fingerprint is None:
             import hashlib
@@ -154,9 +155,13 @@ class Builder:
 
             from .compile_triton import template_sha256
             from .data import load
+            from .rules import triton_fwd as rules
 
             h = hashlib.sha256(template_sha256().encode())
-            h.update(json.dumps(load("triton"), sort_keys=True).encode())
+            for name in ("triton", "archs"):
+                h.update(json.dumps(load(name), sort_keys=True).encode())
+            with open(rules.__file__, "rb") as f:  # the rules decide which tiles and pipelines exist
+                h.update(f.read())
             h.update(str(CANDIDATES_VERSION).encode())
             self._fingerprint = h.hexdigest()[:16]
         return self._fingerprint
@@ -167,8 +172,9 @@ class Builder:
         return Entry(None, "<first-use>", "<first-use>", None, sig=dict(sig), alg=alg, arch=arch)
 
     # -- binaries ---------------------------------------------------------------------------------------
-    def compile(self, entries, aligned: bool = True) -> list[tuple[Entry, object]]:
-        """``[(entry with build, {identifier: bytes}) | (entry, reason str)]`` in the order given."""
+    def compile(self, entries, aligned: bool = True, cache_only: bool = False) -> list[tuple[Entry, object]]:
+        """``[(entry with build, {identifier: bytes}) | (entry, reason str)]`` in the order given.  ``cache_only``:
+        what the artifact cache holds, nothing compiled (a miss is ``(entry, "not in the kernel cache")``)."""
         try:
             from .compile_triton import cache_parts, combine_name, combine_parts
         except ImportError as exc:  # pragma: no cover
@@ -194,6 +200,9 @@ class Builder:
                 self._want(cache, k, ("kernel", e.sig, e.alg, e.arch, aligned), jobs, ready)
             keys.append((k, ck))
         why: dict[str, str] = {}
+        if cache_only:
+            why = {k: "not in the kernel cache (FMHA_DSL_NO_BUILD is set)" for k in jobs}
+            jobs = {}
         if jobs:
             from .compile_pool import run_isolated
 

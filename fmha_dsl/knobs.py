@@ -87,10 +87,14 @@ AUTOTUNE = Knob("FMHA_DSL_AUTOTUNE", "bool", True,
 TUNE_CANDIDATES = Knob("FMHA_DSL_TUNE_CANDIDATES", "int", 24,
                        "How many rule-checked candidates a first-use decision compiles and times at most (the "
                        "cost model's best first).")
+TUNED_SHIPPED = Knob("FMHA_DSL_TUNED_SHIPPED", "bool", True,
+                     "`0` ignores the first-use decisions shipped with the package (`fmha_dsl/data/tuned/`): every "
+                     "decision is measured on this machine (benchmarks of the first call use it).")
 JOBS = Knob("FMHA_DSL_JOBS", "int", None,
             "Compile worker processes for first-use compiles (default: the CPU count).")
 
-KNOBS: tuple[Knob, ...] = (CACHE_DIR, LAUNCHER, NO_BUILD, NATIVE_LAUNCH, TORCH_FAST, AUTOTUNE, TUNE_CANDIDATES, JOBS)
+KNOBS: tuple[Knob, ...] = (CACHE_DIR, LAUNCHER, NO_BUILD, NATIVE_LAUNCH, TORCH_FAST, AUTOTUNE, TUNE_CANDIDATES,
+                           TUNED_SHIPPED, JOBS)
 
 
 def cache_dir() -> str | None:
@@ -121,6 +125,10 @@ def tune_candidates() -> int:
     return TUNE_CANDIDATES.get()
 
 
+def tuned_shipped() -> bool:
+    return TUNED_SHIPPED.get()
+
+
 def jobs() -> int:
     return JOBS.get() or max(1, os.cpu_count() or 1)
 
@@ -144,5 +152,5 @@ def markdown_table() -> str:
 
 
 __all__ = ["Knob", "KNOBS", "CACHE_DIR", "LAUNCHER", "NO_BUILD", "NATIVE_LAUNCH", "TORCH_FAST", "cache_dir",
-           "launcher", "no_build", "native_launch", "torch_fast", "AUTOTUNE", "TUNE_CANDIDATES", "JOBS", "autotune",
-           "tune_candidates", "jobs", "by_name", "markdown_table"]
+           "launcher", "no_build", "native_launch", "torch_fast", "AUTOTUNE", "TUNE_CANDIDATES", "JOBS", "TUNED_SHIPPED",
+           "autotune", "tune_candidates", "tuned_shipped", "jobs", "by_name", "markdown_table"]

@@ -26,12 +26,16 @@ import time
 from fmha_dsl import knobs
 from fmha_dsl.kernels.fwd_abi import SEQ_ALIGN
 
-VERSION = 1
+VERSION = 2
 _FIELDS = ("family", "dtype", "mode", "vlayout", "bias", "lse", "dropout", "logits", "sink")
 
 
 def enabled() -> bool:
     return knobs.autotune()
+
+
+def use_shipped() -> bool:
+    return knobs.tuned_shipped()
 
 
 def octave(n: int) -> int:
@@ -51,11 +55,19 @@ def key(p, aligned: bool = True) -> str:
     """The decision key of problem ``p`` (a :class:`fmha_dsl.keys.Problem`), as a stable string."""
     fam = "fwd" if p.family == "fwd_splitkv" and p.num_splits <= 1 else p.family
     parts = [fam] + [str(getattr(p, f)).lower() for f in _FIELDS[1:]]
-    parts += [f"d{p.hdim_q}x{p.hdim_v}", "mask" if p.mask != "no" else "nmask", "a" if aligned else "u"]
+    parts += [f"d{p.hdim_q}x{p.hdim_v}", "mask" if p.mask != "no" else "nmask", "a" if aligned else "u",
+              "g%d" % gqa_octave(p.nhead_q, p.nhead_k)]
     sq, sk = p.max_seqlen_q or p.seqlen_q, p.max_seqlen_k or p.seqlen_k
     oq, ok, obh, aq, ak = buckets(sq, sk, p.batch * p.nhead_q, p.mode == "group")
     parts += ["q%d%s" % (oq, "a" if aq else ""), "k%d%s" % (ok, "a" if ak else ""), "bh%d" % obh]
     return ".".join(parts)
+
+
+def gqa_octave(nhead_q: int, nhead_k: int) -> int:
+    """The octave of the GQA group size (0 for MHA): GQA problems have GQA-packed candidates, and the best
+    packing depends on the group size."""
+    g = nhead_q // max(nhead_k, 1)
+    return 0 if g <= 1 else octave(g)
 
 
 def device_slug(name: str | None) -> str:
@@ -118,6 +130,24 @@ def _read(path: str, arch: str, device: str | None) -> dict:
     return {k: v for k, v in dec.items() if _valid(v)} if isinstance(dec, dict) else {}
 
 
+def _header_conflict(path: str, arch: str, device: str | None) -> str | None:
+    """Why the table file at ``path`` belongs to someone else (another arch, device or format), else None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None  # damaged: rewritten
+    if not isinstance(doc, dict):
+        return None
+    if doc.get("version") != VERSION:
+        return f"written by another table format (version {doc.get('version')})"
+    if doc.get("arch") != arch or (doc.get("device") and device and doc["device"] != device):
+        return f"holds decisions for {doc.get('arch')} on {doc.get('device')}"
+    return None
+
+
 def _valid(rec) -> bool:
     return isinstance(rec, dict) and isinstance(rec.get("sig"), dict) and isinstance(rec.get("alg"), dict)
 
@@ -134,6 +164,9 @@ def _merge_write(path: str, arch: str, device: str | None, new: dict) -> str | N
                 fcntl.flock(lock, fcntl.LOCK_EX)
             except (ImportError, OSError):  # pragma: no cover  (no flock: last writer wins per record set)
                 pass
+            other = _header_conflict(path, arch, device)
+            if other:
+                return f"{path}: {other}; not overwritten"
             dec = _read(path, arch, device)
             dec.update(new)
             doc = {"version": VERSION, "arch": arch, "device": device, "decisions": dict(sorted(dec.items()))}
@@ -142,6 +175,9 @@ def _merge_write(path: str, arch: str, device: str | None, new: dict) -> str | N
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     json.dump(doc, f, indent=1, sort_keys=True)
                     f.write("\n")
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide a shared cache from other users
                 os.replace(tmp, path)
             except BaseException:
                 try:
@@ -155,10 +191,13 @@ def _merge_write(path: str, arch: str, device: str | None, new: dict) -> str | N
 
 
 def shipped(arch: str, device: str | None) -> dict:
-    """Decisions shipped with the package for this arch and device name (exact name match)."""
+    """Decisions shipped with the package for this arch and device name (exact name match); none with
+    ``FMHA_DSL_TUNED_SHIPPED=0``."""
     from importlib import resources
 
     out: dict = {}
+    if not use_shipped():
+        return out
     try:
         folder = resources.files("fmha_dsl.data").joinpath("tuned")
         files = sorted(p for p in folder.iterdir() if p.name.endswith(".json"))

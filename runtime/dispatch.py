@@ -144,6 +144,7 @@ class Dispatcher:
         self._lock = threading.RLock()
         self._decided: dict[str, Entry] = {}   # decision key -> the entry chosen (measured or recorded)
         self.measured: dict[str, dict] = {}    # decision key -> {kernel name: microseconds} timed in this process
+        self._write_warned = False
         self._binaries: dict[str, bytes] = {}
         self._stages: dict[str, Stage] = {}
         # the seqtune table, when measured on this arch and device (else a SeqtuneDeviceWarning, and None)
@@ -181,9 +182,11 @@ class Dispatcher:
         self.lq = _lcm({t[0] for t in tiles})
         self.lk = _lcm({t[1] for t in tiles})
         self.sq_bounds = sorted({e.alg["max_seq_len_q"] for e in self.entries if e.alg["max_seq_len_q"] > 0})
-        self._plans: dict[tuple, Plan] = {}
-        self._plan_of: dict[tuple, Plan] = {}  # one Plan per (selected kernel, split count)
-        self.fast: dict[tuple, Plan] = {}  # attention()'s own problem-class keys
+        if self.builder is None or not hasattr(self, "_plans"):  # a compiling dispatcher's keys do not depend on
+            # the tiles it holds (seq_key: octaves): its cached plans stay valid when kernels are added
+            self._plans: dict[tuple, Plan] = {}
+            self._plan_of: dict[tuple, Plan] = {}  # one Plan per (selected kernel, split count)
+            self.fast: dict[tuple, Plan] = {}  # attention()'s own problem-class keys
         # the selection depends on seqlen / batch x heads (table or cost model): the class key adds buckets --
         # only when some problem has a choice: a problem's candidates all lie in one exact-key group, so a
         # choice needs a group of two or more.  A JIT dispatcher holds one kernel per class: no buckets.
@@ -208,8 +211,9 @@ class Dispatcher:
     # -- selection --------------------------------------------------------------------------------------
     def class_key(self, p, aligned: bool = True) -> tuple:
         """The problem class: everything :meth:`select` looks at, reduced so equal keys select equally."""
+        gqa = autotune.gqa_octave(p.nhead_q, p.nhead_k) if self.builder is not None else 0  # packed candidates
         return ((_exact_key(p, getattr), p.hdim_q, p.hdim_v, aligned, p.kv_layout, p.kv_lookup, p.page_size,
-                 p.num_splits) + self.seq_key(_max_sq(p), _max_sk(p), p.batch * p.nhead_q))
+                 p.num_splits, gqa) + self.seq_key(_max_sq(p), _max_sk(p), p.batch * p.nhead_q))
 
     def seq_key(self, sq: int, sk: int, bh: int) -> tuple:
         """What of the lengths (and batch x heads) a decision depends on: the residues modulo the tiles' lcm,
@@ -308,20 +312,18 @@ class Dispatcher:
     # -- first use ----------------------------------------------------------------------------------------
     def _first_use(self, p, aligned: bool, measure) -> Entry:
         tk = autotune.key(p, aligned)
+        e = self._decided.get(tk)  # decided keys never wait for another key's compile
+        if e is not None:
+            return e
         with self._lock:
             e = self._decided.get(tk)
             if e is not None:
                 return e
             no_build = knobs.no_build()
-            rec = self.tuned.get(tk) if self.tuned is not None else None
-            space = getattr(self.builder, "fingerprint", lambda: None)()
-            if rec is not None and rec.get("space") != space:
-                rec = None  # recorded under another template or candidate space: measured again
-            if rec is not None and not no_build:  # a recorded decision: compile (or load) the winner only
-                got = self._compile([self.builder.entry_for(rec["sig"], rec["alg"], self.arch)], aligned)
-                if got and not mismatches(got[0], p, aligned):
-                    self._decided[tk] = got[0]
-                    return got[0]
+            got = self._recorded(tk, p, aligned, cache_only=no_build)
+            if got is not None:
+                self._decided[tk] = got
+                return got
             if no_build:
                 raise no_kernel_error(p, self.arch, self.entries, self.registry.name, self.registry.archs, aligned)
             cands = self.builder.candidates(p, self.arch, aligned)
@@ -330,12 +332,12 @@ class Dispatcher:
                             None, "the head dims, dtype or features exceed what the Triton template supports here")
             timed = measure is not None and autotune.enabled()
             if timed:
-                built = self._compile(cands, aligned)
+                built = self._serving(self._compile(cands, aligned), p, aligned)
             else:  # a few at a time, until one compiles without spilling (or none is left)
                 built = []
                 for i in range(0, len(cands), _UNTIMED):
-                    built += self._compile(cands[i:i + _UNTIMED], aligned)
-                    if len(_without_spills(built)) < len(built) or not any(_spills(e) for e in built):
+                    built += self._serving(self._compile(cands[i:i + _UNTIMED], aligned), p, aligned)
+                    if built and (len(_without_spills(built)) < len(built) or not any(_spills(x) for x in built)):
                         break
             if not built:
                 raise error("runtime.jit", f"no candidate kernel for {describe(p)} on {self.arch} compiled", None,
@@ -344,16 +346,40 @@ class Dispatcher:
                 # as spills) may still be the fastest (sm90's (128, 64, 4) d128 tiles are), the timing decides
                 e = self._measured(p, aligned, built, measure, record=True)
             else:  # the cost model: never a candidate that spills while one that does not exists
-                e = min(_without_spills(built),
-                        key=lambda x: (seqtune.cost(x, p, self.arch, self.compute_units)[0], x.identifier))
+                e = self._cheapest(p, built)
             self._decided[tk] = e
             return e
 
-    def _compile(self, entries, aligned: bool) -> list[Entry]:
-        """Compile (or load) ``entries`` through the builder and add them; the ones that compiled, in order."""
+    def _recorded(self, tk: str, p, aligned: bool, cache_only: bool) -> Entry | None:
+        """The recorded decision for ``tk`` (measured under this builder's candidate space), compiled or loaded from
+        the artifact cache (only loaded with ``cache_only``); None when there is none or it cannot serve ``p``."""
+        rec = self.tuned.get(tk) if self.tuned is not None else None
+        if rec is None or rec.get("space") != getattr(self.builder, "fingerprint", lambda: None)():
+            return None  # none, or recorded under another template or candidate space: measured again
+        try:
+            want = self.builder.entry_for(rec["sig"], rec["alg"], self.arch)
+            got = self._compile([want], aligned, cache_only)
+        except (KeyError, TypeError, ValueError, AttributeError):  # a damaged record: as if there were none
+            return None
+        return got[0] if got and not mismatches(got[0], p, aligned) else None
+
+    def _serving(self, entries: list, p, aligned: bool) -> list:
+        """The compiled entries that serve ``p`` (a split kernel serves a plain forward problem once its combine
+        kernel is built; a ``num_splits`` request needs a split kernel that allows as many)."""
+        return [e for e in entries if not mismatches(e, p, aligned)]
+
+    def _cheapest(self, p, entries: list) -> Entry:
+        return min(_without_spills(entries),
+                   key=lambda x: (seqtune.cost(x, p, self.arch, self.compute_units)[0], x.identifier))
+
+    def _compile(self, entries, aligned: bool, cache_only: bool = False) -> list[Entry]:
+        """Compile (or load) ``entries`` through the builder and add them; the ones that compiled, in order.
+        ``cache_only``: load from the artifact cache, compile nothing (``FMHA_DSL_NO_BUILD``)."""
         have = {e.identifier: e for e in self.entries}
         out, new = [], []
-        for res in self.builder.compile([e for e in entries if e.identifier not in have], aligned):
+        todo = [e for e in entries if e.identifier not in have]
+        for res in (self.builder.compile(todo, aligned, cache_only=True) if cache_only else
+                    self.builder.compile(todo, aligned)):
             e, bins = res
             if isinstance(bins, dict):
                 new.append((e, bins))
@@ -388,8 +414,12 @@ class Dispatcher:
             if got:
                 samples[i] = []
                 once += got[-1]
-        if not samples:
-            return cands[0]
+        if not samples:  # nothing could be timed (e.g. no memory for the L2 flush): the cost model decides
+            import warnings
+
+            warnings.warn(f"fmha-dsl: no candidate for {describe(p)} could be timed; the cost model chose",
+                          RuntimeWarning, stacklevel=3)
+            return self._cheapest(p, cands)
         rounds = int(min(8, max(2, TUNE_SECONDS * 1e6 / max(3 * once, 1.0))))
 
         def run(ids, n):
@@ -408,7 +438,13 @@ class Dispatcher:
             rec = autotune.record_of(win, med, {i: by_id[i].name for i in med})
             if self.builder is not None:
                 rec["space"] = self.builder.fingerprint()
-            self.tuned.record(tk, rec)
+            why = self.tuned.record(tk, rec)
+            if why and not self._write_warned:  # the decision holds for this process; later ones measure again
+                import warnings
+
+                self._write_warned = True
+                warnings.warn(f"fmha-dsl: first-use decisions cannot be recorded ({why}); set FMHA_DSL_CACHE_DIR "
+                              "to a writable folder", RuntimeWarning, stacklevel=3)
         self.measured[tk] = {by_id[i].name: t for i, t in med.items()}
         return win
 

@@ -509,8 +509,9 @@ def test_tuned_table_merges_concurrent_writers(tmp_path):
 
     a = autotune.TunedTable("sm90", "Dev X", str(tmp_path))
     b = autotune.TunedTable("sm90", "Dev X", str(tmp_path))
+    b.get("k0")  # b has read the file before a writes k1: its write must merge what is on disk now
     a.record("k1", {"sig": {"a": 1}, "alg": {}, "kernel": "one"})
-    b.record("k2", {"sig": {"a": 2}, "alg": {}, "kernel": "two"})  # b never read k1: the write merges
+    b.record("k2", {"sig": {"a": 2}, "alg": {}, "kernel": "two"})
     c = autotune.TunedTable("sm90", "Dev X", str(tmp_path))
     assert c.get("k1")["kernel"] == "one" and c.get("k2")["kernel"] == "two"
     assert autotune.TunedTable("sm90", "Dev Y", str(tmp_path)).get("k1") is None  # another device's table
@@ -1195,3 +1196,116 @@ def test_the_shipped_h200_table_is_read_for_its_device_only():
         assert e.sig["dtype"] == dtype and e.sig["family"] in ("fwd", "fwd_splitkv") and fam == "fwd"
         assert f"d{e.sig['hdim_q']}x{e.sig['hdim_v']}" in key and not e.alg["pad_d"] and not e.alg["pad_dv"]
         assert rec["kernel"] in rec["times_us"] and min(rec["times_us"].values()) == rec["times_us"][rec["kernel"]]
+
+
+class _FakeBuilder(Builder):
+    """Compiles nothing: a build record per entry; ``fail`` names pipelines that do not compile; ``cached`` holds the
+    identifiers the artifact cache has (for cache-only loads)."""
+
+    def __init__(self, fail=(), cached=None):
+        super().__init__()
+        self.fail, self.cached, self.asked = set(fail), cached, []
+
+    def compile(self, entries, aligned=True, cache_only=False):
+        out = []
+        for e in entries:
+            self.asked.append((e.identifier, cache_only))
+            if e.alg["pipeline"] in self.fail or (cache_only and e.identifier not in (self.cached or ())):
+                out.append((e, "no"))
+                continue
+            b = {"entry": "x", "params": list(abi.FWD_NAMES)}
+            if e.sig["family"] == "fwd_splitkv":
+                b["combine"] = {"entry": "c", "params": list(abi.COMBINE_NAMES)}
+            out.append((Entry(None, e.name, "<t>", b, sig=e.sig, alg=e.alg, arch=e.arch, ident=e.identifier),
+                        {e.identifier: b"bin"}))
+        return out
+
+
+def _record(tmp_path, b, p, e, **extra):
+    from fmha_dsl.runtime import autotune
+
+    rec = dict(autotune.record_of(e, {e.identifier: 1.0}, {e.identifier: e.name}), space=b.fingerprint(), **extra)
+    autotune.TunedTable("sm90", None, str(tmp_path)).record(autotune.key(p), rec)
+
+
+def test_no_build_loads_a_recorded_decision_from_the_kernel_cache(tmp_path, monkeypatch):
+    """FMHA_DSL_NO_BUILD=1 with a recorded decision whose kernel is in the cache: loaded, nothing compiled; with the
+    kernel missing from the cache: the no-kernel error."""
+    monkeypatch.setenv("FMHA_DSL_NO_BUILD", "1")
+    p = problem(hdim_q=64, hdim_v=64, lse=True)
+    probe = _FakeBuilder()
+    want = probe.candidates(p, "sm90", limit=3)[1]
+    _record(tmp_path, probe, p, want)
+    b = _FakeBuilder(cached={want.identifier})
+    d = Dispatcher(None, arch="sm90", builder=b, tuned_dir=str(tmp_path))
+    assert d.select(p).identifier == want.identifier and b.asked == [(want.identifier, True)]
+    d2 = Dispatcher(None, arch="sm90", builder=_FakeBuilder(cached=set()), tuned_dir=str(tmp_path))
+    with pytest.raises(FmhaError) as ei:
+        d2.select(p)
+    assert ei.value.rule == "dispatch.no-kernel"
+
+
+def test_a_damaged_or_foreign_record_is_measured_again(tmp_path):
+    p = problem(hdim_q=64, hdim_v=64)
+    b = _FakeBuilder()
+    e = b.candidates(p, "sm90", limit=2)[1]
+    _record(tmp_path, b, p, e)
+    from fmha_dsl.runtime import autotune
+
+    t = autotune.TunedTable("sm90", None, str(tmp_path))
+    rec = t.get(autotune.key(p))
+    t.record(autotune.key(p), dict(rec, sig={"dtype": "fp16"}))  # fields missing: no traceback, a new decision
+    d = Dispatcher(None, arch="sm90", builder=b, tuned_dir=str(tmp_path))
+    got = d.select(p)
+    assert not mismatches(got, p) and len(b.asked) > 1
+
+
+def test_the_untimed_path_goes_on_past_a_batch_that_does_not_compile():
+    """The cost model's first six candidates fail to compile (a whole batch of four and half the next): the next
+    one that compiles is used."""
+    p = problem(hdim_q=64, hdim_v=64, seqlen_q=4095, seqlen_k=4095)
+    ranked = Builder().candidates(p, "sm90")
+
+    class FirstSixFail(_FakeBuilder):
+        def compile(self, entries, aligned=True, cache_only=False):
+            out = super().compile(entries, aligned, cache_only)
+            bad = {e.identifier for e in ranked[:6]}
+            return [(e, "no") if e.identifier in bad else (e, r) for e, r in out]
+
+    d = Dispatcher(None, arch="sm90", builder=FirstSixFail(), tuned_dir="")
+    e = d.select(p)
+    assert e.identifier in {x.identifier for x in ranked[6:8]} and not mismatches(e, p)
+
+
+def test_first_use_never_picks_a_kernel_that_does_not_serve_the_problem():
+    """A split-KV problem asking for 32 splits: only split kernels that allow 32 (max_splits_log2 >= 5) qualify,
+    whatever the timing says."""
+    p = problem(family="fwd_splitkv", num_splits=32, seqlen_q=1, seqlen_k=8192, nhead_q=8, nhead_k=8)
+    b = _FakeBuilder()
+    d = Dispatcher(None, arch="sm90", builder=b, tuned_dir="")
+    e = d.select(p, measure=lambda plan, n=1: [1.0 if plan.entry.sig["family"] == "fwd" else 2.0] * n)
+    assert e.sig["family"] == "fwd_splitkv" and (1 << e.alg["max_splits_log2"]) >= 32 and not mismatches(e, p)
+
+
+def test_gqa_and_mha_problems_have_their_own_decisions():
+    from fmha_dsl.runtime import autotune
+
+    k = autotune.key
+    assert k(problem(nhead_q=32, nhead_k=8)) != k(problem(nhead_q=32, nhead_k=32))
+    assert k(problem(nhead_q=32, nhead_k=8)) == k(problem(nhead_q=24, nhead_k=4, batch=2))  # groups 4, 6: one octave
+    assert k(problem(nhead_q=32, nhead_k=8)) != k(problem(nhead_q=32, nhead_k=1))
+    mha = Builder().candidates(problem(nhead_q=8, nhead_k=8), "sm90", limit=100)
+    gqa = Builder().candidates(problem(nhead_q=8, nhead_k=2), "sm90", limit=100)
+    assert not any(e.alg["pipeline"] == "qr_nwarp_sshuffle" for e in mha)
+    assert any(e.alg["pipeline"] == "qr_nwarp_sshuffle" for e in gqa)
+
+
+def test_a_table_file_of_another_device_is_not_overwritten(tmp_path):
+    from fmha_dsl.runtime import autotune
+
+    autotune.TunedTable("sm90", "Dev X", str(tmp_path)).record("k", {"sig": {}, "alg": {}})
+    path = tmp_path / "tuned" / "sm90__dev-x.json"
+    before = path.read_text()
+    why = autotune.TunedTable("sm90", "dev x", str(tmp_path)).record("k2", {"sig": {}, "alg": {}})  # same slug
+    assert why and "not overwritten" in why and path.read_text() == before
+    assert oct(path.stat().st_mode & 0o777) != oct(0o600)
