@@ -47,6 +47,7 @@ _torch = None               # the torch module
 _fwd_args = None            # fmha_dsl.runtime.plan.fwd_args
 _Dispatcher = _NoTensor     # fmha_dsl.runtime.dispatch.Dispatcher
 _raw_stream = None          # torch._C._cuda_getCurrentRawStream
+_grid_of = None             # fmha_dsl.kernels.fwd_abi.grid_of (the launch grid of a plan's kernel)
 _TORCH_DTYPES: dict = {}    # torch dtype -> key dtype name
 _DISPATCHERS: dict = {}     # registry key -> (Dispatcher, keepalive)
 _JIT: dict = {}             # device -> the compile-on-first-use dispatcher
@@ -215,11 +216,7 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
         if ftok is not None and kern is not None:
             _fast_path.decline(ftok, disp)  # two stages or per-call checks: the Python path's job
     else:
-        bm = plan.block_m
-        if plan.packed:  # GQA-packed rows: one program per K/V head, its group's query heads in the rows
-            grid = ((sq * (hq // hk) + bm - 1) // bm, hk, b)
-        else:
-            grid = ((sq + bm - 1) // bm, hq, b)
+        grid = _grid_of(plan.packed, b, hq, hk, sq, plan.block_m)  # GQA-packed rows: one program per K/V head
         kern.launch(grid, args, _raw_stream(dev) if dev >= 0 else 0)
         if ftok is not None:
             spec = getattr(kern, "fast_spec", None)  # the native launcher's; other launchers are not replayed
@@ -259,7 +256,7 @@ def _other(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap
 
 
 def _init_torch():
-    global _T, _torch, _fwd_args, _Dispatcher, _raw_stream
+    global _T, _torch, _fwd_args, _Dispatcher, _raw_stream, _grid_of
     if _torch is not None:
         return
     import torch
@@ -272,13 +269,13 @@ def _init_torch():
         def raw(dev):
             return torch.cuda.current_stream(dev).cuda_stream
     _TORCH_DTYPES.update({torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"})
-    from .kernels.fwd_abi import ARGS, aligned_names
+    from .kernels.fwd_abi import ARGS, aligned_names, grid_of
 
     names = [n for n, _ in ARGS]
     _ALIGNED_IDX.update({vc: tuple(names.index(n) for n in aligned_names("c" if vc else "r")) for vc in (False, True)})
     global _FAST_SLOTS
     _FAST_SLOTS = tuple(names.index(n) for n in ("Q", "K", "V", "Out", "Lse", "sm_scale"))
-    _fwd_args, _Dispatcher, _raw_stream = fwd_args, Dispatcher, raw
+    _fwd_args, _Dispatcher, _raw_stream, _grid_of = fwd_args, Dispatcher, raw, grid_of
     _torch = torch
     _T = torch.Tensor
 

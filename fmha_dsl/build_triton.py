@@ -24,10 +24,71 @@ from .expand import expand, nothing_to_build
 from .registry import Entry, Registry, registry_path, write_atomic
 
 
-def _compile_in_worker(kind: str, sig: dict, alg: dict | None, arch: str):
+def _compile_in_worker(kind: str, sig: dict, alg: dict | None, arch: str, aligned: bool = True):
     from .compile_triton import compile_combine, compile_key
 
-    return compile_key(sig, alg, arch) if kind == "kernel" else compile_combine(sig, arch)
+    return compile_key(sig, alg, arch, aligned) if kind == "kernel" else compile_combine(sig, arch)
+
+
+# ---- compiling through the artifact cache (the build and the first-use builder) -------------------------------
+def kernel_job(sig: dict, alg: dict, arch: str, aligned: bool = True) -> tuple[str, tuple]:
+    """``(cache key, job)`` of one kernel: a job is ``_compile_in_worker``'s arguments."""
+    from .compile_triton import cache_parts
+
+    return content_key(cache_parts(sig, alg, arch, aligned)), ("kernel", sig, alg, arch) + (() if aligned else (False,))
+
+
+def combine_job(sig: dict, arch: str) -> tuple[str, tuple]:
+    """``(cache key, job)`` of the combine kernel a split-KV key needs (shared by every split key of one signature)."""
+    from .compile_triton import combine_parts
+
+    return content_key(combine_parts(sig, arch)), ("combine", sig, None, arch)
+
+
+def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_result=None,
+                          cache_only: bool = False, why: dict | None = None) -> tuple[dict, dict]:
+    """Binaries for ``wanted`` (cache key -> job): ``(ready, why)`` with ``ready[key] = (meta, data, from_cache)``
+    and ``why[key]`` the reason a job failed.  Cache hits are loaded; the rest compile in worker processes (a compiler
+    crash fails its job only, :func:`fmha_dsl.compile_pool.run_isolated`) and are stored in the cache.
+    ``on_result(key, ok, cached)`` is called as each job finishes (the hits first).  ``cache_only``: nothing is
+    compiled."""
+    ready: dict[str, tuple] = {}
+    why = {} if why is None else why  # filled before on_result hears of a failure
+    todo = []
+    for key, job in wanted.items():
+        hit = cache.get(key)
+        if hit is not None:
+            ready[key] = (hit[0], hit[1], True)
+        elif cache_only:
+            why[key] = "not in the kernel cache (FMHA_DSL_NO_BUILD is set)"
+        else:
+            todo.append((key, job))
+    if on_result:
+        for key in ready:
+            on_result(key, True, True)
+
+    def finish(i, result):
+        key, job = todo[i]
+        meta, data = result
+        if meta is None:
+            why[key] = str(data)
+        else:
+            cache.put(key, meta, data, f"{job[0]}.{meta['binary_kind']}")
+            ready[key] = (dict(meta, sha256=sha256_bytes(data), size=len(data)), data, False)
+        if on_result:
+            on_result(key, meta is not None, False)
+
+    # every compile runs in a worker process: a compiler that crashes fails its kernel, not the build
+    run_isolated(_compile_in_worker, [job for _, job in todo], max(1, min(workers, len(todo) or 1)), finish)
+    return ready, why
+
+
+def build_record(meta: dict, key: str, binary: str | None, **extra) -> dict:
+    """An entry's ``build`` object from a compile's metadata: where its binary is (None: held in memory) and its
+    cache key."""
+    build = {k: v for k, v in meta.items() if k != "file"}
+    build.update(binary=binary, cache_key=key, **extra)
+    return build
 
 
 def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, progress, no_spills: bool,
@@ -35,7 +96,7 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     """Expand, compile (through the cache) and write the build directory; returns the fields of
     :class:`fmha_dsl.build.BuildResult` as a dict (:func:`fmha_dsl.build.build` wraps them, so this module,
     below ``build``, never imports it)."""
-    from .compile_triton import cache_parts, combine_name, combine_parts
+    from .compile_triton import combine_name
 
     try:
         import triton  # noqa: F401
@@ -51,51 +112,36 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     cache = ArtifactCache.of(cache_dir)
 
     # jobs: one per kernel, plus one per distinct combine kernel the split-KV kernels need (shared by many)
-    todo, ready, failures, spilled = [], {}, [], []
+    failures, spilled = [], []
+    wanted: dict[str, tuple] = {}
+    kernel_of: dict[str, tuple] = {}  # cache key of a kernel job -> (name, arch), for the failure report
     key_of: dict[str, str] = {}       # kernel id -> its cache key
     combine_of: dict[str, str] = {}   # split kernel id -> its combine's cache key
-    combine_jobs: dict[str, tuple] = {}
     for e in reg:
         if e.identifier not in triton_ids:
             continue
-        key = key_of[e.identifier] = content_key(cache_parts(e.sig, e.alg, e.arch))
-        mine = [("kernel", key, e.sig, e.alg, e.arch, e.name)]
+        key, job = kernel_job(e.sig, e.alg, e.arch)
+        key_of[e.identifier] = key
+        wanted[key] = job
+        kernel_of[key] = (e.name, e.arch)
         if e.sig["family"] == "fwd_splitkv":
-            ckey = content_key(combine_parts(e.sig, e.arch))
+            ckey, cjob = combine_job(e.sig, e.arch)
             combine_of[e.identifier] = ckey
-            if ckey not in combine_jobs:
-                combine_jobs[ckey] = ("combine", ckey, e.sig, None, e.arch, combine_name(e.sig, e.arch))
-                mine.append(combine_jobs[ckey])
-        for job in mine:
-            hit = cache.get(job[1])
-            if hit is not None:
-                ready[job[1]] = (hit[0], hit[1], True)
-            else:
-                todo.append(job)
-    total = len(ready) + len(todo)
-    done = hits = len(ready)
-    if progress:
-        progress(done, total, 0, hits)
+            wanted[ckey] = cjob
+    total, done, hits = len(wanted), 0, 0
     why_failed: dict[str, str] = {}
 
-    def finish(job, result):
-        nonlocal done
-        kind, key, _, _, arch, name = job
-        meta, data = result
+    def finish(key, ok, cached):
+        nonlocal done, hits
         done += 1
-        if meta is None:
-            why_failed[key] = str(data)
-            if kind == "kernel":
-                failures.append({"name": name, "arch": arch, "reason": str(data)})
-        else:
-            cache.put(key, meta, data, f"{kind}.{meta['binary_kind']}")
-            ready[key] = (dict(meta, sha256=sha256_bytes(data), size=len(data)), data, False)
+        hits += cached
+        if not ok and key in kernel_of:
+            name, arch = kernel_of[key]
+            failures.append({"name": name, "arch": arch, "reason": why_failed[key]})
         if progress:
             progress(done, total, len(failures), hits)
 
-    # every compile runs in a worker process: a compiler that crashes fails its kernel, not the build
-    run_isolated(_compile_in_worker, [(job[0], job[2], job[3], job[4]) for job in todo], jobs,
-                 lambda i, result: finish(todo[i], result))
+    ready, _ = compile_through_cache(wanted, cache, jobs, finish, why=why_failed)
 
     kept = Registry(reg.name, profiles=reg.profiles, sources=reg.sources)
     compiled = cached = 0
@@ -121,16 +167,14 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
                                  + why_failed.get(ckey, "not compiled")})
                 continue
             cmeta, cdata, _ = ready[ckey]
-            crel = f"kernels/{e.arch}/{combine_jobs[ckey][5]}.{cmeta['binary_kind']}"
+            crel = f"kernels/{e.arch}/{combine_name(e.sig, e.arch)}.{cmeta['binary_kind']}"
             if crel not in written:
                 write_atomic(os.path.join(out, crel), cdata)
                 written.add(crel)
-            comb = {k: v for k, v in cmeta.items() if k != "file"}
-            comb.update(binary=crel, cache_key=ckey)
+            comb = build_record(cmeta, ckey, crel)
         rel = f"kernels/{e.arch}/{e.name}.{meta['binary_kind']}"
         write_atomic(os.path.join(out, rel), data)
-        build = {k: v for k, v in meta.items() if k not in ("file",)}
-        build.update(binary=rel, cache_key=key)
+        build = build_record(meta, key, rel)
         if comb is not None:
             build["combine"] = comb
         kept.add(Entry(None, e.name, e.source, build, sig=e.sig, alg=e.alg, arch=e.arch, ident=e.identifier))
@@ -148,4 +192,4 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
             "compiled": compiled, "cached": cached, "failures": failures, "seconds": seconds}
 
 
-__all__ = ["build_with_triton"]
+__all__ = ["build_with_triton", "compile_through_cache", "kernel_job", "combine_job", "build_record"]

@@ -21,32 +21,16 @@ methods below, so compiling stays on the build side of the pipeline.
 from __future__ import annotations
 
 from . import knobs
-from .cache import ArtifactCache, content_key, sha256_bytes
+from .cache import ArtifactCache
 from .errors import error
 from .kernels.fwd_abi import SEQ_ALIGN as ALIGN  # lengths that are multiples of it also get unpadded candidates
 from .registry import Entry
+from .seqtune import seq_aligned
 
 # problems whose query blocks fill fewer programs than this many waves of the device get split-KV candidates too
 SPLIT_BELOW_WAVES = 2
 SPLITS_LOG2 = (4, 6)            # 16 and 64 splits at most (fewer when the key axis is short)
 CANDIDATES_VERSION = 2          # bumped when the candidate rules below change (part of Builder.fingerprint)
-
-
-def seq_aligned(problem) -> tuple[bool, bool]:
-    """Whether the problem's query and key lengths are multiples of :data:`ALIGN` (batch mode): part of the
-    decision key, because it decides which candidates exist."""
-    if problem.mode == "group":
-        return False, False
-    sq, sk = problem.max_seqlen_q or problem.seqlen_q, problem.max_seqlen_k or problem.seqlen_k
-    return sq > 0 and sq % ALIGN == 0, sk > 0 and sk % ALIGN == 0
-
-
-def max_candidates() -> int:
-    return knobs.tune_candidates()
-
-
-def compile_jobs() -> int:
-    return knobs.jobs()
 
 
 def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> list[dict]:
@@ -111,7 +95,8 @@ class Builder:
             raise error("runtime.jit", f"compiling on first use serves the forward family, not {problem.family}",
                         None, "pass registry= a build of a set that declares this family")
         out = [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd", aligned)]
-        aq, ak = seq_aligned(problem)
+        aq, ak = seq_aligned(problem.max_seqlen_q or problem.seqlen_q, problem.max_seqlen_k or problem.seqlen_k,
+                             problem.mode == "group")
         if aq or ak:  # unpadded variants of the tiles that divide ALIGN
             tight = {}
             for b, fr in _bindings(problem, arch, "fwd", aligned, (0 if aq else 1, 0 if ak else 1)):
@@ -133,7 +118,7 @@ class Builder:
             return (one, cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
 
         ranked = sorted(out, key=rank)
-        n = max_candidates() if limit is None else limit
+        n = knobs.tune_candidates() if limit is None else limit
         if len(ranked) > n and n >= 3:  # keep both kinds in the cut when there are split kernels
             fwd = [e for e in ranked if e.sig["family"] == "fwd"]
             spl = [e for e in ranked if e.sig["family"] != "fwd"]
@@ -174,51 +159,28 @@ class Builder:
     # -- binaries ---------------------------------------------------------------------------------------
     def compile(self, entries, aligned: bool = True, cache_only: bool = False) -> list[tuple[Entry, object]]:
         """``[(entry with build, {identifier: bytes}) | (entry, reason str)]`` in the order given.  ``cache_only``:
-        what the artifact cache holds, nothing compiled (a miss is ``(entry, "not in the kernel cache")``)."""
-        try:
-            from .compile_triton import cache_parts, combine_name, combine_parts
-        except ImportError as exc:  # pragma: no cover
-            raise error("runtime.jit", f"cannot compile kernels: {exc}") from None
+        what the artifact cache holds, nothing compiled (a miss is ``(entry, reason)``)."""
         try:
             import triton  # noqa: F401
         except ImportError:
             raise error("runtime.jit", "compiling kernels on first use needs Triton, which is not installed", None,
                         "pip install triton, or pass registry= a prebuilt build directory") from None
-        cache = ArtifactCache.of(self.cache_dir)
+        from .build_triton import build_record, combine_job, compile_through_cache, kernel_job
+        from .compile_triton import combine_name
+
         entries = list(entries)
-        jobs: dict[str, tuple] = {}   # cache key -> job
-        ready: dict[str, tuple] = {}  # cache key -> (meta, data)
+        wanted: dict[str, tuple] = {}
         keys = []
         for e in entries:
-            k = content_key(cache_parts(e.sig, e.alg, e.arch, aligned))
+            k, job = kernel_job(e.sig, e.alg, e.arch, aligned)
+            wanted[k] = job
             ck = None
             if e.sig["family"] == "fwd_splitkv":
-                ck = content_key(combine_parts(e.sig, e.arch))
-                if ck not in jobs and ck not in ready:
-                    self._want(cache, ck, ("combine", e.sig, None, e.arch, True), jobs, ready)
-            if k not in jobs and k not in ready:
-                self._want(cache, k, ("kernel", e.sig, e.alg, e.arch, aligned), jobs, ready)
+                ck, cjob = combine_job(e.sig, e.arch)
+                wanted[ck] = cjob
             keys.append((k, ck))
-        why: dict[str, str] = {}
-        if cache_only:
-            why = {k: "not in the kernel cache (FMHA_DSL_NO_BUILD is set)" for k in jobs}
-            jobs = {}
-        if jobs:
-            from .compile_pool import run_isolated
-
-            todo = list(jobs.items())
-
-            def store(i, result):
-                key, job = todo[i]
-                meta, data = result
-                if meta is None:
-                    why[key] = str(data)
-                    return
-                cache.put(key, meta, data, f"{job[0]}.{meta['binary_kind']}")
-                ready[key] = (dict(meta, sha256=sha256_bytes(data), size=len(data)), data)
-
-            n = max(1, min(self.jobs or compile_jobs(), len(todo)))
-            run_isolated(_compile_job, [job for _, job in todo], n, store)
+        ready, why = compile_through_cache(wanted, ArtifactCache.of(self.cache_dir), self.jobs or knobs.jobs(),
+                                           cache_only=cache_only)
         out = []
         for e, (k, ck) in zip(entries, keys):
             if k not in ready:
@@ -227,28 +189,17 @@ class Builder:
             if ck is not None and ck not in ready:
                 out.append((e, "its split-KV combine kernel failed: " + why.get(ck, "not compiled")))
                 continue
-            meta, data = ready[k]
-            build = {x: v for x, v in meta.items() if x != "file"}
-            build.update(binary=None, cache_key=k)
+            meta, data, _ = ready[k]
+            build = build_record(meta, k, None)
             bins = {e.identifier: data}
             if ck is not None:
-                cmeta, cdata = ready[ck]
-                build["combine"] = {x: v for x, v in cmeta.items() if x != "file"}
-                build["combine"].update(binary=None, cache_key=ck, name=combine_name(e.sig, e.arch))
+                cmeta, cdata, _ = ready[ck]
+                build["combine"] = build_record(cmeta, ck, None, name=combine_name(e.sig, e.arch))
                 bins[e.identifier + ":combine"] = cdata
             name = e.name if e.name != "<first-use>" else _name_of(e)
             out.append((Entry(None, name, "<first-use>", build, sig=e.sig, alg=e.alg, arch=e.arch,
                               ident=e.identifier), bins))
         return out
-
-    @staticmethod
-    def _want(cache, key, job, jobs, ready):
-        hit = cache.get(key)
-        if hit is not None:
-            meta, data = hit
-            ready[key] = (meta, data)
-        else:
-            jobs[key] = job
 
 
 def _same_kernel(e: Entry) -> tuple:
@@ -273,14 +224,6 @@ def _name_of(e: Entry) -> str:
     return name + "_unaligned" if a.get("constraint") == "unaligned" else name
 
 
-def _compile_job(kind: str, sig: dict, alg: dict | None, arch: str, aligned: bool):
-    from .compile_triton import compile_combine, compile_key
-
-    return compile_key(sig, alg, arch, aligned) if kind == "kernel" else compile_combine(sig, arch)
-
-
-
-
 def precompile(problems, arch: str, aligned: bool = True, jobs: int | None = None, cache_dir: str | None = None,
                limit: int | None = None) -> int:
     """Compile every first-use candidate of ``problems`` into the artifact cache (no GPU needed), so that a
@@ -294,4 +237,4 @@ def precompile(problems, arch: str, aligned: bool = True, jobs: int | None = Non
     return sum(1 for _, bins in got if isinstance(bins, dict))
 
 
-__all__ = ["Builder", "precompile", "max_candidates", "compile_jobs"]
+__all__ = ["Builder", "precompile"]

@@ -27,7 +27,7 @@ import math
 import warnings
 from typing import Iterable
 
-from .kernels.fwd_abi import packs_gqa
+from .kernels.fwd_abi import SEQ_ALIGN, packs_gqa
 
 CLASS_FIELDS = ("family", "dtype", "mode", "vlayout", "hdim_q", "hdim_v", "mask", "bias", "lse", "dropout",
                 "logits", "sink")
@@ -186,6 +186,14 @@ def warn_ignored(why: str) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # buckets (the dispatcher's cache granularity)
 # ---------------------------------------------------------------------------------------------------------
+def seq_aligned(sq: int, sk: int, group: bool = False) -> tuple[bool, bool]:
+    """Whether batch-mode lengths are multiples of ``SEQ_ALIGN`` (group mode: never): such problems also have
+    unpadded first-use candidates, so the first-use decision keys record it."""
+    if group:
+        return False, False
+    return sq > 0 and sq % SEQ_ALIGN == 0, sk > 0 and sk % SEQ_ALIGN == 0
+
+
 def bucket(n: int) -> int:
     """Eighth-of-an-octave bucket of a positive length: exact below 16, then 8 linear steps per power of two."""
     if n < 16:

@@ -24,7 +24,7 @@ import threading
 import time
 
 from fmha_dsl import knobs
-from fmha_dsl.kernels.fwd_abi import SEQ_ALIGN
+from fmha_dsl.seqtune import seq_aligned
 
 VERSION = 2
 _FIELDS = ("family", "dtype", "mode", "vlayout", "bias", "lse", "dropout", "logits", "sink")
@@ -46,9 +46,7 @@ def octave(n: int) -> int:
 def buckets(sq: int, sk: int, bh: int, group: bool = False) -> tuple:
     """The lengths' part of a decision key: octaves of ``sq``, ``sk`` and ``bh``, and (batch mode) whether ``sq`` and
     ``sk`` are multiples of ``SEQ_ALIGN`` (such problems also have unpadded candidates)."""
-    if group:
-        return octave(sq), octave(sk), octave(bh), False, False
-    return octave(sq), octave(sk), octave(bh), sq > 0 and sq % SEQ_ALIGN == 0, sk > 0 and sk % SEQ_ALIGN == 0
+    return (octave(sq), octave(sk), octave(bh)) + seq_aligned(sq, sk, group)
 
 
 def key(p, aligned: bool = True) -> str:
@@ -109,37 +107,20 @@ class TunedTable:
                 return None
             return _merge_write(self.path, self.arch, self.device, {k: rec})
 
-    def decisions(self) -> dict:
-        with self._lock:
-            self._load()
-            return {**self._shipped, **self._own}
 
-
-def _read(path: str, arch: str, device: str | None) -> dict:
-    """The decisions of a table file (nothing when it is missing, damaged or for another arch/device)."""
+def _document(path: str) -> dict | None:
+    """A table file's JSON object; None when it is missing or damaged (then rewritten)."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except (OSError, ValueError):
-        return {}
-    if not isinstance(doc, dict) or doc.get("version") != VERSION or doc.get("arch") != arch:
-        return {}
-    if device and doc.get("device") and doc["device"] != device:
-        return {}
-    dec = doc.get("decisions")
-    return {k: v for k, v in dec.items() if _valid(v)} if isinstance(dec, dict) else {}
-
-
-def _header_conflict(path: str, arch: str, device: str | None) -> str | None:
-    """Why the table file at ``path`` belongs to someone else (another arch, device or format), else None."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
         return None
-    except (OSError, ValueError):
-        return None  # damaged: rewritten
-    if not isinstance(doc, dict):
+    return doc if isinstance(doc, dict) else None
+
+
+def _conflict(doc: dict | None, arch: str, device: str | None) -> str | None:
+    """Why a table document belongs to someone else (another format, arch or device), else None."""
+    if doc is None:
         return None
     if doc.get("version") != VERSION:
         return f"written by another table format (version {doc.get('version')})"
@@ -148,12 +129,27 @@ def _header_conflict(path: str, arch: str, device: str | None) -> str | None:
     return None
 
 
+def _decisions(doc: dict | None, arch: str, device: str | None) -> dict:
+    """The valid decisions of a table document made for ``arch`` and ``device`` (nothing otherwise)."""
+    if doc is None or _conflict(doc, arch, device):
+        return {}
+    dec = doc.get("decisions")
+    return {k: v for k, v in dec.items() if _valid(v)} if isinstance(dec, dict) else {}
+
+
+def _read(path: str, arch: str, device: str | None) -> dict:
+    return _decisions(_document(path), arch, device)
+
+
 def _valid(rec) -> bool:
     return isinstance(rec, dict) and isinstance(rec.get("sig"), dict) and isinstance(rec.get("alg"), dict)
 
 
 def _merge_write(path: str, arch: str, device: str | None, new: dict) -> str | None:
-    import tempfile
+    """Add ``new`` to the table file under an exclusive lock (other processes' records are kept), written
+    atomically (:func:`fmha_dsl.registry.write_atomic`).  Returns None, or why nothing was written."""
+    from fmha_dsl.errors import FmhaError
+    from fmha_dsl.registry import write_atomic
 
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -164,29 +160,17 @@ def _merge_write(path: str, arch: str, device: str | None, new: dict) -> str | N
                 fcntl.flock(lock, fcntl.LOCK_EX)
             except (ImportError, OSError):  # pragma: no cover  (no flock: last writer wins per record set)
                 pass
-            other = _header_conflict(path, arch, device)
+            doc = _document(path)
+            other = _conflict(doc, arch, device)
             if other:
                 return f"{path}: {other}; not overwritten"
-            dec = _read(path, arch, device)
-            dec.update(new)
-            doc = {"version": VERSION, "arch": arch, "device": device, "decisions": dict(sorted(dec.items()))}
-            fd, tmp = tempfile.mkstemp(prefix=".tuned.", dir=os.path.dirname(path))
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(doc, f, indent=1, sort_keys=True)
-                    f.write("\n")
-                umask = os.umask(0)
-                os.umask(umask)
-                os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide a shared cache from other users
-                os.replace(tmp, path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            dec = dict(_decisions(doc, arch, device), **new)
+            out = {"version": VERSION, "arch": arch, "device": device, "decisions": dict(sorted(dec.items()))}
+            write_atomic(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
     except OSError as exc:
         return f"{path}: {exc.strerror or exc}"
+    except FmhaError as exc:  # write_atomic's located write error
+        return exc.message
     return None
 
 

@@ -51,7 +51,7 @@ import threading
 
 from fmha_dsl import arch as arch_table
 from fmha_dsl import knobs, seqtune
-from fmha_dsl.errors import UsageError, error
+from fmha_dsl.errors import FmhaError, UsageError, error
 from fmha_dsl.registry import Entry, Registry, registry_path
 
 from . import abi, autotune
@@ -140,7 +140,6 @@ class Dispatcher:
             raise error("usage.value", f"unknown launcher {self.launcher!r}", None,
                         f"one of: {', '.join(LAUNCHERS)} (FMHA_DSL_LAUNCHER sets the default)", cls=UsageError)
         self.builder = builder
-        self.jit = builder is not None
         self._lock = threading.RLock()
         self._decided: dict[str, Entry] = {}   # decision key -> the entry chosen (measured or recorded)
         self.measured: dict[str, dict] = {}    # decision key -> {kernel name: microseconds} timed in this process
@@ -305,7 +304,7 @@ class Dispatcher:
         c = self.candidates(p, aligned)
         if c:
             if measure is not None and len(c) > 1 and self.table is None and autotune.enabled():
-                return self._measured(p, aligned, c[:_max_timed()], measure, record=True)
+                return self._measured(p, aligned, c[:MAX_TIMED], measure)
             return self._best(p, c, aligned)
         raise no_kernel_error(p, self.arch, self.entries, self.registry.name, self.registry.archs, aligned)
 
@@ -344,7 +343,7 @@ class Dispatcher:
                             "report this with the problem's shapes; meanwhile pass a registry built elsewhere")
             if timed and len(built) > 1:  # measured: a kernel whose resource report shows a stack frame (counted
                 # as spills) may still be the fastest (sm90's (128, 64, 4) d128 tiles are), the timing decides
-                e = self._measured(p, aligned, built, measure, record=True)
+                e = self._measured(p, aligned, built, measure)
             else:  # the cost model: never a candidate that spills while one that does not exists
                 e = self._cheapest(p, built)
             self._decided[tk] = e
@@ -391,7 +390,7 @@ class Dispatcher:
                 out.append(have[e.identifier])
         return out
 
-    def _measured(self, p, aligned: bool, cands: list, measure, record: bool) -> Entry:
+    def _measured(self, p, aligned: bool, cands: list, measure) -> Entry:
         """Time every candidate on the caller's arguments and keep the fastest; record the decision.
 
         ``measure(plan, n)`` times ``n`` launches (each after flushing the L2 cache).  Candidates are timed
@@ -399,7 +398,7 @@ class Dispatcher:
         for about :data:`TUNE_SECONDS` (2 to 8 rounds), then the closest three get as many rounds again; the median
         decides."""
         tk = autotune.key(p, aligned)
-        if record and self.tuned is not None and self.builder is None:
+        if self.tuned is not None and self.builder is None:
             rec = self.tuned.get(tk)
             if rec is not None:
                 for e in cands:
@@ -434,7 +433,7 @@ class Dispatcher:
             run(top, rounds)
             med.update({i: _median(samples[i]) for i in top})
         win = by_id[min(med, key=lambda i: (med[i], i))]
-        if record and self.tuned is not None:
+        if self.tuned is not None:
             rec = autotune.record_of(win, med, {i: by_id[i].name for i in med})
             if self.builder is not None:
                 rec["space"] = self.builder.fingerprint()
@@ -551,6 +550,7 @@ _UNTIMED = 4   # candidates compiled when the choice is the cost model's (it wei
 
 
 TUNE_SECONDS = 0.5   # the timing budget of one first-use decision (more rounds for short kernels)
+MAX_TIMED = 16       # registry candidates a first-use measurement times at most (the static order's first)
 
 
 def _median(xs: list) -> float:
@@ -559,8 +559,6 @@ def _median(xs: list) -> float:
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def _max_timed() -> int:
-    return 16
 
 
 def _spills(e) -> int:
@@ -576,8 +574,6 @@ def _without_spills(entries: list) -> list:
 def _time_n(measure, plan, n: int) -> list:
     """``measure(plan, n)``: ``n`` launch times in microseconds, or [] when that candidate cannot run (it is then
     never chosen)."""
-    from fmha_dsl.errors import FmhaError
-
     try:
         ts = measure(plan, n)
     except (FmhaError, RuntimeError, OSError, ValueError):

@@ -9,7 +9,8 @@ from fmha_dsl.errors import UsageError, error
 from fmha_dsl.seqtune import split_limit, splits_at
 
 from . import abi
-from fmha_dsl.kernels.fwd_abi import COMBINE_BLOCK_M, aligned_names, block_d, packs_gqa, split_args, workspace_strides
+from fmha_dsl.kernels.fwd_abi import (COMBINE_BLOCK_M, aligned_names, block_d, grid_of, packs_gqa, split_args,
+                                      workspace_strides)
 
 from .match import promised_aligned
 
@@ -179,12 +180,7 @@ class Plan:
 
     def launch(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, stream=None) -> None:
         """Launch on ``device`` (torch's current stream there, or ``stream``: int handle or torch stream)."""
-        heads = nhead_q
-        if self.packed:  # one program per K/V head, its group's query heads in the rows
-            heads = args[_NHK]
-            gx = (max_seqlen_q * (nhead_q // max(heads, 1)) + self.block_m - 1) // self.block_m
-        else:
-            gx = (max_seqlen_q + self.block_m - 1) // self.block_m
+        gx, heads, _ = grid_of(self.packed, batch, nhead_q, args[_NHK], max_seqlen_q, self.block_m)
         if not (gx and nhead_q and batch):
             return
         kern = self._kernels.get(device)
