@@ -94,6 +94,16 @@ class Builder:
         if problem.family not in ("fwd", "fwd_splitkv"):
             raise error("runtime.jit", f"compiling on first use serves the forward family, not {problem.family}",
                         None, "pass registry= a build of a set that declares this family")
+        from .rules import family_rules
+
+        why = family_rules("fwd", "triton").supported(arch)
+        if why:
+            from .arch import backend_archs
+            from .errors import UsageError, did_you_mean
+
+            have = backend_archs("triton")
+            raise error("usage.arch", f"cannot compile for arch `{arch}`: {why}", None,
+                        did_you_mean(str(arch), have) or f"one of: {', '.join(have)}", cls=UsageError)
         out = [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd", aligned)]
         aq, ak = seq_aligned(problem.max_seqlen_q or problem.seqlen_q, problem.max_seqlen_k or problem.seqlen_k,
                              problem.mode == "group")

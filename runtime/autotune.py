@@ -2,8 +2,8 @@
 
 A compiling dispatcher (``Dispatcher(None, builder=...)``, what :func:`fmha_dsl.attention` uses without a registry)
 decides once per *decision key* -- the problem class (every field that selects a kernel, the head dims, whether
-the arguments keep the 16-byte promise) plus the octave of ``max_seqlen_q``, of ``max_seqlen_k`` and of
-``batch x nhead_q`` (:func:`key`).  On the first call of a key it compiles the rule-checked candidates the cost
+the arguments keep the 16-byte promise, the GQA group size's octave) plus the octave of ``max_seqlen_q``, of
+``max_seqlen_k`` and of ``batch x nhead_q`` and whether the lengths are multiples of 128 (:func:`key`).  On the first call of a key it compiles the rule-checked candidates the cost
 model ranks highest, times each on the caller's own arguments, keeps the fastest and records it here.  Later
 processes on the same device read the record and compile (or load from the artifact cache) only the winner.
 
@@ -12,7 +12,8 @@ and merged under a file lock, so concurrent processes never lose each other's re
 package (``fmha_dsl/data/tuned/*.json``, measured on named devices, with date and provenance) are read after the
 user's own.  ``FMHA_DSL_AUTOTUNE=0`` turns measuring off (the cost model's first choice is compiled instead).
 
-This module launches nothing itself and imports no compiler: the dispatcher hands it what it measured.
+:class:`MeasuredSelection` is the dispatcher's half of it (the dispatcher inherits it): the builder it was handed
+compiles, the caller's ``measure`` launches and times; this module imports no compiler and launches nothing itself.
 """
 
 from __future__ import annotations
@@ -22,9 +23,16 @@ import os
 import re
 import threading
 import time
+from typing import TYPE_CHECKING
 
-from fmha_dsl import knobs
+from fmha_dsl import knobs, seqtune
+from fmha_dsl.errors import FmhaError, error
 from fmha_dsl.seqtune import seq_aligned
+
+from .match import describe, mismatches, no_kernel_error
+
+if TYPE_CHECKING:
+    from fmha_dsl.registry import Entry
 
 VERSION = 2
 _FIELDS = ("family", "dtype", "mode", "vlayout", "bias", "lse", "dropout", "logits", "sink")
@@ -204,4 +212,187 @@ def record_of(entry, times_us: dict, names: dict) -> dict:
             "times_us": {names[i]: round(t, 3) for i, t in sorted(times_us.items(), key=lambda kv: kv[1])}}
 
 
-__all__ = ["enabled", "octave", "buckets", "key", "TunedTable", "shipped", "record_of", "device_slug"]
+# ---------------------------------------------------------------------------------------------------------------
+# selection by measurement (the Dispatcher's first-use half)
+# ---------------------------------------------------------------------------------------------------------------
+class MeasuredSelection:
+    """First-use selection for :class:`fmha_dsl.runtime.dispatch.Dispatcher` (which inherits it).  It uses the
+    dispatcher's ``arch``, ``entries``, ``builder``, ``tuned``, ``compute_units``, ``registry``, ``_lock``,
+    ``_decided``, ``measured``, ``add_many()`` and ``plan_for()``."""
+
+    def _first_use(self, p, aligned: bool, measure) -> Entry:
+        tk = key(p, aligned)
+        e = self._decided.get(tk)  # decided keys never wait for another key's compile
+        if e is not None:
+            return e
+        with self._lock:
+            e = self._decided.get(tk)
+            if e is not None:
+                return e
+            no_build = knobs.no_build()
+            got = self._recorded(tk, p, aligned, cache_only=no_build)
+            if got is not None:
+                self._decided[tk] = got
+                return got
+            if no_build:
+                raise no_kernel_error(p, self.arch, self.entries, self.registry.name, self.registry.archs, aligned)
+            cands = self.builder.candidates(p, self.arch, aligned)
+            if not cands:
+                raise error("runtime.jit", f"the Triton rules allow no kernel for {describe(p)} on {self.arch}",
+                            None, "the head dims, dtype or features exceed what the Triton template supports here")
+            timed = measure is not None and enabled()
+            if timed:
+                built = self._serving(self._compile(cands, aligned), p, aligned)
+            else:  # a few at a time, until one compiles without spilling (or none is left)
+                built = []
+                for i in range(0, len(cands), _UNTIMED):
+                    built += self._serving(self._compile(cands[i:i + _UNTIMED], aligned), p, aligned)
+                    if built and (len(_without_spills(built)) < len(built) or not any(_spills(x) for x in built)):
+                        break
+            if not built:
+                raise error("runtime.jit", f"no candidate kernel for {describe(p)} on {self.arch} compiled", None,
+                            "report this with the problem's shapes; meanwhile pass a registry built elsewhere")
+            if timed and len(built) > 1:  # measured: a kernel whose resource report shows a stack frame (counted
+                # as spills) may still be the fastest (sm90's (128, 64, 4) d128 tiles are), the timing decides
+                e = self._measured(p, aligned, built, measure)
+            else:  # the cost model: never a candidate that spills while one that does not exists
+                e = self._cheapest(p, built)
+            self._decided[tk] = e
+            return e
+
+    def _recorded(self, tk: str, p, aligned: bool, cache_only: bool) -> Entry | None:
+        """The recorded decision for ``tk`` (measured under this builder's candidate space), compiled or loaded from
+        the artifact cache (only loaded with ``cache_only``); None when there is none or it cannot serve ``p``."""
+        rec = self.tuned.get(tk) if self.tuned is not None else None
+        if rec is None or rec.get("space") != getattr(self.builder, "fingerprint", lambda: None)():
+            return None  # none, or recorded under another template or candidate space: measured again
+        try:
+            want = self.builder.entry_for(rec["sig"], rec["alg"], self.arch)
+            got = self._compile([want], aligned, cache_only)
+        except (KeyError, TypeError, ValueError, AttributeError):  # a damaged record: as if there were none
+            return None
+        return got[0] if got and not mismatches(got[0], p, aligned) else None
+
+    def _serving(self, entries: list, p, aligned: bool) -> list:
+        """The compiled entries that serve ``p`` (a split kernel serves a plain forward problem once its combine
+        kernel is built; a ``num_splits`` request needs a split kernel that allows as many)."""
+        return [e for e in entries if not mismatches(e, p, aligned)]
+
+    def _cheapest(self, p, entries: list) -> Entry:
+        return min(_without_spills(entries),
+                   key=lambda x: (seqtune.cost(x, p, self.arch, self.compute_units)[0], x.identifier))
+
+    def _compile(self, entries, aligned: bool, cache_only: bool = False) -> list[Entry]:
+        """Compile (or load) ``entries`` through the builder and add them; the ones that compiled, in order.
+        ``cache_only``: load from the artifact cache, compile nothing (``FMHA_DSL_NO_BUILD``)."""
+        have = {e.identifier: e for e in self.entries}
+        out, new = [], []
+        todo = [e for e in entries if e.identifier not in have]
+        for res in (self.builder.compile(todo, aligned, cache_only=True) if cache_only else
+                    self.builder.compile(todo, aligned)):
+            e, bins = res
+            if isinstance(bins, dict):
+                new.append((e, bins))
+                have[e.identifier] = e
+        if new:
+            self.add_many(new)
+        for e in entries:
+            if e.identifier in have and (have[e.identifier].build or {}):
+                out.append(have[e.identifier])
+        return out
+
+    def _measured(self, p, aligned: bool, cands: list, measure) -> Entry:
+        """Time every candidate on the caller's arguments and keep the fastest; record the decision.
+
+        ``measure(plan, n)`` times ``n`` launches (each after flushing the L2 cache).  Candidates are timed
+        round-robin -- three launches of each per round, so clock and temperature drift spread over all of them --
+        for about :data:`TUNE_SECONDS` (2 to 8 rounds), then the closest three get as many rounds again; the median
+        decides."""
+        tk = key(p, aligned)
+        if self.tuned is not None and self.builder is None:
+            rec = self.tuned.get(tk)
+            if rec is not None:
+                for e in cands:
+                    if e.name == rec.get("kernel") and dict(e.sig) == rec["sig"]:
+                        return e
+        plans = {e.identifier: self.plan_for(e, p) for e in cands}
+        by_id = {e.identifier: e for e in cands}
+        samples: dict[str, list] = {}
+        once = 0.0
+        for i, pl in plans.items():  # warm-up: loads each kernel; a candidate that cannot run drops out
+            got = _time_n(measure, pl, 2)
+            if got:
+                samples[i] = []
+                once += got[-1]
+        if not samples:  # nothing could be timed (e.g. no memory for the L2 flush): the cost model decides
+            import warnings
+
+            warnings.warn(f"fmha-dsl: no candidate for {describe(p)} could be timed; the cost model chose",
+                          RuntimeWarning, stacklevel=3)
+            return self._cheapest(p, cands)
+        rounds = int(min(8, max(2, TUNE_SECONDS * 1e6 / max(3 * once, 1.0))))
+
+        def run(ids, n):
+            for _ in range(n):
+                for i in ids:
+                    samples[i] += _time_n(measure, plans[i], 3)
+
+        run(list(samples), rounds)
+        med = {i: _median(v) for i, v in samples.items() if v}
+        top = sorted(med, key=med.get)[:3]
+        if len(top) > 1:
+            run(top, rounds)
+            med.update({i: _median(samples[i]) for i in top})
+        win = by_id[min(med, key=lambda i: (med[i], i))]
+        if self.tuned is not None:
+            rec = record_of(win, med, {i: by_id[i].name for i in med})
+            if self.builder is not None:
+                rec["space"] = self.builder.fingerprint()
+            why = self.tuned.record(tk, rec)
+            if why and not self._write_warned:  # the decision holds for this process; later ones measure again
+                import warnings
+
+                self._write_warned = True
+                warnings.warn(f"fmha-dsl: first-use decisions cannot be recorded ({why}); set FMHA_DSL_CACHE_DIR "
+                              "to a writable folder", RuntimeWarning, stacklevel=3)
+        self.measured[tk] = {by_id[i].name: t for i, t in med.items()}
+        return win
+
+
+_UNTIMED = 4   # candidates compiled when the choice is the cost model's (it weighs the builds' resource reports)
+
+
+TUNE_SECONDS = 0.5   # the timing budget of one first-use decision (more rounds for short kernels)
+MAX_TIMED = 16       # registry candidates a first-use measurement times at most (the static order's first)
+
+
+def _median(xs: list) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+
+
+def _spills(e) -> int:
+    return int(((e.build or {}).get("resources") or {}).get("spills") or 0)
+
+
+def _without_spills(entries: list) -> list:
+    """Never a candidate that spills while one that does not exists (the build's resource report)."""
+    clean = [e for e in entries if not _spills(e)]
+    return clean or entries
+
+
+def _time_n(measure, plan, n: int) -> list:
+    """``measure(plan, n)``: ``n`` launch times in microseconds, or [] when that candidate cannot run (it is then
+    never chosen)."""
+    try:
+        ts = measure(plan, n)
+    except (FmhaError, RuntimeError, OSError, ValueError):
+        return []
+    return [float(t) for t in ts if t == t and t > 0]
+
+
+__all__ = ["enabled", "octave", "buckets", "key", "TunedTable", "shipped", "record_of", "device_slug",
+           "MeasuredSelection", "TUNE_SECONDS", "MAX_TIMED"]

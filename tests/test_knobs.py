@@ -58,3 +58,17 @@ def test_knobs_are_read_at_call_time(monkeypatch):
     assert knobs.launcher() == "auto"
     monkeypatch.setenv("FMHA_DSL_CACHE_DIR", "/x")
     assert knobs.cache_dir() == "/x"
+
+
+def test_whole_number_knobs_name_the_variable_when_malformed(monkeypatch):
+    monkeypatch.delenv("FMHA_DSL_TUNE_CANDIDATES", raising=False)
+    assert knobs.tune_candidates() == 24
+    monkeypatch.setenv("FMHA_DSL_TUNE_CANDIDATES", " 8 ")
+    assert knobs.tune_candidates() == 8
+    for bad in ("eight", "0", "-3", "2.5"):
+        monkeypatch.setenv("FMHA_DSL_TUNE_CANDIDATES", bad)
+        with pytest.raises(UsageError, match=f"FMHA_DSL_TUNE_CANDIDATES={re.escape(bad)}") as ei:
+            knobs.tune_candidates()
+        assert "unset it" in ei.value.hint
+    monkeypatch.delenv("FMHA_DSL_JOBS", raising=False)
+    assert knobs.jobs() == max(1, os.cpu_count() or 1)

@@ -1309,3 +1309,14 @@ def test_a_table_file_of_another_device_is_not_overwritten(tmp_path):
     why = autotune.TunedTable("sm90", "dev x", str(tmp_path)).record("k2", {"sig": {}, "alg": {}})  # same slug
     assert why and "not overwritten" in why and path.read_text() == before
     assert oct(path.stat().st_mode & 0o777) != oct(0o600)
+
+
+def test_first_use_for_an_unknown_arch_is_a_located_usage_error():
+    from fmha_dsl.first_use import precompile
+
+    with pytest.raises(UsageError) as ei:
+        precompile([problem()], "SM90")
+    assert ei.value.rule == "usage.arch" and "SM90" in ei.value.message and "sm90" in ei.value.hint
+    with pytest.raises(UsageError) as ei:
+        Builder().candidates(problem(), "sm70")
+    assert "one of" in ei.value.hint or "did you mean" in ei.value.hint
