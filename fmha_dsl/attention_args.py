@@ -1,0 +1,284 @@
+"""The argument checks of :func:`fmha_dsl.attention` on torch tensors: every bad input is a
+:class:`~fmha_dsl.errors.UsageError` naming the argument, what was expected and a hint.  Cold code: these run to
+raise, or for uncommon arguments (group mode's lengths, a bias); the hot path in :mod:`fmha_dsl.attention` calls
+them only then.  Importing this module does no work (torch is looked up when a check runs).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+
+from .errors import UsageError, error
+
+
+def _torch():
+    return sys.modules["torch"]  # imported by attention() before any check runs
+
+
+def _usage(rule: str, msg: str, hint: str | None = None) -> UsageError:
+    return error(rule, f"attention(): {msg}", None, hint, cls=UsageError)
+
+
+def _num(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _mask(causal, window):
+    """(mask name, window_left, window_right, bottom_right) per docs/semantics.md."""
+    if causal is False or causal is None:
+        mode = None
+    elif causal is True or causal == "top_left":
+        mode = "top_left"
+    elif causal == "bottom_right":
+        mode = "bottom_right"
+    else:
+        from .errors import did_you_mean
+
+        hint = did_you_mean(causal, ["top_left", "bottom_right"]) if isinstance(causal, str) else None
+        raise _usage("usage.value", f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}",
+                     hint or "True means top-left (torch's is_causal); 'bottom_right' aligns the last rows")
+    if window is None:
+        if mode is None:
+            return "no", -1, -1, 1
+        return mode, -1, 0, int(mode == "bottom_right")
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        left = right = None
+    if not (_is_int(left) and _is_int(right)):
+        raise _usage("usage.value", f"window must be a pair (left, right) of ints, got {window!r}",
+                     "negative means unbounded, e.g. window=(128, 0) for a 128-token causal window")
+    left, right = int(left), int(right)
+    if mode is None:
+        if left < 0 and right < 0:
+            return "no", -1, -1, 1
+        return "generic", left, right, 1
+    return mode, left, 0, int(mode == "bottom_right")
+
+
+def _cu_seqlens(name, cu, total, dev, torch):
+    """cu_seqlens as an int32 tensor on q's device, and its values when they are on the host (else None)."""
+    host = None
+    if not isinstance(cu, torch.Tensor):
+        import numpy as np
+
+        a = np.asarray(cu)
+        if a.dtype.kind not in "iu":
+            raise _usage("usage.dtype", f"`{name}` must hold integers, got dtype {a.dtype}", "int32, B + 1 entries")
+        cu = torch.from_numpy(a.astype(np.int32))
+    if cu.dim() != 1 or cu.shape[0] < 1:
+        raise _usage("usage.shape", f"`{name}` must be 1-D with B + 1 >= 1 entries, got shape {tuple(cu.shape)}",
+                     "cu_seqlens[b] is the first row of sequence b; the last entry is the total length")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise _usage("usage.dtype", f"`{name}` must be int32, got {cu.dtype}", f"pass {name}.to(torch.int32)")
+    where = cu.get_device()
+    if where < 0:
+        host = cu.tolist()
+    elif where != dev:
+        raise _usage("usage.device", f"`{name}` is on cuda:{where} but q is on {'cpu' if dev < 0 else f'cuda:{dev}'}",
+                     f"move it with {name}.to(q.device)")
+    if where != dev:
+        cu = cu.to(device=f"cuda:{dev}", dtype=torch.int32)
+    elif cu.dtype != torch.int32:
+        cu = cu.to(torch.int32)
+    return cu, host
+
+
+def _check_cu_host(name, vals, total):
+    if vals[0] != 0:
+        raise _usage("usage.value", f"`{name}` must start at 0, got {vals[0]}", "cu_seqlens[0] is always 0")
+    for i in range(len(vals) - 1):
+        if vals[i + 1] < vals[i]:
+            raise _usage("usage.value", f"`{name}` must be non-decreasing, got {vals[i]} then {vals[i + 1]} at index "
+                         f"{i}", "sequence b owns rows cu_seqlens[b] : cu_seqlens[b + 1]")
+    if vals[-1] != total:
+        raise _usage("usage.value", f"`{name}` must end at the total length {total}, got {vals[-1]}",
+                     "the last entry is the number of rows of the 3-D tensor")
+    return max((vals[i + 1] - vals[i] for i in range(len(vals) - 1)), default=0)
+
+
+# ---- validation helpers (cold: they run only to raise, or on uncommon arguments) -----------------------
+def _bad_types(k, v):
+    for name, x in (("k", k), ("v", v)):
+        if not isinstance(x, _torch().Tensor):
+            raise _usage("usage.type", f"`{name}` must be a torch tensor like q, got {type(x).__name__}",
+                         "pass q, k and v of one kind")
+
+
+def _bad_dtypes(q, k, v):
+    dt = q.dtype
+    torch = _torch()
+    if dt not in (torch.float16, torch.bfloat16, torch.float32):
+        raise _usage("usage.dtype", f"`q` must be float16, bfloat16 or float32, got {dt}", "convert with q.half()")
+    name, x = ("k", k) if k.dtype is not dt else ("v", v)
+    raise _usage("usage.dtype", f"`{name}` must have q's dtype {dt}, got {x.dtype}", f"pass {name}.to(q.dtype)")
+
+
+def _bad_rank(qsh, ksh, vsh, group):
+    nd = 3 if group else 4
+    name, sh = next((n, s) for n, s in (("q", qsh), ("k", ksh), ("v", vsh)) if len(s) != nd)
+    layout = "[T, H, D] (group mode, with cu_seqlens)" if group else "[B, H, S, D] (batch mode)"
+    raise _usage("usage.shape", f"`{name}` must be {nd}-D {layout}, got shape {tuple(sh)}",
+                 "BSHD tensors go in as x.transpose(1, 2); varlen needs cu_seqlens_q/k and 3-D tensors")
+
+
+def _check_heads(hq, hk, dq, dk, dv, ksh):
+    if dk != dq:
+        raise _usage("usage.shape", f"`k` must have q's head dim Dq={dq}, got {dk} (shape {tuple(ksh)})")
+    if hk < 1 or hq % hk:
+        raise _usage("usage.shape", f"query heads must be a multiple of key heads (GQA/MQA), got Hq={hq}, Hk={hk}",
+                     "each key head serves Hq // Hk query heads")
+    if dq < 1 or dv < 1:
+        raise _usage("usage.shape", f"head dims must be >= 1, got Dq={dq}, Dv={dv}")
+
+
+def _bad_batch_shapes(qsh, ksh, vsh):
+    b, hq, _, dq = qsh
+    bk, hk, sk, dk = ksh
+    bv, hv, sv, dv = vsh
+    if bk != b or bv != b:
+        name, sh = ("k", ksh) if bk != b else ("v", vsh)
+        raise _usage("usage.shape", f"`{name}` must have q's batch {b}, got shape {tuple(sh)}",
+                     "q, k and v are [B, H, S, D]; pass BSHD tensors as x.transpose(1, 2)")
+    if (hv, sv) != (hk, sk):
+        raise _usage("usage.shape", f"`v` must be [B, Hk={hk}, Sk={sk}, Dv] like k, got {tuple(vsh)}",
+                     "k and v need the same heads and sequence length")
+    _check_heads(hq, hk, dq, dk, dv, ksh)
+
+
+def _group_shapes(qsh, ksh, vsh, cu_q, cu_k):
+    if cu_q is None or cu_k is None:
+        raise _usage("usage.shape", "group mode needs both cu_seqlens_q and cu_seqlens_k, got only "
+                     + ("cu_seqlens_q" if cu_k is None else "cu_seqlens_k"))
+    if len(qsh) != 3 or len(ksh) != 3 or len(vsh) != 3:
+        _bad_rank(qsh, ksh, vsh, True)
+    tq, hq, dq = qsh
+    tk, hk, dk = ksh
+    tv, hv, dv = vsh
+    if (tv, hv) != (tk, hk):
+        raise _usage("usage.shape", f"`v` must be [Tk={tk}, Hk={hk}, Dv] like k, got {tuple(vsh)}")
+    _check_heads(hq, hk, dq, dk, dv, ksh)
+    return tq, hq, dq, tk, hk, dv
+
+
+def _check_devices(q, k, v, registry):
+    dev = q.get_device()
+    from .runtime.dispatch import Dispatcher
+
+    if dev < 0 and not (isinstance(registry, Dispatcher) and registry.launcher == "interpret"):
+        raise _usage("usage.device", f"`q` is on {q.device}; torch tensors run on a GPU",
+                     "move the tensors with .cuda(), or pass numpy arrays to run the reference")
+    if k.get_device() != dev or v.get_device() != dev:
+        name, x = ("k", k) if k.get_device() != dev else ("v", v)
+        raise _usage("usage.device", f"`{name}` is on {x.device} but q is on {q.device}",
+                     f"move it with {name}.to(q.device)")
+
+
+def _bad_strides(q, k):
+    name, x = ("q", q) if q.stride(-1) != 1 else ("k", k)
+    raise _usage("usage.stride", f"`{name}`'s last dim (head dim) must have stride 1, got strides {x.stride()}",
+                 f"pass {name}.contiguous(); the other dims may be strided (e.g. BSHD via transpose)")
+
+
+def _check_dropout(p, seed, offset):
+    if not _num(p) or not 0.0 <= p < 1.0:
+        raise _usage("usage.value", f"dropout_p must be in [0, 1), got {p!r}", "0 disables dropout")
+    if not p:
+        return seed
+    if seed is None:
+        torch = _torch()
+        seed = int(torch.randint(0, (1 << 63) - 1, (), dtype=torch.int64).item())
+    elif not _is_int(seed) or not -(1 << 63) <= seed < (1 << 64):
+        raise _usage("usage.value", f"seed must be an int in [-2**63, 2**64), got {seed!r}",
+                     "None draws one from torch's generator")
+    if not _is_int(offset) or not 0 <= offset < (1 << 63):
+        raise _usage("usage.value", f"offset must be an int in [0, 2**63), got {offset!r}")
+    seed = int(seed) & ((1 << 64) - 1)
+    return seed - (1 << 64) if seed >= 1 << 63 else seed  # the kernel reads an i64: pass uint64 as its twin
+
+
+def _check_softcap(softcap):
+    if not _num(softcap) or softcap <= 0:
+        raise _usage("usage.value", f"softcap must be None (off) or a finite number > 0, got {softcap!r}")
+
+
+def _check_scale(scale):
+    if not _num(scale):
+        raise _usage("usage.value", f"scale must be a finite number, got {scale!r}", "None means 1/sqrt(Dq)")
+
+
+def _check_sink(sink):
+    if not _is_int(sink) or sink < 0:
+        raise _usage("usage.value", f"sink must be an int >= 0, got {sink!r}", "0 or None disables sink tokens")
+
+
+def _group_lengths(cu_q, cu_k, tq, tk, dev, max_q, max_k):
+    torch = _torch()
+    cu_q, host_q = _cu_seqlens("cu_seqlens_q", cu_q, tq, dev, torch)
+    cu_k, host_k = _cu_seqlens("cu_seqlens_k", cu_k, tk, dev, torch)
+    if cu_q.shape[0] != cu_k.shape[0]:
+        raise _usage("usage.shape", f"cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got "
+                     f"{cu_q.shape[0]} and {cu_k.shape[0]}")
+    maxes = []
+    for name, given, vals, cu, total in (("max_seqlen_q", max_q, host_q, cu_q, tq),
+                                         ("max_seqlen_k", max_k, host_k, cu_k, tk)):
+        if given is not None and (not _is_int(given) or given < 0):
+            raise _usage("usage.value", f"{name} must be an int >= 0, got {given!r}")
+        if vals is None and given is None:
+            vals = cu.tolist()  # one device-to-host copy; pass max_seqlen_q/k to avoid it
+        if vals is not None:
+            m = _check_cu_host("cu_seqlens_" + name[-1], vals, total)
+            if given is not None and given < m:
+                raise _usage("usage.value", f"{name}={given} is below the longest sequence ({m})",
+                             "max_seqlen_* must be >= every cu_seqlens difference")
+            if given is None:
+                given = m
+        maxes.append(int(given))
+    return cu_q, cu_k, cu_q.shape[0] - 1, maxes[0], maxes[1]
+
+
+def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):
+    torch = _torch()
+    T = torch.Tensor
+    dt = q.dtype
+    if bias is not None:
+        if alibi is not None:
+            raise _usage("usage.value", "bias and alibi_slopes cannot be combined in one kernel",
+                         "fold the ALiBi term into the bias tensor")
+        if not isinstance(bias, T):
+            raise _usage("usage.type", f"`bias` must be a torch tensor, got {type(bias).__name__}")
+        bsh = bias.shape
+        if len(bsh) != 4 or bsh[0] not in (1, b) or bsh[1] not in (1, hq) or bsh[2] != sq or bsh[3] != sk:
+            what = "[B|1, Hq|1, Sq_max, Sk_max]" if group else "[B|1, Hq|1, Sq, Sk]"
+            raise _usage("usage.shape", f"`bias` must be {what} = [{b}|1, {hq}|1, {sq}, {sk}], got {tuple(bsh)}",
+                         "size-1 batch/head dims broadcast (or use bias.expand)")
+        if bias.dtype is not dt:
+            raise _usage("usage.dtype", f"`bias` must have q's dtype {dt}, got {bias.dtype}", "pass bias.to(q.dtype)")
+        if bias.get_device() != dev:
+            raise _usage("usage.device", f"`bias` is on {bias.device} but q is on {q.device}",
+                         "move it with bias.to(q.device)")
+        if bias.stride(3) != 1 and sk > 1:
+            raise _usage("usage.stride", f"`bias`'s last dim must have stride 1, got strides {bias.stride()}",
+                         "pass bias.contiguous()")
+        from .runtime.plan import bias_strides
+
+        return "bias", bias_strides(bias), None
+    if not isinstance(alibi, T):
+        raise _usage("usage.type", f"`alibi_slopes` must be a torch tensor, got {type(alibi).__name__}")
+    if tuple(alibi.shape) not in ((hq,), (b, hq)):
+        raise _usage("usage.shape", f"`alibi_slopes` must be [Hq] = [{hq}] or [B, Hq] = [{b}, {hq}], got "
+                     f"{tuple(alibi.shape)}")
+    if alibi.dtype != torch.float32:
+        raise _usage("usage.dtype", f"`alibi_slopes` must be float32, got {alibi.dtype}", "pass alibi_slopes.float()")
+    if alibi.get_device() != dev:
+        raise _usage("usage.device", f"`alibi_slopes` is on {alibi.device} but q is on {q.device}",
+                     "move it with alibi_slopes.to(q.device)")
+    from .runtime.plan import alibi_strides
+
+    return "alibi", None, alibi_strides(alibi)
