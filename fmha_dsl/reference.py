@@ -194,6 +194,52 @@ def attention_fwd(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=
                   offset=0, softcap=None, sink=0, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                   accum=np.float32):
     """Forward attention per ``docs/semantics.md``; returns ``(out, lse)``. See the module docstring."""
+    c = setup(q, k, v, causal=causal, window=window, bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+              seed=seed, offset=offset, softcap=softcap, sink=sink, scale=scale, cu_seqlens_q=cu_seqlens_q,
+              cu_seqlens_k=cu_seqlens_k, accum=accum)
+    q, k, v, bias, alibi_slopes, cfg = c.q, c.k, c.v, c.bias, c.alibi_slopes, c.cfg
+    group, B, Hq, Hk, Dv, Sq_max = c.group, c.B, c.Hq, c.Hk, c.Dv, c.Sq_max
+    cq, ck, lens_q, lens_k = c.cq, c.ck, c.lens_q, c.lens_k
+    Tq = q.shape[0]
+    G = Hq // Hk
+    if group:
+        out = np.zeros((Tq, Hq, Dv), dtype=q.dtype)
+        lse = np.full((Hq, Tq), -np.inf, dtype=np.float32)
+        for b in range(B):
+            qs, ks = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
+            for h in range(Hq):
+                bh = None if bias is None else bias[min(b, bias.shape[0] - 1), min(h, bias.shape[1] - 1),
+                                                    :int(lens_q[b]), :int(lens_k[b])]
+                o, l = _head(q[qs, h, :], k[ks, h // G, :], v[ks, h // G, :], b, h, bh,
+                             None if alibi_slopes is None else float(alibi_slopes[b, h]), cfg)
+                out[qs, h, :] = o
+                lse[h, qs] = l
+    else:
+        out = np.zeros((B, Hq, Sq_max, Dv), dtype=q.dtype)
+        lse = np.full((B, Hq, Sq_max), -np.inf, dtype=np.float32)
+        for b in range(B):
+            for h in range(Hq):
+                bh = None if bias is None else bias[min(b, bias.shape[0] - 1), min(h, bias.shape[1] - 1)]
+                o, l = _head(q[b, h], k[b, h // G], v[b, h // G], b, h, bh,
+                             None if alibi_slopes is None else float(alibi_slopes[b, h]), cfg)
+                out[b, h] = o
+                lse[b, h] = l
+    return out, lse
+
+
+
+class Setup:
+    """The checked, canonical arguments of a reference call (what :func:`setup` returns)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0,
+          softcap=None, sink=0, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, accum=np.float32) -> Setup:
+    """Check a reference call's arguments (raising a located :class:`UsageError`) and put them in canonical
+    form: the arrays, the mask as ``cfg["mwin"]``, the per-sequence lengths.  Shared by the forward and
+    :mod:`fmha_dsl.reference_bwd`."""
     q = _as_float_array("q", q)
     k = _as_float_array("k", k)
     v = _as_float_array("v", v)
@@ -296,31 +342,10 @@ def attention_fwd(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=
     cfg = {"scale": float(scale), "softcap": None if softcap is None else float(softcap), "mwin": mwin,
                "sink": int(sink) if not mask_none else 0, "dropout_p": float(dropout_p), "seed": seed, "offset": int(offset),
                "Hq": Hq, "Sq_max": Sq_max, "Sk_max": Sk_max, "accum": accum.type}
-    G = Hq // Hk
-    if group:
-        out = np.zeros((Tq, Hq, Dv), dtype=q.dtype)
-        lse = np.full((Hq, Tq), -np.inf, dtype=np.float32)
-        for b in range(B):
-            qs, ks = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
-            for h in range(Hq):
-                bh = None if bias is None else bias[min(b, bias.shape[0] - 1), min(h, bias.shape[1] - 1),
-                                                    :int(lens_q[b]), :int(lens_k[b])]
-                o, l = _head(q[qs, h, :], k[ks, h // G, :], v[ks, h // G, :], b, h, bh,
-                             None if alibi_slopes is None else float(alibi_slopes[b, h]), cfg)
-                out[qs, h, :] = o
-                lse[h, qs] = l
-    else:
-        out = np.zeros((B, Hq, Sq_max, Dv), dtype=q.dtype)
-        lse = np.full((B, Hq, Sq_max), -np.inf, dtype=np.float32)
-        for b in range(B):
-            for h in range(Hq):
-                bh = None if bias is None else bias[min(b, bias.shape[0] - 1), min(h, bias.shape[1] - 1)]
-                o, l = _head(q[b, h], k[b, h // G], v[b, h // G], b, h, bh,
-                             None if alibi_slopes is None else float(alibi_slopes[b, h]), cfg)
-                out[b, h] = o
-                lse[b, h] = l
-    return out, lse
-
+    if not group:
+        cq = ck = lens_q = lens_k = None
+    return Setup(q=q, k=k, v=v, bias=bias, alibi_slopes=alibi_slopes, cfg=cfg, group=group, B=B, Hq=Hq, Hk=Hk,
+                 Dq=Dq, Dv=Dv, Sq_max=Sq_max, Sk_max=Sk_max, cq=cq, ck=ck, lens_q=lens_q, lens_k=lens_k)
 
 def _head(qh, kh, vh, b, h, bias, slope, cfg):
     """One (sequence, query head): qh [Sq, Dq], kh [Sk, Dq], vh [Sk, Dv] -> out [Sq, Dv], lse [Sq]."""

@@ -1,0 +1,139 @@
+"""NumPy reference of the attention backward pass (CPU; the truth every backward test compares against).
+
+    dq, dk, dv, dbias = attention_bwd(q, k, v, out, lse, dout, causal=True, dropout_p=0.1, seed=7)
+
+It takes the forward's arguments (see :mod:`fmha_dsl.reference`) plus the forward's ``out`` and ``lse`` and the
+output gradient ``dout``, and returns the gradients of ``sum(out * dout)``.  With ``P = exp(S - lse)`` the
+probabilities the forward normalised (``S`` the scores after soft-cap, bias, ALiBi and mask), ``K`` the dropout
+keep-mask recomputed from ``(seed, offset)`` exactly as the forward drew it, and ``Z = P * K / (1 - p)``::
+
+    dV = Z^T dO              dP = (dO V^T) * K / (1 - p)          D = rowsum(dO * O)
+    dS = P * (dP - D)        dX = dS * (1 - tanh^2(X / c))  (soft-cap c; else dX = dS)
+    dQ = scale * dX K        dK = scale * dX^T Q                 dbias = dS (summed over broadcast dims)
+
+``D = rowsum(dO * O)`` equals ``rowsum(P * dP)`` (with dropout too), which is why the kernels' first stage computes
+it from ``out``.  GQA/MQA: dK and dV sum over the query heads of a group.  A row with ``lse = -inf`` (no allowed
+column) gives zero gradients.  ALiBi slopes get no gradient.  Returns ``(dq, dk, dv, dbias)`` in the inputs' dtype
+(``dbias`` None without a bias).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .reference import _ROW_BLOCK_ELEMS, _as_float_array, _usage, philox_uniform, setup
+
+__all__ = ["attention_bwd"]
+
+
+def attention_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bias=None, alibi_slopes=None, dropout_p=0.0,
+                  seed=0, offset=0, softcap=None, sink=0, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                  accum=np.float32):
+    """Gradients ``(dq, dk, dv, dbias)`` of ``sum(out * dout)``; see the module docstring."""
+    c = setup(q, k, v, causal=causal, window=window, bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+              seed=seed, offset=offset, softcap=softcap, sink=sink, scale=scale, cu_seqlens_q=cu_seqlens_q,
+              cu_seqlens_k=cu_seqlens_k, accum=accum)
+    q, k, v, bias, cfg = c.q, c.k, c.v, c.bias, c.cfg
+    out = _as_float_array("out", out)
+    dout = _as_float_array("dout", dout)
+    want_o = q.shape[:-1] + (c.Dv,)
+    for name, a in (("out", out), ("dout", dout)):
+        if a.shape != want_o:
+            raise _usage("usage.shape", f"`{name}` must have the forward output's shape {want_o}, got {a.shape}")
+    lse = np.asarray(lse)
+    want_l = (c.Hq, q.shape[0]) if c.group else (c.B, c.Hq, c.Sq_max)
+    if lse.shape != want_l:
+        raise _usage("usage.shape", f"`lse` must be the forward's LSE of shape {want_l}, got {lse.shape}",
+                     "call the forward with return_lse=True")
+    lse = lse.astype(np.float32)
+    G = c.Hq // c.Hk
+    dq = np.zeros(q.shape, dtype=cfg["accum"])
+    dk = np.zeros(k.shape, dtype=cfg["accum"])
+    dv = np.zeros(v.shape, dtype=cfg["accum"])
+    dbias = None if bias is None else np.zeros(bias.shape, dtype=cfg["accum"])
+    for b in range(c.B):
+        for h in range(c.Hq):
+            hk = h // G
+            if c.group:
+                qs = slice(int(c.cq[b]), int(c.cq[b + 1]))
+                ks = slice(int(c.ck[b]), int(c.ck[b + 1]))
+                ix_q, ix_k = (qs, h), (ks, hk)
+                lh = lse[h, qs]
+                bsl = (slice(0, qs.stop - qs.start), slice(0, ks.stop - ks.start))
+            else:
+                ix_q, ix_k = (b, h), (b, hk)
+                lh = lse[b, h]
+                bsl = (slice(None), slice(None))
+            bidx = None if bias is None else (min(b, bias.shape[0] - 1), min(h, bias.shape[1] - 1)) + bsl
+            slope = None if c.alibi_slopes is None else float(c.alibi_slopes[b, h])
+            g = _head(q[ix_q], k[ix_k], v[ix_k], out[ix_q], lh, dout[ix_q], b, h,
+                      None if bias is None else bias[bidx], slope, cfg)
+            dq[ix_q] += g[0]
+            dk[ix_k] += g[1]
+            dv[ix_k] += g[2]
+            if dbias is not None:
+                dbias[bidx] += g[3]
+    cast = q.dtype
+    return (dq.astype(cast), dk.astype(cast), dv.astype(cast), None if dbias is None else dbias.astype(cast))
+
+
+def _head(qh, kh, vh, oh, lh, doh, b, h, bias, slope, cfg):
+    """One (sequence, query head): ``(dq [Sq, Dq], dk [Sk, Dq], dv [Sk, Dv], dbias [Sq, Sk] or None)``."""
+    acc = cfg["accum"]
+    Sq, Sk = qh.shape[0], kh.shape[0]
+    dq = np.zeros(qh.shape, acc)
+    dk = np.zeros(kh.shape, acc)
+    dv = np.zeros(vh.shape, acc)
+    db = None if bias is None else np.zeros((Sq, Sk), acc)
+    if Sq == 0 or Sk == 0:
+        return dq, dk, dv, db
+    ka, va = kh.astype(acc), vh.astype(acc)
+    scale = acc(cfg["scale"])
+    j = np.arange(Sk)[None, :]
+    step = max(1, _ROW_BLOCK_ELEMS // Sk)
+    with np.errstate(all="ignore"):
+        for r0 in range(0, Sq, step):
+            r1 = min(Sq, r0 + step)
+            i = np.arange(r0, r1)[:, None]
+            qa, do = qh[r0:r1].astype(acc), doh[r0:r1].astype(acc)
+            x = (qa @ ka.T) * scale
+            if cfg["softcap"] is not None:
+                cap = acc(cfg["softcap"])
+                t = np.tanh(x / cap)
+                s = cap * t
+            else:
+                s = x
+            if bias is not None:
+                s = s + bias[r0:r1].astype(acc)
+            if slope is not None:
+                s = s - acc(slope) * np.abs((i + (Sk - Sq)) - j).astype(acc)
+            allowed = np.ones((r1 - r0, Sk), dtype=bool)
+            if cfg["mwin"] is not None:
+                left, right, top_left = cfg["mwin"]
+                d = i + (0 if top_left else Sk - Sq)
+                if left >= 0:
+                    allowed &= j >= d - left
+                if right >= 0:
+                    allowed &= j <= d + right
+                if cfg["sink"] > 0:
+                    allowed |= j < cfg["sink"]
+            lrow = lh[r0:r1].astype(acc)[:, None]
+            live = np.isfinite(lrow)
+            p = np.where(allowed & live, np.exp(s - np.where(live, lrow, acc(0))), acc(0))
+            if cfg["dropout_p"] > 0.0:
+                off = cfg["offset"] + ((b * cfg["Hq"] + h) * cfg["Sq_max"] + i) * cfg["Sk_max"] + j
+                keep = philox_uniform(cfg["seed"], off.astype(np.int64)) >= np.float32(cfg["dropout_p"])
+                kd = np.where(keep, acc(1.0 / (1.0 - cfg["dropout_p"])), acc(0))
+            else:
+                kd = acc(1)
+            z = p * kd
+            dv += z.T @ do
+            dp = (do @ va.T) * kd
+            D = (do * oh[r0:r1].astype(acc)).sum(axis=1, keepdims=True)
+            ds = p * (dp - D)
+            if db is not None:
+                db[r0:r1] = ds
+            dx = ds * (acc(1) - t * t) if cfg["softcap"] is not None else ds
+            dq[r0:r1] = (dx @ ka) * scale
+            dk += (dx.T @ qa) * scale
+    return dq, dk, dv, db
