@@ -46,7 +46,7 @@ class _NoTensor:  # stands for torch.Tensor until torch is first seen
 
 _T = _NoTensor              # torch.Tensor once torch is imported
 _torch = None               # the torch module
-_fwd_args = None            # fmha_dsl.runtime.plan.fwd_args
+_fwd_args = None            # fmha_dsl.kernels.fwd_abi.pack (the forward ABI's one packer)
 _Dispatcher = _NoTensor     # fmha_dsl.runtime.dispatch.Dispatcher
 _raw_stream = None          # torch._C._cuda_getCurrentRawStream
 _grid_of = None             # fmha_dsl.kernels.fwd_abi.grid_of (the launch grid of a plan's kernel)
@@ -169,34 +169,19 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
         disp = registry
     else:
         disp = _dispatcher(registry, dev)
-    if dev >= 0 and not group:  # the common case, inlined (same order as runtime.plan.fwd_args)
-        qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
-        os_ = out.stride()
-        args = [qp, kp, vp, op, 0 if lse is None else lse.data_ptr(),
-                0 if bias is None else bias.data_ptr(), 0 if alibi_slopes is None else alibi_slopes.data_ptr(), 0, 0,
-                1.0 / math.sqrt(dq) if scale is None else float(scale), 0.0 if softcap is None else float(softcap),
-                float(dropout_p) if dropout_p else 0.0, seed if dropout_p else 0, offset if dropout_p else 0,
-                sq, sk, sq, sk, hq, hk, dq, dv, wl, wr, br, sink, *qs, *ks, *vs, *os_,
-                *((0, 0, 1) if lse is None else lse.stride()), *((0, 0, 0, 1) if bst is None else bst),
-                *((0, 1) if ast is None else ast)]
-        # the 16-divisibility promise (fwd_abi.aligned_names): base pointers and every non-unit stride of q, k, v
-        # and out, in one OR (tests/test_gpu.py runs misaligned pointers and strides through this branch)
-        aligned = not ((qp | kp | vp | op | qs[0] | qs[1] | qs[2] | ks[0] | ks[1] | ks[2] | vs[0] | vs[1]
-                        | vs[3 if vc else 2] | os_[0] | os_[1] | os_[2]) & 15)
-    else:
-        if dev >= 0:
-            ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
-                    0 if bias is None else bias.data_ptr(), 0 if alibi_slopes is None else alibi_slopes.data_ptr(),
-                    cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()]
-        else:  # the CPU interpreter takes the tensors themselves
-            ptrs = [q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q if group else None,
-                    cu_seqlens_k if group else None]
-        args = _fwd_args(ptrs, group, qs, ks, vs, out.stride(), None if lse is None else lse.stride(), bst, ast, hq,
-                         hk, dq, dv, 0 if group else sq, 0 if group else sk, sq, sk, scale, softcap, dropout_p, seed,
-                         offset, wl, wr, br, sink)
-        # binaries built with the 16-divisibility promise serve only arguments that keep it; others get (or JIT
-        # compile) a variant without it.  The CPU interpreter takes tensors and has no such promise.
-        aligned = dev < 0 or all(args[i] & 15 == 0 for i in _ALIGNED_IDX[vc])
+    if dev >= 0:
+        ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
+                0 if bias is None else bias.data_ptr(), 0 if alibi_slopes is None else alibi_slopes.data_ptr(),
+                cu_seqlens_q.data_ptr() if group else 0, cu_seqlens_k.data_ptr() if group else 0]
+    else:  # the CPU interpreter takes the tensors themselves
+        ptrs = [q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q if group else None, cu_seqlens_k if group else None]
+    args = _fwd_args(ptrs, group, qs, ks, vs, out.stride(), None if lse is None else lse.stride(), bst, ast, hq, hk,
+                     dq, dv, 0 if group else sq, 0 if group else sk, sq, sk, scale, softcap, dropout_p, seed, offset,
+                     wl, wr, br, sink)
+    # binaries built with the 16-divisibility promise serve only arguments that keep it (fwd_abi.aligned_names; the
+    # others get a variant without it); tests/test_gpu.py runs misaligned pointers and strides through here.  The CPU
+    # interpreter takes tensors and has no such promise.
+    aligned = dev < 0 or not any(args[i] & 15 for i in _ALIGNED_IDX[vc])
     key = (dname, group, dq, dv, vc, mask != "no", bias_kind, bool(return_lse), bool(dropout_p),
            softcap is not None, sink > 0, aligned, hq // hk) + disp.seq_key(sq, sk, b * hq)
     plan = disp.fast.get(key)
@@ -260,7 +245,7 @@ def _init_torch():
     import torch
 
     from .runtime.dispatch import Dispatcher
-    from .runtime.plan import fwd_args
+    from .kernels.fwd_abi import pack as fwd_args
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is None:  # pragma: no cover  (old torch)

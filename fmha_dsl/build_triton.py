@@ -25,9 +25,9 @@ from .registry import Entry, Registry, registry_path, write_atomic
 
 
 def _compile_in_worker(kind: str, sig: dict, alg: dict | None, arch: str, aligned: bool = True):
-    from .compile_triton import compile_combine, compile_key
+    from .compile_triton import compile_companion, compile_key
 
-    return compile_key(sig, alg, arch, aligned) if kind == "kernel" else compile_combine(sig, arch)
+    return compile_key(sig, alg, arch, aligned) if kind == "kernel" else compile_companion(sig, arch)
 
 
 # ---- compiling through the artifact cache (the build and the first-use builder) -------------------------------
@@ -38,11 +38,20 @@ def kernel_job(sig: dict, alg: dict, arch: str, aligned: bool = True) -> tuple[s
     return content_key(cache_parts(sig, alg, arch, aligned)), ("kernel", sig, alg, arch) + (() if aligned else (False,))
 
 
-def combine_job(sig: dict, arch: str) -> tuple[str, tuple]:
-    """``(cache key, job)`` of the combine kernel a split-KV key needs (shared by every split key of one signature)."""
-    from .compile_triton import combine_parts
+def companion_jobs(sig: dict, arch: str) -> list[tuple[str, str, str, tuple]]:
+    """``[(role, name, cache key, job)]`` of the companion kernels a key of ``sig``'s family is built with (the
+    split-KV combine kernel, the backward's dot_do_o and convert_dq; :mod:`fmha_dsl.kernels.abis`), each shared
+    by every key that projects onto the same companion signature."""
+    from .compile_triton import companion_parts
+    from .kernels.abis import abi_of, companion_name, companion_sig
 
-    return content_key(combine_parts(sig, arch)), ("combine", sig, None, arch)
+    abi = abi_of(sig.get("family", "fwd"))
+    out = []
+    for role, family in (abi.companions if abi is not None else ()):
+        csig = companion_sig(sig, family)
+        out.append((role, companion_name(csig, arch), content_key(companion_parts(csig, arch)),
+                    ("companion", csig, None, arch)))
+    return out
 
 
 def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_result=None,
@@ -96,8 +105,6 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     """Expand, compile (through the cache) and write the build directory; returns the fields of
     :class:`fmha_dsl.build.BuildResult` as a dict (:func:`fmha_dsl.build.build` wraps them, so this module,
     below ``build``, never imports it)."""
-    from .compile_triton import combine_name
-
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -116,7 +123,7 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     wanted: dict[str, tuple] = {}
     kernel_of: dict[str, tuple] = {}  # cache key of a kernel job -> (name, arch), for the failure report
     key_of: dict[str, str] = {}       # kernel id -> its cache key
-    combine_of: dict[str, str] = {}   # split kernel id -> its combine's cache key
+    companions_of: dict[str, list] = {}  # kernel id -> [(role, name, cache key)] of its companion kernels
     for e in reg:
         if e.identifier not in triton_ids:
             continue
@@ -124,10 +131,11 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
         key_of[e.identifier] = key
         wanted[key] = job
         kernel_of[key] = (e.name, e.arch)
-        if e.sig["family"] == "fwd_splitkv":
-            ckey, cjob = combine_job(e.sig, e.arch)
-            combine_of[e.identifier] = ckey
-            wanted[ckey] = cjob
+        comps = companion_jobs(e.sig, e.arch)
+        if comps:
+            companions_of[e.identifier] = [(role, name, ckey) for role, name, ckey, _ in comps]
+            for _, _, ckey, cjob in comps:
+                wanted[ckey] = cjob
     total, done, hits = len(wanted), 0, 0
     why_failed: dict[str, str] = {}
 
@@ -159,24 +167,23 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
         if no_spills and res.get("spills", 0) > 0:
             spilled.append({"name": e.name, "arch": e.arch, "spills": res.get("spills")})
             continue
-        comb = None
-        if e.identifier in combine_of:
-            ckey = combine_of[e.identifier]
+        comps, failed = {}, None
+        for role, cname, ckey in companions_of.get(e.identifier, ()):
             if ckey not in ready:
-                failures.append({"name": e.name, "arch": e.arch, "reason": "its split-KV combine kernel failed: "
-                                 + why_failed.get(ckey, "not compiled")})
-                continue
+                failed = f"its {role} kernel failed: " + why_failed.get(ckey, "not compiled")
+                break
             cmeta, cdata, _ = ready[ckey]
-            crel = f"kernels/{e.arch}/{combine_name(e.sig, e.arch)}.{cmeta['binary_kind']}"
+            crel = f"kernels/{e.arch}/{cname}.{cmeta['binary_kind']}"
             if crel not in written:
                 write_atomic(os.path.join(out, crel), cdata)
                 written.add(crel)
-            comb = build_record(cmeta, ckey, crel)
+            comps[role] = build_record(cmeta, ckey, crel, name=cname)
+        if failed:
+            failures.append({"name": e.name, "arch": e.arch, "reason": failed})
+            continue
         rel = f"kernels/{e.arch}/{e.name}.{meta['binary_kind']}"
         write_atomic(os.path.join(out, rel), data)
-        build = build_record(meta, key, rel)
-        if comb is not None:
-            build["combine"] = comb
+        build = build_record(meta, key, rel, **comps)
         kept.add(Entry(None, e.name, e.source, build, sig=e.sig, alg=e.alg, arch=e.arch, ident=e.identifier))
         cached += from_cache
         compiled += not from_cache
@@ -192,4 +199,4 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
             "compiled": compiled, "cached": cached, "failures": failures, "seconds": seconds}
 
 
-__all__ = ["build_with_triton", "compile_through_cache", "kernel_job", "combine_job", "build_record"]
+__all__ = ["build_with_triton", "compile_through_cache", "kernel_job", "companion_jobs", "build_record"]

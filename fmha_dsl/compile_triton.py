@@ -18,18 +18,16 @@ import re
 import subprocess
 import tempfile
 
-TEMPLATE = "fmha_dsl.kernels.triton_fwd"
-COMBINE = "fmha_dsl.kernels.triton_combine"
-
-
 @functools.lru_cache(maxsize=None)
-def template_sha256() -> str:
-    """Hash of everything that shapes the generated code: the template, its argument list / head-dim blocking
-    (``fwd_abi``) and this mapping module."""
+def template_sha256(family: str = "fwd") -> str:
+    """Hash of everything that shapes the generated code of ``family``'s kernels: the modules its ABI names as
+    sources (template, argument list, head-dim blocking) and this mapping module."""
     from importlib import import_module
 
+    from .kernels.abis import abi_of
+
     h = hashlib.sha256()
-    for mod in (TEMPLATE, COMBINE, "fmha_dsl.kernels.fwd_abi", __name__):
+    for mod in tuple(f"fmha_dsl.kernels.{m}" for m in abi_of(family).sources) + (__name__,):
         with open(import_module(mod).__file__, "rb") as f:
             h.update(f.read())
     return h.hexdigest()
@@ -50,10 +48,15 @@ def arch_info(arch: str) -> dict:
 
 def compile_options(sig: dict, alg: dict, arch: str) -> dict:
     """CK algorithm fields -> Triton compile options (docs/triton.md)."""
-    from .rules.triton_fwd import stages
-
     info = arch_info(arch)
-    opts = {"num_warps": int(alg["wave"][0]), "num_stages": stages({"arch": arch, "pipeline": alg["pipeline"]})}
+    if sig.get("family", "fwd").startswith("bwd"):
+        from .rules.triton_bwd import stages as bwd_stages
+
+        opts = {"num_warps": int(alg["wave"][0]), "num_stages": bwd_stages(arch, alg)}
+    else:
+        from .rules.triton_fwd import stages
+
+        opts = {"num_warps": int(alg["wave"][0]), "num_stages": stages({"arch": arch, "pipeline": alg["pipeline"]})}
     if info["vendor"] == "amd":
         if info["matrix"] == "mfma":
             opts["matrix_instr_nonkdim"] = int(alg["warp"][0]) if alg["warp"][0] in (16, 32) else 16
@@ -65,8 +68,8 @@ def compile_options(sig: dict, alg: dict, arch: str) -> dict:
 def cache_parts(sig: dict, alg: dict, arch: str, aligned: bool = True) -> dict:
     """Everything that decides the binary's bytes (the cache key is its sha256)."""
     return {"sig": sig, "alg": {k: list(v) if isinstance(v, tuple) else v for k, v in alg.items()}, "arch": arch,
-            "template": template_sha256(), "triton": triton_version(), "options": compile_options(sig, alg, arch),
-            "aligned": aligned}
+            "template": template_sha256(sig.get("family", "fwd")), "triton": triton_version(),
+            "options": compile_options(sig, alg, arch), "aligned": aligned}
 
 
 def _target(arch: str):
@@ -76,78 +79,102 @@ def _target(arch: str):
     return GPUTarget(info["backend"], info["target"], info["warp_size"])
 
 
-def compile_key(sig: dict, alg: dict, arch: str, aligned: bool = True) -> tuple[dict | None, object]:
-    """Compile one kernel.  Returns ``(meta, binary_bytes)`` or ``(None, reason)``.
+def _source(family: str, dtype: str, const: dict, promised=()):
+    """The ``ASTSource`` of ``family``'s template function with constexprs ``const`` (and the 16-divisibility
+    promise for the parameters ``promised``)."""
+    from importlib import import_module
 
-    ``aligned`` promises the compiler 16-divisible pointers and strides (the template's
-    ``aligned_names``): 16-byte vector loads, async copies and no spills where it would otherwise load
-    element by element.  Such a binary records the promise in ``meta["aligned"]`` and may only be launched
-    with arguments that keep it; the dispatcher checks.
+    from triton.compiler import ASTSource
+
+    from .kernels.abis import abi_of
+
+    abi = abi_of(family)
+    fn = getattr(import_module(f"fmha_dsl.kernels.{abi.template}"), abi.function)
+    signature = dict(zip(abi.names, abi.types(dtype)))
+    signature.update({name: "constexpr" for name in const})
+    attrs = {(abi.index(n),): [["tt.divisibility", 16]] for n in promised}
+    return ASTSource(fn=fn, signature=signature, constexprs=const, attrs=attrs)
+
+
+def _grid(family: str) -> str:
+    return {"fwd": "[cdiv(max_seqlen_q, BLOCK_M), nhead_q, batch]",
+            "fwd_splitkv": "[cdiv(max_seqlen_q, BLOCK_M), nhead_q * splits, batch]",
+            "bwd_dq_dk_dv": "[cdiv(max_seqlen_k, BLOCK_N), nhead_k, batch]"}.get(
+        family, "[cdiv(max_seqlen_q, BLOCK_M), nhead_q, batch]")
+
+
+def compile_key(sig: dict, alg: dict, arch: str, aligned: bool = True) -> tuple[dict | None, object]:
+    """Compile one kernel of any family the Triton backend implements (:mod:`fmha_dsl.kernels.abis`).  Returns
+    ``(meta, binary_bytes)`` or ``(None, reason)``.
+
+    ``aligned`` promises the compiler 16-divisible pointers and strides (the ABI's ``promised``): 16-byte vector
+    loads, async copies and no spills where it would otherwise load element by element.  Such a binary records the
+    promise in ``meta["aligned"]`` and may only be launched with arguments that keep it; the dispatcher checks.
     """
     try:
-        from triton.compiler import ASTSource
+        import triton.compiler  # noqa: F401
     except ImportError as exc:
         return None, f"triton is not installed ({exc}); install fmha-dsl[triton]"
     from importlib import import_module
 
-    tmpl = import_module(TEMPLATE)
+    from .kernels.abis import abi_of
+
+    family = sig.get("family", "fwd")
+    abi = abi_of(family)
+    if abi is None:
+        return None, f"the triton backend has no template for family {family}"
+    tmpl = import_module(f"fmha_dsl.kernels.{abi.template}")
     opts = compile_options(sig, alg, arch)
-    split = sig.get("family") == "fwd_splitkv"
     try:
         const = tmpl.constexprs(sig, alg)
         if const.get("TMA") and not aligned:
             return None, (f"pipeline {alg['pipeline']} (TMA descriptors) needs 16-byte aligned K/V bases and strides; "
                           "it has no unaligned build")
-        promised = tmpl.aligned_names(sig["vlayout"]) if aligned else ()
-        attrs = tmpl.attrs(sig["dtype"], sig["vlayout"], promised) if promised else {}
-        src = ASTSource(fn=tmpl.fmha_fwd, signature=tmpl.signature(sig["dtype"], split), constexprs=const,
-                        attrs=attrs)
+        promised = abi.promised(sig) if aligned else ()
+        src = _source(family, sig["dtype"], const, promised)
     except Exception as exc:  # noqa: BLE001  (a bad key is a result, not a crash)
         return None, _reason(exc)
-    grid = "[cdiv(max_seqlen_q, BLOCK_M), nhead_q * splits, batch]" if split else \
-        "[cdiv(max_seqlen_q, BLOCK_M), nhead_q, batch]"
     extra = {"block_m": int(alg["tile"][0]), "aligned": list(promised)}
-    if split:
+    if family == "fwd_splitkv":
         extra["splits"] = 1 << int(alg["max_splits_log2"])
         extra["block_dv"] = int(const["BLOCK_DV"])
-    return _compile(src, arch, opts, tmpl.ARGS, grid, extra)
+    if family == "bwd_dq_dk_dv":
+        extra["block_n"] = int(alg["tile"][1])
+    return _compile(src, arch, opts, family, _grid(family), extra)
 
 
-def combine_parts(sig: dict, arch: str) -> dict:
-    """What decides the bytes of the combine kernel that goes with split-KV key ``sig`` (its cache key)."""
-    return {"combine": {f: sig[f] for f in ("dtype", "hdim_v", "mode", "lse")}, "arch": arch,
-            "template": template_sha256(), "triton": triton_version(), "options": _combine_options()}
+def companion_parts(csig: dict, arch: str) -> dict:
+    """What decides the bytes of a companion kernel (signature ``csig``: :func:`fmha_dsl.kernels.abis.companion_sig`)
+    -- its cache key."""
+    return {"companion": csig, "arch": arch, "template": template_sha256(csig["family"]),
+            "triton": triton_version(), "options": _companion_options()}
 
 
-def _combine_options() -> dict:
+def _companion_options() -> dict:
     from .kernels.fwd_abi import COMBINE_WARPS
 
     return {"num_warps": COMBINE_WARPS, "num_stages": 1}
 
 
-def combine_name(sig: dict, arch: str) -> str:
-    return f"fmha_fwd_splitkv_combine_d{sig['hdim_v']}_{sig['dtype']}_{sig['mode']}_{'lse' if sig['lse'] else 'nlse'}" \
-        f"_triton_{arch}"
-
-
-def compile_combine(sig: dict, arch: str) -> tuple[dict | None, object]:
-    """Compile the split-KV combine kernel for a split key's signature.  ``(meta, binary)`` or ``(None, reason)``."""
+def compile_companion(csig: dict, arch: str) -> tuple[dict | None, object]:
+    """Compile a companion kernel (the split-KV combine, the backward's dot_do_o / convert_dq).  ``(meta, binary)``
+    or ``(None, reason)``."""
     try:
-        from triton.compiler import ASTSource
+        import triton.compiler  # noqa: F401
     except ImportError as exc:
         return None, f"triton is not installed ({exc}); install fmha-dsl[triton]"
     from importlib import import_module
 
-    comb = import_module(COMBINE)
-    from .kernels.fwd_abi import COMBINE_ARGS, COMBINE_BLOCK_M
+    from .kernels.abis import abi_of
 
+    abi = abi_of(csig["family"])
+    tmpl = import_module(f"fmha_dsl.kernels.{abi.template}")
     try:
-        const = comb.constexprs(sig)
-        src = ASTSource(fn=comb.fmha_fwd_combine, signature=comb.signature(sig["dtype"]), constexprs=const)
+        const = tmpl.constexprs(csig, {})
+        src = _source(csig["family"], csig["dtype"], const)
     except Exception as exc:  # noqa: BLE001
         return None, _reason(exc)
-    return _compile(src, arch, _combine_options(), COMBINE_ARGS,
-                    f"[cdiv(max_seqlen_q, {COMBINE_BLOCK_M}), nhead_q, batch]",
+    return _compile(src, arch, _companion_options(), csig["family"], "[cdiv(max_seqlen_q, BLOCK_M), nhead_q, batch]",
                     {"block_m": int(const["BLOCK_M"]), "aligned": []})
 
 
@@ -156,7 +183,9 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text[-1] if text else ''}"[:500]
 
 
-def _compile(src, arch: str, opts: dict, args, grid: str, extra: dict) -> tuple[dict | None, object]:
+def _compile(src, arch: str, opts: dict, family: str, grid: str, extra: dict) -> tuple[dict | None, object]:
+    from .kernels.abis import abi_of
+
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     import triton
 
@@ -169,11 +198,11 @@ def _compile(src, arch: str, opts: dict, args, grid: str, extra: dict) -> tuple[
     data = ck.asm[kind]
     md = ck.metadata
     meta = {
-        "backend": "triton", "triton": triton_version(), "template_sha256": template_sha256(),
+        "backend": "triton", "triton": triton_version(), "template_sha256": template_sha256(family),
         "target": f"{info['backend']}:{info['target']}", "entry": md.name, "binary_kind": kind,
         "num_warps": md.num_warps, "num_stages": md.num_stages, "shared": md.shared, "warp_size": info["warp_size"],
         "block": [md.num_warps * info["warp_size"], 1, 1], "options": opts, "grid": grid,
-        "params": [name for name, _ in args],
+        "params": list(abi_of(family).names),
         "global_scratch": getattr(md, "global_scratch_size", 0) or 0,
         "profile_scratch": getattr(md, "profile_scratch_size", 0) or 0,
         **extra,
@@ -234,5 +263,6 @@ def cuda_resources(cubin: bytes) -> dict:
     return res
 
 
-__all__ = ["compile_key", "compile_combine", "combine_parts", "combine_name", "compile_options", "cache_parts", "template_sha256", "triton_version",
+__all__ = ["compile_key", "compile_companion", "companion_parts", "compile_options", "cache_parts",
+           "template_sha256", "triton_version",
            "amd_resources", "cuda_resources"]

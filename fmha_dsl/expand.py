@@ -250,7 +250,7 @@ class _Expander:
                       and all(family_rules(f, b) and any(family_rules(f, b).supported(a) is None for a in self.archs)
                               for f in dict.fromkeys(no_backend))]
             alt = f", or backend({others[0]}) for {', '.join(dict.fromkeys(no_backend))}" if others else ""
-            return (f"the {self.backend} backend implements {' and '.join(has)} only: use family("
+            return (f"the {self.backend} backend implements {', '.join(has)} only: use family("
                     f"{' | '.join(has)}){alt}")
         return "pick an arch that supports this family, or use `arch(*)`"
 

@@ -175,8 +175,7 @@ class Builder:
         except ImportError:
             raise error("runtime.jit", "compiling kernels on first use needs Triton, which is not installed", None,
                         "pip install triton, or pass registry= a prebuilt build directory") from None
-        from .build_triton import build_record, combine_job, compile_through_cache, kernel_job
-        from .compile_triton import combine_name
+        from .build_triton import build_record, companion_jobs, compile_through_cache, kernel_job
 
         entries = list(entries)
         wanted: dict[str, tuple] = {}
@@ -184,28 +183,28 @@ class Builder:
         for e in entries:
             k, job = kernel_job(e.sig, e.alg, e.arch, aligned)
             wanted[k] = job
-            ck = None
-            if e.sig["family"] == "fwd_splitkv":
-                ck, cjob = combine_job(e.sig, e.arch)
+            comps = companion_jobs(e.sig, e.arch)
+            for _, _, ck, cjob in comps:
                 wanted[ck] = cjob
-            keys.append((k, ck))
+            keys.append((k, [(role, name, ck) for role, name, ck, _ in comps]))
         ready, why = compile_through_cache(wanted, ArtifactCache.of(self.cache_dir), self.jobs or knobs.jobs(),
                                            cache_only=cache_only)
         out = []
-        for e, (k, ck) in zip(entries, keys):
+        for e, (k, comps) in zip(entries, keys):
             if k not in ready:
                 out.append((e, why.get(k, "not compiled")))
                 continue
-            if ck is not None and ck not in ready:
-                out.append((e, "its split-KV combine kernel failed: " + why.get(ck, "not compiled")))
+            missing = next(((role, ck) for role, _, ck in comps if ck not in ready), None)
+            if missing is not None:
+                out.append((e, f"its {missing[0]} kernel failed: " + why.get(missing[1], "not compiled")))
                 continue
             meta, data, _ = ready[k]
             build = build_record(meta, k, None)
             bins = {e.identifier: data}
-            if ck is not None:
+            for role, cname, ck in comps:
                 cmeta, cdata, _ = ready[ck]
-                build["combine"] = build_record(cmeta, ck, None, name=combine_name(e.sig, e.arch))
-                bins[e.identifier + ":combine"] = cdata
+                build[role] = build_record(cmeta, ck, None, name=cname)
+                bins[f"{e.identifier}:{role}"] = cdata
             name = e.name if e.name != "<first-use>" else _name_of(e)
             out.append((Entry(None, name, "<first-use>", build, sig=e.sig, alg=e.alg, arch=e.arch,
                               ident=e.identifier), bins))

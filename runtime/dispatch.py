@@ -59,11 +59,21 @@ from .autotune import MAX_TIMED, MeasuredSelection
 from .match import (EXACT, PAGED_FAMILIES, PIPELINE_RANK, _exact_key, _lcm, _max_sk, _max_sq,  # noqa: F401
                     declaration_for, describe, group_key, mismatches, no_kernel_error, preference, promised_aligned,
                     serves_fwd)
+from fmha_dsl.kernels.abis import abi_of
+
 from .plan import (Plan, Stage, _stream_handle, alibi_strides, bias_strides, current_stream,  # noqa: F401
                    fwd_args)
+from .plan_bwd import BackwardPlan
 
 
 ARCH_OF_CAPABILITY = arch_table.by_capability()  # fmha_dsl/data/archs.json
+
+# the plan class of each family a plan starts from (its stages, workspace and launch order); Plan otherwise
+PLANS = {"bwd_dq_dk_dv": BackwardPlan}
+
+
+def plan_class(family: str):
+    return PLANS.get(family, Plan)
 LAUNCHERS = ("auto", "native", "cuda", "triton", "hip", "interpret")
 
 
@@ -328,18 +338,22 @@ class Dispatcher(MeasuredSelection):
         return plan
 
     def plan_for(self, entry: Entry, problem) -> Plan:
-        """The plan that runs ``entry`` (a split-KV kernel: with its combine kernel) for ``problem``'s class."""
+        """The plan that runs ``entry`` for ``problem``'s class: its stage, then the companion kernels its family
+        is built with (:mod:`fmha_dsl.kernels.abis`: a split-KV kernel's combine, the backward's dot_do_o and
+        convert_dq), as the family's plan class (:data:`fmha_dsl.runtime.plan.PLANS`) orders and launches them."""
+        family = entry.sig["family"]
+        kabi = abi_of(family)
         stages = [self.stage(entry)]
-        comb = (entry.build or {}).get("combine")
-        if entry.sig["family"] == "fwd_splitkv":
-            if not comb and self.launcher == "interpret":  # the interpreter runs the combine from source
-                entry = Entry(None, entry.name, entry.source, dict(entry.build or {}, combine={}), sig=entry.sig,
+        for role, cfam in (kabi.companions if kabi is not None else ()):
+            build = entry.build or {}
+            if not build.get(role):
+                if self.launcher != "interpret":  # the interpreter runs the companion from source
+                    raise error("dispatch.no-binary", f"kernel {entry.name} has no {role} kernel in its build",
+                                None, "rebuild the set with `fmha-dsl build FILE --backend triton -o DIR`")
+                entry = Entry(None, entry.name, entry.source, dict(build, **{role: {}}), sig=entry.sig,
                               alg=entry.alg, arch=entry.arch, ident=entry.identifier)
-            elif not comb:
-                raise error("dispatch.no-binary", f"split-KV kernel {entry.name} has no combine kernel in its build",
-                            None, "rebuild the set with `fmha-dsl build FILE --backend triton -o DIR`")
-            stages.append(self.stage(combine_entry(entry)))
-        return Plan(problem, stages)
+            stages.append(self.stage(companion_entry(entry, role, cfam)))
+        return plan_class(family)(problem, stages)
 
     def stage(self, entry: Entry) -> Stage:
         st = self._stages.get(entry.identifier)
@@ -386,14 +400,17 @@ class Dispatcher(MeasuredSelection):
             from .interpret import InterpretKernel
 
             return InterpretKernel(entry)
-        combine = entry.sig["family"] == "fwd_splitkv_combine"
-        names = abi.COMBINE_NAMES if combine else abi.FWD_NAMES
+        kabi = abi_of(entry.sig["family"])
+        if kabi is None:
+            raise error("runtime.abi", f"kernel {entry.name}: the triton backend has no kernels of family "
+                        f"{entry.sig['family']}", None, "build this family with the CK backend's launcher")
+        names = kabi.names
         why = abi.check_params(b.get("params"), names)
         if why:
             raise error("runtime.abi", f"kernel {entry.name}: {why}", None,
                         "the registry was built from another template version: rebuild it")
         data = self.binary(entry)
-        types = (abi.combine_types if combine else abi.fwd_types)(entry.sig["dtype"])
+        types = kabi.types(entry.sig["dtype"])
         scratch = (int(b.get("global_scratch") or 0), int(b.get("profile_scratch") or 0))
         num_warps = int(b.get("num_warps") or entry.alg["wave"][0])
         if self.launcher == "hip":
@@ -408,13 +425,13 @@ class Dispatcher(MeasuredSelection):
                           launcher=self.launcher, scratch=scratch, alloc=_torch_alloc, names=names)
 
 
-def combine_entry(entry: Entry) -> Entry:
-    """The combine kernel built with split-KV kernel ``entry``, as an entry of its own (family
-    ``fwd_splitkv_combine``, identifier ``<split id>:combine``; its build is the split build's ``combine``)."""
-    b = entry.build["combine"] or {}
-    name = b.get("name") or os.path.splitext(os.path.basename(b.get("binary") or ""))[0] or entry.name + "_combine"
-    return Entry(None, name, entry.source, b, sig=dict(entry.sig, family="fwd_splitkv_combine"), alg=entry.alg,
-                 arch=entry.arch, ident=entry.identifier + ":combine")
+def companion_entry(entry: Entry, role: str, family: str) -> Entry:
+    """The ``role`` kernel built with ``entry`` (a split-KV kernel's ``combine``, a backward kernel's ``dot_do_o`` /
+    ``convert_dq``) as an entry of its own: family ``family``, identifier ``<id>:<role>``, build ``build[role]``."""
+    b = entry.build[role] or {}
+    name = b.get("name") or os.path.splitext(os.path.basename(b.get("binary") or ""))[0] or f"{entry.name}_{role}"
+    return Entry(None, name, entry.source, b, sig=dict(entry.sig, family=family), alg=entry.alg, arch=entry.arch,
+                 ident=f"{entry.identifier}:{role}")
 
 
 def _device_name() -> str | None:

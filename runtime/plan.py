@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Protocol
 
 from fmha_dsl.errors import UsageError, error
@@ -11,6 +10,7 @@ from fmha_dsl.seqtune import split_limit, splits_at
 from . import abi
 from fmha_dsl.kernels.fwd_abi import (COMBINE_BLOCK_M, aligned_names, block_d, grid_of, packs_gqa, split_args,
                                       workspace_strides)
+from fmha_dsl.kernels.fwd_abi import pack as fwd_args
 
 from .match import promised_aligned
 
@@ -50,39 +50,6 @@ class Stage:
 
     def __repr__(self) -> str:
         return f"Stage({self.family}, {self.entry.name})"
-
-
-_I64 = 1 << 63
-_U64 = (1 << 64) - 1
-
-
-def fwd_args(ptrs, group, qs, ks, vs, os_, ls, bs, as_, nhq, nhk, dq, dv, sq, sk, msq, msk, scale, softcap,
-             dropout_p, seed, offset, wl, wr, br, sink) -> list:
-    """The forward kernel's run-time arguments in ABI order (:data:`fmha_dsl.runtime.abi.FWD_ARGS`).
-
-    ``ptrs``: the 9 pointer values (Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k).  ``qs``, ``ks``,
-    ``vs``, ``os_``: the tensors' own strides (batch ``[B, H, S, D]``, group ``[T, H, D]``); ``ls``: LSE strides
-    (``[B, Hq, Sq]`` / ``[Hq, Tq]``, or None); ``bs``: bias strides over ``[B, Hq, Sq, Sk]`` with 0 for broadcast
-    dims (or None); ``as_``: ALiBi strides over ``[B, Hq]`` (or None).  ``sq``/``sk``: batch-mode lengths (0 in
-    group mode); ``msq``/``msk``: the maximum lengths.  ``scale`` None = ``1/sqrt(dq)``; ``softcap`` None = off.
-    """
-    if group:
-        qs = (0, qs[1], qs[0], qs[2])
-        ks = (0, ks[1], ks[0], ks[2])
-        vs = (0, vs[1], vs[0], vs[2])
-        os_ = (0, os_[1], os_[0], os_[2])
-        ls = (0, 0, 1) if ls is None else (0, ls[0], ls[1])
-    elif ls is None:
-        ls = (0, 0, 1)
-    if dropout_p:
-        seed = int(seed) & _U64
-        if seed >= _I64:
-            seed -= 1 << 64
-    else:
-        seed = 0
-    return [*ptrs, 1.0 / math.sqrt(dq) if scale is None else float(scale), 0.0 if softcap is None else float(softcap),
-            float(dropout_p or 0.0), seed, int(offset) if dropout_p else 0, sq, sk, msq, msk, nhq, nhk, dq, dv, wl, wr, br, sink,
-            *qs, *ks, *vs, *os_, *ls, *((0, 0, 0, 1) if bs is None else bs), *((0, 1) if as_ is None else as_)]
 
 
 def bias_strides(bias) -> tuple:

@@ -336,7 +336,7 @@ def test_api_shapes():
     args = T.pack_args(q=4096, k=8192, v=12288, out=16384, q_strides=(4096, 2048, 64, 1),
                        k_strides=(4096, 2048, 64, 1), v_strides=(4096, 2048, 1, 32), out_strides=(4096, 2048, 64, 1),
                        nhead_q=2, nhead_k=2, head_dim_q=64, head_dim_v=64, seqlen_q=32, seqlen_k=32, vlayout="c",
-                       seed=2**64 - 1)
+                       seed=2**64 - 1, dropout_p=0.1)
     assert len(args) == len(T.ARGS)
     named = dict(zip([n for n, _ in T.ARGS], args))
     assert named["seed"] == -1 and named["max_seqlen_k"] == 32 and math.isclose(named["sm_scale"], 0.125)

@@ -6,6 +6,8 @@ tuple: ``fmha_fwd``'s non-constexpr parameters in order; ``"*{dtype}"`` is the i
 
 from __future__ import annotations
 
+import math
+
 ARGS: tuple[tuple[str, str], ...] = (
     ("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Out", "*{dtype}"), ("Lse", "*fp32"),
     ("Bias", "*{dtype}"), ("Alibi", "*fp32"), ("cu_seqlens_q", "*i32"), ("cu_seqlens_k", "*i32"),
@@ -109,6 +111,42 @@ def split_args(args, ws, lws, ws_strides, lws_strides, nhead_q: int, num_splits:
 
 
 _AT = {name: i for i, (name, _) in enumerate(ARGS)}
+
+
+_I64 = 1 << 63
+_U64 = (1 << 64) - 1
+
+
+def pack(ptrs, group, qs, ks, vs, os_, ls, bs, as_, nhq, nhk, dq, dv, sq, sk, msq, msk, scale, softcap,
+         dropout_p, seed, offset, wl, wr, br, sink) -> list:
+    """The forward kernel's run-time arguments in :data:`ARGS` order -- the one packer of this ABI: the runtime's
+    Python path, ``fmha_dsl.attention`` and the interpreter harness's checked
+    :func:`~fmha_dsl.kernels.triton_fwd.pack_args` call it; the torch fast path replays what it packed.
+
+    ``ptrs``: the 9 pointer values (Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k).  ``qs``, ``ks``,
+    ``vs``, ``os_``: the tensors' own strides (batch ``[B, H, S, D]``, group ``[T, H, D]``); ``ls``: LSE strides
+    (``[B, Hq, Sq]`` / ``[Hq, Tq]``, or None); ``bs``: bias strides over ``[B, Hq, Sq, Sk]`` with 0 for broadcast
+    dims (or None); ``as_``: ALiBi strides over ``[B, Hq]`` (or None).  ``sq``/``sk``: batch-mode lengths (0 in
+    group mode); ``msq``/``msk``: the maximum lengths.  ``scale`` None = ``1/sqrt(dq)``; ``softcap`` None = off.
+    """
+    if group:
+        qs = (0, qs[1], qs[0], qs[2])
+        ks = (0, ks[1], ks[0], ks[2])
+        vs = (0, vs[1], vs[0], vs[2])
+        os_ = (0, os_[1], os_[0], os_[2])
+        ls = (0, 0, 1) if ls is None else (0, ls[0], ls[1])
+    elif ls is None:
+        ls = (0, 0, 1)
+    if dropout_p:
+        seed = int(seed) & _U64
+        if seed >= _I64:
+            seed -= 1 << 64
+    else:
+        seed = 0
+    return [*ptrs, 1.0 / math.sqrt(dq) if scale is None else float(scale), 0.0 if softcap is None else float(softcap),
+            float(dropout_p or 0.0), seed, int(offset) if dropout_p else 0, sq, sk, msq, msk, nhq, nhk, dq, dv, wl, wr,
+            br, sink, *qs, *ks, *vs, *os_, *ls, *((0, 0, 0, 1) if bs is None else bs),
+            *((0, 1) if as_ is None else as_)]
 
 
 def workspace_strides(batch: int, nhead_q: int, splits: int, max_seqlen_q: int, dv: int) -> tuple[tuple, tuple]:

@@ -84,8 +84,9 @@ def signature(dtype: str) -> dict[str, str]:
     return sig
 
 
-def constexprs(sig: dict) -> dict:
-    """Constexprs of the combine kernel that goes with a split-KV key's signature fields."""
+def constexprs(sig: dict, alg: dict | None = None) -> dict:
+    """Constexprs of the combine kernel that goes with a split-KV key's signature fields (``alg``: unused, as every
+    template's ``constexprs`` takes it)."""
     return {"BLOCK_M": COMBINE_BLOCK_M, "BLOCK_DV": block_d(int(sig["hdim_v"])),
             "IS_GROUP": sig.get("mode", "batch") == "group", "STORE_LSE": bool(sig.get("lse", False))}
 

@@ -51,7 +51,6 @@ treats them as the constant 1 so that loads vectorise; :func:`pack_args` rejects
 
 from __future__ import annotations
 
-import math
 
 import triton
 import triton.language as tl
@@ -760,23 +759,22 @@ def pack_args(*, q, k, v, out, q_strides, k_strides, v_strides, out_strides, nhe
     else:
         max_seqlen_q = seqlen_q if max_seqlen_q is None else max_seqlen_q
         max_seqlen_k = seqlen_k if max_seqlen_k is None else max_seqlen_k
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(head_dim_q)
-    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-    if seed >= 1 << 63:
-        seed -= 1 << 64
     if not 0 <= int(offset) < 1 << 63:
         raise ValueError(f"offset must be in [0, 2**63), got {offset}")
     ints = [int(seqlen_q), int(seqlen_k), int(max_seqlen_q), int(max_seqlen_k), int(nhead_q), int(nhead_k),
-            int(head_dim_q), int(head_dim_v), int(window_left), int(window_right), int(bool(bottom_right)), int(sink),
+            int(head_dim_q), int(head_dim_v), int(window_left), int(window_right), int(sink),
             *qs, *ks, *vs, *os_, *ls, *bs, *al]
     for x in ints:
         if not _I32[0] <= x < _I32[1]:
             raise ValueError(f"value {x} does not fit the kernel's i32 arguments")
     if nhead_k <= 0 or nhead_q % nhead_k:
         raise ValueError(f"nhead_q ({nhead_q}) must be a multiple of nhead_k ({nhead_k})")
-    return [q, k, v, out, lse, bias, alibi, cu_seqlens_q, cu_seqlens_k,
-            float(sm_scale), float(softcap), float(dropout_p), seed, int(offset), *ints]
+    from .fwd_abi import pack
+
+    return pack([q, k, v, out, lse, bias, alibi, cu_seqlens_q, cu_seqlens_k], False, qs, ks, vs, os_, ls, bs, al,
+                int(nhead_q), int(nhead_k), int(head_dim_q), int(head_dim_v), int(seqlen_q), int(seqlen_k),
+                int(max_seqlen_q), int(max_seqlen_k), sm_scale, float(softcap), float(dropout_p), seed, int(offset),
+                int(window_left), int(window_right), int(bool(bottom_right)), int(sink))
 
 
 # ------------------------------------------------------------------------------------------------------

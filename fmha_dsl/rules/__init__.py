@@ -24,8 +24,9 @@ FAMILY_MODULES = {
 }
 
 
-# the Triton backend implements the forward family (one template, see fmha_dsl/kernels/)
-TRITON_MODULES = {"fwd": "triton_fwd", "fwd_splitkv": "triton_fwd"}
+# the Triton backend implements the forward and backward families (templates in fmha_dsl/kernels/)
+TRITON_MODULES = {"fwd": "triton_fwd", "fwd_splitkv": "triton_fwd", "bwd_dq_dk_dv": "triton_bwd",
+                  "bwd_dot_do_o": "triton_bwd", "bwd_convert_dq": "triton_bwd"}
 
 
 def backend_modules(backend: str) -> dict:

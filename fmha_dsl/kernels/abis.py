@@ -1,0 +1,96 @@
+"""Every kernel family's run-time ABI, declared once: plain data the build, the runtime and the tests share.
+
+A :class:`KernelABI` says, for the kernels of one registry family, which Triton template function implements them
+(module and name under ``fmha_dsl.kernels``), their run-time parameters in order (names, types; ``"*{dtype}"`` is
+the input dtype's pointer), which of them an aligned build promises to be multiples of 16, and which companion
+kernels a key of the family is built with (the split-KV combine kernel; the backward's dO.O and dQ-conversion
+stages).  Kept free of Triton: the runtime reads it to load and launch binaries, the build to compile them, the
+interpreter launcher to run the template on the CPU.
+
+Adding a family: its template module (``triton_<name>.py``, the ``@triton.jit`` function and
+``constexprs(sig, alg)``), its ABI module (``<name>_abi.py``: the argument list, the one packer, grids and
+workspace), one :class:`KernelABI` row below, its rules (``fmha_dsl/rules/triton_<name>.py``) and its reference.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+from . import bwd_abi, fwd_abi
+
+
+@dataclass(frozen=True)
+class KernelABI:
+    family: str                                  # the registry family whose kernels take these arguments
+    template: str                                # the template module under fmha_dsl.kernels
+    function: str                                # its @triton.jit function
+    args: tuple[tuple[str, str], ...]            # run-time parameters in order: (name, type)
+    aligned: tuple[str, ...] = ()                # what an aligned build promises 16-divisible
+    v_stride: bool = False                       # add V's non-unit stride (vlayout) to `aligned`
+    companions: tuple[tuple[str, str], ...] = () # (role, family) of the kernels built with a key of this family
+    project: tuple[str, ...] = ()                # as a companion: the signature fields its binary depends on
+    overrides: tuple[tuple[str, str], ...] = field(default=())  # (name, type) replacing a declared type
+    sources: tuple[str, ...] = ()                # modules under fmha_dsl.kernels whose text shapes the binary
+
+    @functools.cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.args)
+
+    def index(self, name: str) -> int:
+        return self.names.index(name)
+
+    def types(self, dtype: str) -> tuple[str, ...]:
+        """Parameter types for input dtype ``dtype`` (``fp16`` / ``bf16`` / ``fp32``)."""
+        over = dict(self.overrides)
+        return tuple(over.get(n, t).format(dtype=dtype) for n, t in self.args)
+
+    def promised(self, sig: dict) -> tuple[str, ...]:
+        """The parameters an aligned build of key ``sig`` promises 16-divisible."""
+        if self.v_stride:
+            return fwd_abi.aligned_names(sig.get("vlayout", "r"))
+        return self.aligned
+
+
+_FWD = ("triton_fwd", "triton_combine", "fwd_abi")
+_BWD = ("triton_bwd", "triton_fwd", "bwd_abi")
+
+ABIS: dict[str, KernelABI] = {a.family: a for a in (
+    KernelABI("fwd", "triton_fwd", "fmha_fwd", fwd_abi.ARGS, fwd_abi.ALIGNED, v_stride=True, sources=_FWD),
+    KernelABI("fwd_splitkv", "triton_fwd", "fmha_fwd", fwd_abi.ARGS, fwd_abi.ALIGNED, v_stride=True,
+              companions=(("combine", "fwd_splitkv_combine"),), overrides=(("Out", "*fp32"),), sources=_FWD),
+    KernelABI("fwd_splitkv_combine", "triton_combine", "fmha_fwd_combine", fwd_abi.COMBINE_ARGS,
+              project=("dtype", "hdim_v", "mode", "lse"), sources=_FWD),
+    KernelABI("bwd_dq_dk_dv", "triton_bwd", "fmha_bwd_dq_dk_dv", bwd_abi.ARGS, bwd_abi.ALIGNED,
+              companions=(("dot_do_o", "bwd_dot_do_o"), ("convert_dq", "bwd_convert_dq")), sources=_BWD),
+    KernelABI("bwd_dot_do_o", "triton_bwd", "fmha_bwd_dot_do_o", bwd_abi.DOT_ARGS,
+              project=("dtype", "hdim_v", "mode"), sources=_BWD),
+    KernelABI("bwd_convert_dq", "triton_bwd", "fmha_bwd_convert_dq", bwd_abi.CONVERT_ARGS,
+              project=("dtype", "hdim_q", "mode", "deterministic"), sources=_BWD),
+)}
+
+
+def abi_of(family: str) -> KernelABI | None:
+    """The ABI of ``family``'s Triton kernels, or None when the Triton backend has no template for it."""
+    return ABIS.get(family)
+
+
+def companion_sig(sig: dict, family: str) -> dict:
+    """The signature of companion family ``family`` built with a key of signature ``sig`` (its projected fields)."""
+    a = ABIS[family]
+    return {"family": family, **{f: sig[f] for f in a.project if f in sig}}
+
+
+def companion_name(csig: dict, arch: str) -> str:
+    """The file and registry name of a companion kernel of signature ``csig``."""
+    f = csig["family"]
+    if f == "fwd_splitkv_combine":
+        return (f"fmha_fwd_splitkv_combine_d{csig['hdim_v']}_{csig['dtype']}_{csig['mode']}_"
+                f"{'lse' if csig['lse'] else 'nlse'}_triton_{arch}")
+    parts = [f"fmha_{f}", f"d{csig.get('hdim_q', csig.get('hdim_v'))}", csig["dtype"], csig["mode"]]
+    if "deterministic" in csig:
+        parts.append("deterministic" if csig["deterministic"] else "ndeterministic")
+    return "_".join(parts) + f"_triton_{arch}"
+
+
+__all__ = ["KernelABI", "ABIS", "abi_of", "companion_sig", "companion_name"]

@@ -1,0 +1,147 @@
+"""The backward plan: CK's three stages with the workspace they share, declared up front.
+
+    plan = disp.plan(Problem(family="bwd_dq_dk_dv", ...))
+    n = plan.workspace_numel(batch, nhead_q, max_seqlen_q, max_seqlen_k, head_dim_q)   # fp32 elements, upper bounds
+    plan.run(q, k, v, out, lse, dout, dq, dk, dv, workspace=ws, ...)                    # torch tensors
+
+Stages (:mod:`fmha_dsl.kernels.bwd_abi`): ``bwd_dot_do_o`` (D = rowsum(dO * O)), ``bwd_dq_dk_dv`` (dK, dV and the
+fp32 dQ accumulator), ``bwd_convert_dq`` (dQ in the input dtype).  The workspace is sized from upper bounds alone
+(batch, heads, max seqlens, head dim; never from ``cu_seqlens``), so a caller can allocate it once and reuse it;
+its accumulator part is zeroed on the launch stream before the main stage, and nothing here reads device memory
+on the host: a group-mode backward given ``max_seqlen_q/k`` is CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+from fmha_dsl.errors import UsageError, error
+from fmha_dsl.kernels import bwd_abi
+
+from .match import promised_aligned
+from .plan import _stream_handle, current_stream
+
+_NAMES = tuple(n for n, _ in bwd_abi.ARGS)
+
+
+class BackwardPlan:
+    """Runs a backward problem class: ``stages`` as the dispatcher made them (``[dq_dk_dv, dot_do_o, convert_dq]``),
+    launched dot -> main -> convert."""
+
+    __slots__ = ("api_family", "problem", "entry", "stages", "block_n", "deterministic", "_group", "_aligned_idx",
+                 "_dot", "_main", "_conv")
+
+    def __init__(self, problem, stages):
+        main, dot, conv = stages
+        self.api_family = "bwd"
+        self.problem = problem
+        self.entry = main.entry
+        self.stages = (dot, main, conv)
+        self._dot, self._main, self._conv = dot, main, conv
+        build = self.entry.build or {}
+        self.block_n = int(build.get("block_n") or self.entry.alg["tile"][1])
+        self.deterministic = bool(self.entry.sig.get("deterministic"))
+        self._group = self.entry.sig["mode"] == "group"
+        self._aligned_idx = tuple(_NAMES.index(n) for n in promised_aligned(build) if n in _NAMES)
+
+    @property
+    def kernel_id(self) -> str:
+        return self._main.kernel_id
+
+    def __repr__(self) -> str:
+        return f"BackwardPlan({', '.join(s.entry.name for s in self.stages)})"
+
+    def workspace_numel(self, batch: int, nhead_q: int, max_seqlen_q: int, max_seqlen_k: int,
+                        head_dim_q: int) -> int:
+        """fp32 elements of the workspace a call within these bounds needs (a caller may allocate it once)."""
+        return bwd_abi.workspace(batch, nhead_q, max_seqlen_q, max_seqlen_k, head_dim_q, self.block_n,
+                                 self.deterministic)["numel"]
+
+    def run(self, q, k, v, out, lse, dout, dq, dk, dv, *, dbias=None, bias=None, alibi_slopes=None,
+            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, scale=None, softcap=None,
+            dropout_p=0.0, seed=0, offset=0, window=None, bottom_right=True, sink=0, workspace=None, stream=None):
+        """Write ``dq``, ``dk``, ``dv`` (and the full-size ``dbias [B, Hq, Sq, Sk]`` when given) for torch tensors of
+        this plan's class.  Layouts as the forward's (batch ``[B, H, S, D]``, group ``[T, H, D]``, head dim
+        contiguous); ``lse`` is the forward's (``[B, Hq, Sq]`` / ``[Hq, Tq]`` fp32, rows contiguous).  ``workspace``:
+        a float32 tensor of at least :meth:`workspace_numel` elements on q's device (default: allocated here from
+        torch's caching allocator)."""
+        import torch
+
+        group = self._group
+        if group:
+            if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None or max_seqlen_k is None:
+                raise error("usage.value", f"kernel {self.entry.name} is a group-mode (varlen) kernel: pass "
+                            "cu_seqlens_q, cu_seqlens_k, max_seqlen_q and max_seqlen_k", None,
+                            "cu_seqlens are int32 [B + 1] device tensors; max_seqlen_* are ints", cls=UsageError)
+            nhq, dq_ = q.shape[1], q.shape[2]
+            nhk, dv_ = k.shape[1], v.shape[2]
+            batch = cu_seqlens_q.shape[0] - 1
+            msq, msk = int(max_seqlen_q), int(max_seqlen_k)
+            sq = sk = 0
+        else:
+            batch, nhq, sq, dq_ = q.shape
+            nhk, sk, dv_ = k.shape[1], k.shape[2], v.shape[3]
+            msq, msk = sq, sk
+        gd, gm, gc = bwd_abi.grids(batch, nhq, nhk, msq, msk, self.block_n)
+        if not (min(gd) and min(gm)):
+            return
+        device = q.get_device()
+        ws = bwd_abi.workspace(batch, nhq, msq, msk, dq_, self.block_n, self.deterministic)
+        if workspace is None:
+            workspace = torch.empty(ws["numel"], dtype=torch.float32, device=q.device)
+        elif (workspace.dtype != torch.float32 or workspace.device != q.device or workspace.numel() < ws["numel"]
+              or not workspace.is_contiguous()):
+            raise error("usage.value", f"workspace must be a contiguous float32 tensor on {q.device} with at least "
+                        f"{ws['numel']} elements, got {tuple(workspace.shape)} {workspace.dtype} on "
+                        f"{workspace.device}", None, "size it with plan.workspace_numel(batch, nhead_q, "
+                        "max_seqlen_q, max_seqlen_k, head_dim_q)", cls=UsageError)
+        d_part = workspace[ws["d_offset"]:ws["acc_offset"]]
+        acc_part = workspace[ws["acc_offset"]:ws["numel"]]
+        explicit = stream is not None
+        if stream is None:
+            stream = current_stream(device) if device >= 0 else 0
+        elif not isinstance(stream, int):
+            stream = _stream_handle(stream)
+        if explicit and device >= 0:
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=q.device)):
+                acc_part.zero_()
+        else:
+            acc_part.zero_()
+        objects = self._main.kernel(device).needs_objects
+        tensors = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dq": dq, "dk": dk, "dv": dv,
+                   "dbias": dbias, "bias": bias, "alibi": alibi_slopes, "cu_q": cu_seqlens_q, "cu_k": cu_seqlens_k,
+                   "d": d_part, "acc": acc_part}
+        if objects:
+            ptrs = tensors
+        else:
+            ptrs = {key: (0 if t is None else t.data_ptr()) for key, t in tensors.items()}
+        ls = (lse.stride(0),) if group else lse.stride()
+        bs = None if bias is None else bwd_abi.bias_strides(bias.shape, bias.stride())
+        gs = None if dbias is None else dbias.stride()
+        if alibi_slopes is None:
+            as_ = None
+        else:
+            st = alibi_slopes.stride()
+            as_ = (0, st[0]) if alibi_slopes.dim() == 1 else (st[0], st[1])
+        wl, wr = (-1, -1) if window is None else window
+        dot, main, conv = bwd_abi.pack(ptrs, group, q.stride(), k.stride(), v.stride(), out.stride(), dout.stride(),
+                                       dq.stride(), dk.stride(), dv.stride(), ls, bs, gs, as_, ws, nhq=nhq, nhk=nhk,
+                                       dq=dq_, dv=dv_, sq=sq, sk=sk, msq=msq, msk=msk, scale=scale,
+                                       softcap=softcap, dropout_p=dropout_p, seed=seed, offset=offset, wl=wl, wr=wr,
+                                       br=bottom_right, sink=sink)
+        if self._aligned_idx and not objects:
+            for i in self._aligned_idx:
+                if main[i] & 15:
+                    raise error("dispatch.alignment", f"kernel {self.entry.name} assumes 16-divisible {_NAMES[i]}, "
+                                f"got {main[i]}", None,
+                                "plan with Dispatcher.plan(problem, aligned=False) for unaligned arguments",
+                                cls=UsageError)
+        self._dot.kernel(device).launch(gd, dot, stream)
+        self._main.kernel(device).launch(gm, main, stream)
+        self._conv.kernel(device).launch(gc, conv, stream)
+
+
+def aligned_args(main_args) -> bool:
+    """Whether the main stage's packed arguments keep the 16-divisibility promise of an aligned build."""
+    return not any(main_args[_NAMES.index(n)] & 15 for n in bwd_abi.ALIGNED)
+
+
+__all__ = ["BackwardPlan", "aligned_args"]
