@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-machine run (see bench/README_device.md): lay the tree out as the installed package, build the
 # benchmark set for the local GPU, run the GPU tests and the benchmarks.  Logs and JSON go to $OUT.
-#   bash bench/device_run.sh [all|tests|fwd|flex|dispatch|select|seqbuild|seqtune|seqeval|default]   (several: "tests dispatch")
+#   bash bench/device_run.sh [all|tests|bwdtests|fwd|flex|dispatch|select|seqbuild|seqtune|seqeval|default|bwd]
+#   (several: "tests dispatch"); bwd: bench/bench_bwd.py (BWD_ARGS passes options, e.g. --quick)
 #   default: bench/bench_default.py (what fmha_dsl.attention gives with default arguments; DEFAULT_PARTS picks parts)
 set -uo pipefail
 what=" ${*:-all} "
@@ -18,6 +19,12 @@ if [[ $what == *" all "* || $what == *" fwd "* || $what == *" flex "* || $what =
 fi
 if [[ $what == *" all "* || $what == *" tests "* ]]; then
   python3 -P -m pytest -q tests/test_gpu.py -p no:cacheprovider -ra -x 2>&1 | tail -40 | tee "$OUT/test_gpu.log"
+fi
+if [[ $what == *" all "* || $what == *" tests "* || $what == *" bwdtests "* ]]; then
+  python3 -P -m pytest -q tests/test_gpu_bwd.py -p no:cacheprovider -ra ${BWDTEST_ARGS:-} 2>&1 | tail -60 | tee "$OUT/test_gpu_bwd.log"
+fi
+if [[ $what == *" all "* || $what == *" bwd "* ]]; then
+  python3 -P bench/bench_bwd.py ${BWD_ARGS:-} --json "$OUT/bench_bwd.json" 2>&1 | tee "$OUT/bench_bwd.log"
 fi
 if [[ $what == *" all "* || $what == *" dispatch "* ]]; then
   python3 -P bench/bench_dispatch.py 2>&1 | tail -30 | tee "$OUT/bench_dispatch.log"

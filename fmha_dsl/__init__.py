@@ -9,7 +9,8 @@ Public API (re-exported lazily: importing fmha_dsl does no work)::
     ks = fmha_dsl.load("set.fmha")          # KernelSet
     keys = ks.expand(arch="gfx942")         # list[KernelKey]
     reg = ks.registry(arch="gfx942")        # Registry; reg.save("out/registry.json")
-    out = fmha_dsl.attention(q, k, v)       # NumPy: the reference; torch GPU tensors: the kernels
+    out = fmha_dsl.attention(q, k, v)       # NumPy: the reference; torch GPU tensors: the kernels (differentiable)
+    dq, dk, dv = fmha_dsl.attention_backward(q, k, v, out, lse, dout)
 """
 
 __version__ = "0.1.0"
@@ -47,6 +48,7 @@ _EXPORTS = {
     "InternalError": "errors", "Diagnostic": "errors", "Span": "errors",
     "format_source": "fmt",
     "attention": "attention",
+    "attention_backward": "attention_bwd",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -33,6 +33,9 @@ from __future__ import annotations
 import math
 import os
 
+from . import api_dispatch as _api
+from .api_dispatch import dispatcher as _dispatcher
+from .api_dispatch import timer as _timer
 from .attention_args import (_bad_batch_shapes, _bad_dtypes, _bad_rank, _bad_strides, _bad_types, _check_bias,
                              _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
                              _group_lengths, _group_shapes, _mask, _usage)
@@ -51,15 +54,13 @@ _Dispatcher = _NoTensor     # fmha_dsl.runtime.dispatch.Dispatcher
 _raw_stream = None          # torch._C._cuda_getCurrentRawStream
 _grid_of = None             # fmha_dsl.kernels.fwd_abi.grid_of (the launch grid of a plan's kernel)
 _TORCH_DTYPES: dict = {}    # torch dtype -> key dtype name
-_DISPATCHERS: dict = {}     # registry key -> (Dispatcher, keepalive)
-_JIT: dict = {}             # device -> the compile-on-first-use dispatcher
+_JIT = _api._JIT            # device -> the compile-on-first-use dispatcher (shared with attention_backward)
 
 
 _ALIGNED_IDX: dict = {}     # V column-major? -> argument positions the 16-divisibility promise covers
 _FAST_SLOTS = ()            # argument positions of Q, K, V, Out, Lse, sm_scale (the fast path patches them)
 _fast_path = None           # the torch fast path's FastPath once it is built (runtime/torch_fast.py)
 _fast_run = None            # its run(), bound once for the hot path
-_ARCHS: dict = {}           # device index -> arch
 _INF = math.inf
 
 
@@ -77,6 +78,10 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
     if type(q) is not _T:
         return _other(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale, return_lse,
                       cu_seqlens_q, cu_seqlens_k, registry, offset, max_seqlen_q, max_seqlen_k)
+    if (q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)
+            or getattr(bias, "requires_grad", False)) and _torch.is_grad_enabled():
+        return _differentiable(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale,
+                               return_lse, cu_seqlens_q, cu_seqlens_k, registry, offset, max_seqlen_q, max_seqlen_k)
     # a call identical to one already launched, but for the pointers and the scale: replayed in C++
     # (runtime/torch_fast.cpp).  A bytes token means "new to the fast path": the Python path below runs and
     # records what it launched under that token.
@@ -210,6 +215,18 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
     return (out, lse) if return_lse else out
 
 
+def _differentiable(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale, return_lse,
+                    cu_seqlens_q, cu_seqlens_k, registry, offset, max_seqlen_q, max_seqlen_k):
+    """A call that autograd records (q, k, v or the bias require grad): through the custom ops of
+    :mod:`fmha_dsl.autograd`, whose backward runs :func:`fmha_dsl.attention_backward`."""
+    from .autograd import attention_autograd
+
+    return attention_autograd(attention, q, k, v, causal=causal, window=window, bias=bias, alibi_slopes=alibi_slopes,
+                              dropout_p=dropout_p, seed=seed, softcap=softcap, sink=sink, scale=scale,
+                              return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                              registry=registry, offset=offset, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+
+
 def _nothing_to_do(out, lse, return_lse):
     """No query row, or no key column: out = 0, lse = -inf (docs/semantics.md), no launch."""
     out.zero_()
@@ -225,8 +242,8 @@ def _other(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap
     if mod.startswith("torch") or _T is not _NoTensor and isinstance(q, _T):
         _init_torch()
         if isinstance(q, _T):
-            if type(q) is not _T:
-                q = q.detach().as_subclass(_T)  # forward only: a Parameter or other subclass as a plain tensor
+            if type(q) is not _T:  # a Parameter or other subclass: as a plain tensor (autograd still sees it)
+                q = q.as_subclass(_T)
             return attention(q, k, v, causal=causal, window=window, bias=bias, alibi_slopes=alibi_slopes,
                              dropout_p=dropout_p, seed=seed, softcap=softcap, sink=sink, scale=scale,
                              return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -288,64 +305,9 @@ def _numpy_attention(q, k, v, causal, window, bias, alibi_slopes, dropout_p, see
 # ---------------------------------------------------------------------------------------------------------
 # torch: the kernels
 # ---------------------------------------------------------------------------------------------------------
-def _dispatcher(registry, dev: int):
-    """The dispatcher for ``registry`` on device ``dev`` (made once; a path or a Registry object is the key)."""
-    Dispatcher = _Dispatcher  # set by _init_torch, which runs before any torch call gets here
-    if isinstance(registry, Dispatcher):
-        return registry
-    fast_key = (registry if isinstance(registry, (str, os.PathLike)) else id(registry), dev)
-    got = _DISPATCHERS.get(fast_key)
-    if got is not None and (got[1] is registry or isinstance(registry, (str, os.PathLike))):
-        return got[0]
-    arch = _ARCHS.get(dev)
-    if arch is None:
-        from .runtime.dispatch import detect_arch
-
-        arch = _ARCHS[dev] = detect_arch(None if dev < 0 else dev)
-    if isinstance(registry, (str, os.PathLike)):
-        key = ("path", os.path.abspath(os.fspath(registry)), arch)
-        got = _DISPATCHERS.get(key)
-        if got is None:
-            got = _DISPATCHERS[key] = (Dispatcher(registry, arch), registry)
-    else:
-        builder = None
-        if registry is None:
-            from .first_use import Builder
-
-            builder = Builder()
-        name = _torch.cuda.get_device_name(dev) if dev >= 0 else None  # the tuned table of *this* device
-        got = (Dispatcher(registry, arch, builder=builder, device_name=name), registry)
-    _DISPATCHERS[fast_key] = got
-    return got[0]
-
-
 def _measurer(dev: int, b: int, hq: int, sq: int, args):
-    """``measure(plan, n) -> [microseconds] * n``: ``n`` launches of a candidate plan on this call's own arguments,
-    each after the L2 cache is flushed and timed by its own events, enqueued back to back and read after one
-    synchronisation (what first-use selection compares, round-robin); None where nothing can be timed (the CPU
-    interpreter, a CUDA graph being captured)."""
-    if dev < 0:
-        return None
-    torch = _torch
-    if torch.cuda.is_current_stream_capturing():
-        return None
-    state = {}
-
-    def measure(plan, n=1):
-        if not state:
-            l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or (64 << 20))
-            state["flush"] = torch.empty(2 * l2, dtype=torch.int8, device=f"cuda:{dev}")
-        stream = torch.cuda.current_stream(dev)
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        for t0, t1 in ev:
-            state["flush"].zero_()
-            t0.record(stream)
-            plan.launch(dev, b, hq, sq, args)
-            t1.record(stream)
-        ev[-1][1].synchronize()
-        return [t0.elapsed_time(t1) * 1000.0 for t0, t1 in ev]
-
-    return measure
+    """``measure(plan, n)`` for a forward call: launches of a candidate plan on this call's own arguments."""
+    return _timer(dev, lambda plan: plan.launch(dev, b, hq, sq, args))
 
 
 def _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vlayout_c, mask, wl, wr, bias_kind, return_lse,

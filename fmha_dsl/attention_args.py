@@ -6,6 +6,7 @@ them only then.  Importing this module does no work (torch is looked up when a c
 
 from __future__ import annotations
 
+import contextvars
 import math
 import numbers
 import sys
@@ -17,8 +18,12 @@ def _torch():
     return sys.modules["torch"]  # imported by attention() before any check runs
 
 
+# which public function is checking its arguments (errors name it): attention() or attention_backward()
+CALLER = contextvars.ContextVar("fmha_dsl_caller", default="attention()")
+
+
 def _usage(rule: str, msg: str, hint: str | None = None) -> UsageError:
-    return error(rule, f"attention(): {msg}", None, hint, cls=UsageError)
+    return error(rule, f"{CALLER.get()}: {msg}", None, hint, cls=UsageError)
 
 
 def _num(x) -> bool:

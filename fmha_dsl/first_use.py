@@ -46,7 +46,8 @@ def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> li
         "dtype": problem.dtype, "hdim": (problem.hdim_q, problem.hdim_v), "mode": problem.mode,
         "vlayout": problem.vlayout, "pad_s": pads[0], "pad_sk": pads[1], "pad_d": 0, "pad_dv": 0,
         "mask": "top_left" if problem.mask != "no" else "no", "bias": problem.bias, "logits": problem.logits,
-        "lse": problem.lse, "dropout": problem.dropout, "sink": problem.sink,
+        "lse": problem.lse, "dropout": problem.dropout, "sink": problem.sink, "dbias": problem.dbias,
+        "deterministic": problem.deterministic,
     }
     env = {"arch": arch, "factory": FACTORY[arch], "receipt": 0, "mask_impl": "simplified", "family": family,
            "backend": "triton", **fr.fixed}
@@ -84,16 +85,16 @@ class Builder:
     def __init__(self, cache_dir: str | None = None, jobs: int | None = None):
         self.cache_dir = cache_dir
         self.jobs = jobs
-        self._fingerprint: str | None = None
+        self._fingerprints: dict[str, str] = {}
 
     # -- keys -------------------------------------------------------------------------------------------
     def candidates(self, problem, arch: str, aligned: bool = True, limit: int | None = None) -> list[Entry]:
         """Rule-checked candidate entries (no build yet), most promising first by the cost model."""
         from .seqtune import compute_units, cost, programs
 
-        if problem.family not in ("fwd", "fwd_splitkv"):
-            raise error("runtime.jit", f"compiling on first use serves the forward family, not {problem.family}",
-                        None, "pass registry= a build of a set that declares this family")
+        if problem.family not in ("fwd", "fwd_splitkv", "bwd_dq_dk_dv"):
+            raise error("runtime.jit", f"compiling on first use serves the forward and backward families, not "
+                        f"{problem.family}", None, "pass registry= a build of a set that declares this family")
         from .rules import family_rules
 
         why = family_rules("fwd", "triton").supported(arch)
@@ -104,6 +105,8 @@ class Builder:
             have = backend_archs("triton")
             raise error("usage.arch", f"cannot compile for arch `{arch}`: {why}", None,
                         did_you_mean(str(arch), have) or f"one of: {', '.join(have)}", cls=UsageError)
+        if problem.family == "bwd_dq_dk_dv":
+            return self._backward(problem, arch, aligned, limit)
         out = [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd", aligned)]
         aq, ak = seq_aligned(problem.max_seqlen_q or problem.seqlen_q, problem.max_seqlen_k or problem.seqlen_k,
                              problem.mode == "group")
@@ -139,27 +142,61 @@ class Builder:
                 ranked = ranked[:n]
         return ranked[:n]
 
-    def fingerprint(self) -> str:
-        """What the candidate space and its kernels depend on: the template's source, the Triton backend's tables,
-        its rules and :data:`CANDIDATES_VERSION` (not the Triton version: a decision names a kernel key, which any
-        Triton compiles).  A recorded decision made under another fingerprint is measured again
+    def _backward(self, problem, arch: str, aligned: bool, limit: int | None) -> list[Entry]:
+        """The backward's candidates: every tile and staging the rules allow, padded (and, for lengths that are
+        multiples of ALIGN, unpadded), ranked by the cost model."""
+        from .rules.triton_bwd import stages
+        from .seqtune import compute_units, cost
+
+        out = {}
+        aq, ak = seq_aligned(problem.max_seqlen_q or problem.seqlen_q, problem.max_seqlen_k or problem.seqlen_k,
+                             problem.mode == "group")
+        for pads in {(1, 1), (0 if aq else 1, 0 if ak else 1)}:
+            for b, fr in _bindings(problem, arch, "bwd_dq_dk_dv", aligned, pads):
+                t = b["tile"].tile
+                if pads != (1, 1) and (ALIGN % t[0] or ALIGN % t[1]):
+                    continue
+                e = _entry(b, fr, arch, aligned)
+                k = _same_kernel(e)
+                if k not in out or _unpadded(e) > _unpadded(out[k]):
+                    out[k] = e
+        cus = compute_units(arch)
+
+        def rank(e):
+            one = stages(arch, e.alg) <= 1
+            return (one, cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
+
+        n = knobs.tune_candidates() if limit is None else limit
+        return sorted(out.values(), key=rank)[:n]
+
+    def fingerprint(self, family: str = "fwd") -> str:
+        """What the candidate space of ``family``'s problems and its kernels depend on: the template's source, the
+        Triton backend's tables, its rules and :data:`CANDIDATES_VERSION` (not the Triton version: a decision names a
+        kernel key, which any Triton compiles).  A recorded decision made under another fingerprint is measured again
         (a changed template or a new pipeline may change the winner)."""
-        if self._fingerprint is None:
+        kind = "bwd" if family.startswith("bwd") else "fwd"
+        got = self._fingerprints.get(kind)
+        if got is None:
             import hashlib
             import json
 
             from .compile_triton import template_sha256
             from .data import load
-            from .rules import triton_fwd as rules
+            from .rules import triton_bwd, triton_fwd
 
-            h = hashlib.sha256(template_sha256().encode())
+            h = hashlib.sha256(template_sha256("fwd").encode())
             for name in ("triton", "archs"):
                 h.update(json.dumps(load(name), sort_keys=True).encode())
-            with open(rules.__file__, "rb") as f:  # the rules decide which tiles and pipelines exist
+            with open(triton_fwd.__file__, "rb") as f:  # the rules decide which tiles and pipelines exist
                 h.update(f.read())
+            if kind == "bwd":  # the backward's own template, tables and rules
+                h.update(template_sha256("bwd_dq_dk_dv").encode())
+                h.update(json.dumps(load("triton_bwd"), sort_keys=True).encode())
+                with open(triton_bwd.__file__, "rb") as f:
+                    h.update(f.read())
             h.update(str(CANDIDATES_VERSION).encode())
-            self._fingerprint = h.hexdigest()[:16]
-        return self._fingerprint
+            got = self._fingerprints[kind] = h.hexdigest()[:16]
+        return got
 
     def entry_for(self, sig: dict, alg: dict, arch: str) -> Entry:
         """The entry of a stored decision's key (checked against the rules when it is compiled)."""

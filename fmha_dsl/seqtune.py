@@ -311,6 +311,17 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
     sk = max(int(p.max_seqlen_k or p.seqlen_k), 1)
     cus = cus or compute_units(arch)
     occ = occupancy(entry, arch)
+    if entry.sig.get("family") == "bwd_dq_dk_dv":  # one program per key block and K/V head, over every query row
+        g = max(1, p.nhead_q // max(p.nhead_k, 1))
+        nprog = programs(sk, n0, p.nhead_k, p.batch)
+        work = n0 * _cdiv(sq, m0) * m0 * g * (2 * p.hdim_q + 3 * p.hdim_v)
+        if p.mask != "no":
+            work *= 0.5 + 0.5 * min(1.0, n0 / sk)
+        eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0))
+        full, rem = divmod(nprog, cus * occ)
+        rounds = full * occ + _cdiv(rem, cus)
+        return rounds * work / (eff * (1.0 - 0.25 / occ)), {"programs": nprog, "rounds": rounds, "occupancy": occ,
+                                                             "efficiency": round(eff, 4)}
     g = max(1, p.nhead_q // max(p.nhead_k, 1)) if packs_gqa(a.get("pipeline", "")) else 1
     nprog = programs(sq * g, m0, p.nhead_q // g, p.batch)  # GQA-packed rows: one program per K/V head
     ns = splits_at(split_limit(entry), sk, n0, nprog, cus)

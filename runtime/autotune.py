@@ -61,6 +61,8 @@ def key(p, aligned: bool = True) -> str:
     """The decision key of problem ``p`` (a :class:`fmha_dsl.keys.Problem`), as a stable string."""
     fam = "fwd" if p.family == "fwd_splitkv" and p.num_splits <= 1 else p.family
     parts = [fam] + [str(getattr(p, f)).lower() for f in _FIELDS[1:]]
+    if fam.startswith("bwd"):
+        parts += ["dbias" if p.dbias else "ndbias", "det" if p.deterministic else "ndet"]
     parts += [f"d{p.hdim_q}x{p.hdim_v}", "mask" if p.mask != "no" else "nmask", "a" if aligned else "u",
               "g%d" % gqa_octave(p.nhead_q, p.nhead_k)]
     sq, sk = p.max_seqlen_q or p.seqlen_q, p.max_seqlen_k or p.seqlen_k
@@ -264,7 +266,7 @@ class MeasuredSelection:
         """The recorded decision for ``tk`` (measured under this builder's candidate space), compiled or loaded from
         the artifact cache (only loaded with ``cache_only``); None when there is none or it cannot serve ``p``."""
         rec = self.tuned.get(tk) if self.tuned is not None else None
-        if rec is None or rec.get("space") != getattr(self.builder, "fingerprint", lambda: None)():
+        if rec is None or rec.get("space") != getattr(self.builder, "fingerprint", lambda family: None)(p.family):
             return None  # none, or recorded under another template or candidate space: measured again
         try:
             want = self.builder.entry_for(rec["sig"], rec["alg"], self.arch)
@@ -347,7 +349,7 @@ class MeasuredSelection:
         if self.tuned is not None:
             rec = record_of(win, med, {i: by_id[i].name for i in med})
             if self.builder is not None:
-                rec["space"] = self.builder.fingerprint()
+                rec["space"] = self.builder.fingerprint(p.family)
             why = self.tuned.record(tk, rec)
             if why and not self._write_warned:  # the decision holds for this process; later ones measure again
                 import warnings

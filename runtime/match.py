@@ -124,10 +124,13 @@ def _lcm(values) -> int:
 def declaration_for(p, arch: str, name: str = "extra") -> str:
     """``.fmha`` text declaring a Triton kernel that serves problem ``p`` on ``arch`` (padded, any seqlen)."""
     mask = "top_left" if p.mask != "no" else "no"
-    label = f"fwd_{p.dtype}_d{p.hdim_q}x{p.hdim_v}_{p.mode}" + ("_causal" if mask != "no" else "")
+    bwd = p.family.startswith("bwd")
+    label = f"{'bwd' if bwd else 'fwd'}_{p.dtype}_d{p.hdim_q}x{p.hdim_v}_{p.mode}" + ("_causal" if mask != "no" else "")
     sig = (f"family({p.family}) dtype({p.dtype}) mode({p.mode}) vlayout({p.vlayout}) hdim({p.hdim_q}, {p.hdim_v}) "
            f"mask({mask}) bias({p.bias}) lse({_show(p.lse)}) dropout({_show(p.dropout)}) "
            f"logits({_show(p.logits)}) sink({_show(p.sink)})")
+    if bwd:
+        sig += f" dbias({_show(p.dbias)}) deterministic({_show(p.deterministic)})"
     return (f"kernel_set {name} {{\n"
             f"    backend(triton)\n"
             f"    arch({arch})\n"
@@ -140,7 +143,7 @@ def declaration_for(p, arch: str, name: str = "extra") -> str:
 
 def describe(p) -> str:
     """One line naming a problem's class."""
-    extras = [f for f in ("lse", "dropout", "logits", "sink") if _pfield(p, f)]
+    extras = [f for f in ("lse", "dropout", "logits", "sink", "dbias", "deterministic") if _pfield(p, f)]
     bias = "" if p.bias == "no" else f" bias={p.bias}"
     return (f"{p.family} {p.dtype} {p.mode} Dq={p.hdim_q} Dv={p.hdim_v} vlayout={p.vlayout} mask={p.mask}{bias}"
             f" max_seqlen_q={_max_sq(p)} seqlen_k={_max_sk(p)}" + (" " + " ".join(extras) if extras else ""))

@@ -497,8 +497,10 @@ def test_no_build_makes_a_missing_kernel_an_error(monkeypatch, tmp_path):
 
     monkeypatch.setenv("FMHA_DSL_CACHE_DIR", str(tmp_path))  # an empty cache: the kernel is missing
     monkeypatch.setenv("FMHA_DSL_NO_BUILD", "1")
-    monkeypatch.setattr(sys.modules["fmha_dsl.attention"], "_JIT", {})
-    monkeypatch.setattr(sys.modules["fmha_dsl.attention"], "_DISPATCHERS", {})  # no dispatcher from earlier tests
+    jit = {}
+    monkeypatch.setattr(sys.modules["fmha_dsl.attention"], "_JIT", jit)
+    monkeypatch.setattr(sys.modules["fmha_dsl.api_dispatch"], "_JIT", jit)
+    monkeypatch.setattr(sys.modules["fmha_dsl.api_dispatch"], "_DISPATCHERS", {})  # no dispatcher from earlier tests
     q = rnd(1, 2, 64, 48)
     with pytest.raises(FmhaError) as ei:
         fmha_dsl.attention(q, q, q, bias=rnd(1, 1, 64, 64))

@@ -371,7 +371,8 @@ def constexprs(sig: dict, alg: dict) -> dict:
     dtype = sig.get("dtype", "fp16")
     if dtype not in DTYPES:
         raise ValueError(f"the triton backward template takes dtype fp16, bf16 or fp32, not {dtype!r}")
-    hq, hv = int(sig["hdim_q"]), int(sig["hdim_v"])
+    # a companion's signature carries only the head dim it uses (fmha_dsl.kernels.abis.companion_sig)
+    hq, hv = int(sig.get("hdim_q", sig.get("hdim_v"))), int(sig.get("hdim_v", sig.get("hdim_q")))
     if not (1 <= hq <= 256 and 1 <= hv <= 256):
         raise ValueError(f"head dims must be in 1..256, got {hq}, {hv}")
     group = sig.get("mode", "batch") == "group"

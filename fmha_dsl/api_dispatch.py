@@ -1,0 +1,85 @@
+"""The dispatchers behind the Python API (one per registry and device, the compile-on-first-use one per device) and
+the timer first-use selection measures with.  Shared by :func:`fmha_dsl.attention` and
+:func:`fmha_dsl.attention_backward`; importing it does no work."""
+
+from __future__ import annotations
+
+import os
+
+_DISPATCHERS: dict = {}     # registry key -> (Dispatcher, keepalive)
+_JIT: dict = {}             # device -> the compile-on-first-use dispatcher
+_ARCHS: dict = {}           # device index -> arch
+_CLASS: list = []           # [fmha_dsl.runtime.dispatch.Dispatcher], once imported
+
+
+def _dispatcher_class():
+    from .runtime.dispatch import Dispatcher
+
+    _CLASS.append(Dispatcher)
+    return Dispatcher
+
+
+def dispatcher(registry, dev: int):
+    """The dispatcher for ``registry`` on device ``dev`` (made once; a path or a Registry object is the key)."""
+    Dispatcher = _CLASS[0] if _CLASS else _dispatcher_class()
+    if isinstance(registry, Dispatcher):
+        return registry
+    fast_key = (registry if isinstance(registry, (str, os.PathLike)) else id(registry), dev)
+    got = _DISPATCHERS.get(fast_key)
+    if got is not None and (got[1] is registry or isinstance(registry, (str, os.PathLike))):
+        return got[0]
+    arch = _ARCHS.get(dev)
+    if arch is None:
+        from .runtime.dispatch import detect_arch
+
+        arch = _ARCHS[dev] = detect_arch(None if dev < 0 else dev)
+    if isinstance(registry, (str, os.PathLike)):
+        key = ("path", os.path.abspath(os.fspath(registry)), arch)
+        got = _DISPATCHERS.get(key)
+        if got is None:
+            got = _DISPATCHERS[key] = (Dispatcher(registry, arch), registry)
+    else:
+        builder = None
+        if registry is None:
+            from .first_use import Builder
+
+            builder = Builder()
+        import torch
+
+        name = torch.cuda.get_device_name(dev) if dev >= 0 else None  # the tuned table of *this* device
+        got = (Dispatcher(registry, arch, builder=builder, device_name=name), registry)
+    _DISPATCHERS[fast_key] = got
+    return got[0]
+
+
+def timer(dev: int, launch):
+    """``measure(plan, n) -> [microseconds] * n``: ``n`` runs of ``launch(plan)`` (a candidate plan on the caller's
+    own arguments), each after the L2 cache is flushed and timed by its own events, enqueued back to back and read
+    after one synchronisation (what first-use selection compares, round-robin); None where nothing can be timed (the
+    CPU interpreter, a CUDA graph being captured).  The backward's first use times through it too."""
+    if dev < 0:
+        return None
+    import torch
+
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    state = {}
+
+    def measure(plan, n=1):
+        if not state:
+            l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or (64 << 20))
+            state["flush"] = torch.empty(2 * l2, dtype=torch.int8, device=f"cuda:{dev}")
+        stream = torch.cuda.current_stream(dev)
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for t0, t1 in ev:
+            state["flush"].zero_()
+            t0.record(stream)
+            launch(plan)
+            t1.record(stream)
+        ev[-1][1].synchronize()
+        return [t0.elapsed_time(t1) * 1000.0 for t0, t1 in ev]
+
+    return measure
+
+
+__all__ = ["dispatcher", "timer"]

@@ -1,0 +1,207 @@
+"""``fmha_dsl.attention_backward``: the gradients of attention, on NumPy arrays (the reference) or torch GPU tensors.
+
+    dq, dk, dv = fmha_dsl.attention_backward(q, k, v, out, lse, dout, causal=True)
+    dq, dk, dv, dbias = fmha_dsl.attention_backward(q, k, v, out, lse, dout, bias=bias)
+
+``out`` and ``lse`` are the forward's (``attention(..., return_lse=True)``), ``dout`` the gradient of ``out``; every
+other keyword is the forward's and must be what the forward was called with (dropout: the same ``seed`` and
+``offset``, which recompute the forward's keep-mask exactly).  ``deterministic=True`` sums dQ in a fixed order
+(bit-identical results run to run) at the cost of a workspace of one dQ-sized fp32 partial per key block.
+``workspace``: a float32 tensor the caller keeps between calls (``Dispatcher.plan(...).workspace_numel(...)``
+says its size from upper bounds); default: allocated per call from torch's caching allocator.
+
+* NumPy arrays run :func:`fmha_dsl.reference_bwd.attention_bwd`.
+* torch tensors on a GPU run the three-stage Triton backward (:mod:`fmha_dsl.kernels.triton_bwd`), selected and
+  compiled on first use like the forward (``registry=None``), or from a build that declares the backward family.
+  Gradients come back in the memory order of their inputs; ``dbias`` has the bias's shape (summed over its
+  broadcast dims).  Group mode with ``max_seqlen_q/k`` given reads nothing back to the host.
+
+:func:`fmha_dsl.attention` on tensors that require grad goes through this (``torch.library`` custom ops,
+:mod:`fmha_dsl.autograd`).  Every bad input is a :class:`~fmha_dsl.errors.UsageError` naming the argument.
+"""
+
+from __future__ import annotations
+
+from .attention_args import (CALLER, _bad_batch_shapes, _bad_dtypes, _bad_rank, _bad_types, _check_bias,
+                             _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
+                             _group_lengths, _group_shapes, _mask, _usage)
+
+__all__ = ["attention_backward"]
+
+_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
+def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, bias=None, alibi_slopes=None,
+                       dropout_p=0.0, seed=None, softcap=None, sink=None, scale=None, cu_seqlens_q=None,
+                       cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, offset=0, deterministic=False,
+                       registry=None, workspace=None):
+    """``(dq, dk, dv)``, plus ``dbias`` when a bias is given.  See the module docstring."""
+    token = CALLER.set("attention_backward()")
+    try:
+        mod = type(q).__module__ or ""
+        if mod == "numpy":
+            return _numpy(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink,
+                          scale, cu_seqlens_q, cu_seqlens_k, offset)
+        if not mod.startswith("torch"):
+            raise _usage("usage.type", f"`q` must be a numpy array or a torch tensor, got {type(q).__name__}",
+                         "numpy runs the reference; torch GPU tensors run the kernels")
+        return _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes, dropout_p, seed, softcap,
+                               sink, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, offset,
+                               bool(deterministic), registry, workspace)
+    finally:
+        CALLER.reset(token)
+
+
+def _numpy(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale,
+           cu_seqlens_q, cu_seqlens_k, offset):
+    from .reference_bwd import attention_bwd
+
+    if dropout_p and seed is None:
+        raise _usage("usage.value", "dropout needs the forward's seed: pass seed=", "the keep-mask is recomputed "
+                     "from (seed, offset); call the forward with an explicit seed")
+    dq, dk, dv, db = attention_bwd(q, k, v, out, lse, dout, causal=causal, window=window, bias=bias,
+                                   alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed or 0, offset=offset,
+                                   softcap=softcap, sink=0 if sink is None else sink, scale=scale,
+                                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    return (dq, dk, dv) if db is None else (dq, dk, dv, db)
+
+
+def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink,
+                    scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, offset, deterministic, registry,
+                    workspace):
+    import torch
+
+    from .api_dispatch import dispatcher, timer
+    T = torch.Tensor
+    if not isinstance(k, T) or not isinstance(v, T):
+        _bad_types(k, v)
+    for name, x in (("out", out), ("lse", lse), ("dout", dout)):
+        if not isinstance(x, T):
+            raise _usage("usage.type", f"`{name}` must be a torch tensor like q, got {type(x).__name__}",
+                         "pass the forward's out and lse (return_lse=True) and the gradient of out")
+    q, k, v, out, dout = (x.detach() for x in (q, k, v, out, dout))
+    dt = q.dtype
+    dname = _DTYPES.get(str(dt).replace("torch.", ""))
+    if dname is None or k.dtype != dt or v.dtype != dt:
+        _bad_dtypes(q, k, v)
+    for name, x in (("out", out), ("dout", dout)):
+        if x.dtype != dt:
+            raise _usage("usage.dtype", f"`{name}` must have q's dtype {dt}, got {x.dtype}")
+    if lse.dtype != torch.float32:
+        raise _usage("usage.dtype", f"`lse` must be float32 (the forward's), got {lse.dtype}",
+                     "call the forward with return_lse=True")
+    group = cu_seqlens_q is not None or cu_seqlens_k is not None
+    qsh, ksh, vsh = q.shape, k.shape, v.shape
+    if group:
+        tq, hq, dq, tk, hk, dv = _group_shapes(qsh, ksh, vsh, cu_seqlens_q, cu_seqlens_k)
+    else:
+        if len(qsh) != 4 or len(ksh) != 4 or len(vsh) != 4:
+            _bad_rank(qsh, ksh, vsh, False)
+        b, hq, sq, dq = qsh
+        if (ksh[0], vsh[0]) != (b, b) or vsh[1] != ksh[1] or vsh[2] != ksh[2] or ksh[3] != dq or hq % max(ksh[1], 1):
+            _bad_batch_shapes(qsh, ksh, vsh)
+        hk, sk, dv = ksh[1], ksh[2], vsh[3]
+    want_o = tuple(qsh[:-1]) + (dv,)
+    for name, x in (("out", out), ("dout", dout)):
+        if tuple(x.shape) != want_o:
+            raise _usage("usage.shape", f"`{name}` must have the forward output's shape {list(want_o)}, got "
+                         f"{list(x.shape)}")
+    want_l = (hq, tq) if group else (b, hq, sq)
+    if tuple(lse.shape) != want_l:
+        raise _usage("usage.shape", f"`lse` must be the forward's LSE of shape {list(want_l)}, got {list(lse.shape)}",
+                     "call the forward with return_lse=True")
+    dev = q.get_device()
+    if dev < 0 or k.get_device() != dev or v.get_device() != dev:
+        _check_devices(q, k, v, registry)
+    for name, x in (("out", out), ("lse", lse), ("dout", dout)):
+        if x.get_device() != dev:
+            raise _usage("usage.device", f"`{name}` is on {x.device} but q is on {q.device}",
+                         f"move it with {name}.to(q.device)")
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
+        if x.stride(-1) != 1 and x.shape[-1] > 1:
+            raise _usage("usage.stride", f"`{name}`'s last dim (head dim) must have stride 1, got strides "
+                         f"{x.stride()}", f"pass {name}.contiguous(); the other dims may be strided")
+    if lse.stride(-1) != 1 and lse.shape[-1] > 1:
+        raise _usage("usage.stride", f"`lse` must be contiguous along its last dim, got strides {lse.stride()}",
+                     "pass lse.contiguous()")
+    mask, wl, wr, br = _mask(causal, window)
+    if dropout_p:
+        if seed is None:
+            raise _usage("usage.value", "dropout needs the forward's seed: pass seed=", "the keep-mask is "
+                         "recomputed from (seed, offset); call the forward with an explicit seed")
+        seed = _check_dropout(dropout_p, seed, offset)
+    elif dropout_p is not None and dropout_p.__class__ not in (float, int):
+        _check_dropout(dropout_p, seed, offset)
+    if softcap is not None:
+        _check_softcap(softcap)
+    if scale is not None:
+        _check_scale(scale)
+    if sink is not None:
+        _check_sink(sink)
+    sink = int(sink or 0) if mask != "no" else 0
+    if group:
+        cu_seqlens_q, cu_seqlens_k, b, sq, sk = _group_lengths(cu_seqlens_q, cu_seqlens_k, tq, tk, dev, max_seqlen_q,
+                                                               max_seqlen_k)
+    bias_kind = "no"
+    if bias is not None or alibi_slopes is not None:
+        bias_kind, _, _ = _check_bias(bias, alibi_slopes, q, b, hq, sq, sk, group, dev)
+    if bias is not None:
+        bias = bias.detach()
+
+    dqt, dkt, dvt = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbias = None if bias is None else torch.zeros((b, hq, sq, sk), dtype=dt, device=q.device)
+    empty = (tq == 0 or tk == 0) if group else (sq == 0 or sk == 0)
+    if empty or b == 0 or hq == 0:
+        for x in (dqt, dkt, dvt):
+            x.zero_()
+        return _result(dqt, dkt, dvt, dbias, bias)
+    if group:  # a sequence without keys gets no dQ from the kernels; one without queries no dK/dV
+        dkt.zero_()
+        dvt.zero_()
+
+    disp = dispatcher(registry, dev)
+    from .keys import Problem
+
+    problem = Problem(family="bwd_dq_dk_dv", dtype=dname, arch=disp.arch, batch=max(1, int(b)), nhead_q=int(hq),
+                      nhead_k=int(hk), seqlen_q=int(sq), seqlen_k=int(sk), max_seqlen_q=int(sq),
+                      max_seqlen_k=int(sk), hdim_q=int(dq), hdim_v=int(dv), mode="group" if group else "batch",
+                      mask=mask, window_left=int(wl), window_right=int(wr),
+                      bias=bias_kind, dropout=bool(dropout_p), logits=softcap is not None, sink=sink > 0,
+                      dbias=bias is not None, deterministic=deterministic)
+    kw = {"dbias": dbias, "bias": bias, "alibi_slopes": alibi_slopes, "cu_seqlens_q": cu_seqlens_q if group else None,
+          "cu_seqlens_k": cu_seqlens_k if group else None, "max_seqlen_q": sq, "max_seqlen_k": sk, "scale": scale,
+          "softcap": softcap, "dropout_p": dropout_p or 0.0, "seed": seed or 0, "offset": offset, "window": (wl, wr),
+          "bottom_right": bool(br), "sink": sink}
+    tensors = (q, k, v, out, lse, dout, dqt, dkt, dvt)
+    aligned = dev < 0 or _aligned(tensors)
+    plan = disp.plan(problem, aligned, timer(dev, lambda pl: pl.run(*tensors, **kw)))
+    plan.run(*tensors, workspace=workspace, **kw)
+    return _result(dqt, dkt, dvt, dbias, bias)
+
+
+def _result(dq, dk, dv, dbias, bias):
+    if bias is None:
+        return dq, dk, dv
+    dims = tuple(i for i in range(2) if bias.shape[i] == 1 and dbias.shape[i] != 1)
+    if dims:
+        dbias = dbias.float().sum(dim=dims, keepdim=True).to(bias.dtype)
+    return dq, dk, dv, dbias
+
+
+def _aligned(tensors) -> bool:
+    """The backward's 16-divisibility promise (:data:`fmha_dsl.kernels.bwd_abi.ALIGNED`): 16-byte aligned bases and
+    every non-unit stride a multiple of 16 elements, for q, k, v, dO and the gradients."""
+    q, k, v, out, lse, dout, dq, dk, dv = tensors
+    for x in (q, k, v, dout, dq, dk, dv):
+        if x.data_ptr() & 15 or any(s & 15 for s in x.stride()[:-1]):
+            return False
+    return True
+
+
+def backward_flops(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, hdim_q: int, hdim_v: int,
+                   causal: bool = False) -> float:
+    """The FLOP convention of the backward benchmarks: 2.5 x the forward's ``2 B H Sq Sk (Dq + Dv)``, halved
+    under a causal mask (FlashAttention's)."""
+    f = 2.5 * 2.0 * batch * nhead_q * seqlen_q * seqlen_k * (hdim_q + hdim_v)
+    return f / 2 if causal else f
+

@@ -1,0 +1,151 @@
+"""``fmha_dsl.attention`` as a differentiable torch operator: two ``torch.library`` custom ops and their autograd.
+
+    out = fmha_dsl.attention(q, k, v, causal=True)     # q/k/v (or bias) require grad
+    out.sum().backward()                                # q.grad, k.grad, v.grad (and bias.grad)
+
+``fmha_dsl::attention_fwd`` returns ``(out, lse)`` and ``fmha_dsl::attention_bwd`` the gradients; both have fake
+(meta) implementations, so ``torch.compile`` traces a model that calls :func:`fmha_dsl.attention` without a graph
+break, and ``torch.library.opcheck`` passes.  The forward saves only what the backward needs: q, k, v, out, lse,
+the bias / slopes / ``cu_seqlens`` it was given, and the scalars (the dropout seed and offset among them, so the
+backward recomputes the forward's keep-mask exactly).  ``torch.are_deterministic_algorithms_enabled()`` selects
+the deterministic backward (dQ summed in a fixed order).
+
+The ops are registered on first use (:func:`ops`), not at import.
+"""
+
+import threading  # no `from __future__ import annotations`: torch.library reads the ops' annotations as types
+
+__all__ = ["ops", "attention_autograd"]
+
+_LOCK = threading.Lock()
+_OPS: dict = {}
+_REGISTRIES: dict = {}   # "@<id>" -> a Registry / Dispatcher object handed to attention() (ops take strings)
+
+
+def _registry_name(registry):
+    """What the ops carry for ``registry=``: None, a path as given, or a token for an in-memory object."""
+    if registry is None or isinstance(registry, str):
+        return registry
+    import os
+
+    if isinstance(registry, os.PathLike):
+        return os.fspath(registry)
+    token = f"@{id(registry)}"
+    _REGISTRIES[token] = registry
+    return token
+
+
+def _registry(name):
+    return _REGISTRIES.get(name, name) if name is not None and name.startswith("@") else name
+
+
+def ops(attention=None):
+    """``(fwd_op, bwd_op)``, registered with torch on the first call (``attention``: the forward they run,
+    :func:`fmha_dsl.attention`, which hands itself over so that this module does not import it)."""
+    if _OPS:
+        return _OPS["fwd"], _OPS["bwd"]
+    with _LOCK:
+        if not _OPS:
+            if attention is None:
+                import fmha_dsl
+
+                attention = fmha_dsl.attention
+            _register(attention)
+    return _OPS["fwd"], _OPS["bwd"]
+
+
+def _register(attention) -> None:
+    from typing import Optional
+
+    import torch
+    from torch import Tensor
+
+    from .attention_bwd import attention_backward
+
+    def _causal(c: str):
+        return {"no": False, "top_left": "top_left", "bottom_right": "bottom_right"}[c]
+
+    @torch.library.custom_op("fmha_dsl::attention_fwd", mutates_args=(), device_types=None)
+    def fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], alibi_slopes: Optional[Tensor],
+            cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: Optional[int],
+            max_seqlen_k: Optional[int], causal: str, window_left: int, window_right: int, dropout_p: float,
+            seed: int, offset: int, softcap: Optional[float], sink: int, scale: Optional[float],
+            registry: Optional[str]) -> tuple[Tensor, Tensor]:
+        out, lse = attention(q, k, v, causal=_causal(causal), window=(window_left, window_right), bias=bias,
+                             alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, softcap=softcap, sink=sink,
+                             scale=scale, return_lse=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                             offset=offset, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                             registry=_registry(registry))
+        return out, lse
+
+    @fwd.register_fake
+    def _(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window_left,
+          window_right, dropout_p, seed, offset, softcap, sink, scale, registry):
+        dv = v.shape[-1]
+        if cu_seqlens_q is not None:
+            out = q.new_empty((q.shape[0], q.shape[1], dv))
+            lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+        else:
+            out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], dv))
+            lse = q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
+        return out, lse
+
+    @torch.library.custom_op("fmha_dsl::attention_bwd", mutates_args=(), device_types=None)
+    def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, bias: Optional[Tensor],
+            alibi_slopes: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+            max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], causal: str, window_left: int,
+            window_right: int, dropout_p: float, seed: int, offset: int, softcap: Optional[float], sink: int,
+            scale: Optional[float], deterministic: bool, registry: Optional[str]
+            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        got = attention_backward(q, k, v, out, lse, dout.contiguous() if dout.stride(-1) != 1 else dout,
+                                 causal=_causal(causal), window=(window_left, window_right), bias=bias,
+                                 alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, softcap=softcap,
+                                 sink=sink, scale=scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, offset=offset,
+                                 deterministic=deterministic, registry=_registry(registry))
+        dbias = got[3] if bias is not None else q.new_empty((0,))
+        return got[0], got[1], got[2], dbias
+
+    @bwd.register_fake
+    def _(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+          window_left, window_right, dropout_p, seed, offset, softcap, sink, scale, deterministic, registry):
+        dbias = torch.empty_like(bias) if bias is not None else q.new_empty((0,))
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
+
+    def setup_context(ctx, inputs, output):
+        (q, k, v, bias, alibi_slopes, cu_q, cu_k, max_q, max_k, causal, wl, wr, dropout_p, seed, offset, softcap,
+         sink, scale, registry) = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k)
+        ctx.scalars = (max_q, max_k, causal, wl, wr, dropout_p, seed, offset, softcap, sink, scale, registry)
+
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, causal, wl, wr, dropout_p, seed, offset, softcap, sink, scale, registry = ctx.scalars
+        dq, dk, dv, dbias = bwd(dout, q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k, max_q, max_k, causal, wl,
+                                wr, dropout_p, seed, offset, softcap, sink, scale,
+                                torch.are_deterministic_algorithms_enabled(), registry)
+        return (dq, dk, dv, dbias if bias is not None else None) + (None,) * 15
+
+    fwd.register_autograd(backward, setup_context=setup_context)
+    _OPS.update(fwd=fwd, bwd=bwd)
+
+
+def attention_autograd(attention, q, k, v, *, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink,
+                       scale, return_lse, cu_seqlens_q, cu_seqlens_k, registry, offset, max_seqlen_q, max_seqlen_k):
+    """The differentiable forward: :func:`fmha_dsl.attention` (passed as ``attention``) and its arguments, through
+    the custom ops."""
+    from .attention_args import _check_dropout, _mask
+
+    mode, wl, wr, _ = _mask(causal, window)
+    c = {"no": "no", "generic": "no", "top_left": "top_left", "bottom_right": "bottom_right"}[mode]
+    if window is None:
+        wl, wr = -1, -1
+    else:
+        wl, wr = int(window[0]), int(window[1])
+    seed = _check_dropout(dropout_p, seed, offset) if dropout_p else 0
+    fwd, _ = ops(attention)
+    out, lse = fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c, wl, wr,
+                   float(dropout_p or 0.0), int(seed or 0), int(offset), softcap, int(sink or 0), scale,
+                   _registry_name(registry))
+    return (out, lse) if return_lse else out
