@@ -30,6 +30,9 @@ TOKENS, HEADS = 16384, 16
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="bf16 only, three lengths")
+    ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--hdims", default="64,128")
+    ap.add_argument("--costs", default="deterministic,group", help="the cost parts to run ('' for none)")
     ap.add_argument("--peers", default="flash,cudnn,efficient,flex")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -46,20 +49,19 @@ def main() -> None:
             write_atomic(args.json, json.dumps(doc, indent=1))
 
     peers = [p for p in args.peers.split(",") if p]
-    dtypes = ("bf16",) if args.quick else ("bf16", "fp16")
+    dtypes = ("bf16",) if args.quick else tuple(args.dtypes.split(","))
     seqlens = (1024, 4096, 16384) if args.quick else SEQLENS
     for dt in dtypes:
-        for d in (64, 128):
+        for d in (int(x) for x in args.hdims.split(",")):
             for causal in (False, True):
                 for s in seqlens:
                     row = shape(dt, d, s, causal, peers)
                     doc["rows"].append(row)
                     print(_line(row), flush=True)
                     save()
-    doc["deterministic"] = costs("deterministic", (2048, 8192))
-    save()
-    doc["group"] = costs("group", (2048, 8192))
-    save()
+    for kind in filter(None, args.costs.split(",")):
+        doc[kind] = costs(kind, (2048, 8192))
+        save()
     summarize(doc)
     save()
 

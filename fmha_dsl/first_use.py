@@ -145,14 +145,19 @@ class Builder:
     def _backward(self, problem, arch: str, aligned: bool, limit: int | None) -> list[Entry]:
         """The backward's candidates: every tile and staging the rules allow, padded (and, for lengths that are
         multiples of ALIGN, unpadded), ranked by the cost model."""
-        from .rules.triton_bwd import stages
+        from .data import load
+        from .rules.triton_bwd import _vendor_has, stages
         from .seqtune import compute_units, cost
 
         out = {}
         aq, ak = seq_aligned(problem.max_seqlen_q or problem.seqlen_q, problem.max_seqlen_k or problem.seqlen_k,
                              problem.mode == "group")
+        staged = any(stages(arch, {"pipeline": p}) > 1 for p in load("triton_bwd")["pipelines"]
+                     if stages(arch, {"pipeline": p}) and _vendor_has(arch, p))
         for pads in {(1, 1), (0 if aq else 1, 0 if ak else 1)}:
             for b, fr in _bindings(problem, arch, "bwd_dq_dk_dv", aligned, pads):
+                if staged and stages(arch, b) <= 1:  # a single-stage loop only where nothing is staged
+                    continue
                 t = b["tile"].tile
                 if pads != (1, 1) and (ALIGN % t[0] or ALIGN % t[1]):
                     continue

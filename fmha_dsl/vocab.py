@@ -29,7 +29,7 @@ BACKENDS = ("ck", "triton")
 PIPELINES = (
     "qr", "qr_async", "qs", "qr_async_trload", "qr_async_trload_v3", "v3", "qr_pagedkv",
     "qr_nwarp_sshuffle", "appendkv", "splitkv_combine", "batch_prefill_gfx11", "bwd", "qr_hpad",
-    "dot_do_o", "convert_dq", "bwd_async",
+    "dot_do_o", "convert_dq", "bwd_async", "bwd_trload",
 )
 ARCHS = _arch.names()  # fmha_dsl/data/archs.json
 

@@ -34,6 +34,8 @@ class InterpretKernel:
         self._const = tmpl.constexprs(entry.sig, entry.alg)
         if entry.sig["dtype"] == "bf16" and "UPCAST_DOT" in self._const:
             self._const["UPCAST_DOT"] = True
+        if entry.sig["family"].startswith("bwd") and self._const.get("TMA"):
+            self._const["TMA"] = 1  # descriptor loads; the interpreter has no descriptor reductions
         self._pointers = tuple((i, t[1:]) for i, t in enumerate(kabi.types(entry.sig["dtype"])) if t.startswith("*"))
 
     def launch(self, grid, args, stream=0) -> None:

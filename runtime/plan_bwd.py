@@ -80,7 +80,7 @@ class BackwardPlan:
             batch, nhq, sq, dq_ = q.shape
             nhk, sk, dv_ = k.shape[1], k.shape[2], v.shape[3]
             msq, msk = sq, sk
-        gd, gm, gc = bwd_abi.grids(batch, nhq, nhk, msq, msk, self.block_n)
+        gd, gm, gc = bwd_abi.grids(batch, nhq, nhk, msq, msk, self.block_n, self.deterministic)
         if not (min(gd) and min(gm)):
             return
         device = q.get_device()

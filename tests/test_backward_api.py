@@ -216,3 +216,21 @@ def test_a_backward_set_builds_for_amd_and_nvidia_without_a_gpu(tmp_path):
             assert b[role]["entry"] == entry and b[role]["binary_kind"] == kind
             assert os.path.getsize(tmp_path / "out" / b[role]["binary"]) == b[role]["size"]
         assert b["block_n"] == 64 and b["grid"].startswith("[cdiv(max_seqlen_k, BLOCK_N), nhead_k")
+
+
+def test_every_target_and_head_dim_has_backward_candidates():
+    """The tile tables cover every head dim the Triton backend declares, on every target (fp16 and bf16), without a
+    single-stage loop where a staged one exists, and rank the cost model's choice first."""
+    from fmha_dsl.data import load
+    from fmha_dsl.first_use import Builder
+    from fmha_dsl.keys import Problem
+
+    b = Builder()
+    for arch in ("sm80", "sm90", "gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201"):
+        for hq, hv in load("triton")["hdims"]:
+            for dt in ("fp16", "bf16"):
+                c = b.candidates(Problem(family="bwd_dq_dk_dv", dtype=dt, hdim_q=hq, hdim_v=hv, seqlen_q=1000,
+                                         seqlen_k=1000, mask="top_left"), arch)
+                assert c, (arch, hq, hv, dt)
+                assert all(e.sig["family"] == "bwd_dq_dk_dv" and e.alg["pipeline"] != "bwd" for e in c
+                           if arch.startswith("sm")), [e.name for e in c]

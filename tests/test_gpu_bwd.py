@@ -273,3 +273,48 @@ def test_a_short_training_run_matches_sdpa():
     mine, ref = model_and_losses(True), model_and_losses(False)
     assert mine[-1] < 0.5 * mine[0]                       # it trains
     assert np.abs(mine - ref).max() <= 0.05 * max(ref.max(), 1e-3) + 1e-3, (mine[::20], ref[::20])
+
+
+TMA_SET = """kernel_set bwd_tma {
+    backend(triton)
+    arch(sm90)
+    kernel main {
+        signature { family(bwd_dq_dk_dv) dtype(fp16) mode(batch | group) hdim(64) mask(causal) bias(no) dropout(false)
+                    deterministic(false) }
+        algorithm { pipeline(bwd_trload) tile(64, 64, 64, 64, 64, 64, 64, 64, 64) wave(4, 1, 1, 4, 1, 1, 4, 1, 1)
+                    padding(true, true, false, false) }
+    }
+}
+"""
+
+
+def test_tma_pipeline_from_a_prebuilt_registry(tmp_path):
+    """The bulk-reduction dQ path (bwd_trload; the CPU interpreter cannot run it) from a registry built ahead of time,
+    batch and group mode, against the reference."""
+    from fmha_dsl.build import build
+    from fmha_dsl.runtime.dispatch import detect_arch
+
+    if detect_arch() != "sm90":
+        pytest.skip("TMA pipelines are sm90 kernels")
+    src = tmp_path / "tma.fmha"
+    src.write_text(TMA_SET)
+    res = build(fmha_dsl.load(str(src)), str(tmp_path / "out"), jobs=2)
+    assert not res.failures, res.failures
+    reg = str(tmp_path / "out")
+    t = torch.float16
+    q, k, v, do = (_rand((2, 4, 300, 64), t, i) for i in range(4))
+    out, lse = fmha_dsl.attention(q, k, v, causal=True, return_lse=True)
+    got = fmha_dsl.attention_backward(q, k, v, out, lse, do, causal=True, registry=reg)
+    want = attention_bwd(_f64(q), _f64(k), _f64(v), _f64(out), _f64(lse), _f64(do), causal=True, accum=np.float64)
+    for g, w in zip(got, want):
+        assert float(np.abs(_f64(g) - w).max()) <= TOL[t] * max(1.0, float(np.abs(w).max()))
+    lq = [100, 0, 257]
+    cq = torch.tensor(np.concatenate([[0], np.cumsum(lq)]), dtype=torch.int32, device="cuda")
+    qg, kg, vg, dog = (_rand((357, 4, 64), t, i) for i in range(4))
+    kw = dict(cu_seqlens_q=cq, cu_seqlens_k=cq, max_seqlen_q=257, max_seqlen_k=257, causal=True)
+    out, lse = fmha_dsl.attention(qg, kg, vg, return_lse=True, **kw)
+    got = fmha_dsl.attention_backward(qg, kg, vg, out, lse, dog, registry=reg, **kw)
+    want = attention_bwd(_f64(qg), _f64(kg), _f64(vg), _f64(out), _f64(lse), _f64(dog), causal=True,
+                         cu_seqlens_q=cq.cpu().numpy(), cu_seqlens_k=cq.cpu().numpy(), accum=np.float64)
+    for g, w in zip(got, want):
+        assert float(np.abs(_f64(g) - w).max()) <= TOL[t] * max(1.0, float(np.abs(w).max()))

@@ -63,7 +63,8 @@ def make(dtype, B=1, Hq=2, Hk=None, Sq=40, Sk=50, Dq=32, Dv=None, seed=0, group=
 
 
 def check(interp, dtype, q, k, v, do, *, tol=None, **kw):
-    run_kw = {key: kw.pop(key) for key in ("block_m", "block_n", "deterministic", "pad", "mask_kernel") if key in kw}
+    run_kw = {key: kw.pop(key) for key in ("block_m", "block_n", "deterministic", "pad", "mask_kernel", "pipeline")
+              if key in kw}
     f64 = [np.asarray(x, np.float64) for x in (q, k, v, do)]
     out, lse = attention_fwd(*f64[:3], accum=np.float64, **kw)
     out = _round(dtype, out.astype(np.float32))
@@ -78,8 +79,7 @@ def check(interp, dtype, q, k, v, do, *, tol=None, **kw):
     if kw.get("bias") is not None:
         g = np.asarray(got[3], np.float64)
         b = kw["bias"]
-        if not kw.get("cu_seqlens_q") is not None:
-            g = g.sum(axis=tuple(i for i in range(2) if b.shape[i] == 1), keepdims=True)
+        g = g.sum(axis=tuple(i for i in range(2) if b.shape[i] == 1), keepdims=True)  # broadcast dims
         np.testing.assert_allclose(g, want[3], atol=tol * max(1.0, float(np.abs(want[3]).max())), rtol=tol,
                                    err_msg="dbias")
     return got
@@ -177,3 +177,37 @@ def test_deterministic_matches_the_reference_and_is_bit_identical_run_to_run(int
     b = check(interp, "fp32", q, k, v, do, deterministic=True, causal="bottom_right", window=(20, 0))
     for x, y in zip(a[:3], b[:3]):
         assert np.array_equal(x, y)
+
+
+DETERMINISTIC = {
+    "window_sink_gqa": {"window": (9, 2), "sink": 5, "Hq": 4, "Hk": 2},
+    "dropout_softcap_alibi": {"dropout_p": 0.25, "seed": 77, "softcap": 3.0, "alibi": True, "causal": True},
+    "bottom_right_long_q": {"causal": "bottom_right", "Sq": 61, "Sk": 29},
+    "no_mask_odd_dims": {"Dq": 24, "Dv": 40, "Sq": 33, "Sk": 47},
+}
+
+
+@pytest.mark.parametrize("name", sorted(DETERMINISTIC))
+def test_deterministic_features_match_the_reference(interp, name):
+    kw = dict(DETERMINISTIC[name])
+    shape = {k: kw.pop(k) for k in ("Hq", "Hk", "Sq", "Sk", "Dq", "Dv") if k in kw}
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = np.linspace(0.2, 0.9, shape.get("Hq", 2)).astype(np.float32)
+    check(interp, "fp32", *make("fp32", **shape), deterministic=True, **kw)
+
+
+def test_deterministic_group_mode_with_bias(interp):
+    lens_q, lens_k = [5, 0, 30], [21, 7, 0]
+    q, k, v, do = make("fp32", group=(lens_q, lens_k))
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    bias = np.random.default_rng(3).standard_normal((3, 1, 30, 21)).astype(np.float32)
+    check(interp, "fp32", q, k, v, do, cu_seqlens_q=cq, cu_seqlens_k=ck, bias=bias, causal=True, deterministic=True)
+
+
+@pytest.mark.parametrize("kw", [{}, {"causal": "bottom_right", "Sq": 45, "Sk": 64}, {"Hq": 4, "Hk": 2, "window": (9, 3)}],
+                         ids=["plain", "causal", "gqa-window"])
+def test_tma_pipeline_matches_the_reference(interp, kw):
+    kw = dict(kw)
+    shape = {k: kw.pop(k) for k in ("Hq", "Hk", "Sq", "Sk") if k in kw}
+    check(interp, "fp16", *make("fp16", **shape), pipeline="bwd_trload", **kw)

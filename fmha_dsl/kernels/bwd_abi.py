@@ -4,15 +4,16 @@ Kept free of Triton (the runtime imports it).  The backward runs as CK's three s
 
 1. ``bwd_dot_do_o``   ``D[b, h, m] = sum_d dO * O`` (fp32)                 grid ``(cdiv(Sq, DOT_BLOCK_M), Hq, B)``
 2. ``bwd_dq_dk_dv``   one program per (key block, K/V head, batch): dK, dV for its keys (summed over the query
-                      heads of a GQA group), dQ accumulated in the fp32 workspace ``dq_acc``: by atomics, or
-                      with ``deterministic`` by plain stores into split ``pid_n`` of ``[S, B, Hq, Sq, Dq]``
-                      (``S = cdiv(max_seqlen_k, BLOCK_N)``), summed in a fixed order by stage 3
-                      grid ``(cdiv(Sk, BLOCK_N), Hk, B)``
-3. ``bwd_convert_dq`` ``dQ = sum_s dq_acc[s]`` in the input dtype        grid ``(cdiv(Sq, CONVERT_BLOCK_M), Hq, B)``
+                      heads of a GQA group) and dQ accumulated by atomics in the fp32 workspace ``dq_acc``
+                      ``[B, Hq, Sq, Dq]``.  ``deterministic``: no atomics; the grid gets ``cdiv(Sq, BLOCK_N)``
+                      more programs, each computing dQ for BLOCK_N query rows over every key in ascending order
+                      (a fixed-order reduction: bit-identical run to run), stored into ``dq_acc``
+                      grid ``(cdiv(Sk, BLOCK_N) [+ cdiv(Sq, BLOCK_N)], Hk, B)``
+3. ``bwd_convert_dq`` ``dQ = dq_acc`` in the input dtype                 grid ``(cdiv(Sq, CONVERT_BLOCK_M), Hq, B)``
 
 The workspace (one fp32 buffer, sized from upper bounds alone: batch, heads, max seqlens, head dim -- never from
-``cu_seqlens``): ``D`` ``[B, Hq, Sq_max]`` then ``dq_acc`` ``[S, B, Hq, Sq_max, Dq]``; ``dq_acc`` must be zero
-before stage 2 (:func:`workspace`).  Group mode indexes both by each sequence's local row.
+``cu_seqlens``): ``D`` ``[B, Hq, Sq_max]`` then ``dq_acc`` ``[B, Hq, Sq_max, Dq]``; ``dq_acc`` must be zero before
+stage 2 (:func:`workspace`).  Group mode indexes both by each sequence's local row.
 """
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ def block_d(hdim: int) -> int:
 
 
 def splits(deterministic: bool, max_seqlen_k: int, block_n: int) -> int:
-    """How many dQ partial sums ``dq_acc`` holds: one per key block when deterministic, else 1 (atomics)."""
-    return max(1, -(-int(max_seqlen_k) // int(block_n))) if deterministic else 1
+    """How many dQ partial sums ``dq_acc`` holds: 1 (atomics, or the deterministic dQ programs' one store).  The
+    convert stage's ``num_splits`` argument keeps CK's split-reduction contract for a template that needs more."""
+    return 1
 
 
 def workspace(batch: int, nhead_q: int, max_seqlen_q: int, max_seqlen_k: int, head_dim_q: int, block_n: int,
@@ -95,11 +97,12 @@ def workspace(batch: int, nhead_q: int, max_seqlen_q: int, max_seqlen_k: int, he
             "d_strides": (h * sq, sq), "acc_strides": acc_strides}
 
 
-def grids(batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, max_seqlen_k: int, block_n: int):
+def grids(batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, max_seqlen_k: int, block_n: int,
+          deterministic: bool = False):
     """The three stages' launch grids (any zero: nothing to launch)."""
-    sq, sk = int(max_seqlen_q), int(max_seqlen_k)
-    return ((-(-sq // DOT_BLOCK_M), int(nhead_q), int(batch)),
-            (-(-sk // int(block_n)), int(nhead_k), int(batch)),
+    sq, sk, bn = int(max_seqlen_q), int(max_seqlen_k), int(block_n)
+    main = -(-sk // bn) + (-(-sq // bn) if deterministic and sk > 0 else 0)
+    return ((-(-sq // DOT_BLOCK_M), int(nhead_q), int(batch)), (main, int(nhead_k), int(batch)),
             (-(-sq // CONVERT_BLOCK_M), int(nhead_q), int(batch)))
 
 

@@ -19,13 +19,13 @@ __all__ = ["run_interpreted_bwd"]
 def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bias=None, alibi_slopes=None,
                         dropout_p=0.0, seed=0, offset=0, softcap=None, sink=0, scale=None, cu_seqlens_q=None,
                         cu_seqlens_k=None, dtype=None, block_m=16, block_n=16, deterministic=False, dbias=None,
-                        pad=None, mask_kernel=None):
+                        pad=None, mask_kernel=None, pipeline="bwd_async"):
     """``(dq, dk, dv, dbias)`` of the Triton backward for :func:`fmha_dsl.reference_bwd.attention_bwd`'s arguments.
 
     ``dtype``: ``None`` (q's: float16 or float32) or ``"bf16"`` (float32 inputs rounded to bf16); ``block_m``/
     ``block_n``: the main kernel's tile; ``dbias``: compute the bias gradient (default: when a bias is given);
     ``pad``: ``(pad_s, pad_sk, pad_d, pad_dv)`` (default: only the checks the shapes need); ``mask_kernel``: force
-    the mask kernel on/off.  ``dbias`` comes back full-size ``[B, Hq, Sq, Sk]`` (the caller sums broadcast dims).
+    the mask kernel on/off; ``pipeline``: ``"bwd_trload"`` runs the TMA path.  ``dbias`` comes back full-size ``[B, Hq, Sq, Sk]`` (the caller sums broadcast dims).
     """
     from ..reference import _normalize_causal, _normalize_window
     from . import triton_bwd as T
@@ -95,9 +95,10 @@ def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bi
            "mask": "top_left" if use_mask else "no", "bias": bias_kind, "dbias": want_dbias,
            "dropout": dropout_p > 0, "logits": softcap is not None, "sink": sink > 0,
            "deterministic": bool(deterministic)}
-    alg = {"tile": (block_m, block_n), "pad_s": pad[0], "pad_sk": pad[1], "pad_d": pad[2], "pad_dv": pad[3]}
+    alg = {"tile": (block_m, block_n), "pipeline": pipeline, "pad_s": pad[0], "pad_sk": pad[1], "pad_d": pad[2], "pad_dv": pad[3]}
     consts = {f: T.constexprs(dict(sig, family=f), alg) for f in T.KERNELS}
     consts["bwd_dq_dk_dv"]["UPCAST_DOT"] = dtype == "bf16"
+    consts["bwd_dq_dk_dv"]["TMA"] = min(consts["bwd_dq_dk_dv"]["TMA"], 1)  # the interpreter has no bulk reductions
 
     ws = bwd_abi.workspace(B, Hq, msq, msk, Dq, block_n, deterministic)
     buf = np.zeros(ws["numel"], np.float32)
@@ -117,7 +118,7 @@ def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bi
                                    bs, gs, as_, ws, nhq=Hq, nhk=Hk, dq=Dq, dv=Dv, sq=sq, sk=sk, msq=msq, msk=msk,
                                    scale=scale, softcap=softcap, dropout_p=dropout_p, seed=seed, offset=offset,
                                    wl=left, wr=right, br=mode != "top_left", sink=int(sink))
-    g1, g2, g3 = bwd_abi.grids(B, Hq, Hk, msq, msk, block_n)
+    g1, g2, g3 = bwd_abi.grids(B, Hq, Hk, msq, msk, block_n, deterministic)
     if min(g1) and min(g2):
         T.fmha_bwd_dot_do_o[g1](*dot, **consts["bwd_dot_do_o"])
         T.fmha_bwd_dq_dk_dv[g2](*main, **consts["bwd_dq_dk_dv"])

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .bwd_abi import ARGS, CONVERT_ARGS, DOT_ARGS, block_d
-from .triton_fwd import _dot, _load, _uniform
+from .triton_fwd import _dot, _load
 
 __all__ = ["fmha_bwd_dot_do_o", "fmha_bwd_dq_dk_dv", "fmha_bwd_convert_dq", "signature", "constexprs",
            "CONSTEXPRS", "DOT_CONSTEXPRS", "CONVERT_CONSTEXPRS", "DTYPES"]
@@ -57,76 +57,102 @@ def fmha_bwd_dot_do_o(O, dO, D, cu_seqlens_q, seqlen_q, head_dim_v,
 
 
 @triton.jit
+def _keep(seed, rng_base, rows, cols, sk_max, dropout_p):
+    """The forward's dropout keep-mask at (rows, cols) (broadcastable index tiles): Philox on the int64 counter
+    ``rng_base + row * sk_max + col`` split into its 32-bit words -- the same bits as the forward's ``_uniform``."""
+    ctr = rng_base + rows.to(tl.int64) * sk_max + cols
+    lo = ctr.to(tl.uint32)
+    hi = (ctr >> 32).to(tl.uint32)
+    zero = lo * 0
+    r0, _r1, _r2, _r3 = tl.philox(seed, lo, hi, zero, zero)
+    x = r0.to(tl.int32, bitcast=True)
+    x = tl.where(x < 0, ~x, x)
+    return x.to(tl.float32) * 4.6566127342e-10 >= dropout_p
+
+
+@triton.jit
+def _probs(qk, rows, cols, m_ok, n_ok, lse, b_ptr, stride_bm, stride_bn, seqlen_q, seqlen_k, mask_off,
+           window_left, window_right, sink, qk_scale, cap_scale, softcap, slope,
+           MASK: tl.constexpr, SINK: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
+           BIAS_TYPE: tl.constexpr, SOFTCAP: tl.constexpr):
+    """``P = exp(S - lse)`` of raw scores ``qk`` in either orientation: ``rows``/``cols`` (and ``m_ok``/``n_ok``,
+    ``lse``) are index tiles broadcastable to ``qk``'s shape.  Also returns ``tanh(s / softcap)`` (for the soft-cap's
+    derivative; unused without SOFTCAP)."""
+    t = qk
+    if SOFTCAP:
+        x = qk * cap_scale                               # s / softcap
+        e = tl.exp2(tl.abs(x) * (-2.0 * 1.4426950408889634))
+        t = (1.0 - e) / (1.0 + e)
+        t = tl.where(x < 0, -t, t)                       # tanh(x)
+        s = t * (softcap * 1.4426950408889634)
+    else:
+        s = qk * qk_scale                                # log2 units
+    if BIAS_TYPE == 1:
+        bias = _load(b_ptr + rows.to(tl.int64) * stride_bm + cols * stride_bn, m_ok, n_ok, CHECK_M, CHECK_N)
+        s += bias.to(tl.float32) * 1.4426950408889634
+    if BIAS_TYPE == 2:
+        rel = rows + (seqlen_k - seqlen_q) - cols
+        s -= (slope * 1.4426950408889634) * tl.abs(rel).to(tl.float32)
+    if MASK:
+        diag = rows + mask_off
+        ok = ((window_left < 0) | (cols >= diag - window_left)) & ((window_right < 0) | (cols <= diag + window_right))
+        if SINK:
+            ok = ok | (cols < sink)
+        if CHECK_N:
+            ok = ok & n_ok
+        s = tl.where(ok, s, float("-inf"))
+    elif CHECK_N:
+        s = tl.where(n_ok, s, float("-inf"))
+    return tl.exp2(s - lse * 1.4426950408889634), t
+
+
+@triton.jit
 def _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base,
-                 g_base, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k, mask_off,
+                 g_base, q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k, mask_off,
                  window_left, window_right, sink, stride_qm, stride_dom, stride_am, stride_bm, stride_bn,
                  stride_gm, stride_gn, sm_scale, qk_scale, cap_scale, softcap, slope, dropout_p, seed, rng_base,
                  sk_max, dq_lim, dv_lim,
                  MASK: tl.constexpr, SINK: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
                  CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, BIAS_TYPE: tl.constexpr, DBIAS: tl.constexpr,
-                 SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, DETERMINISTIC: tl.constexpr, IEEE: tl.constexpr,
-                 UPCAST: tl.constexpr):
-    """One query block against this program's key block: ``dk``/``dv`` accumulated (raw: dK is scaled at the end),
-    this block's dQ contribution added to (or, deterministic, stored into this key block's split of) ``dq_acc``."""
+                 SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, WITH_DQ: tl.constexpr, IEEE: tl.constexpr,
+                 UPCAST: tl.constexpr, TMA: tl.constexpr):
+    """One query block against this program's key block, with keys along the rows (``S^T = K Q^T``): ``dk``/``dv``
+    accumulated (raw: dK is scaled at the end) and, ``WITH_DQ``, this block's dQ contribution added to ``dq_acc``.
+    TMA: Q and dO come through tensor descriptors (zero-filled past the sequence); TMA == 2: dQ is added by the copy
+    engine's bulk reduction (clipped to the sequence)."""
     offs_m = start_m + offs_m0
     m_ok = offs_m < seqlen_q
     n_ok = (start_n + offs_n) < seqlen_k
     d_ok = offs_d < dq_lim
     dv_ok = offs_dv < dv_lim
-    q = _load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :], m_ok[:, None], d_ok[None, :],
-              CHECK_M, CHECK_D)
-    do = _load(do_base + offs_m[:, None].to(tl.int64) * stride_dom + offs_dv[None, :], m_ok[:, None],
-               dv_ok[None, :], CHECK_M, CHECK_DV)
+    if TMA:
+        q = q_src.load([start_m, 0])
+        do = do_src.load([start_m, 0])
+    else:
+        q = _load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :], m_ok[:, None],
+                  d_ok[None, :], CHECK_M, CHECK_D)
+        do = _load(do_base + offs_m[:, None].to(tl.int64) * stride_dom + offs_dv[None, :], m_ok[:, None],
+                   dv_ok[None, :], CHECK_M, CHECK_DV)
     if CHECK_M:
         lse = tl.load(l_base + offs_m, mask=m_ok, other=float("inf"))
         delta = tl.load(d_base + offs_m, mask=m_ok, other=0.0)
     else:
         lse = tl.load(l_base + offs_m)
         delta = tl.load(d_base + offs_m)
-    # a row that saw no allowed key (lse = -inf) has P = 0: exp(s - inf)
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)   # a row that saw no key: P = 0
     cols = start_n + offs_n
-    # transposed scores: keys along the rows, queries along the columns
-    st = _dot(k, tl.trans(q), None, IEEE, UPCAST)        # [BLOCK_N, BLOCK_M]
-    if SOFTCAP:
-        x = st * cap_scale                               # s / softcap
-        e = tl.exp2(tl.abs(x) * (-2.0 * 1.4426950408889634))
-        t = (1.0 - e) / (1.0 + e)
-        t = tl.where(x < 0, -t, t)                       # tanh(x)
-        s = t * (softcap * 1.4426950408889634)
-    else:
-        s = st * qk_scale                                # log2 units
-    if BIAS_TYPE == 1:
-        bias = _load(b_ptr + offs_m[None, :].to(tl.int64) * stride_bm + cols[:, None] * stride_bn,
-                     n_ok[:, None], m_ok[None, :], CHECK_N, CHECK_M)
-        s += bias.to(tl.float32) * 1.4426950408889634
-    if BIAS_TYPE == 2:
-        rel = offs_m[None, :] + (seqlen_k - seqlen_q) - cols[:, None]
-        s -= (slope * 1.4426950408889634) * tl.abs(rel).to(tl.float32)
-    if MASK:
-        diag = offs_m[None, :] + mask_off
-        ok = ((window_left < 0) | (cols[:, None] >= diag - window_left)) & \
-             ((window_right < 0) | (cols[:, None] <= diag + window_right))
-        if SINK:
-            ok = ok | (cols[:, None] < sink)
-        if CHECK_N:
-            ok = ok & n_ok[:, None]
-        s = tl.where(ok, s, float("-inf"))
-    elif CHECK_N:
-        s = tl.where(n_ok[:, None], s, float("-inf"))
-    pt = tl.exp2(s - lse[None, :] * 1.4426950408889634)  # P^T
+    qk = _dot(k, tl.trans(q), None, IEEE, UPCAST)              # S^T [BLOCK_N, BLOCK_M]
+    pt, t = _probs(qk, offs_m[None, :], cols[:, None], m_ok[None, :], n_ok[:, None], lse[None, :], b_ptr,
+                   stride_bm, stride_bn, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink, qk_scale,
+                   cap_scale, softcap, slope, MASK, SINK, CHECK_M, CHECK_N, BIAS_TYPE, SOFTCAP)
+    dpt = _dot(v, tl.trans(do), None, IEEE, UPCAST)             # (dO V^T)^T [BLOCK_N, BLOCK_M]
     if DROPOUT:
-        rows64 = rng_base + offs_m.to(tl.int64) * sk_max
-        keep = _uniform(seed, rows64.to(tl.uint32), (rows64 >> 32).to(tl.uint32), cols)  # [BLOCK_M, BLOCK_N]
-        keep_t = tl.trans(keep) >= dropout_p
+        keep = _keep(seed, rng_base, offs_m[None, :], cols[:, None], sk_max, dropout_p)
         scale_keep = 1.0 / (1.0 - dropout_p)
-        zt = tl.where(keep_t, pt * scale_keep, 0.0)
+        dv = _dot(tl.where(keep, pt * scale_keep, 0.0).to(do.dtype), do, dv, IEEE, UPCAST)
+        dpt = tl.where(keep, dpt * scale_keep, 0.0)
     else:
-        zt = pt
-    dv = _dot(zt.to(do.dtype), do, dv, IEEE, UPCAST)
-    dpt = _dot(v, tl.trans(do), None, IEEE, UPCAST)       # (dO V^T)^T [BLOCK_N, BLOCK_M]
-    if DROPOUT:
-        dpt = tl.where(keep_t, dpt * scale_keep, 0.0)
+        dv = _dot(pt.to(do.dtype), do, dv, IEEE, UPCAST)
     dst = pt * (dpt - delta[None, :])
     if DBIAS:
         g_ptrs = g_base + offs_m[None, :].to(tl.int64) * stride_gm + cols[:, None] * stride_gn
@@ -138,19 +164,45 @@ def _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, ac
         dst = dst * (1.0 - t * t)
     dst_in = dst.to(q.dtype)
     dk = _dot(dst_in, q, dk, IEEE, UPCAST)
-    dq = _dot(tl.trans(dst_in), k, None, IEEE, UPCAST) * sm_scale  # [BLOCK_M, BLOCK_DMODEL]
-    a_ptrs = acc_base + offs_m[:, None].to(tl.int64) * stride_am + offs_d[None, :]
-    if DETERMINISTIC:
-        if CHECK_M or CHECK_D:
-            tl.store(a_ptrs, dq, mask=m_ok[:, None] & d_ok[None, :])
-        else:
-            tl.store(a_ptrs, dq)
-    else:
-        if CHECK_M or CHECK_D:
+    if WITH_DQ:
+        dq = _dot(tl.trans(dst_in), k, None, IEEE, UPCAST) * sm_scale  # [BLOCK_M, BLOCK_DMODEL]
+        a_ptrs = acc_base + offs_m[:, None].to(tl.int64) * stride_am + offs_d[None, :]
+        if TMA == 2:
+            acc_src.atomic_add([start_m, 0], dq)
+        elif CHECK_M or CHECK_D:
             tl.atomic_add(a_ptrs, dq, mask=m_ok[:, None] & d_ok[None, :], sem="relaxed")
         else:
             tl.atomic_add(a_ptrs, dq, sem="relaxed")
     return dk, dv
+
+
+@triton.jit
+def _key_block(dq, q, do, lse, delta, K, V, k_base, v_base, b_ptr, start_m, start_n, offs_m, offs_n0, offs_d,
+               offs_dv, m_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink, stride_kn, stride_vn,
+               stride_bm, stride_bn, qk_scale, cap_scale, softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim,
+               dv_lim, MASK: tl.constexpr, SINK: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
+               CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, BIAS_TYPE: tl.constexpr, SOFTCAP: tl.constexpr,
+               DROPOUT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """The deterministic dQ pass: one key block against this program's query rows, ``dq += dS K`` (queries along the
+    rows, keys in a fixed ascending order)."""
+    cols = start_n + offs_n0
+    n_ok = cols < seqlen_k
+    k = _load(k_base + cols[:, None].to(tl.int64) * stride_kn + offs_d[None, :], n_ok[:, None],
+              offs_d[None, :] < dq_lim, CHECK_N, CHECK_D)
+    v = _load(v_base + cols[:, None].to(tl.int64) * stride_vn + offs_dv[None, :], n_ok[:, None],
+              offs_dv[None, :] < dv_lim, CHECK_N, CHECK_DV)
+    qk = _dot(q, tl.trans(k), None, IEEE, UPCAST)              # S [rows, keys]
+    p, t = _probs(qk, offs_m[:, None], cols[None, :], m_ok[:, None], n_ok[None, :], lse[:, None], b_ptr,
+                  stride_bm, stride_bn, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink, qk_scale,
+                  cap_scale, softcap, slope, MASK, SINK, CHECK_M, CHECK_N, BIAS_TYPE, SOFTCAP)
+    dp = _dot(do, tl.trans(v), None, IEEE, UPCAST)
+    if DROPOUT:
+        keep = _keep(seed, rng_base, offs_m[:, None], cols[None, :], sk_max, dropout_p)
+        dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
+    ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds = ds * (1.0 - t * t)
+    return _dot(ds.to(k.dtype), k, dq, IEEE, UPCAST)
 
 
 @triton.jit
@@ -171,7 +223,7 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dK, dV, dBias, Bias, Alibi, cu
                       CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, IS_GROUP: tl.constexpr, MASK: tl.constexpr,
                       SINK: tl.constexpr, BIAS_TYPE: tl.constexpr, DBIAS: tl.constexpr, DROPOUT: tl.constexpr,
                       SOFTCAP: tl.constexpr, DETERMINISTIC: tl.constexpr, IEEE: tl.constexpr,
-                      UPCAST_DOT: tl.constexpr):
+                      UPCAST_DOT: tl.constexpr, TMA: tl.constexpr):
     pid_n = tl.program_id(0)
     off_hk = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -203,9 +255,6 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dK, dV, dBias, Bias, Alibi, cu
         bl = off_b.to(tl.int64) * stride_lb
         bdk = off_b.to(tl.int64) * stride_dkb
         bdv = off_b.to(tl.int64) * stride_dvb
-    start_n = pid_n * BLOCK_N
-    if start_n >= seqlen_k:
-        return
     if PAD_D:
         dq_lim = head_dim_q
     else:
@@ -214,10 +263,75 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dK, dV, dBias, Bias, Alibi, cu
         dv_lim = head_dim_v
     else:
         dv_lim = HEAD_DIM_V
-    offs_m0 = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_DMODEL)
     offs_dv = tl.arange(0, BLOCK_DV)
+    qk_scale = sm_scale * 1.4426950408889634
+    cap_scale = sm_scale
+    if SOFTCAP:
+        cap_scale = sm_scale / softcap
+    mask_off = (seqlen_k - seqlen_q) * mask_bottom_right
+    if MASK:
+        window_left = tl.where(window_left >= seqlen_q + seqlen_k, -1, window_left)
+        window_right = tl.where(window_right >= seqlen_q + seqlen_k, -1, window_right)
+        sink = tl.maximum(tl.minimum(sink, seqlen_k), 0)
+    n_kb = tl.cdiv(max_seqlen_k, BLOCK_N)
+    if DETERMINISTIC:
+        if pid_n >= n_kb:  # the dQ programs (after the dK/dV ones): BLOCK_N query rows each, every key in order
+            start_m = (pid_n - n_kb) * BLOCK_N
+            if start_m >= seqlen_q:
+                return
+            offs_m = start_m + tl.arange(0, BLOCK_N)
+            offs_n0 = tl.arange(0, BLOCK_M)
+            m_ok = offs_m < seqlen_q
+            # the key columns these rows may see: [k_lo, k_hi) (from 0 when there are sink columns)
+            k_lo = start_m * 0
+            k_hi = seqlen_k
+            if MASK:
+                k_lo = tl.where(window_left >= 0, tl.maximum(start_m + mask_off - window_left, 0), 0)
+                k_hi = tl.where(window_right >= 0,
+                                tl.minimum(start_m + BLOCK_N - 1 + mask_off + window_right + 1, seqlen_k), seqlen_k)
+                if SINK:
+                    k_lo = tl.where(sink > 0, 0, k_lo)
+                k_lo = (k_lo // BLOCK_M) * BLOCK_M
+            k_base = K + bk + off_hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
+            v_base = V + bv + off_hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
+            for i in range(0, group_r):
+                off_h = off_hk * group_r + i
+                rows = (q_start + offs_m).to(tl.int64)
+                q = _load(Q + bq + off_h.to(tl.int64) * stride_qh + rows[:, None] * stride_qm + offs_d[None, :],
+                          m_ok[:, None], offs_d[None, :] < dq_lim, PAD_M, CHECK_D)
+                do = _load(dO + bdo + off_h.to(tl.int64) * stride_doh + rows[:, None] * stride_dom + offs_dv[None, :],
+                           m_ok[:, None], offs_dv[None, :] < dv_lim, PAD_M, CHECK_DV)
+                l_ptrs = Lse + bl + off_h.to(tl.int64) * stride_lh + rows
+                d_ptrs = D + off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh + offs_m
+                lse = tl.load(l_ptrs, mask=m_ok, other=float("inf"))
+                lse = tl.where(lse == float("-inf"), float("inf"), lse)
+                delta = tl.load(d_ptrs, mask=m_ok, other=0.0)
+                b_ptr = Bias
+                slope = sm_scale * 0.0
+                if BIAS_TYPE == 1:
+                    b_ptr = Bias + off_b.to(tl.int64) * stride_bb + off_h.to(tl.int64) * stride_bh
+                if BIAS_TYPE == 2:
+                    slope = tl.load(Alibi + off_b.to(tl.int64) * stride_alb + off_h * stride_alh).to(tl.float32)
+                rng_base = ((off_b.to(tl.int64) * nhead_q + off_h) * sq_max) * sk_max + philox_offset
+                dq = tl.zeros([BLOCK_N, BLOCK_DMODEL], dtype=tl.float32)
+                for start_n in range(k_lo, k_hi, BLOCK_M):
+                    start_n = tl.multiple_of(start_n, BLOCK_M)
+                    dq = _key_block(dq, q, do, lse, delta, K, V, k_base, v_base, b_ptr, start_m, start_n, offs_m,
+                                    offs_n0, offs_d, offs_dv, m_ok, seqlen_q, seqlen_k, mask_off, window_left,
+                                    window_right, sink, stride_kn, stride_vn, stride_bm, stride_bn, qk_scale,
+                                    cap_scale, softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim,
+                                    MASK, SINK, PAD_M, True, CHECK_D, CHECK_DV, BIAS_TYPE, SOFTCAP, DROPOUT, IEEE,
+                                    UPCAST_DOT)
+                a_ptrs = DQacc + off_b.to(tl.int64) * stride_ab + off_h.to(tl.int64) * stride_ah + \
+                    offs_m[:, None].to(tl.int64) * stride_am + offs_d[None, :]
+                tl.store(a_ptrs, dq * sm_scale, mask=m_ok[:, None] & (offs_d[None, :] < dq_lim))
+            return
+    start_n = pid_n * BLOCK_N
+    if start_n >= seqlen_k:
+        return
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
     n_ok = (start_n + offs_n) < seqlen_k
     krow = (k_start + start_n + offs_n).to(tl.int64)
     k = _load(K + bk + off_hk.to(tl.int64) * stride_kh + krow[:, None] * stride_kn + offs_d[None, :],
@@ -227,37 +341,35 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dK, dV, dBias, Bias, Alibi, cu
     dk = tl.zeros([BLOCK_N, BLOCK_DMODEL], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
-    qk_scale = sm_scale * 1.4426950408889634
-    cap_scale = sm_scale
-    if SOFTCAP:
-        cap_scale = sm_scale / softcap
-    # the query rows that can see a column of this key block: [q_lo, q_hi)
-    mask_off = (seqlen_k - seqlen_q) * mask_bottom_right
+    # the query rows that can see a column of this key block, [q_lo, q_hi), and those that see all of them with no
+    # mask to apply, [f_lo, f_hi) (whole query blocks; none for a partial key block or one holding sink columns)
     q_lo = start_n * 0
     q_hi = seqlen_q
+    f_lo = q_lo
+    f_hi = q_lo
     if MASK:
-        window_left = tl.where(window_left >= seqlen_q + seqlen_k, -1, window_left)
-        window_right = tl.where(window_right >= seqlen_q + seqlen_k, -1, window_right)
-        sink = tl.maximum(tl.minimum(sink, seqlen_k), 0)
         # row i sees column j when i + mask_off - left <= j <= i + mask_off + right (or j < sink)
         q_lo = tl.where(window_right >= 0, tl.maximum(start_n - mask_off - window_right, 0), 0)
         q_hi = tl.where(window_left >= 0, tl.minimum(start_n + BLOCK_N - mask_off + window_left, seqlen_q),
                         seqlen_q)
+        f_lo = tl.where(window_right >= 0, tl.maximum(start_n + BLOCK_N - 1 - mask_off - window_right, 0), 0)
+        f_hi = tl.where(window_left >= 0, tl.minimum(start_n - mask_off + window_left + 1, seqlen_q), seqlen_q)
         if SINK:  # a key block holding sink columns is seen by every row
             q_lo = tl.where(start_n < sink, 0, q_lo)
             q_hi = tl.where(start_n < sink, seqlen_q, q_hi)
+            f_hi = tl.where(start_n < sink, f_lo, f_hi)
         q_lo = (q_lo // BLOCK_M) * BLOCK_M
-    split = pid_n * 0
-    if DETERMINISTIC:  # this key block's own dQ partial sum
-        split = pid_n
+        f_lo = tl.maximum(tl.cdiv(f_lo, BLOCK_M) * BLOCK_M, q_lo)
+        f_hi = tl.maximum(tl.minimum((f_hi // BLOCK_M) * BLOCK_M, q_hi), f_lo)
+        if PAD_N:
+            f_hi = tl.where(start_n + BLOCK_N > seqlen_k, f_lo, f_hi)
     for i in range(0, group_r):
         off_h = off_hk * group_r + i
         q_base = Q + bq + off_h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
         do_base = dO + bdo + off_h.to(tl.int64) * stride_doh + q_start.to(tl.int64) * stride_dom
         l_base = Lse + bl + off_h.to(tl.int64) * stride_lh + q_start.to(tl.int64)
         d_base = D + off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh
-        acc_base = DQacc + split.to(tl.int64) * stride_as + off_b.to(tl.int64) * stride_ab + \
-            off_h.to(tl.int64) * stride_ah
+        acc_base = DQacc + off_b.to(tl.int64) * stride_ab + off_h.to(tl.int64) * stride_ah
         b_ptr = Bias
         g_base = dBias
         slope = sm_scale * 0.0
@@ -268,15 +380,47 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dK, dV, dBias, Bias, Alibi, cu
         if BIAS_TYPE == 2:
             slope = tl.load(Alibi + off_b.to(tl.int64) * stride_alb + off_h * stride_alh).to(tl.float32)
         rng_base = ((off_b.to(tl.int64) * nhead_q + off_h) * sq_max) * sk_max + philox_offset
-        for start_m in range(q_lo, q_hi, BLOCK_M):
-            start_m = tl.multiple_of(start_m, BLOCK_M)
-            dk, dv = _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base,
-                                  d_base, acc_base, g_base, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv,
-                                  seqlen_q, seqlen_k, mask_off, window_left, window_right, sink, stride_qm,
-                                  stride_dom, stride_am, stride_bm, stride_bn, stride_gm, stride_gn, sm_scale,
-                                  qk_scale, cap_scale, softcap, slope, dropout_p, seed, rng_base, sk_max,
-                                  dq_lim, dv_lim, MASK, SINK, PAD_M, PAD_N, CHECK_D, CHECK_DV, BIAS_TYPE, DBIAS,
-                                  SOFTCAP, DROPOUT, DETERMINISTIC, IEEE, UPCAST_DOT)
+        q_src = q_base
+        do_src = do_base
+        acc_src = acc_base
+        if TMA:  # on-device descriptors over this (sequence, head)'s rows (16-byte aligned: the build's promise)
+            q_src = tl.make_tensor_descriptor(q_base, shape=[seqlen_q, dq_lim], strides=[stride_qm, 1],
+                                              block_shape=[BLOCK_M, BLOCK_DMODEL])
+            do_src = tl.make_tensor_descriptor(do_base, shape=[seqlen_q, dv_lim], strides=[stride_dom, 1],
+                                               block_shape=[BLOCK_M, BLOCK_DV])
+            acc_src = tl.make_tensor_descriptor(acc_base, shape=[seqlen_q, dq_lim], strides=[stride_am, 1],
+                                                block_shape=[BLOCK_M, BLOCK_DMODEL])
+        if MASK:  # the unmasked blocks, then the masked ones on both sides of them in one loop
+            for start_m in range(f_lo, f_hi, BLOCK_M):
+                start_m = tl.multiple_of(start_m, BLOCK_M)
+                dk, dv = _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base, g_base,
+                                      q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
+                                      mask_off, window_left, window_right, sink, stride_qm, stride_dom, stride_am,
+                                      stride_bm, stride_bn, stride_gm, stride_gn, sm_scale, qk_scale, cap_scale,
+                                      softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim, False,
+                                      SINK, False, False, CHECK_D, CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT,
+                                      not DETERMINISTIC, IEEE, UPCAST_DOT, TMA)
+            n_a = (f_lo - q_lo) // BLOCK_M
+            for j in range(0, n_a + (q_hi - f_hi + BLOCK_M - 1) // BLOCK_M):
+                start_m = tl.where(j < n_a, q_lo + j * BLOCK_M, f_hi + (j - n_a) * BLOCK_M)
+                start_m = tl.multiple_of(start_m, BLOCK_M)
+                dk, dv = _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base, g_base,
+                                      q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
+                                      mask_off, window_left, window_right, sink, stride_qm, stride_dom, stride_am,
+                                      stride_bm, stride_bn, stride_gm, stride_gn, sm_scale, qk_scale, cap_scale,
+                                      softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim, True,
+                                      SINK, PAD_M, PAD_N, CHECK_D, CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT,
+                                      not DETERMINISTIC, IEEE, UPCAST_DOT, TMA)
+        else:
+            for start_m in range(0, seqlen_q, BLOCK_M):
+                start_m = tl.multiple_of(start_m, BLOCK_M)
+                dk, dv = _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base, g_base,
+                                      q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
+                                      mask_off, window_left, window_right, sink, stride_qm, stride_dom, stride_am,
+                                      stride_bm, stride_bn, stride_gm, stride_gn, sm_scale, qk_scale, cap_scale,
+                                      softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim, False,
+                                      SINK, PAD_M, PAD_N, CHECK_D, CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT,
+                                      not DETERMINISTIC, IEEE, UPCAST_DOT, TMA)
     dk = dk * sm_scale
     dk_ptrs = dK + bdk + off_hk.to(tl.int64) * stride_dkh + krow[:, None] * stride_dkn + offs_d[None, :]
     dv_ptrs = dV + bdv + off_hk.to(tl.int64) * stride_dvh + krow[:, None] * stride_dvn + offs_dv[None, :]
@@ -331,7 +475,7 @@ DTYPES = ("fp16", "bf16", "fp32")
 DOT_CONSTEXPRS = ("BLOCK_M", "BLOCK_DV", "IS_GROUP", "CHECK_DV")
 CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DV", "HEAD_DIM_Q", "HEAD_DIM_V",
               "PAD_M", "PAD_N", "PAD_D", "PAD_DV", "CHECK_D", "CHECK_DV", "IS_GROUP", "MASK", "SINK", "BIAS_TYPE",
-              "DBIAS", "DROPOUT", "SOFTCAP", "DETERMINISTIC", "IEEE", "UPCAST_DOT")
+              "DBIAS", "DROPOUT", "SOFTCAP", "DETERMINISTIC", "IEEE", "UPCAST_DOT", "TMA")
 CONVERT_CONSTEXPRS = ("BLOCK_M", "BLOCK_DMODEL", "IS_GROUP", "CHECK_D", "DETERMINISTIC")
 
 KERNELS = {"bwd_dot_do_o": (fmha_bwd_dot_do_o, DOT_ARGS, DOT_CONSTEXPRS),
@@ -401,5 +545,13 @@ def constexprs(sig: dict, alg: dict) -> dict:
         "IS_GROUP": group, "MASK": mask, "SINK": bool(sig.get("sink", False)) and mask,
         "BIAS_TYPE": _BIAS[bias], "DBIAS": bool(sig.get("dbias", False)), "DROPOUT": bool(sig.get("dropout", False)),
         "SOFTCAP": bool(sig.get("logits", False)), "DETERMINISTIC": det, "IEEE": dtype == "fp32",
-        "UPCAST_DOT": False,
+        # TMA: 0 pointer loads; 2 Q/dO through descriptors and dQ by bulk reduction (1: loads only, for Triton's
+        # interpreter, which has no descriptor reductions)
+        "UPCAST_DOT": False, "TMA": 2 if _uses_tma(alg.get("pipeline", "bwd")) else 0,
     }
+
+
+def _uses_tma(pipeline: str) -> bool:
+    from ..data import load  # the backend's data marks the pipelines that go through the copy engine
+
+    return bool(load("triton_bwd")["pipelines"].get(pipeline, {}).get("tma"))

@@ -10,6 +10,7 @@ CK vocabulary -> Triton (docs/triton.md, "Backward"):
   tile bk0..bk4, bhdq/bhdv -> the head dims padded to a power of two (BLOCK_DMODEL, BLOCK_DV)
   wave (warps)            -> num_warps
   pipeline bwd | bwd_async -> num_stages 1 | 2 (AMD) or 3 (NVIDIA) over the query-block loop
+  pipeline bwd_trload     -> bwd_async with Q/dO through TMA descriptors and dQ by TMA bulk reduction (sm90)
   pad(s, sk, d, dv)       -> bounds checks on query rows / key columns / head dims (CK's pad-to-8 is a
                              pad_d / pad_dv value > 1: the head-dim tail is checked alike)
   deterministic           -> dQ summed from one partial per key block, in a fixed order (no atomics)
@@ -44,6 +45,13 @@ def stages(arch: str, alg: dict) -> int:
     """num_stages of a backward key's pipeline on its arch's vendor."""
     vendor = arch_info(arch)["vendor"]
     return _data()["pipelines"].get(alg.get("pipeline", "bwd"), {}).get(vendor, 1)
+
+
+def _vendor_has(arch: str, pipeline: str) -> bool:
+    """Whether ``pipeline`` exists on ``arch``'s vendor (and, for TMA pipelines, on ``arch``)."""
+    p = _data()["pipelines"].get(pipeline, {})
+    info = arch_info(arch)
+    return info["vendor"] in p and (not p.get("tma") or bool(info.get("tma")))
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,6 +131,10 @@ MAIN = COMMON + (
     Rule("triton.bwd.pipeline", ("pipeline",), lambda b: b["pipeline"] in _data()["pipelines"],
          lambda b: f"the triton backward implements pipelines {', '.join(_data()['pipelines'])}, not "
                    f"{b['pipeline']}", "use pipeline(bwd_async) or pipeline(*)", blame="pipeline"),
+    Rule("triton.bwd.tma", ("arch", "pipeline"),
+         lambda b: not _data()["pipelines"].get(b["pipeline"], {}).get("tma") or bool(arch_info(b["arch"]).get("tma")),
+         lambda b: f"pipeline {b['pipeline']} loads through TMA tensor descriptors; {b['arch']} has no TMA copy engine "
+                   "(sm90 has)", "use pipeline(bwd_async) on this arch", blame="pipeline"),
     Rule("triton.bwd.num-warps", ("arch", "tile"), _warps_ok,
          lambda b: f"num_warps (wave m0 = {b['tile'].wave[0]}) must be a power of two up to "
                    f"{arch_info(b['arch'])['max_warps']}", "use wave(4, ...) or wave(8, ...)", blame="tile"),
