@@ -106,6 +106,12 @@ def _peer_forward(name, causal):
         import torch
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+        # one compile per shape of the matrix: past dynamo's default recompile limit flex would silently fall back to
+        # its unfused (materialising) implementation
+        for knob in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, 1024)
+
         flex = torch.compile(flex_attention, dynamic=False)
 
         def fwd(q, k, v):

@@ -154,17 +154,21 @@ class Builder:
                              problem.mode == "group")
         staged = any(stages(arch, {"pipeline": p}) > 1 for p in load("triton_bwd")["pipelines"]
                      if stages(arch, {"pipeline": p}) and _vendor_has(arch, p))
-        for pads in {(1, 1), (0 if aq else 1, 0 if ak else 1)}:
-            for b, fr in _bindings(problem, arch, "bwd_dq_dk_dv", aligned, pads):
-                if staged and stages(arch, b) <= 1:  # a single-stage loop only where nothing is staged
-                    continue
-                t = b["tile"].tile
-                if pads != (1, 1) and (ALIGN % t[0] or ALIGN % t[1]):
-                    continue
-                e = _entry(b, fr, arch, aligned)
-                k = _same_kernel(e)
-                if k not in out or _unpadded(e) > _unpadded(out[k]):
-                    out[k] = e
+        # a problem that does not ask for determinism also gets the deterministic kernels (dQ by dedicated programs in
+        # a fixed order, no atomics): faster on some shapes, the timing decides
+        variants = (problem,) if problem.deterministic else (problem, problem.model_copy(update={"deterministic": True}))
+        for prob in variants:
+            for pads in {(1, 1), (0 if aq else 1, 0 if ak else 1)}:
+                for b, fr in _bindings(prob, arch, "bwd_dq_dk_dv", aligned, pads):
+                    if staged and stages(arch, b) <= 1:  # a single-stage loop only where nothing is staged
+                        continue
+                    t = b["tile"].tile
+                    if pads != (1, 1) and (ALIGN % t[0] or ALIGN % t[1]):
+                        continue
+                    e = _entry(b, fr, arch, aligned)
+                    k = _same_kernel(e) + (e.sig["deterministic"],)
+                    if k not in out or _unpadded(e) > _unpadded(out[k]):
+                        out[k] = e
         cus = compute_units(arch)
 
         def rank(e):

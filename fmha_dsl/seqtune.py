@@ -315,6 +315,8 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
         g = max(1, p.nhead_q // max(p.nhead_k, 1))
         nprog = programs(sk, n0, p.nhead_k, p.batch)
         work = n0 * _cdiv(sq, m0) * m0 * g * (2 * p.hdim_q + 3 * p.hdim_v)
+        if entry.sig.get("deterministic"):  # dQ by its own programs: two more products per block pair, no atomics
+            work *= 1.2
         if p.mask != "no":
             work *= 0.5 + 0.5 * min(1.0, n0 / sk)
         eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0))

@@ -46,7 +46,7 @@ def mismatches(e: Entry, p, aligned: bool = True) -> list[tuple[str, str]]:
     out = []
     for f in EXACT:
         kv, pv = s[f], _pfield(p, f)
-        if kv != pv and not (f == "family" and serves_fwd(e) and pv == "fwd"):
+        if kv != pv and not (f == "family" and serves_fwd(e) and pv == "fwd") and not (f == "deterministic" and kv):
             out.append((f, f"kernel {_show(kv)}, problem {_show(pv)}"))
     if s["family"] != "fwd_splitkv_combine" and (s["mask"] != "no") != (p.mask != "no"):
         out.append(("mask", f"kernel {_mask_word(s['mask'])}, problem {_mask_word(p.mask)}"))
@@ -88,9 +88,16 @@ def serves_fwd(e: Entry) -> bool:
     return e.sig["family"] == "fwd_splitkv" and bool((e.build or {}).get("combine"))
 
 
+_DET = EXACT.index("deterministic")
+
+
 def group_key(sig_or_problem, getter) -> tuple:
-    """:func:`_exact_key` with ``fwd_splitkv`` counted as ``fwd``: the index under which both meet."""
+    """:func:`_exact_key` with ``fwd_splitkv`` counted as ``fwd`` and without ``deterministic``: the index under which
+    the kernels that may serve a problem meet (a split-KV kernel serves a plain forward problem; a deterministic
+    backward kernel -- a fixed-order dQ reduction -- serves a problem that does not ask for one, and first-use
+    selection weighs it against the atomic kernels)."""
     k = _exact_key(sig_or_problem, getter)
+    k = k[:_DET] + k[_DET + 1:]
     return ("fwd",) + k[1:] if k[0] == "fwd_splitkv" else k
 
 

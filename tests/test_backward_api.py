@@ -234,3 +234,18 @@ def test_every_target_and_head_dim_has_backward_candidates():
                 assert c, (arch, hq, hv, dt)
                 assert all(e.sig["family"] == "bwd_dq_dk_dv" and e.alg["pipeline"] != "bwd" for e in c
                            if arch.startswith("sm")), [e.name for e in c]
+
+
+def test_a_deterministic_kernel_serves_a_problem_that_does_not_ask_for_one_but_not_the_reverse():
+    from fmha_dsl.first_use import Builder
+    from fmha_dsl.keys import Problem
+    from fmha_dsl.runtime.match import mismatches
+
+    p = Problem(family="bwd_dq_dk_dv", dtype="bf16", hdim_q=128, hdim_v=128, seqlen_q=4096, seqlen_k=4096)
+    cands = Builder().candidates(p, "sm90", limit=64)
+    kinds = {e.sig["deterministic"] for e in cands}
+    assert kinds == {False, True}
+    assert all(not mismatches(e, p) for e in cands)
+    strict = p.model_copy(update={"deterministic": True})
+    assert all(bool(mismatches(e, strict)) == (not e.sig["deterministic"]) for e in cands)
+    assert all(e.sig["deterministic"] for e in Builder().candidates(strict, "sm90", limit=64))

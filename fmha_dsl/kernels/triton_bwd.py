@@ -383,12 +383,14 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dK, dV, dBias, Bias, Alibi, cu
         q_src = q_base
         do_src = do_base
         acc_src = acc_base
-        if TMA:  # on-device descriptors over this (sequence, head)'s rows (16-byte aligned: the build's promise)
-            q_src = tl.make_tensor_descriptor(q_base, shape=[seqlen_q, dq_lim], strides=[stride_qm, 1],
+        if TMA:  # on-device descriptors over this (sequence, head)'s rows (16-byte aligned: the build's promise); a
+            # sequence without queries still gets a valid (one-row, never read) descriptor: a zero extent is illegal
+            rows_d = tl.maximum(seqlen_q, 1)
+            q_src = tl.make_tensor_descriptor(q_base, shape=[rows_d, dq_lim], strides=[stride_qm, 1],
                                               block_shape=[BLOCK_M, BLOCK_DMODEL])
-            do_src = tl.make_tensor_descriptor(do_base, shape=[seqlen_q, dv_lim], strides=[stride_dom, 1],
+            do_src = tl.make_tensor_descriptor(do_base, shape=[rows_d, dv_lim], strides=[stride_dom, 1],
                                                block_shape=[BLOCK_M, BLOCK_DV])
-            acc_src = tl.make_tensor_descriptor(acc_base, shape=[seqlen_q, dq_lim], strides=[stride_am, 1],
+            acc_src = tl.make_tensor_descriptor(acc_base, shape=[rows_d, dq_lim], strides=[stride_am, 1],
                                                 block_shape=[BLOCK_M, BLOCK_DMODEL])
         if MASK:  # the unmasked blocks, then the masked ones on both sides of them in one loop
             for start_m in range(f_lo, f_hi, BLOCK_M):

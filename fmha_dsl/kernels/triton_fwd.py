@@ -394,10 +394,11 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
     v_base = V + bv + off_hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * svn
     k_src = k_base
     v_src = v_base
-    if TMA:  # on-device descriptors over this (batch, head)'s keys; row-major V, 16-byte aligned (the rules' promise)
-        k_src = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, dq_lim], strides=[stride_kn, 1],
+    if TMA:  # on-device descriptors over this (batch, head)'s keys; row-major V, 16-byte aligned (the rules' promise);
+        # a sequence without keys gets a one-row descriptor it never reads (a zero extent is illegal)
+        k_src = tl.make_tensor_descriptor(k_base, shape=[tl.maximum(seqlen_k, 1), dq_lim], strides=[stride_kn, 1],
                                           block_shape=[BLOCK_N, BLOCK_DMODEL])
-        v_src = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, dv_lim], strides=[svn, 1],
+        v_src = tl.make_tensor_descriptor(v_base, shape=[tl.maximum(seqlen_k, 1), dv_lim], strides=[svn, 1],
                                           block_shape=[BLOCK_N, BLOCK_DV])
 
     qk_scale = sm_scale * 1.4426950408889634
