@@ -24,7 +24,9 @@ if [[ $what == *" all "* || $what == *" tests "* || $what == *" bwdtests "* ]]; 
   python3 -P -m pytest -q tests/test_gpu_bwd.py -p no:cacheprovider -ra ${BWDTEST_ARGS:-} 2>&1 | tail -60 | tee "$OUT/test_gpu_bwd.log"
 fi
 if [[ $what == *" all "* || $what == *" bwd "* ]]; then
-  python3 -P bench/bench_bwd.py ${BWD_ARGS:-} --json "$OUT/bench_bwd.json" 2>&1 | tee "$OUT/bench_bwd.log"
+  timeout "${BWD_TIMEOUT:-100000}" python3 -P bench/bench_bwd.py ${BWD_ARGS:-} --json "$OUT/bench_bwd.json" 2>&1 \
+    | tee "$OUT/bench_bwd.log"
+  cp "$FMHA_DSL_CACHE_DIR"/tuned/*.json "$OUT/" 2>/dev/null   # the backward decisions it measured
 fi
 if [[ $what == *" all "* || $what == *" dispatch "* ]]; then
   python3 -P bench/bench_dispatch.py 2>&1 | tail -30 | tee "$OUT/bench_dispatch.log"
@@ -57,7 +59,7 @@ fi
 if [[ $what == *" all "* || $what == *" default "* ]]; then
   best=$(ls bench/results/*_"$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -o 'H[0-9]00' | tr 'H' 'h')"_fwd_sdpa_run*.json 2>/dev/null | sort | tail -1)
   [[ -z "$best" ]] && best=$(ls bench/results/*_fwd_sdpa_run*.json | sort | tail -1)
-  FMHA_DSL_TUNED_SHIPPED=0 python3 -P bench/bench_default.py --parts "${DEFAULT_PARTS:-firstcall,prefill,padded,decode}" --best-from "$best" \
+  FMHA_DSL_TUNED_SHIPPED=0 timeout "${DEFAULT_TIMEOUT:-100000}" python3 -P bench/bench_default.py --parts "${DEFAULT_PARTS:-firstcall,prefill,padded,decode}" --best-from "$best" \
     --build /tmp/bench ${DEFAULT_ARGS:-} --json "$OUT/bench_default.json" 2>&1 | tee "$OUT/bench_default.log"
   cp "$FMHA_DSL_CACHE_DIR"/tuned/*.json "$OUT/" 2>/dev/null
 fi

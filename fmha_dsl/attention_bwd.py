@@ -160,21 +160,28 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
         dvt.zero_()
 
     disp = dispatcher(registry, dev)
-    from .keys import Problem
-
-    problem = Problem(family="bwd_dq_dk_dv", dtype=dname, arch=disp.arch, batch=max(1, int(b)), nhead_q=int(hq),
-                      nhead_k=int(hk), seqlen_q=int(sq), seqlen_k=int(sk), max_seqlen_q=int(sq),
-                      max_seqlen_k=int(sk), hdim_q=int(dq), hdim_v=int(dv), mode="group" if group else "batch",
-                      mask=mask, window_left=int(wl), window_right=int(wr),
-                      bias=bias_kind, dropout=bool(dropout_p), logits=softcap is not None, sink=sink > 0,
-                      dbias=bias is not None, deterministic=deterministic)
     kw = {"dbias": dbias, "bias": bias, "alibi_slopes": alibi_slopes, "cu_seqlens_q": cu_seqlens_q if group else None,
           "cu_seqlens_k": cu_seqlens_k if group else None, "max_seqlen_q": sq, "max_seqlen_k": sk, "scale": scale,
           "softcap": softcap, "dropout_p": dropout_p or 0.0, "seed": seed or 0, "offset": offset, "window": (wl, wr),
           "bottom_right": bool(br), "sink": sink}
     tensors = (q, k, v, out, lse, dout, dqt, dkt, dvt)
     aligned = dev < 0 or _aligned(tensors)
-    plan = disp.plan(problem, aligned, timer(dev, lambda pl: pl.run(*tensors, **kw)))
+    # the plans of this call's class, by a plain tuple (a training loop's repeat calls build no Problem)
+    key = (dname, group, dq, dv, mask != "no", bias_kind, bool(dropout_p), softcap is not None, sink > 0,
+           bias is not None, deterministic, aligned, hq // hk) + disp.seq_key(sq, sk, b * hq)
+    cache = disp.fast_bwd
+    plan = cache.get(key)
+    if plan is None:
+        from .keys import Problem
+
+        problem = Problem(family="bwd_dq_dk_dv", dtype=dname, arch=disp.arch, batch=max(1, int(b)),
+                          nhead_q=int(hq), nhead_k=int(hk), seqlen_q=int(sq), seqlen_k=int(sk), max_seqlen_q=int(sq),
+                          max_seqlen_k=int(sk), hdim_q=int(dq), hdim_v=int(dv), mode="group" if group else "batch",
+                          mask=mask, window_left=int(wl), window_right=int(wr), bias=bias_kind,
+                          dropout=bool(dropout_p), logits=softcap is not None, sink=sink > 0,
+                          dbias=bias is not None, deterministic=deterministic)
+        plan = disp.plan(problem, aligned, timer(dev, lambda pl: pl.run(*tensors, **kw)))
+        cache[key[:13] + disp.seq_key(sq, sk, b * hq)] = plan  # (a first-use compile may have re-indexed)
     plan.run(*tensors, workspace=workspace, **kw)
     return _result(dqt, dkt, dvt, dbias, bias)
 

@@ -197,6 +197,7 @@ class Dispatcher(MeasuredSelection):
             self._plans: dict[tuple, Plan] = {}
             self._plan_of: dict[tuple, Plan] = {}  # one Plan per (selected kernel, split count)
             self.fast: dict[tuple, Plan] = {}  # attention()'s own problem-class keys
+            self.fast_bwd: dict[tuple, object] = {}  # attention_backward()'s
         # the selection depends on seqlen / batch x heads (table or cost model): the class key adds buckets --
         # only when some problem has a choice: a problem's candidates all lie in one exact-key group, so a
         # choice needs a group of two or more.  A JIT dispatcher holds one kernel per class: no buckets.
