@@ -6,7 +6,7 @@ Kept free of Triton (the runtime imports it).  The backward runs as CK's three s
 2. ``bwd_dq_dk_dv``   one program per (key block, K/V head, batch): dK, dV for its keys (summed over the query
                       heads of a GQA group) and dQ accumulated by atomics in the fp32 workspace ``dq_acc``
                       ``[B, Hq, Sq, Dq]``.  ``deterministic``: no atomics; the grid gets ``cdiv(Sq, BLOCK_N)``
-                      more programs, each computing dQ for BLOCK_N query rows over every key in ascending order
+                      more programs, each computing dQ for BLOCK_N query rows over its keys in a fixed order
                       (a fixed-order reduction: bit-identical run to run), stored into ``dq_acc``
                       grid ``(cdiv(Sk, BLOCK_N) [+ cdiv(Sq, BLOCK_N)], Hk, B)``
 3. ``bwd_convert_dq`` ``dQ = dq_acc`` in the input dtype                 grid ``(cdiv(Sq, CONVERT_BLOCK_M), Hq, B)``

@@ -184,7 +184,7 @@ def _key_block(dq, q, do, lse, delta, K, V, k_base, v_base, b_ptr, start_m, star
                CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, BIAS_TYPE: tl.constexpr, SOFTCAP: tl.constexpr,
                DROPOUT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     """The deterministic dQ pass: one key block against this program's query rows, ``dq += dS K`` (queries along the
-    rows, keys in a fixed ascending order)."""
+    rows, its key blocks in a fixed order: the unmasked ones, then the masked ones)."""
     cols = start_n + offs_n0
     n_ok = cols < seqlen_k
     k = _load(k_base + cols[:, None].to(tl.int64) * stride_kn + offs_d[None, :], n_ok[:, None],
@@ -283,16 +283,26 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dK, dV, dBias, Bias, Alibi, cu
             offs_m = start_m + tl.arange(0, BLOCK_N)
             offs_n0 = tl.arange(0, BLOCK_M)
             m_ok = offs_m < seqlen_q
-            # the key columns these rows may see: [k_lo, k_hi) (from 0 when there are sink columns)
+            # the key columns these rows may see, [k_lo, k_hi) (from 0 when there are sink columns), and those every
+            # row sees with no mask to apply, [g_lo, g_hi) (whole key blocks inside the sequence)
             k_lo = start_m * 0
             k_hi = seqlen_k
+            g_lo = k_lo
+            g_hi = (seqlen_k // BLOCK_M) * BLOCK_M
             if MASK:
                 k_lo = tl.where(window_left >= 0, tl.maximum(start_m + mask_off - window_left, 0), 0)
                 k_hi = tl.where(window_right >= 0,
                                 tl.minimum(start_m + BLOCK_N - 1 + mask_off + window_right + 1, seqlen_k), seqlen_k)
+                g_lo = tl.where(window_left >= 0, tl.maximum(start_m + BLOCK_N - 1 + mask_off - window_left, 0), 0)
+                g_hi = tl.where(window_right >= 0, tl.minimum(start_m + mask_off + window_right + 1, seqlen_k),
+                                seqlen_k)
                 if SINK:
                     k_lo = tl.where(sink > 0, 0, k_lo)
                 k_lo = (k_lo // BLOCK_M) * BLOCK_M
+                g_lo = tl.maximum(tl.cdiv(g_lo, BLOCK_M) * BLOCK_M, k_lo)
+                g_hi = tl.maximum(tl.minimum((g_hi // BLOCK_M) * BLOCK_M, k_hi), g_lo)
+            n_a = (g_lo - k_lo) // BLOCK_M
+            n_ab = n_a + tl.cdiv(k_hi - g_hi, BLOCK_M)
             k_base = K + bk + off_hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
             v_base = V + bv + off_hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
             for i in range(0, group_r):
@@ -315,7 +325,16 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dK, dV, dBias, Bias, Alibi, cu
                     slope = tl.load(Alibi + off_b.to(tl.int64) * stride_alb + off_h * stride_alh).to(tl.float32)
                 rng_base = ((off_b.to(tl.int64) * nhead_q + off_h) * sq_max) * sk_max + philox_offset
                 dq = tl.zeros([BLOCK_N, BLOCK_DMODEL], dtype=tl.float32)
-                for start_n in range(k_lo, k_hi, BLOCK_M):
+                for start_n in range(g_lo, g_hi, BLOCK_M):  # the key blocks every row sees in full
+                    start_n = tl.multiple_of(start_n, BLOCK_M)
+                    dq = _key_block(dq, q, do, lse, delta, K, V, k_base, v_base, b_ptr, start_m, start_n, offs_m,
+                                    offs_n0, offs_d, offs_dv, m_ok, seqlen_q, seqlen_k, mask_off, window_left,
+                                    window_right, sink, stride_kn, stride_vn, stride_bm, stride_bn, qk_scale,
+                                    cap_scale, softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim,
+                                    False, SINK, PAD_M, False, CHECK_D, CHECK_DV, BIAS_TYPE, SOFTCAP, DROPOUT, IEEE,
+                                    UPCAST_DOT)
+                for j in range(0, n_ab):  # then the masked (or partial) ones on either side: a fixed order
+                    start_n = tl.where(j < n_a, k_lo + j * BLOCK_M, g_hi + (j - n_a) * BLOCK_M)
                     start_n = tl.multiple_of(start_n, BLOCK_M)
                     dq = _key_block(dq, q, do, lse, delta, K, V, k_base, v_base, b_ptr, start_m, start_n, offs_m,
                                     offs_n0, offs_d, offs_dv, m_ok, seqlen_q, seqlen_k, mask_off, window_left,
