@@ -156,7 +156,8 @@ class Builder:
                      if stages(arch, {"pipeline": p}) and _vendor_has(arch, p))
         # a problem that does not ask for determinism also gets the deterministic kernels (dQ by dedicated programs in
         # a fixed order, no atomics): faster on some shapes, the timing decides
-        variants = (problem,) if problem.deterministic else (problem, problem.model_copy(update={"deterministic": True}))
+        variants = (problem,) if problem.deterministic else (
+            problem, problem.model_copy(update={"deterministic": True}))
         for prob in variants:
             for pads in {(1, 1), (0 if aq else 1, 0 if ak else 1)}:
                 for b, fr in _bindings(prob, arch, "bwd_dq_dk_dv", aligned, pads):

@@ -340,7 +340,8 @@ def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dr
         mwin = (left, right, mode == "top_left")
 
     cfg = {"scale": float(scale), "softcap": None if softcap is None else float(softcap), "mwin": mwin,
-               "sink": int(sink) if not mask_none else 0, "dropout_p": float(dropout_p), "seed": seed, "offset": int(offset),
+               "sink": int(sink) if not mask_none else 0, "dropout_p": float(dropout_p), "seed": seed,
+               "offset": int(offset),
                "Hq": Hq, "Sq_max": Sq_max, "Sk_max": Sk_max, "accum": accum.type}
     if not group:
         cq = ck = lens_q = lens_k = None

@@ -119,20 +119,8 @@ class Plan:
         ``ptr(x)`` turns a tensor (or None) into a pointer value (default ``x.data_ptr()``, None -> 0).
         """
         group = self._group
-        if group:
-            if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None or max_seqlen_k is None:
-                raise error("usage.value", f"kernel {self.entry.name} is a group-mode (varlen) kernel: pass "
-                            "cu_seqlens_q, cu_seqlens_k, max_seqlen_q and max_seqlen_k", None,
-                            "cu_seqlens are int32 [B + 1] device tensors; max_seqlen_* are ints", cls=UsageError)
-            nhq, dq = q.shape[1], q.shape[2]
-            nhk, dv = k.shape[1], v.shape[2]
-            batch = cu_seqlens_q.shape[0] - 1
-            msq, msk = int(max_seqlen_q), int(max_seqlen_k)
-            sq = sk = 0
-        else:
-            batch, nhq, sq, dq = q.shape
-            nhk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
-            msq, msk = sq, sk
+        batch, nhq, nhk, dq, dv, sq, sk, msq, msk = dims(self.entry, group, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                                         max_seqlen_q, max_seqlen_k)
         tensors = (q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
         if ptr is None:
             ptrs = [0 if x is None else x.data_ptr() for x in tensors]
@@ -160,11 +148,7 @@ class Plan:
                                 f"{abi.FWD_NAMES[i]}, got {args[i]}", None,
                                 "plan with Dispatcher.plan(problem, aligned=False) for unaligned arguments",
                                 cls=UsageError)
-        explicit = stream is not None
-        if stream is None:
-            stream = current_stream(device) if device >= 0 else 0
-        elif not isinstance(stream, int):
-            stream = _stream_handle(stream)
+        stream, explicit = resolve_stream(stream, device)
         if self._split is not None:
             self._split.launch(kern, self.splits, device, gx, heads, batch, nhead_q, max_seqlen_q, args, stream,
                                explicit)
@@ -233,6 +217,29 @@ class SplitLaunch:
         kern.launch((gx, heads * s, batch), a, stream)
         ckern = self.combine.kernel(device)
         ckern.launch(((max_seqlen_q + COMBINE_BLOCK_M - 1) // COMBINE_BLOCK_M, nhead_q, batch), cargs, stream)
+
+
+def dims(entry, group: bool, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple:
+    """``(batch, nhead_q, nhead_k, head_dim_q, head_dim_v, seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k)`` of a
+    call's tensors (batch ``[B, H, S, D]``; group ``[T, H, D]`` with the ``cu_seqlens`` and ``max_seqlen_*`` a
+    group-mode kernel needs, batch-mode lengths 0)."""
+    if group:
+        if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None or max_seqlen_k is None:
+            raise error("usage.value", f"kernel {entry.name} is a group-mode (varlen) kernel: pass "
+                        "cu_seqlens_q, cu_seqlens_k, max_seqlen_q and max_seqlen_k", None,
+                        "cu_seqlens are int32 [B + 1] device tensors; max_seqlen_* are ints", cls=UsageError)
+        return (cu_seqlens_q.shape[0] - 1, q.shape[1], k.shape[1], q.shape[2], v.shape[2], 0, 0, int(max_seqlen_q),
+                int(max_seqlen_k))
+    batch, nhq, sq, dq = q.shape
+    return batch, nhq, k.shape[1], dq, v.shape[3], sq, k.shape[2], sq, k.shape[2]
+
+
+def resolve_stream(stream, device: int) -> tuple[int, bool]:
+    """``(raw handle, given by the caller)``: torch's current stream on ``device`` when ``stream`` is None (0 on the
+    CPU), else the caller's int handle or torch stream."""
+    if stream is None:
+        return (current_stream(device) if device >= 0 else 0), False
+    return (stream if isinstance(stream, int) else _stream_handle(stream)), True
 
 
 def _stream_handle(stream) -> int:

@@ -17,7 +17,7 @@ from fmha_dsl.errors import UsageError, error
 from fmha_dsl.kernels import bwd_abi
 
 from .match import promised_aligned
-from .plan import _stream_handle, current_stream
+from .plan import dims, resolve_stream
 
 _NAMES = tuple(n for n, _ in bwd_abi.ARGS)
 
@@ -66,20 +66,8 @@ class BackwardPlan:
         import torch
 
         group = self._group
-        if group:
-            if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None or max_seqlen_k is None:
-                raise error("usage.value", f"kernel {self.entry.name} is a group-mode (varlen) kernel: pass "
-                            "cu_seqlens_q, cu_seqlens_k, max_seqlen_q and max_seqlen_k", None,
-                            "cu_seqlens are int32 [B + 1] device tensors; max_seqlen_* are ints", cls=UsageError)
-            nhq, dq_ = q.shape[1], q.shape[2]
-            nhk, dv_ = k.shape[1], v.shape[2]
-            batch = cu_seqlens_q.shape[0] - 1
-            msq, msk = int(max_seqlen_q), int(max_seqlen_k)
-            sq = sk = 0
-        else:
-            batch, nhq, sq, dq_ = q.shape
-            nhk, sk, dv_ = k.shape[1], k.shape[2], v.shape[3]
-            msq, msk = sq, sk
+        batch, nhq, nhk, dq_, dv_, sq, sk, msq, msk = dims(self.entry, group, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                                           max_seqlen_q, max_seqlen_k)
         gd, gm, gc = bwd_abi.grids(batch, nhq, nhk, msq, msk, self.block_n, self.deterministic)
         if not (min(gd) and min(gm)):
             return
@@ -95,11 +83,7 @@ class BackwardPlan:
                         "max_seqlen_q, max_seqlen_k, head_dim_q)", cls=UsageError)
         d_part = workspace[ws["d_offset"]:ws["acc_offset"]]
         acc_part = workspace[ws["acc_offset"]:ws["numel"]]
-        explicit = stream is not None
-        if stream is None:
-            stream = current_stream(device) if device >= 0 else 0
-        elif not isinstance(stream, int):
-            stream = _stream_handle(stream)
+        stream, explicit = resolve_stream(stream, device)
         if explicit and device >= 0:
             with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=q.device)):
                 acc_part.zero_()

@@ -205,7 +205,8 @@ def test_deterministic_group_mode_with_bias(interp):
     check(interp, "fp32", q, k, v, do, cu_seqlens_q=cq, cu_seqlens_k=ck, bias=bias, causal=True, deterministic=True)
 
 
-@pytest.mark.parametrize("kw", [{}, {"causal": "bottom_right", "Sq": 45, "Sk": 64}, {"Hq": 4, "Hk": 2, "window": (9, 3)}],
+@pytest.mark.parametrize("kw", [{}, {"causal": "bottom_right", "Sq": 45, "Sk": 64},
+                                {"Hq": 4, "Hk": 2, "window": (9, 3)}],
                          ids=["plain", "causal", "gqa-window"])
 def test_tma_pipeline_matches_the_reference(interp, kw):
     kw = dict(kw)

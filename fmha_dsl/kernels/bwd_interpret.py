@@ -25,7 +25,8 @@ def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bi
     ``dtype``: ``None`` (q's: float16 or float32) or ``"bf16"`` (float32 inputs rounded to bf16); ``block_m``/
     ``block_n``: the main kernel's tile; ``dbias``: compute the bias gradient (default: when a bias is given);
     ``pad``: ``(pad_s, pad_sk, pad_d, pad_dv)`` (default: only the checks the shapes need); ``mask_kernel``: force
-    the mask kernel on/off; ``pipeline``: ``"bwd_trload"`` runs the TMA path.  ``dbias`` comes back full-size ``[B, Hq, Sq, Sk]`` (the caller sums broadcast dims).
+    the mask kernel on/off; ``pipeline``: ``"bwd_trload"`` runs the TMA path.  ``dbias`` comes back full-size
+    ``[B, Hq, Sq, Sk]`` (the caller sums broadcast dims).
     """
     from ..reference import _normalize_causal, _normalize_window
     from . import triton_bwd as T
@@ -95,7 +96,8 @@ def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bi
            "mask": "top_left" if use_mask else "no", "bias": bias_kind, "dbias": want_dbias,
            "dropout": dropout_p > 0, "logits": softcap is not None, "sink": sink > 0,
            "deterministic": bool(deterministic)}
-    alg = {"tile": (block_m, block_n), "pipeline": pipeline, "pad_s": pad[0], "pad_sk": pad[1], "pad_d": pad[2], "pad_dv": pad[3]}
+    alg = {"tile": (block_m, block_n), "pipeline": pipeline, "pad_s": pad[0], "pad_sk": pad[1], "pad_d": pad[2],
+           "pad_dv": pad[3]}
     consts = {f: T.constexprs(dict(sig, family=f), alg) for f in T.KERNELS}
     consts["bwd_dq_dk_dv"]["UPCAST_DOT"] = dtype == "bf16"
     consts["bwd_dq_dk_dv"]["TMA"] = min(consts["bwd_dq_dk_dv"]["TMA"], 1)  # the interpreter has no bulk reductions
