@@ -94,8 +94,9 @@ _DTYPES = ("fp16", "bf16", "fp32")
 _MASKS = {"no": "no", "none": "no", False: "no", "causal": "causal", "top_left": "causal", True: "causal"}  # 0/1 == False/True
 
 
-_CLASS_KEYS = frozenset({"dtype", "hdim", "hdim_q", "hdim_v", "mask", "lse", "nhead_q", "nhead_k", "seqlens",
+_CLASS_KEYS = frozenset({"family", "dtype", "hdim", "hdim_q", "hdim_v", "mask", "lse", "nhead_q", "nhead_k", "seqlens",
                          "seqlens_k", "seqlen_k_ratio", "tokens", "batch", "extra_batches"})
+_FAMILIES = {"fwd": "fwd", "bwd": "bwd_dq_dk_dv", "bwd_dq_dk_dv": "bwd_dq_dk_dv"}  # a class's `family` field
 
 
 def _bad(where: str, i: int, what: str) -> UsageError:
@@ -137,6 +138,9 @@ def expand_shapes(doc: dict, where: str = "<shapes>") -> list[tuple[dict, list[t
                 else:
                     hdims.append((h, h))
         hdims = [(_pos_int(where, i, "hdim", dq), _pos_int(where, i, "hdim", dv)) for dq, dv in hdims]
+        family = _FAMILIES.get(c.get("family", "fwd"))
+        if family is None:
+            raise _bad(where, i, f"unknown family {c['family']!r} (fwd, or bwd: the backward's dq_dk_dv kernels)")
         dtypes = _list(c.get("dtype", "bf16"))
         for dt in dtypes:
             if dt not in _DTYPES:
@@ -164,9 +168,9 @@ def expand_shapes(doc: dict, where: str = "<shapes>") -> list[tuple[dict, list[t
         fixed = [_pos_int(where, i, "batch", b) for b in _list(c["batch"])] if "batch" in c else None
         extra = [_pos_int(where, i, "extra_batches", b) for b in _list(c.get("extra_batches", []))]
         for dtype, (dq, dv), mask, lse in itertools.product(dtypes, hdims, masks, lses):
-            cls = {"family": "fwd", "dtype": dtype, "mode": "batch", "vlayout": "r", "hdim_q": dq,
-                   "hdim_v": dv, "mask": mask, "bias": "no", "lse": bool(lse), "dropout": False, "logits": False,
-                   "sink": False}
+            cls = {"family": family, "dtype": dtype, "mode": "batch", "vlayout": "r", "hdim_q": dq,
+                   "hdim_v": dv, "mask": mask, "bias": "no", "lse": bool(lse) and family == "fwd", "dropout": False,
+                   "logits": False, "sink": False}
             _, pts = out.setdefault(seqtune.class_key(cls), (cls, set()))
             for s in seqlens:
                 for sk in seqlens_k or [max(1, int(round(s * float(ratio))))]:
@@ -235,6 +239,62 @@ def sdpa_reference(q, k, v, cls: dict, pt):
 
     hq, hk = pt[3], pt[4]
     return F.scaled_dot_product_attention(q, k, v, is_causal=cls["mask"] == "causal", enable_gqa=hq != hk).float()
+
+
+class BackwardCall:
+    """One shape-matrix point of a backward class: inputs, the forward's out and LSE (``fmha_dsl.attention``),
+    gradient buffers, and SDPA's gradients as the check (computed on first use)."""
+
+    def __init__(self, cls: dict, pt):
+        import torch
+
+        self.q, self.k, self.v, _, _, _ = make_inputs(cls, pt)
+        self.cls, self.pt = cls, pt
+        self.causal = cls["mask"] == "causal"
+        self.out, self.lse = _forward(self.q, self.k, self.v, self.causal)
+        self.dout = torch.randn_like(self.out)
+        self.grads = (torch.empty_like(self.q), torch.empty_like(self.k), torch.empty_like(self.v))
+        self.kw = {"window": (-1, 0), "bottom_right": False} if self.causal else {}
+
+    def runner(self, plan):
+        args = (self.q, self.k, self.v, self.out, self.lse, self.dout) + self.grads
+
+        def run():
+            plan.run(*args, **self.kw)
+        return run
+
+    def error(self) -> float:
+        """The largest relative error of dQ, dK, dV against SDPA's autograd (fp32)."""
+        import torch
+
+        q, k, v = (x.detach().float().requires_grad_() for x in (self.q, self.k, self.v))
+        ref = sdpa_reference(q, k, v, self.cls, self.pt)
+        want = torch.autograd.grad(ref, (q, k, v), self.dout.float())
+        return max(relative_error(g, w) for g, w in zip(self.grads, want))
+
+
+def _forward(q, k, v, causal: bool, heads_per_step: int = 4):
+    """``(out, lse)`` of the forward in fp32 torch arithmetic (top-left causal or none), a few heads at a time: what a
+    backward kernel's arguments need, without a forward kernel in the registry being tuned."""
+    import torch
+
+    b, hq, sq, d = q.shape
+    g = hq // k.shape[1]
+    out = torch.empty(b, hq, sq, v.shape[-1], device=q.device, dtype=q.dtype)
+    lse = torch.empty(b, hq, sq, device=q.device, dtype=torch.float32)
+    sk = k.shape[2]
+    keep = torch.ones(sq, sk, device=q.device, dtype=torch.bool).tril() if causal else None
+    for bi in range(b):
+        for h0 in range(0, hq, heads_per_step):
+            hs = slice(h0, min(hq, h0 + heads_per_step))
+            kv = [x[bi].repeat_interleave(g, 0)[hs].float() for x in (k, v)]
+            s = q[bi, hs].float() @ kv[0].transpose(-1, -2) / math.sqrt(d)
+            if keep is not None:
+                s = s.masked_fill(~keep, float("-inf"))
+            m = torch.logsumexp(s, -1)
+            lse[bi, hs] = m
+            out[bi, hs] = (torch.exp(s - m[..., None]) @ kv[1]).to(q.dtype)
+    return out, lse
 
 
 def relative_error(out, ref) -> float:
@@ -307,7 +367,11 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
             if budget is not None and time.perf_counter() - t_start > budget:
                 res.budget_spent = True
                 break
-            q, k, v, out, lse, kw = make_inputs(cls, pt)
+            backward = cls["family"] != "fwd"
+            if backward:
+                call = BackwardCall(cls, pt)
+            else:
+                q, k, v, out, lse, kw = make_inputs(cls, pt)
             sq, sk, b, hq, hk = pt
             ref = None
             for e in todo:
@@ -315,18 +379,23 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
                     res.budget_spent = True
                     break
                 plan = disp.plan_for(e, prob)
-
-                def run(plan=plan):
-                    plan.run(q, k, v, out, lse, **kw)
+                if backward:
+                    run = call.runner(plan)
+                else:
+                    def run(plan=plan):
+                        plan.run(q, k, v, out, lse, **kw)
 
                 touched = True
                 try:
                     run()
                     torch.cuda.synchronize()
                     if e.identifier not in checked:
-                        if ref is None:
-                            ref = sdpa_reference(q, k, v, cls, pt)
-                        err = relative_error(out, ref)
+                        if backward:
+                            err = call.error()
+                        else:
+                            if ref is None:
+                                ref = sdpa_reference(q, k, v, cls, pt)
+                            err = relative_error(out, ref)
                         if not math.isfinite(err) or err > check_tol:
                             raise ValueError(f"wrong result: relative error {err:.3g} vs SDPA at "
                                              f"seqlen {sq}x{sk} batch {b} heads {hq}/{hk}")
@@ -347,7 +416,7 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
                     except RuntimeError:  # a sticky CUDA error: the context is gone; keep what was measured
                         save()
                         raise
-            q = k = v = out = lse = ref = None  # free this point's tensors before the next
+            q = k = v = out = lse = ref = call = None  # free this point's tensors before the next
             if res.budget_spent:
                 break
         if touched:
@@ -362,4 +431,5 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
     return res
 
 
-__all__ = ["tune", "TuneResult", "load_shapes", "expand_shapes", "problem_of", "device_info", "DEFAULT_SHAPES"]
+__all__ = ["tune", "TuneResult", "load_shapes", "expand_shapes", "problem_of", "device_info", "DEFAULT_SHAPES",
+           "BackwardCall"]

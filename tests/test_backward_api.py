@@ -249,3 +249,14 @@ def test_a_deterministic_kernel_serves_a_problem_that_does_not_ask_for_one_but_n
     strict = p.model_copy(update={"deterministic": True})
     assert all(bool(mismatches(e, strict)) == (not e.sig["deterministic"]) for e in cands)
     assert all(e.sig["deterministic"] for e in Builder().candidates(strict, "sm90", limit=64))
+
+
+def test_the_shape_matrix_takes_backward_classes():
+    from fmha_dsl.runtime.tune import expand_shapes, load_shapes
+
+    classes = expand_shapes(load_shapes())
+    bwd = [(c, pts) for c, pts in classes if c["family"] == "bwd_dq_dk_dv"]
+    assert len(bwd) == 8 and all(not c["lse"] for c, _ in bwd)
+    assert all(pts == [(s, s, 16384 // s, 16, 16) for s in (512, 1024, 2048, 4096, 8192, 16384)] for _, pts in bwd)
+    with pytest.raises(UsageError, match="unknown family 'back'"):
+        expand_shapes({"classes": [{"family": "back", "seqlens": [1]}]})

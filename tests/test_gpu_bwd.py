@@ -16,7 +16,6 @@ F = torch.nn.functional
 
 import fmha_dsl  # noqa: E402
 from fmha_dsl.keys import Problem  # noqa: E402
-from fmha_dsl.reference import attention_fwd  # noqa: E402
 from fmha_dsl.reference_bwd import attention_bwd  # noqa: E402
 
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -318,3 +317,56 @@ def test_tma_pipeline_from_a_prebuilt_registry(tmp_path):
                          cu_seqlens_q=cq.cpu().numpy(), cu_seqlens_k=cq.cpu().numpy(), accum=np.float64)
     for g, w in zip(got, want):
         assert float(np.abs(_f64(g) - w).max()) <= TOL[t] * max(1.0, float(np.abs(w).max()))
+
+
+TUNE_SET = """kernel_set bwd_tune {
+    backend(triton)
+    arch(sm80, sm90)
+    kernel small {
+        signature { family(bwd_dq_dk_dv) dtype(bf16) mode(batch) hdim(64) mask(no | causal) bias(no) dropout(false)
+                    deterministic(false) }
+        algorithm { pipeline(bwd_async) tile(64, 64, 64, 64, 64, 64, 64, 64, 64) wave(4, 1, 1, 4, 1, 1, 4, 1, 1)
+                    padding(true, true, false, false) }
+    }
+    kernel wide {
+        signature { family(bwd_dq_dk_dv) dtype(bf16) mode(batch) hdim(64) mask(no | causal) bias(no) dropout(false)
+                    deterministic(false) }
+        algorithm { pipeline(bwd_async) tile(32, 128, 64, 32, 64, 32, 128, 64, 64) wave(8, 1, 1, 8, 1, 1, 8, 1, 1)
+                    padding(true, true, false, false) }
+    }
+}
+"""
+
+
+def test_tune_selects_and_reports_backward_kernels(tmp_path):
+    """`fmha-dsl tune` measures a build's backward kernels over a backward class (checked against SDPA's autograd),
+    the dispatcher then selects by the table, and `fmha-dsl report` draws it."""
+    import json
+    import subprocess
+    import sys
+
+    from fmha_dsl.build import build
+    from fmha_dsl.runtime.dispatch import Dispatcher, detect_arch
+    from fmha_dsl.runtime.tune import tune
+
+    arch = detect_arch()
+    src = tmp_path / "tune.fmha"
+    src.write_text(TUNE_SET)
+    res = build(fmha_dsl.load(str(src)), str(tmp_path / "out"), arch=arch, jobs=4)
+    assert not res.failures, res.failures
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps({"name": "bwd-test", "version": 1, "classes": [
+        {"family": "bwd", "dtype": "bf16", "hdim": 64, "mask": ["no", "causal"], "seqlens": [512, 1024],
+         "tokens": 4096, "nhead_q": 8}]}))
+    got = tune(str(tmp_path / "out"), shapes=str(shapes))
+    assert got.measured == 8 and got.failed == 0, got
+    disp = Dispatcher(str(tmp_path / "out"))
+    p = Problem(family="bwd_dq_dk_dv", dtype="bf16", hdim_q=64, hdim_v=64, mask="top_left", seqlen_q=1024,
+                seqlen_k=1024, batch=4, nhead_q=8, nhead_k=8)
+    rows = disp.explain(p)
+    assert rows[0]["selected"] and rows[0]["source"] != "static" and rows[0]["measured_us"] is not None
+    assert rows[0]["measured_us"] == min(r["measured_us"] for r in rows if r.get("measured_us"))
+    out = subprocess.run([sys.executable, "-m", "fmha_dsl.cli", "report", str(tmp_path / "out"), "-o",
+                          str(tmp_path / "r.html")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "bwd_dq_dk_dv" in (tmp_path / "r.html").read_text()
