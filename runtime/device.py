@@ -1,0 +1,65 @@
+"""The device and the registry a dispatcher serves: the registry arch of the current GPU, the GPU's name (which a
+seqtune table and the first-use tables are keyed by), and opening a registry given as an object, a build directory
+or a ``registry.json`` path.  Importing it does no work (torch is imported when asked)."""
+
+from __future__ import annotations
+
+import os
+
+from fmha_dsl import arch as arch_table
+from fmha_dsl.errors import UsageError, error
+from fmha_dsl.registry import Registry, registry_path
+
+ARCH_OF_CAPABILITY = arch_table.by_capability()  # fmha_dsl/data/archs.json
+
+
+# ---------------------------------------------------------------------------------------------------------
+def detect_arch(device=None) -> str:
+    """The registry arch of a torch device: NVIDIA ``sm80`` (any 8.x) / ``sm90``; AMD ``gfxNNN``."""
+    try:
+        import torch
+    except ImportError:
+        raise error("dispatch.no-device", "cannot detect the GPU arch: torch is not installed", None,
+                    "pass arch='sm90' (or gfx942, ...) explicitly", cls=UsageError) from None
+    if not torch.cuda.is_available():
+        raise error("dispatch.no-device", "cannot detect the GPU arch: no GPU is visible to torch", None,
+                    "pass arch= explicitly, or run on a machine with a GPU", cls=UsageError)
+    dev = torch.cuda.current_device() if device is None else device
+    if getattr(torch.version, "hip", None):
+        name = str(torch.cuda.get_device_properties(dev).gcnArchName)
+        return name.split(":")[0]
+    major, minor = torch.cuda.get_device_capability(dev)
+    arch = ARCH_OF_CAPABILITY.get(major)
+    if arch is None:
+        raise error("dispatch.no-arch", f"GPU compute capability {major}.{minor} has no kernels in fmha-dsl "
+                    "(it targets sm80 and sm90)", None, "pass arch='sm80' to run sm80 cubins if the device "
+                    "can (same major version only)", cls=UsageError)
+    return arch
+
+
+def open_registry(registry) -> tuple[Registry, str | None]:
+    """``(Registry, root)`` from a Registry, a build directory or a registry.json path (root: where binaries are)."""
+    if isinstance(registry, Registry):
+        return registry, (os.path.dirname(registry.path) if getattr(registry, "path", None) else None)
+    if registry is None:
+        return Registry("jit"), None
+    if isinstance(registry, (str, os.PathLike)):
+        p = registry_path(registry)
+        return Registry.load(p), os.path.dirname(os.path.abspath(p))
+    raise error("usage.value", f"registry must be a Registry, a build directory or a registry.json path, got "
+                f"{type(registry).__name__}", None, "e.g. Dispatcher('build/bench')", cls=UsageError)
+
+
+def _device_name() -> str | None:
+    """The current GPU's name when torch sees one (compared with a seqtune table's), else None."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return str(torch.cuda.get_device_name())
+    except Exception:  # noqa: BLE001  (no device: only the arch is compared)
+        return None
+    return None
+
+
+__all__ = ["detect_arch", "open_registry", "ARCH_OF_CAPABILITY"]
