@@ -1,0 +1,207 @@
+"""NumPy reference of the serving families (issue 14): attention over a paged KV cache, and appending to one with RoPE.
+
+    out = paged_attention(q, k_cache, v_cache, block_table=bt, seqlens_k=lens, cu_seqlens_q=cq, causal=True)
+    k_cache, v_cache, q = append_kv(k_cache, v_cache, k_new, v_new, kv_indptr=ip, kv_indices=ix, seqlens_k=lens,
+                                    cu_seqlens_new=cn, rotary_cos=cos, rotary_sin=sin, q=q)
+
+What they compute (docs/semantics.md, "Paged KV cache"): paged attention is :func:`fmha_dsl.reference.attention_fwd`
+in group mode over the K/V gathered from the pages (:func:`gather_kv`); append-KV writes each sequence's new rows
+after its ``seqlens_k`` cached ones, RoPE applied to the new K (and to ``q``, the same new tokens) at positions
+``seqlens_k[b] + t``.
+
+* Caches (``layout="linear"``, NHD as vLLM and FlashInfer): ``k_cache [num_pages, page_size, Hk, D]``, ``v_cache
+  [num_pages, page_size, Hk, Dv]``; the page size is the cache's second dim.
+* Page tables, exactly one form: vLLM's 2D ``block_table [B, max_pages_per_seq]`` (row ``b`` lists sequence ``b``'s
+  pages in order; entries past its last page are ignored), or SGLang's 1D ``kv_indptr [B + 1]`` + ``kv_indices
+  [kv_indptr[B]]`` (sequence ``b``'s pages are ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``).
+* ``seqlens_k [B]``: the cached tokens per sequence (append: before the append); token ``j`` of sequence ``b`` is row
+  ``j % page_size`` of page ``table[b][j // page_size]``.
+
+Every inconsistent table is a located :class:`~fmha_dsl.errors.UsageError`: a page id outside the cache, too few
+pages for ``seqlens_k`` (plus the new rows when appending), tables of the wrong rank or dtype, both or neither form.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .reference import _as_float_array, _usage, attention_fwd
+
+__all__ = ["gather_kv", "paged_attention", "append_kv", "rotary"]
+
+
+def _ints(name: str, x, ndim: int) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise _usage("usage.dtype", f"`{name}` must be an integer array (int32), got dtype {a.dtype}",
+                     f"pass {name} as int32")
+    if a.ndim != ndim:
+        raise _usage("usage.shape", f"`{name}` must be {ndim}-D, got shape {a.shape}")
+    return a.astype(np.int64)
+
+
+def _pages_of(block_table, kv_indptr, kv_indices, batch: int, num_pages: int) -> list[np.ndarray]:
+    """Each sequence's page ids, in order, checked against the cache."""
+    if (block_table is None) == (kv_indptr is None and kv_indices is None):
+        raise _usage("usage.value", "give exactly one page table: block_table (vLLM, 2-D) or kv_indptr + kv_indices "
+                     "(SGLang, 1-D)", "block_table[b] lists sequence b's pages; kv_indices[kv_indptr[b]:"
+                     "kv_indptr[b + 1]] does the same in one flat array")
+    if block_table is not None:
+        bt = _ints("block_table", block_table, 2)
+        if bt.shape[0] != batch:
+            raise _usage("usage.shape", f"`block_table` must have one row per sequence ({batch}), got shape "
+                         f"{bt.shape}", "rows follow seqlens_k")
+        rows = [bt[b] for b in range(batch)]
+    else:
+        if kv_indptr is None or kv_indices is None:
+            raise _usage("usage.value", "the SGLang table needs both kv_indptr and kv_indices")
+        ip = _ints("kv_indptr", kv_indptr, 1)
+        ix = _ints("kv_indices", kv_indices, 1)
+        if ip.shape[0] != batch + 1 or ip[0] != 0 or np.any(np.diff(ip) < 0) or ip[-1] > ix.shape[0]:
+            raise _usage("usage.value", f"`kv_indptr` must be [B + 1] = [{batch + 1}], start at 0, never decrease and "
+                         f"end at most at len(kv_indices) = {ix.shape[0]}; got {ip.tolist()}",
+                         "kv_indptr[b + 1] - kv_indptr[b] is sequence b's page count")
+        rows = [ix[ip[b]:ip[b + 1]] for b in range(batch)]
+    for b, r in enumerate(rows):
+        bad = np.flatnonzero((r < 0) | (r >= num_pages))
+        if bad.size:
+            raise _usage("usage.value", f"sequence {b}: page id {int(r[bad[0]])} (table position {int(bad[0])}) is "
+                         f"outside the cache's {num_pages} pages", "page ids index the cache's first dim")
+    return rows
+
+
+def _check_cache(k_cache, v_cache, layout: str):
+    if layout != "linear":
+        raise _usage("usage.value", f"kv layout {layout!r} is not implemented by the reference",
+                     "use layout='linear' ([num_pages, page_size, Hk, D], NHD)")
+    k_cache = _as_float_array("k_cache", k_cache)
+    v_cache = _as_float_array("v_cache", v_cache)
+    if k_cache.ndim != 4 or v_cache.ndim != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
+        raise _usage("usage.shape", f"`k_cache`/`v_cache` must be [num_pages, page_size, Hk, D] and "
+                     f"[num_pages, page_size, Hk, Dv] with the same first three dims, got {k_cache.shape} and "
+                     f"{v_cache.shape}")
+    return k_cache, v_cache
+
+
+def _lengths(seqlens_k, batch=None) -> np.ndarray:
+    lens = _ints("seqlens_k", seqlens_k, 1)
+    if np.any(lens < 0):
+        raise _usage("usage.value", f"`seqlens_k` must be >= 0, got {lens.tolist()}")
+    if batch is not None and lens.shape[0] != batch:
+        raise _usage("usage.shape", f"`seqlens_k` must have one length per sequence ({batch}), got {lens.shape[0]}")
+    return lens
+
+
+def gather_kv(k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k, layout="linear"):
+    """``(k [Tk, Hk, D], v [Tk, Hk, Dv], cu_seqlens_k [B + 1])``: each sequence's first ``seqlens_k[b]`` cached
+    tokens, contiguous, in group-mode (varlen) layout."""
+    k_cache, v_cache = _check_cache(k_cache, v_cache, layout)
+    lens = _lengths(seqlens_k)
+    page = k_cache.shape[1]
+    rows = _pages_of(block_table, kv_indptr, kv_indices, lens.shape[0], k_cache.shape[0])
+    ks, vs = [], []
+    for b, (n, r) in enumerate(zip(lens, rows)):
+        need = -(-int(n) // page)
+        if need > r.shape[0]:
+            raise _usage("usage.value", f"sequence {b}: {int(n)} cached tokens need {need} pages of {page}, its table "
+                         f"has {r.shape[0]}", "seqlens_k must fit the pages the table gives each sequence")
+        tok = np.arange(int(n))
+        pid, off = r[tok // page], tok % page
+        ks.append(k_cache[pid, off])
+        vs.append(v_cache[pid, off])
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    empty_k = np.zeros((0,) + k_cache.shape[2:], k_cache.dtype)
+    empty_v = np.zeros((0,) + v_cache.shape[2:], v_cache.dtype)
+    return (np.concatenate(ks) if ks else empty_k), (np.concatenate(vs) if vs else empty_v), cu
+
+
+def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
+                    cu_seqlens_q, layout="linear", return_lse=False, **forward):
+    """Attention of group-mode queries ``q [Tq, Hq, D]`` over the paged cache: exactly
+    :func:`fmha_dsl.reference.attention_fwd` over :func:`gather_kv`'s K/V (``forward``: its keywords -- causal,
+    window, sink, softcap, alibi_slopes, scale, ...).  Returns ``out`` (or ``(out, lse)``)."""
+    k, v, cu_k = gather_kv(k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                           seqlens_k=seqlens_k, layout=layout)
+    cq = _ints("cu_seqlens_q", cu_seqlens_q, 1)
+    if cq.shape != cu_k.shape:
+        raise _usage("usage.shape", f"`cu_seqlens_q` must be [B + 1] = [{cu_k.shape[0]}] (one sequence per "
+                     f"seqlens_k entry), got {cq.shape[0]} entries")
+    out, lse = attention_fwd(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=cu_k, **forward)
+    return (out, lse) if return_lse else out
+
+
+def rotary(x, positions, cos, sin, interleaved: bool = False):
+    """``x [T, H, D]`` with RoPE applied to its first ``rotary_dim = 2 * cos.shape[1]`` dims at ``positions [T]``:
+    pairs ``(2i, 2i + 1)`` when ``interleaved`` (GPT-J), else ``(i, i + rotary_dim / 2)`` (GPT-NeoX, half-rotated);
+    ``cos``/``sin`` are ``[max_position, rotary_dim / 2]``."""
+    x = np.array(x, copy=True)
+    cos = np.asarray(cos, np.float64)
+    sin = np.asarray(sin, np.float64)
+    if cos.ndim != 2 or cos.shape != sin.shape:
+        raise _usage("usage.shape", f"`rotary_cos`/`rotary_sin` must be [max_position, rotary_dim / 2] alike, got "
+                     f"{cos.shape} and {sin.shape}")
+    half = cos.shape[1]
+    if 2 * half > x.shape[-1]:
+        raise _usage("usage.shape", f"rotary_dim = 2 x {half} exceeds the head dim {x.shape[-1]}")
+    pos = np.asarray(positions, np.int64)
+    if pos.size and (pos.min() < 0 or pos.max() >= cos.shape[0]):
+        raise _usage("usage.value", f"positions up to {int(pos.max())} need rotary tables of at least "
+                     f"{int(pos.max()) + 1} rows, they have {cos.shape[0]}", "extend rotary_cos/rotary_sin")
+    c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+    xf = x.astype(np.float64)
+    if interleaved:
+        a, b = xf[..., 0:2 * half:2], xf[..., 1:2 * half:2]
+        x[..., 0:2 * half:2] = a * c - b * s
+        x[..., 1:2 * half:2] = a * s + b * c
+    else:
+        a, b = xf[..., :half], xf[..., half:2 * half]
+        x[..., :half] = a * c - b * s
+        x[..., half:2 * half] = a * s + b * c
+    return x
+
+
+def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
+              cu_seqlens_new, rotary_cos=None, rotary_sin=None, rotary_interleaved=False, q=None, layout="linear"):
+    """``(k_cache, v_cache, q)`` after appending: sequence ``b``'s new rows ``k_new[cu[b]:cu[b + 1]]`` (``[Tnew, Hk,
+    D]``) go to its tokens ``seqlens_k[b] ...``, RoPE applied to them (and to ``q [Tnew, Hq, D]``, the same new tokens)
+    at those positions when tables are given.  Copies: the arguments are not modified."""
+    k_cache, v_cache = _check_cache(k_cache, v_cache, layout)
+    k_cache, v_cache = k_cache.copy(), v_cache.copy()
+    lens = _lengths(seqlens_k)
+    cn = _ints("cu_seqlens_new", cu_seqlens_new, 1)
+    k_new = _as_float_array("k_new", k_new)
+    v_new = _as_float_array("v_new", v_new)
+    if cn.shape[0] != lens.shape[0] + 1 or cn[0] != 0 or np.any(np.diff(cn) < 0) or cn[-1] != k_new.shape[0]:
+        raise _usage("usage.value", f"`cu_seqlens_new` must be [B + 1] = [{lens.shape[0] + 1}], start at 0, never "
+                     f"decrease and end at len(k_new) = {k_new.shape[0]}; got {cn.tolist()}")
+    if k_new.shape[1:] != k_cache.shape[2:] or v_new.shape[1:] != v_cache.shape[2:] or v_new.shape[0] != k_new.shape[0]:
+        raise _usage("usage.shape", f"`k_new`/`v_new` must be [Tnew, Hk, D] / [Tnew, Hk, Dv] matching the caches "
+                     f"({k_cache.shape[2:]}, {v_cache.shape[2:]}), got {k_new.shape} and {v_new.shape}")
+    page = k_cache.shape[1]
+    rows = _pages_of(block_table, kv_indptr, kv_indices, lens.shape[0], k_cache.shape[0])
+    pos = np.concatenate([lens[b] + np.arange(cn[b + 1] - cn[b]) for b in range(lens.shape[0])]) \
+        if lens.shape[0] else np.zeros(0, np.int64)
+    for b in range(lens.shape[0]):
+        need = -(-int(lens[b] + cn[b + 1] - cn[b]) // page)
+        if need > rows[b].shape[0]:
+            raise _usage("usage.value", f"sequence {b}: {int(lens[b])} cached + {int(cn[b + 1] - cn[b])} new tokens "
+                         f"need {need} pages of {page}, its table has {rows[b].shape[0]}",
+                         "give the sequence more pages before appending")
+    rope = rotary_cos is not None or rotary_sin is not None
+    if rope and (rotary_cos is None or rotary_sin is None):
+        raise _usage("usage.value", "RoPE needs both rotary_cos and rotary_sin")
+    kr = rotary(k_new, pos, rotary_cos, rotary_sin, rotary_interleaved) if rope else k_new
+    qr = None
+    if q is not None:
+        q = _as_float_array("q", q)
+        if q.shape[0] != k_new.shape[0] or q.ndim != 3:
+            raise _usage("usage.shape", f"`q` must be the new tokens' queries [Tnew = {k_new.shape[0]}, Hq, D], got "
+                         f"{q.shape}")
+        qr = rotary(q, pos, rotary_cos, rotary_sin, rotary_interleaved) if rope else q.copy()
+    for b in range(lens.shape[0]):
+        t = np.arange(cn[b], cn[b + 1])
+        tok = pos[t]
+        pid, off = rows[b][tok // page], tok % page
+        k_cache[pid, off] = kr[t]
+        v_cache[pid, off] = v_new[t]
+    return k_cache, v_cache, qr
