@@ -155,9 +155,6 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
         for x in (dqt, dkt, dvt):
             x.zero_()
         return _result(dqt, dkt, dvt, dbias, bias)
-    if group:  # a sequence without keys gets no dQ from the kernels; one without queries no dK/dV
-        dkt.zero_()
-        dvt.zero_()
 
     disp = dispatcher(registry, dev)
     kw = {"dbias": dbias, "bias": bias, "alibi_slopes": alibi_slopes, "cu_seqlens_q": cu_seqlens_q if group else None,

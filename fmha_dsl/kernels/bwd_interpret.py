@@ -76,9 +76,10 @@ def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bi
         left, right = -1, -1
     use_mask = (not mask_none) if mask_kernel is None else bool(mask_kernel)
 
-    dq = np.zeros(qa.shape, npdt)
-    dk = np.full(ka.shape, 0, npdt)
-    dv = np.full(va.shape, 0, npdt)
+    nan = np.uint16(0x7FC0) if dtype == "bf16" else np.nan  # every gradient element must be written by the kernels
+    dq = np.full(qa.shape, nan, npdt)
+    dk = np.full(ka.shape, nan, npdt)
+    dv = np.full(va.shape, nan, npdt)
     want_dbias = bias is not None if dbias is None else bool(dbias)
     b_arr = prep(bias) if bias is not None else np.zeros(1, npdt)
     g_arr = np.zeros((B, Hq, msq, msk), npdt) if want_dbias else np.zeros(1, npdt)
@@ -121,7 +122,10 @@ def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bi
                                    scale=scale, softcap=softcap, dropout_p=dropout_p, seed=seed, offset=offset,
                                    wl=left, wr=right, br=mode != "top_left", sink=int(sink))
     g1, g2, g3 = bwd_abi.grids(B, Hq, Hk, msq, msk, block_n, deterministic)
-    if min(g1) and min(g2):
+    if not (min(g1) and min(g2)):  # no query row or no key column anywhere: zero gradients, nothing launched
+        for x in (dq, dk, dv):
+            x[...] = 0
+    else:
         T.fmha_bwd_dot_do_o[g1](*dot, **consts["bwd_dot_do_o"])
         T.fmha_bwd_dq_dk_dv[g2](*main, **consts["bwd_dq_dk_dv"])
         T.fmha_bwd_convert_dq[g3](*conv, **consts["bwd_convert_dq"])
