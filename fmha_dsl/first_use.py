@@ -90,7 +90,7 @@ class Builder:
     # -- keys -------------------------------------------------------------------------------------------
     def candidates(self, problem, arch: str, aligned: bool = True, limit: int | None = None) -> list[Entry]:
         """Rule-checked candidate entries (no build yet), most promising first by the cost model."""
-        from .seqtune import compute_units, cost, programs
+        from .costmodel import compute_units, cost, programs
 
         if problem.family not in ("fwd", "fwd_splitkv", "bwd_dq_dk_dv"):
             raise error("runtime.jit", f"compiling on first use serves the forward and backward families, not "
@@ -147,7 +147,7 @@ class Builder:
         multiples of ALIGN, unpadded), ranked by the cost model."""
         from .data import load
         from .rules.triton_bwd import _vendor_has, stages
-        from .seqtune import compute_units, cost
+        from .costmodel import compute_units, cost
 
         out = {}
         aq, ak = seq_aligned(problem.max_seqlen_q or problem.seqlen_q, problem.max_seqlen_k or problem.seqlen_k,

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from fmha_dsl import knobs, seqtune
+from fmha_dsl import costmodel, knobs
 from fmha_dsl.errors import FmhaError, error
 from fmha_dsl.seqtune import seq_aligned
 
@@ -282,7 +282,7 @@ class MeasuredSelection:
 
     def _cheapest(self, p, entries: list) -> Entry:
         return min(_without_spills(entries),
-                   key=lambda x: (seqtune.cost(x, p, self.arch, self.compute_units)[0], x.identifier))
+                   key=lambda x: (costmodel.cost(x, p, self.arch, self.compute_units)[0], x.identifier))
 
     def _compile(self, entries, aligned: bool, cache_only: bool = False) -> list[Entry]:
         """Compile (or load) ``entries`` through the builder and add them; the ones that compiled, in order.

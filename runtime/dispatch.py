@@ -49,7 +49,7 @@ from __future__ import annotations
 import os
 import threading
 
-from fmha_dsl import knobs, seqtune
+from fmha_dsl import costmodel, knobs, seqtune
 from fmha_dsl.errors import FmhaError, UsageError, error
 from fmha_dsl.registry import Entry
 
@@ -129,7 +129,7 @@ class Dispatcher(MeasuredSelection):
                 seqtune.warn_ignored(self.table_note)
                 table = None
         self.table = table
-        self.compute_units = seqtune.compute_units(self.arch, table)
+        self.compute_units = costmodel.compute_units(self.arch, table)
         self.tuned = None
         if builder is not None or table is None:
             if device_name is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from fmha_dsl.errors import UsageError, error
-from fmha_dsl.seqtune import split_limit, splits_at
+from fmha_dsl.costmodel import split_limit, splits_at
 
 from . import abi
 from fmha_dsl.kernels.fwd_abi import (COMBINE_BLOCK_M, aligned_names, block_d, grid_of, packs_gqa, split_args,
@@ -175,7 +175,7 @@ _I32_MAX = (1 << 31) - 1
 class SplitLaunch:
     """Launch a split-KV plan: the split kernel into fp32 workspaces, then the combine kernel into ``out``/``lse``.
 
-    Splits per launch: :func:`fmha_dsl.seqtune.splits_at` (the kernel's count, or the problem's ``num_splits``; no
+    Splits per launch: :func:`fmha_dsl.costmodel.splits_at` (the kernel's count, or the problem's ``num_splits``; no
     more than the key blocks, nor than fills a few waves of the device), halved while the workspace's element strides would overflow int32.  The
     workspaces ``[B, Hq * splits, max_seqlen_q, BLOCK_DV]`` / ``[B, Hq * splits, max_seqlen_q]`` come from torch's
     caching allocator on the launch stream's device (stream-ordered: freed after the launch, reused only behind it

@@ -1,0 +1,145 @@
+"""[select] The cost model: a unit-less time estimate of a kernel on a problem, from its tile, the device's compute
+units and the build's resource report -- what ranks kernels nothing has measured (seqtune tables rank the measured
+ones, first-use selection times its candidates), and the split count a split-KV launch uses.
+
+Pure Python; reads the arch table (:mod:`fmha_dsl.arch`) and an entry's ``build["resources"]``.
+"""
+
+from __future__ import annotations
+
+from .kernels.fwd_abi import packs_gqa
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def programs(seqlen_q: int, m0: int, nhead_q: int, batch: int) -> int:
+    return _cdiv(max(seqlen_q, 1), m0) * nhead_q * batch
+
+
+def waves(nprog: int, slots: int) -> int:
+    return max(1, _cdiv(nprog, max(1, slots)))
+
+
+def split_limit(entry) -> int:
+    """The split count a split-KV kernel runs with (0 for other kernels)."""
+    if entry.sig.get("family") != "fwd_splitkv":
+        return 0
+    b = getattr(entry, "build", None) or {}
+    return int(b.get("splits") or 1 << int(entry.alg["max_splits_log2"]))
+
+
+SPLIT_WAVES = 4   # a split-KV launch splits no further than to fill this many waves of programs
+
+
+def splits_at(limit: int, seqlen_k: int, n0: int, nprog: int, cus: int) -> int:
+    """Splits a split-KV launch uses (1 for other kernels: ``limit`` 0): the kernel's count, but no more than the key
+    blocks ``ceil(seqlen_k / n0)``, and no more than it takes for the ``nprog`` programs of one split to fill
+    :data:`SPLIT_WAVES` waves over ``cus`` compute units (a grid that already fills the device gains nothing from
+    splitting and would only grow the workspace).  The runtime (``fmha_dsl.runtime.plan.SplitLaunch``) uses this."""
+    if not limit:
+        return 1
+    return max(1, min(limit, _cdiv(max(seqlen_k, 1), n0), _cdiv(SPLIT_WAVES * max(cus, 1), max(nprog, 1))))
+
+
+def arch_info(arch: str) -> dict:
+    from .arch import get
+
+    return get(arch)
+
+
+def compute_units(arch: str | None, table=None) -> int:
+    """The device's compute units: a seqtune table's measured device, else the arch table's (100 unknown)."""
+    if table is not None and table.device.get("compute_units"):
+        return int(table.device["compute_units"])
+    return int(arch_info(arch).get("compute_units", 100)) if arch else 100
+
+
+def occupancy(entry, arch: str | None) -> int:
+    """Programs resident per SM/CU from the build's resource usage (1 when unknown).
+
+    NVIDIA: min over registers (65536 per SM / (regs x threads)), shared memory (the arch's per-block limit taken as
+    the per-SM budget / the kernel's ``shared``) and threads (2048 per SM).  AMD: the ``; Occupancy:`` note (waves
+    per SIMD) x 4 SIMDs / warps per program.
+    """
+    b = getattr(entry, "build", None) or {}
+    if not b:
+        return 1
+    res = b.get("resources") or {}
+    warps = int(b.get("num_warps") or entry.alg["wave"][0] or 4)
+    info = arch_info(arch) if arch else {}
+    if info.get("vendor") == "amd" or (arch or "").startswith("gfx"):
+        occ = res.get("occupancy")
+        return max(1, (int(occ) * 4) // warps) if occ else 1
+    threads = warps * int(b.get("warp_size") or 32)
+    limits = [2048 // threads]
+    if res.get("regs"):
+        limits.append(65536 // (int(res["regs"]) * threads))
+    if b.get("shared"):
+        limits.append(int(info.get("shared_bytes", 232448)) // max(1, int(b["shared"])))
+    return max(1, min(limits))
+
+
+# FLOP-equivalents a K/V element load costs against one multiply-add: the heuristic load/math balance of a tile
+LOAD_COST = 16.0
+
+
+def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dict]:
+    """A unit-less time estimate of ``entry`` on problem ``p`` (smaller is faster) and its components.
+
+    ``cost = rounds x work_per_program / (efficiency x hiding)`` with
+
+    * tile waste from padding: the work per program uses the padded lengths ``m0`` x ``ceil(sk/n0)*n0`` (the query
+      tile waste ``ceil(sq/m0)*m0/sq`` enters through the number of programs; causal: about half the keys);
+    * waves over the compute units: ``programs = ceil(sq/m0) x nhead_q x batch`` run in
+      ``waves = ceil(programs / (CUs x occupancy))``; a full wave of ``occupancy`` co-resident programs per SM takes
+      ``occupancy`` program-times, the partial last one ``ceil(remainder / CUs)``: ``rounds`` is their sum, so a
+      partial wave costs as much as its most loaded SM;
+    * occupancy (:func:`occupancy`, from the build's resource usage) hides latency: ``hiding = 1 - 0.25 / occupancy``;
+    * efficiency ``m0 n0 / (m0 n0 + LOAD_COST (m0 + n0))``: larger tiles reuse each loaded element more;
+    * split-KV kernels (:func:`splits_at` splits): ``splits`` times the programs, each with ``1/splits`` of the key
+      blocks, plus the combine pass: ``2 LOAD_COST splits x padded rows x Dv x heads x batch / CUs`` (the fp32
+      partials written and read back).
+    """
+    a = entry.alg
+    m0, n0 = int(a["tile"][0]), int(a["tile"][1])
+    sq = max(int(p.max_seqlen_q or p.seqlen_q), 1)
+    sk = max(int(p.max_seqlen_k or p.seqlen_k), 1)
+    cus = cus or compute_units(arch)
+    occ = occupancy(entry, arch)
+    if entry.sig.get("family") == "bwd_dq_dk_dv":  # one program per key block and K/V head, over every query row
+        g = max(1, p.nhead_q // max(p.nhead_k, 1))
+        nprog = programs(sk, n0, p.nhead_k, p.batch)
+        work = n0 * _cdiv(sq, m0) * m0 * g * (2 * p.hdim_q + 3 * p.hdim_v)
+        if entry.sig.get("deterministic"):  # dQ by its own programs: two more products per block pair, no atomics
+            work *= 1.2
+        if p.mask != "no":
+            work *= 0.5 + 0.5 * min(1.0, n0 / sk)
+        eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0))
+        full, rem = divmod(nprog, cus * occ)
+        rounds = full * occ + _cdiv(rem, cus)
+        return rounds * work / (eff * (1.0 - 0.25 / occ)), {"programs": nprog, "rounds": rounds, "occupancy": occ,
+                                                             "efficiency": round(eff, 4)}
+    g = max(1, p.nhead_q // max(p.nhead_k, 1)) if packs_gqa(a.get("pipeline", "")) else 1
+    nprog = programs(sq * g, m0, p.nhead_q // g, p.batch)  # GQA-packed rows: one program per K/V head
+    ns = splits_at(split_limit(entry), sk, n0, nprog, cus)
+    nprog *= ns
+    w = waves(nprog, cus * occ)
+    sk_pad = _cdiv(_cdiv(sk, n0), ns) * n0   # keys per program (split-KV: per split)
+    work = m0 * sk_pad * (p.hdim_q + p.hdim_v)
+    if p.mask != "no":
+        work *= 0.5 + 0.5 * min(1.0, m0 / sq)   # causal: half the keys, plus the diagonal tile
+    eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0))
+    full, rem = divmod(nprog, cus * occ)
+    rounds = full * occ + _cdiv(rem, cus)
+    c = rounds * work / (eff * (1.0 - 0.25 / occ))
+    if split_limit(entry):  # the combine pass: write and read back splits x rows x Dv fp32 partials
+        c += LOAD_COST * 2 * ns * _cdiv(sq, m0) * m0 * p.hdim_v * p.nhead_q * p.batch / cus
+    return c, {"waves": w, "rounds": rounds, "programs": nprog, "occupancy": occ, "splits": ns,
+               "tile_waste_q": _cdiv(sq, m0) * m0 / sq,
+               "tile_waste_k": sk_pad / sk, "efficiency": round(eff, 4)}
+
+
+__all__ = ["cost", "occupancy", "compute_units", "programs", "waves", "split_limit", "splits_at", "LOAD_COST",
+           "SPLIT_WAVES"]
