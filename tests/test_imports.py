@@ -100,3 +100,24 @@ def test_the_detector_sees_lazy_imports():
     graph = import_graph()
     assert "fmha_dsl.keys" in graph["fmha_dsl.keyfields"]       # imported inside KeyFields.key
     assert "fmha_dsl.build_triton" in graph["fmha_dsl.build"]   # imported inside build()
+
+
+def test_only_the_cli_modules_print_or_exit():
+    """Library code never prints or exits: print(), sys.exit() and exit() appear only in fmha_dsl/cli*.py."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    offenders = []
+    for folder in ("fmha_dsl", "runtime", "grammar", "kernelsets"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path.parent.name == "fmha_dsl" and path.name.startswith("cli"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call):
+                    f = node.func
+                    name = f.id if isinstance(f, ast.Name) else f"{getattr(f.value, 'id', '')}.{f.attr}" \
+                        if isinstance(f, ast.Attribute) else ""
+                    if name in ("print", "exit", "quit", "sys.exit", "os._exit"):
+                        offenders.append(f"{path.relative_to(root)}:{node.lineno}: {name}()")
+    assert not offenders, offenders
