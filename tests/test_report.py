@@ -252,3 +252,26 @@ def test_png_matplotlib_when_available(build_dir, tmp_path):
     assert a == b
     w, h, bpp, raw = _png_info(a)
     assert len(raw) == h * (1 + w * bpp)
+
+
+def test_backward_classes_are_drawn_with_backward_flops(tmp_path):
+    """A table with a backward class (what `fmha-dsl tune` writes for `"family": "bwd"`): drawn like a forward one,
+    titled with its family, and its TFLOP/s count 2.5x the forward's FLOPs."""
+    doc = _registry()
+    bwd = [dict(k, identifier=k["identifier"] + "b", name=k["name"].replace("fwd", "bwd"),
+                signature=dict(k["signature"], family="bwd_dq_dk_dv")) for k in KERNELS]
+    doc["kernels"] = KERNELS + bwd
+    cls = dict(doc["seqtune"]["classes"][1]["class"], family="bwd_dq_dk_dv")
+    pts = [dict(p, times_us={k + "b": t for k, t in p["times_us"].items()})
+           for p in doc["seqtune"]["classes"][1]["points"]]
+    doc["seqtune"]["classes"].append({"class": cls, "points": pts})
+    d = tmp_path / "b"
+    d.mkdir()
+    (d / "registry.json").write_text(json.dumps(doc, sort_keys=True, indent=1))
+    out = tmp_path / "b.html"
+    report.write_report(str(d), str(out))
+    text = out.read_text()
+    assert text.count("<svg") == 3 and "bwd_dq_dk_dv" in text
+    pt = {"batch": 2, "nhead_q": 8, "seqlen_q": 1024, "seqlen_k": 1024}
+    fwd = report.point_tflops({"hdim_q": 128, "hdim_v": 128, "mask": "no", "family": "fwd"}, pt, 100.0)
+    assert report.point_tflops(dict(cls, mask="no"), pt, 100.0) == pytest.approx(2.5 * fwd)
