@@ -31,12 +31,11 @@ actual value, and a hint.  Importing this module does no work (torch and numpy a
 from __future__ import annotations
 
 import math
-import os
 
 from . import api_dispatch as _api
 from .api_dispatch import dispatcher as _dispatcher
 from .api_dispatch import timer as _timer
-from .attention_args import (_bad_batch_shapes, _bad_dtypes, _bad_rank, _bad_strides, _bad_types, _check_bias,
+from .attention_args import (_bad_dtypes, _bad_strides, _batch_shapes, _bad_types, _check_bias,
                              _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
                              _group_lengths, _group_shapes, _mask, _usage)
 
@@ -104,13 +103,7 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
     if group:
         tq, hq, dq, tk, hk, dv = _group_shapes(qsh, ksh, vsh, cu_seqlens_q, cu_seqlens_k)
     else:
-        if len(qsh) != 4 or len(ksh) != 4 or len(vsh) != 4:
-            _bad_rank(qsh, ksh, vsh, False)
-        b, hq, sq, dq = qsh
-        bk, hk, sk, dk = ksh
-        bv, hv, sv, dv = vsh
-        if bk != b or bv != b or hv != hk or sv != sk or dk != dq or hk < 1 or hq % hk or dq < 1 or dv < 1:
-            _bad_batch_shapes(qsh, ksh, vsh)
+        b, hq, sq, dq, hk, sk, dv = _batch_shapes(qsh, ksh, vsh)
     dev = q.get_device()
     if dev < 0 or k.get_device() != dev or v.get_device() != dev:
         _check_devices(q, k, v, registry)

@@ -157,6 +157,18 @@ def _bad_batch_shapes(qsh, ksh, vsh):
     _check_heads(hq, hk, dq, dk, dv, ksh)
 
 
+def _batch_shapes(qsh, ksh, vsh) -> tuple:
+    """``(b, hq, sq, dq, hk, sk, dv)`` of batch-mode ``[B, H, S, D]`` shapes, or a located error."""
+    if len(qsh) != 4 or len(ksh) != 4 or len(vsh) != 4:
+        _bad_rank(qsh, ksh, vsh, False)
+    b, hq, sq, dq = qsh
+    bk, hk, sk, dk = ksh
+    bv, hv, sv, dv = vsh
+    if bk != b or bv != b or hv != hk or sv != sk or dk != dq or hk < 1 or hq % hk or dq < 1 or dv < 1:
+        _bad_batch_shapes(qsh, ksh, vsh)
+    return b, hq, sq, dq, hk, sk, dv
+
+
 def _group_shapes(qsh, ksh, vsh, cu_q, cu_k):
     if cu_q is None or cu_k is None:
         raise _usage("usage.shape", "group mode needs both cu_seqlens_q and cu_seqlens_k, got only "

@@ -22,7 +22,7 @@ says its size from upper bounds); default: allocated per call from torch's cachi
 
 from __future__ import annotations
 
-from .attention_args import (CALLER, _bad_batch_shapes, _bad_dtypes, _bad_rank, _bad_types, _check_bias,
+from .attention_args import (CALLER, _bad_dtypes, _bad_types, _batch_shapes, _check_bias,
                              _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
                              _group_lengths, _group_shapes, _mask, _usage)
 
@@ -57,8 +57,7 @@ def _numpy(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes, dropout_
     from .reference_bwd import attention_bwd
 
     if dropout_p and seed is None:
-        raise _usage("usage.value", "dropout needs the forward's seed: pass seed=", "the keep-mask is recomputed "
-                     "from (seed, offset); call the forward with an explicit seed")
+        _missing_seed()
     dq, dk, dv, db = attention_bwd(q, k, v, out, lse, dout, causal=causal, window=window, bias=bias,
                                    alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed or 0, offset=offset,
                                    softcap=softcap, sink=0 if sink is None else sink, scale=scale,
@@ -95,12 +94,7 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
     if group:
         tq, hq, dq, tk, hk, dv = _group_shapes(qsh, ksh, vsh, cu_seqlens_q, cu_seqlens_k)
     else:
-        if len(qsh) != 4 or len(ksh) != 4 or len(vsh) != 4:
-            _bad_rank(qsh, ksh, vsh, False)
-        b, hq, sq, dq = qsh
-        if (ksh[0], vsh[0]) != (b, b) or vsh[1] != ksh[1] or vsh[2] != ksh[2] or ksh[3] != dq or hq % max(ksh[1], 1):
-            _bad_batch_shapes(qsh, ksh, vsh)
-        hk, sk, dv = ksh[1], ksh[2], vsh[3]
+        b, hq, sq, dq, hk, sk, dv = _batch_shapes(qsh, ksh, vsh)
     want_o = tuple(qsh[:-1]) + (dv,)
     for name, x in (("out", out), ("dout", dout)):
         if tuple(x.shape) != want_o:
@@ -127,8 +121,7 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
     mask, wl, wr, br = _mask(causal, window)
     if dropout_p:
         if seed is None:
-            raise _usage("usage.value", "dropout needs the forward's seed: pass seed=", "the keep-mask is "
-                         "recomputed from (seed, offset); call the forward with an explicit seed")
+            _missing_seed()
         seed = _check_dropout(dropout_p, seed, offset)
     elif dropout_p is not None and dropout_p.__class__ not in (float, int):
         _check_dropout(dropout_p, seed, offset)
@@ -164,10 +157,10 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
     tensors = (q, k, v, out, lse, dout, dqt, dkt, dvt)
     aligned = dev < 0 or _aligned(tensors)
     # the plans of this call's class, by a plain tuple (a training loop's repeat calls build no Problem)
-    key = (dname, group, dq, dv, mask != "no", bias_kind, bool(dropout_p), softcap is not None, sink > 0,
-           bias is not None, deterministic, aligned, hq // hk) + disp.seq_key(sq, sk, b * hq)
+    cls = (dname, group, dq, dv, mask != "no", bias_kind, bool(dropout_p), softcap is not None, sink > 0,
+           bias is not None, deterministic, aligned, hq // hk)
     cache = disp.fast_bwd
-    plan = cache.get(key)
+    plan = cache.get(cls + disp.seq_key(sq, sk, b * hq))
     if plan is None:
         from .keys import Problem
 
@@ -178,9 +171,14 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
                           dropout=bool(dropout_p), logits=softcap is not None, sink=sink > 0,
                           dbias=bias is not None, deterministic=deterministic)
         plan = disp.plan(problem, aligned, timer(dev, lambda pl: pl.run(*tensors, **kw)))
-        cache[key[:13] + disp.seq_key(sq, sk, b * hq)] = plan  # (a first-use compile may have re-indexed)
+        cache[cls + disp.seq_key(sq, sk, b * hq)] = plan  # (a first-use compile may have re-indexed the dispatcher)
     plan.run(*tensors, workspace=workspace, **kw)
     return _result(dqt, dkt, dvt, dbias, bias)
+
+
+def _missing_seed():
+    raise _usage("usage.value", "dropout needs the forward's seed: pass seed=", "the keep-mask is recomputed from "
+                 "(seed, offset); call the forward with an explicit seed")
 
 
 def _result(dq, dk, dv, dbias, bias):

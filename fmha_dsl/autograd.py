@@ -137,12 +137,9 @@ def attention_autograd(attention, q, k, v, *, causal, window, bias, alibi_slopes
     the custom ops."""
     from .attention_args import _check_dropout, _mask
 
-    mode, wl, wr, _ = _mask(causal, window)
+    mode = _mask(causal, window)[0]  # checks both; the ops carry the corner and the window as given
     c = {"no": "no", "generic": "no", "top_left": "top_left", "bottom_right": "bottom_right"}[mode]
-    if window is None:
-        wl, wr = -1, -1
-    else:
-        wl, wr = int(window[0]), int(window[1])
+    wl, wr = (-1, -1) if window is None else (int(window[0]), int(window[1]))
     seed = _check_dropout(dropout_p, seed, offset) if dropout_p else 0
     fwd, _ = ops(attention)
     out, lse = fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c, wl, wr,

@@ -152,8 +152,8 @@ class Builder:
         out = {}
         aq, ak = seq_aligned(problem.max_seqlen_q or problem.seqlen_q, problem.max_seqlen_k or problem.seqlen_k,
                              problem.mode == "group")
-        staged = any(stages(arch, {"pipeline": p}) > 1 for p in load("triton_bwd")["pipelines"]
-                     if stages(arch, {"pipeline": p}) and _vendor_has(arch, p))
+        staged = any(_vendor_has(arch, p) and stages(arch, {"pipeline": p}) > 1
+                     for p in load("triton_bwd")["pipelines"])
         # a problem that does not ask for determinism also gets the deterministic kernels (dQ by dedicated programs in
         # a fixed order, no atomics): faster on some shapes, the timing decides
         variants = (problem,) if problem.deterministic else (

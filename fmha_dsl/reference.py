@@ -348,6 +348,42 @@ def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dr
     return Setup(q=q, k=k, v=v, bias=bias, alibi_slopes=alibi_slopes, cfg=cfg, group=group, B=B, Hq=Hq, Hk=Hk,
                  Dq=Dq, Dv=Dv, Sq_max=Sq_max, Sk_max=Sk_max, cq=cq, ck=ck, lens_q=lens_q, lens_k=lens_k)
 
+def _logits(qa, ka, i, j, Sq: int, Sk: int, bias, slope, cfg):
+    """Steps 2-5 of docs/semantics.md for query rows ``i`` (``[r, 1]``; ``qa`` their queries, ``ka`` the keys, both in
+    the accumulation dtype) against key columns ``j`` (``[1, Sk]``): ``(s, t)``, the scores after soft-cap, bias and
+    ALiBi with ``-inf`` where the mask forbids, and ``t = tanh(scale q.k / softcap)`` (None without soft-cap; the
+    backward's derivative needs it).  ``bias``: these rows of the bias (or None)."""
+    acc = cfg["accum"]
+    s = (qa @ ka.T) * acc(cfg["scale"])
+    t = None
+    if cfg["softcap"] is not None:
+        c = acc(cfg["softcap"])
+        t = np.tanh(s / c)
+        s = c * t
+    if bias is not None:
+        s = s + bias.astype(acc)
+    if slope is not None:
+        s = s - acc(slope) * np.abs((i + (Sk - Sq)) - j).astype(acc)
+    if cfg["mwin"] is not None:
+        left, right, top_left = cfg["mwin"]
+        d = i + (0 if top_left else Sk - Sq)
+        allowed = np.ones((i.shape[0], Sk), dtype=bool)
+        if left >= 0:
+            allowed &= j >= d - left
+        if right >= 0:
+            allowed &= j <= d + right
+        if cfg["sink"] > 0:
+            allowed |= j < cfg["sink"]
+        s = np.where(allowed, s, acc(-np.inf))
+    return s, t
+
+
+def _keep(cfg, b: int, h: int, i, j):
+    """Step 7's dropout keep-mask at rows ``i`` and columns ``j`` of (sequence ``b``, head ``h``)."""
+    off = cfg["offset"] + ((b * cfg["Hq"] + h) * cfg["Sq_max"] + i) * cfg["Sk_max"] + j
+    return philox_uniform(cfg["seed"], off.astype(np.int64)) >= np.float32(cfg["dropout_p"])
+
+
 def _head(qh, kh, vh, b, h, bias, slope, cfg):
     """One (sequence, query head): qh [Sq, Dq], kh [Sk, Dq], vh [Sk, Dv] -> out [Sq, Dv], lse [Sq]."""
     acc = cfg["accum"]
@@ -356,7 +392,7 @@ def _head(qh, kh, vh, b, h, bias, slope, cfg):
     lse = np.full((Sq,), -np.inf, dtype=np.float32)
     if Sq == 0 or Sk == 0:
         return out, lse
-    kT = kh.astype(acc).T
+    ka = kh.astype(acc)
     va = vh.astype(acc)
     j = np.arange(Sk)[None, :]
     step = max(1, _ROW_BLOCK_ELEMS // Sk)
@@ -364,25 +400,8 @@ def _head(qh, kh, vh, b, h, bias, slope, cfg):
         for r0 in range(0, Sq, step):
             r1 = min(Sq, r0 + step)
             i = np.arange(r0, r1)[:, None]
-            s = (qh[r0:r1].astype(acc) @ kT) * acc(cfg["scale"])
-            if cfg["softcap"] is not None:
-                c = acc(cfg["softcap"])
-                s = c * np.tanh(s / c)
-            if bias is not None:
-                s = s + bias[r0:r1].astype(acc)
-            if slope is not None:
-                s = s - acc(slope) * np.abs((i + (Sk - Sq)) - j).astype(acc)
-            if cfg["mwin"] is not None:
-                left, right, top_left = cfg["mwin"]
-                d = i + (0 if top_left else Sk - Sq)
-                allowed = np.ones((r1 - r0, Sk), dtype=bool)
-                if left >= 0:
-                    allowed &= j >= d - left
-                if right >= 0:
-                    allowed &= j <= d + right
-                if cfg["sink"] > 0:
-                    allowed |= j < cfg["sink"]
-                s = np.where(allowed, s, acc(-np.inf))
+            s, _ = _logits(qh[r0:r1].astype(acc), ka, i, j, Sq, Sk, None if bias is None else bias[r0:r1], slope,
+                           cfg)
             m = s.max(axis=1, keepdims=True)
             live = ~(m == acc(-np.inf))  # rows with an allowed column whose score is not -inf (NaN propagates)
             m = np.where(live, m, acc(0))
@@ -391,8 +410,6 @@ def _head(qh, kh, vh, b, h, bias, slope, cfg):
             p = np.where(live, e / np.where(live, l, acc(1)), acc(0))
             lse[r0:r1] = np.where(live[:, 0], (m + np.log(l))[:, 0], -np.inf).astype(np.float32)
             if cfg["dropout_p"] > 0.0:
-                off = cfg["offset"] + ((b * cfg["Hq"] + h) * cfg["Sq_max"] + i) * cfg["Sk_max"] + j
-                keep = philox_uniform(cfg["seed"], off.astype(np.int64)) >= np.float32(cfg["dropout_p"])
-                p = np.where(keep, p / acc(1.0 - cfg["dropout_p"]), acc(0))
+                p = np.where(_keep(cfg, b, h, i, j), p / acc(1.0 - cfg["dropout_p"]), acc(0))
             out[r0:r1] = p @ va
     return out, lse

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import _ROW_BLOCK_ELEMS, _as_float_array, _usage, philox_uniform, setup
+from .reference import _ROW_BLOCK_ELEMS, _as_float_array, _keep, _logits, _usage, setup
 
 __all__ = ["attention_bwd"]
 
@@ -96,44 +96,21 @@ def _head(qh, kh, vh, oh, lh, doh, b, h, bias, slope, cfg):
             r1 = min(Sq, r0 + step)
             i = np.arange(r0, r1)[:, None]
             qa, do = qh[r0:r1].astype(acc), doh[r0:r1].astype(acc)
-            x = (qa @ ka.T) * scale
-            if cfg["softcap"] is not None:
-                cap = acc(cfg["softcap"])
-                t = np.tanh(x / cap)
-                s = cap * t
-            else:
-                s = x
-            if bias is not None:
-                s = s + bias[r0:r1].astype(acc)
-            if slope is not None:
-                s = s - acc(slope) * np.abs((i + (Sk - Sq)) - j).astype(acc)
-            allowed = np.ones((r1 - r0, Sk), dtype=bool)
-            if cfg["mwin"] is not None:
-                left, right, top_left = cfg["mwin"]
-                d = i + (0 if top_left else Sk - Sq)
-                if left >= 0:
-                    allowed &= j >= d - left
-                if right >= 0:
-                    allowed &= j <= d + right
-                if cfg["sink"] > 0:
-                    allowed |= j < cfg["sink"]
+            s, t = _logits(qa, ka, i, j, Sq, Sk, None if bias is None else bias[r0:r1], slope, cfg)
             lrow = lh[r0:r1].astype(acc)[:, None]
             live = np.isfinite(lrow)
-            p = np.where(allowed & live, np.exp(s - np.where(live, lrow, acc(0))), acc(0))
+            p = np.where(live, np.exp(s - np.where(live, lrow, acc(0))), acc(0))  # masked: exp(-inf) = 0
             if cfg["dropout_p"] > 0.0:
-                off = cfg["offset"] + ((b * cfg["Hq"] + h) * cfg["Sq_max"] + i) * cfg["Sk_max"] + j
-                keep = philox_uniform(cfg["seed"], off.astype(np.int64)) >= np.float32(cfg["dropout_p"])
-                kd = np.where(keep, acc(1.0 / (1.0 - cfg["dropout_p"])), acc(0))
+                kd = np.where(_keep(cfg, b, h, i, j), acc(1.0 / (1.0 - cfg["dropout_p"])), acc(0))
             else:
                 kd = acc(1)
-            z = p * kd
-            dv += z.T @ do
+            dv += (p * kd).T @ do
             dp = (do @ va.T) * kd
             D = (do * oh[r0:r1].astype(acc)).sum(axis=1, keepdims=True)
             ds = p * (dp - D)
             if db is not None:
                 db[r0:r1] = ds
-            dx = ds * (acc(1) - t * t) if cfg["softcap"] is not None else ds
+            dx = ds if t is None else ds * (acc(1) - t * t)
             dq[r0:r1] = (dx @ ka) * scale
             dk += (dx.T @ qa) * scale
     return dq, dk, dv, db

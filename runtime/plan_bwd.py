@@ -123,9 +123,4 @@ class BackwardPlan:
         self._conv.kernel(device).launch(gc, conv, stream)
 
 
-def aligned_args(main_args) -> bool:
-    """Whether the main stage's packed arguments keep the 16-divisibility promise of an aligned build."""
-    return not any(main_args[_NAMES.index(n)] & 15 for n in bwd_abi.ALIGNED)
-
-
-__all__ = ["BackwardPlan", "aligned_args"]
+__all__ = ["BackwardPlan"]

@@ -38,12 +38,11 @@ def scatter(lens, page, hk=2, d=8, dv=8, spare=3, seed=0, share_prefix=False):
         ks.append(kb)
         vs.append(vb)
     width = max(need) + 1
-    bt = np.full((len(lens), width), 10 ** 6, np.int32)      # entries past a sequence's pages are never read
+    bt = np.zeros((len(lens), width), np.int32)      # entries past a sequence's pages are never read
     for b, p in enumerate(pages):
         bt[b, :len(p)] = p
     ip = np.concatenate([[0], np.cumsum([len(p) for p in pages])]).astype(np.int32)
     ix = np.concatenate(pages).astype(np.int32) if pages else np.zeros(0, np.int32)
-    bt[bt == 10 ** 6] = 0
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     return np.concatenate(ks), np.concatenate(vs), cu, k_cache, v_cache, bt, ip, ix
 
