@@ -260,3 +260,23 @@ def test_the_shape_matrix_takes_backward_classes():
     assert all(pts == [(s, s, 16384 // s, 16, 16) for s in (512, 1024, 2048, 4096, 8192, 16384)] for _, pts in bwd)
     with pytest.raises(UsageError, match="unknown family 'back'"):
         expand_shapes({"classes": [{"family": "back", "seqlens": [1]}]})
+
+
+def test_torch_backward_arguments_get_located_errors():
+    torch = pytest.importorskip("torch")
+    q = torch.randn(1, 2, 8, 16)
+    out, lse = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8)
+    cases = [
+        (dict(out=out.half()), "usage.dtype", "`out` must have q's dtype"),
+        (dict(lse=lse.half()), "usage.dtype", "`lse` must be float32"),
+        (dict(dout=torch.randn(1, 2, 8, 8)), "usage.shape", "`dout` must have the forward output's shape"),
+        (dict(lse=torch.randn(1, 2, 9)), "usage.shape", "`lse` must be the forward's LSE"),
+        (dict(k=torch.randn(1, 3, 8, 16), v=torch.randn(1, 3, 8, 16)), "usage.shape", "multiple of key heads"),
+        (dict(), "usage.device", "torch tensors run on a GPU"),
+    ]
+    for over, rule, words in cases:
+        a = dict(q=q, k=q, v=q, out=out, lse=lse, dout=out)
+        a.update(over)
+        with pytest.raises(UsageError) as e:
+            fmha_dsl.attention_backward(a["q"], a["k"], a["v"], a["out"], a["lse"], a["dout"])
+        assert e.value.rule == rule and words in str(e.value) and "attention_backward()" in str(e.value), e.value
