@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # One GPU-machine run (see bench/README_device.md): lay the tree out as the installed package, build the
 # benchmark set for the local GPU, run the GPU tests and the benchmarks.  Logs and JSON go to $OUT.
-#   bash bench/device_run.sh [all|tests|bwdtests|fwd|flex|dispatch|select|seqbuild|seqtune|seqeval|default|bwd]
+#   bash bench/device_run.sh [all|tests|bwdtests|pagedtests|memcheck|serving|fwd|flex|dispatch|select|seqbuild|seqtune|
+#                             seqeval|default|bwd]
 #   (several: "tests dispatch"); bwd: bench/bench_bwd.py (BWD_ARGS passes options, e.g. --quick)
 #   default: bench/bench_default.py (what fmha_dsl.attention gives with default arguments; DEFAULT_PARTS picks parts)
+#   serving: bench/bench_serving.py (SERVING_ARGS, e.g. "--parts decode --quick"); memcheck: compute-sanitizer
+#   over the serving GPU tests (MEMCHECK_K selects them)
 set -uo pipefail
 what=" ${*:-all} "
 export OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -22,6 +25,27 @@ if [[ $what == *" all "* || $what == *" tests "* ]]; then
 fi
 if [[ $what == *" all "* || $what == *" tests "* || $what == *" bwdtests "* ]]; then
   python3 -P -m pytest -q tests/test_gpu_bwd.py -p no:cacheprovider -ra ${BWDTEST_ARGS:-} 2>&1 | tail -60 | tee "$OUT/test_gpu_bwd.log"
+fi
+if [[ $what == *" all "* || $what == *" pagedtests "* ]]; then
+  FMHA_DSL_TUNE_CANDIDATES=${PAGED_CANDIDATES:-4} python3 -P -m pytest -q tests/test_gpu_paged.py -p no:cacheprovider -ra \
+    ${PAGED_K:+-k "$PAGED_K"} 2>&1 | tail -40 | tee "$OUT/test_gpu_paged.log"
+fi
+if [[ $what == *" memcheck "* ]]; then   # the serving kernels under compute-sanitizer (kernels compiled first, outside)
+  FMHA_DSL_TUNE_CANDIDATES=2 python3 -P -m pytest -q tests/test_gpu_paged.py -p no:cacheprovider -k "${MEMCHECK_K:-corrupt or both_table or append}" >/dev/null 2>&1
+  FMHA_DSL_TUNE_CANDIDATES=2 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 20 \
+    python3 -P -m pytest -q tests/test_gpu_paged.py -p no:cacheprovider -k "${MEMCHECK_K:-corrupt or both_table or append}" 2>&1 \
+    | tail -30 | tee "$OUT/memcheck.log"; echo "memcheck exit: ${PIPESTATUS[0]}" | tee -a "$OUT/memcheck.log"
+fi
+if [[ $what == *" all "* || $what == *" serving "* ]]; then
+  timeout "${SERVING_TIMEOUT:-100000}" python3 -P bench/bench_serving.py ${SERVING_ARGS:-} --json "$OUT/bench_serving.json" 2>&1 \
+    | tee "$OUT/bench_serving.log"
+  cp "$FMHA_DSL_CACHE_DIR"/tuned/*.json "$OUT/" 2>/dev/null
+fi
+if [[ $what == *" retune "* ]]; then   # re-measure the shipped table's decisions (RETUNE_ARGS, e.g. --family fwd)
+  mkdir -p "$FMHA_DSL_CACHE_DIR/tuned"; cp dbg/tuned/*.json "$FMHA_DSL_CACHE_DIR/tuned/" 2>/dev/null  # earlier calls'
+  FMHA_DSL_TUNED_SHIPPED=0 timeout "${RETUNE_TIMEOUT:-100000}" python3 -P bench/retune_shipped.py ${RETUNE_ARGS:-} 2>&1 \
+    | tee "$OUT/retune.log" | tail -5
+  cp "$FMHA_DSL_CACHE_DIR"/tuned/*.json "$OUT/" 2>/dev/null
 fi
 if [[ $what == *" all "* || $what == *" bwd "* ]]; then
   timeout "${BWD_TIMEOUT:-100000}" python3 -P bench/bench_bwd.py ${BWD_ARGS:-} --json "$OUT/bench_bwd.json" 2>&1 \

@@ -11,6 +11,8 @@ Public API (re-exported lazily: importing fmha_dsl does no work)::
     reg = ks.registry(arch="gfx942")        # Registry; reg.save("out/registry.json")
     out = fmha_dsl.attention(q, k, v)       # NumPy: the reference; torch GPU tensors: the kernels (differentiable)
     dq, dk, dv = fmha_dsl.attention_backward(q, k, v, out, lse, dout)
+    out = fmha_dsl.paged_attention(q, k_cache, v_cache, block_table=bt, seqlens_k=lens, cu_seqlens_q=cq)
+    fmha_dsl.append_kv(k_cache, v_cache, k_new, v_new, block_table=bt, seqlens_k=lens, cu_seqlens_new=cn)
 """
 
 __version__ = "0.1.0"
@@ -49,6 +51,8 @@ _EXPORTS = {
     "format_source": "fmt",
     "attention": "attention",
     "attention_backward": "attention_bwd",
+    "paged_attention": "paged",
+    "append_kv": "paged",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -24,7 +24,7 @@ def waves(nprog: int, slots: int) -> int:
 
 def split_limit(entry) -> int:
     """The split count a split-KV kernel runs with (0 for other kernels)."""
-    if entry.sig.get("family") != "fwd_splitkv":
+    if entry.sig.get("family") not in ("fwd_splitkv", "fwd_pagedkv"):
         return 0
     b = getattr(entry, "build", None) or {}
     return int(b.get("splits") or 1 << int(entry.alg["max_splits_log2"]))
@@ -103,7 +103,7 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
       partials written and read back).
     """
     a = entry.alg
-    m0, n0 = int(a["tile"][0]), int(a["tile"][1])
+    m0, n0 = max(1, int(a["tile"][0])), max(1, int(a["tile"][1]))  # (append-KV: no key block)
     sq = max(int(p.max_seqlen_q or p.seqlen_q), 1)
     sk = max(int(p.max_seqlen_k or p.seqlen_k), 1)
     cus = cus or compute_units(arch)

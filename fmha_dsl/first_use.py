@@ -29,8 +29,9 @@ from .seqtune import seq_aligned
 
 # problems whose query blocks fill fewer programs than this many waves of the device get split-KV candidates too
 SPLIT_BELOW_WAVES = 2
-SPLITS_LOG2 = (4, 6)            # 16 and 64 splits at most (fewer when the key axis is short)
-CANDIDATES_VERSION = 2          # bumped when the candidate rules below change (part of Builder.fingerprint)
+SPLITS_LOG2 = (4, 5, 6)         # 16, 32 and 64 splits at most (fewer when the key axis is short)
+PAGED = ("batch_prefill", "fwd_pagedkv", "fwd_appendkv")   # the serving families
+CANDIDATES_VERSION = 3          # bumped when the candidate rules below change (part of Builder.fingerprint)
 
 
 def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> list[dict]:
@@ -47,7 +48,8 @@ def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> li
         "vlayout": problem.vlayout, "pad_s": pads[0], "pad_sk": pads[1], "pad_d": 0, "pad_dv": 0,
         "mask": "top_left" if problem.mask != "no" else "no", "bias": problem.bias, "logits": problem.logits,
         "lse": problem.lse, "dropout": problem.dropout, "sink": problem.sink, "dbias": problem.dbias,
-        "deterministic": problem.deterministic,
+        "deterministic": problem.deterministic, "kv_layout": problem.kv_layout, "kv_lookup": problem.kv_lookup,
+        "page_size": problem.page_size, "rope": problem.rope, "paged_kv": problem.paged_kv,
     }
     env = {"arch": arch, "factory": FACTORY[arch], "receipt": 0, "mask_impl": "simplified", "family": family,
            "backend": "triton", **fr.fixed}
@@ -90,11 +92,11 @@ class Builder:
     # -- keys -------------------------------------------------------------------------------------------
     def candidates(self, problem, arch: str, aligned: bool = True, limit: int | None = None) -> list[Entry]:
         """Rule-checked candidate entries (no build yet), most promising first by the cost model."""
-        from .costmodel import compute_units, cost, programs
+        from .costmodel import compute_units, cost
 
-        if problem.family not in ("fwd", "fwd_splitkv", "bwd_dq_dk_dv"):
-            raise error("runtime.jit", f"compiling on first use serves the forward and backward families, not "
-                        f"{problem.family}", None, "pass registry= a build of a set that declares this family")
+        if problem.family not in ("fwd", "fwd_splitkv", "bwd_dq_dk_dv") + PAGED:
+            raise error("runtime.jit", f"compiling on first use serves the forward, backward and serving families, "
+                        f"not {problem.family}", None, "pass registry= a build of a set that declares this family")
         from .rules import family_rules
 
         why = family_rules("fwd", "triton").supported(arch)
@@ -107,6 +109,8 @@ class Builder:
                         did_you_mean(str(arch), have) or f"one of: {', '.join(have)}", cls=UsageError)
         if problem.family == "bwd_dq_dk_dv":
             return self._backward(problem, arch, aligned, limit)
+        if problem.family in PAGED:
+            return self._serving(problem, arch, aligned, limit)
         out = [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd", aligned)]
         aq, ak = seq_aligned(problem.max_seqlen_q or problem.seqlen_q, problem.max_seqlen_k or problem.seqlen_k,
                              problem.mode == "group")
@@ -120,7 +124,7 @@ class Builder:
             out = [e for e in out if _same_kernel(e) not in tight] + list(tight.values())
         sq = max(problem.max_seqlen_q or problem.seqlen_q, 1)
         cus = compute_units(arch)
-        few = min((programs(sq, e.alg["tile"][0], problem.nhead_q, problem.batch) for e in out), default=0)
+        few = min((_programs(e, problem, sq) for e in out), default=0)
         if problem.family == "fwd_splitkv" or few < SPLIT_BELOW_WAVES * cus:
             split = [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd_splitkv", aligned)]
             out += split
@@ -179,12 +183,40 @@ class Builder:
         n = knobs.tune_candidates() if limit is None else limit
         return sorted(out.values(), key=rank)[:n]
 
+    def _serving(self, problem, arch: str, aligned: bool, limit: int | None) -> list[Entry]:
+        """The serving families' candidates: append-KV has one kernel per key; paged attention every tile and
+        pipeline the rules allow, plus -- for problems with few query blocks (decode) -- the split-KV ``fwd_pagedkv``
+        kernels, ranked by the cost model."""
+        from .costmodel import compute_units, cost
+        from .rules.triton_fwd import stages
+
+        if problem.family == "fwd_appendkv":
+            return [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd_appendkv", aligned)][:1]
+        out = [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "batch_prefill", aligned)]
+        sq = max(problem.max_seqlen_q or problem.seqlen_q, 1)
+        cus = compute_units(arch)
+        few = min((_programs(e, problem, sq) for e in out), default=0)
+        if problem.family == "fwd_pagedkv" or few < SPLIT_BELOW_WAVES * cus:
+            out += [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd_pagedkv", aligned)]
+
+        def rank(e):
+            one = stages({"arch": arch, "pipeline": e.alg["pipeline"]}) <= 1
+            return (one, cost(e, problem, arch, cus)[0], e.identifier)
+
+        n = knobs.tune_candidates() if limit is None else limit
+        ranked = sorted(out, key=rank)
+        spl = [e for e in ranked if e.sig["family"] == "fwd_pagedkv"]
+        if len(ranked) > n and spl and len(spl) < len(ranked):  # both kinds in the cut: the timing decides
+            ns = min(len(spl), max(n // 2, 1))
+            ranked = sorted([e for e in ranked if e.sig["family"] != "fwd_pagedkv"][:n - ns] + spl[:ns], key=rank)
+        return ranked[:n]
+
     def fingerprint(self, family: str = "fwd") -> str:
         """What the candidate space of ``family``'s problems and its kernels depend on: the template's source, the
         Triton backend's tables, its rules and :data:`CANDIDATES_VERSION` (not the Triton version: a decision names a
         kernel key, which any Triton compiles).  A recorded decision made under another fingerprint is measured again
         (a changed template or a new pipeline may change the winner)."""
-        kind = "bwd" if family.startswith("bwd") else "fwd"
+        kind = "bwd" if family.startswith("bwd") else "paged" if family in PAGED else "fwd"
         got = self._fingerprints.get(kind)
         if got is None:
             import hashlib
@@ -192,7 +224,7 @@ class Builder:
 
             from .compile_triton import template_sha256
             from .data import load
-            from .rules import triton_bwd, triton_fwd
+            from .rules import triton_bwd, triton_fwd, triton_paged
 
             h = hashlib.sha256(template_sha256("fwd").encode())
             for name in ("triton", "archs"):
@@ -203,6 +235,12 @@ class Builder:
                 h.update(template_sha256("bwd_dq_dk_dv").encode())
                 h.update(json.dumps(load("triton_bwd"), sort_keys=True).encode())
                 with open(triton_bwd.__file__, "rb") as f:
+                    h.update(f.read())
+            if kind == "paged":  # the serving template, its tables and rules
+                h.update(template_sha256("batch_prefill").encode())
+                h.update(template_sha256("fwd_appendkv").encode())
+                h.update(json.dumps(load("triton_paged"), sort_keys=True).encode())
+                with open(triton_paged.__file__, "rb") as f:
                     h.update(f.read())
             h.update(str(CANDIDATES_VERSION).encode())
             got = self._fingerprints[kind] = h.hexdigest()[:16]
@@ -258,6 +296,16 @@ class Builder:
         return out
 
 
+def _programs(e: Entry, problem, sq: int) -> int:
+    """Programs of ``e``'s grid for ``problem`` (a GQA-packed pipeline runs one per K/V head: a decode step of a GQA
+    model fills the device with fewer programs than its query heads suggest)."""
+    from .costmodel import programs
+    from .kernels.fwd_abi import packs_gqa
+
+    g = max(1, problem.nhead_q // max(problem.nhead_k, 1)) if packs_gqa(e.alg["pipeline"]) else 1
+    return programs(sq * g, e.alg["tile"][0], problem.nhead_q // g, problem.batch)
+
+
 def _same_kernel(e: Entry) -> tuple:
     a = e.alg
     return (e.sig["family"], tuple(a["tile"]), tuple(a["wave"]), a["pipeline"], a["max_splits_log2"])
@@ -269,14 +317,14 @@ def _unpadded(e: Entry) -> int:
 
 def _name_of(e: Entry) -> str:
     """The CK-style instance name of a stored decision's key."""
+    from .rules import family_rules
     from .rules.base import FACTORY, Tile
-    from .rules.triton_fwd import ck_name
 
     a, s = e.alg, e.sig
     b = dict(s, **{k: v for k, v in a.items() if k != "tile"}, arch=e.arch, factory=FACTORY[e.arch],
              hdim=(s["hdim_q"], s["hdim_v"]),
              tile=Tile(tuple(a["tile"]), tuple(a["wave"]), tuple(a["warp"]), a["block_per_cu"], a["max_seq_len_q"]))
-    name = ck_name(b)
+    name = family_rules(s["family"], "triton").ck_name(b)
     return name + "_unaligned" if a.get("constraint") == "unaligned" else name
 
 

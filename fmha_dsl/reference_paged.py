@@ -40,8 +40,10 @@ def _ints(name: str, x, ndim: int) -> np.ndarray:
     return a.astype(np.int64)
 
 
-def _pages_of(block_table, kv_indptr, kv_indices, batch: int, num_pages: int) -> list[np.ndarray]:
-    """Each sequence's page ids, in order, checked against the cache."""
+def _pages_of(block_table, kv_indptr, kv_indices, batch: int, num_pages: int, tokens, page: int,
+              what=None) -> list[np.ndarray]:
+    """Each sequence's page ids, in order: the ``ceil(tokens[b] / page)`` it uses checked to exist and to lie in the
+    cache (entries past them are never read: vLLM pads its block table with anything)."""
     if (block_table is None) == (kv_indptr is None and kv_indices is None):
         raise _usage("usage.value", "give exactly one page table: block_table (vLLM, 2-D) or kv_indptr + kv_indices "
                      "(SGLang, 1-D)", "block_table[b] lists sequence b's pages; kv_indices[kv_indptr[b]:"
@@ -63,6 +65,11 @@ def _pages_of(block_table, kv_indptr, kv_indices, batch: int, num_pages: int) ->
                          "kv_indptr[b + 1] - kv_indptr[b] is sequence b's page count")
         rows = [ix[ip[b]:ip[b + 1]] for b in range(batch)]
     for b, r in enumerate(rows):
+        need = -(-int(tokens[b]) // page)
+        if need > r.shape[0]:
+            raise _usage("usage.value", f"sequence {b}: {what(b) if what else f'{int(tokens[b])} cached'} tokens need {need} pages of {page}, its table has "
+                         f"{r.shape[0]}", "give each sequence the pages its tokens need (seqlens_k)")
+        r = rows[b] = r[:need]
         bad = np.flatnonzero((r < 0) | (r >= num_pages))
         if bad.size:
             raise _usage("usage.value", f"sequence {b}: page id {int(r[bad[0]])} (table position {int(bad[0])}) is "
@@ -98,13 +105,9 @@ def gather_kv(k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=
     k_cache, v_cache = _check_cache(k_cache, v_cache, layout)
     lens = _lengths(seqlens_k)
     page = k_cache.shape[1]
-    rows = _pages_of(block_table, kv_indptr, kv_indices, lens.shape[0], k_cache.shape[0])
+    rows = _pages_of(block_table, kv_indptr, kv_indices, lens.shape[0], k_cache.shape[0], lens, page)
     ks, vs = [], []
-    for b, (n, r) in enumerate(zip(lens, rows)):
-        need = -(-int(n) // page)
-        if need > r.shape[0]:
-            raise _usage("usage.value", f"sequence {b}: {int(n)} cached tokens need {need} pages of {page}, its table "
-                         f"has {r.shape[0]}", "seqlens_k must fit the pages the table gives each sequence")
+    for n, r in zip(lens, rows):
         tok = np.arange(int(n))
         pid, off = r[tok // page], tok % page
         ks.append(k_cache[pid, off])
@@ -178,15 +181,10 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
         raise _usage("usage.shape", f"`k_new`/`v_new` must be [Tnew, Hk, D] / [Tnew, Hk, Dv] matching the caches "
                      f"({k_cache.shape[2:]}, {v_cache.shape[2:]}), got {k_new.shape} and {v_new.shape}")
     page = k_cache.shape[1]
-    rows = _pages_of(block_table, kv_indptr, kv_indices, lens.shape[0], k_cache.shape[0])
+    rows = _pages_of(block_table, kv_indptr, kv_indices, lens.shape[0], k_cache.shape[0], lens + np.diff(cn), page,
+                     lambda b: f"{int(lens[b])} cached + {int(cn[b + 1] - cn[b])} new")
     pos = np.concatenate([lens[b] + np.arange(cn[b + 1] - cn[b]) for b in range(lens.shape[0])]) \
         if lens.shape[0] else np.zeros(0, np.int64)
-    for b in range(lens.shape[0]):
-        need = -(-int(lens[b] + cn[b + 1] - cn[b]) // page)
-        if need > rows[b].shape[0]:
-            raise _usage("usage.value", f"sequence {b}: {int(lens[b])} cached + {int(cn[b + 1] - cn[b])} new tokens "
-                         f"need {need} pages of {page}, its table has {rows[b].shape[0]}",
-                         "give the sequence more pages before appending")
     rope = rotary_cos is not None or rotary_sin is not None
     if rope and (rotary_cos is None or rotary_sin is None):
         raise _usage("usage.value", "RoPE needs both rotary_cos and rotary_sin")

@@ -63,6 +63,10 @@ def key(p, aligned: bool = True) -> str:
     parts = [fam] + [str(getattr(p, f)).lower() for f in _FIELDS[1:]]
     if fam.startswith("bwd"):
         parts += ["dbias" if p.dbias else "ndbias", "det" if p.deterministic else "ndet"]
+    if p.paged_kv:
+        parts += [p.kv_layout, p.kv_lookup, f"p{p.page_size}"]
+    if p.rope != "none":
+        parts.append(f"rope{p.rope}")
     parts += [f"d{p.hdim_q}x{p.hdim_v}", "mask" if p.mask != "no" else "nmask", "a" if aligned else "u",
               "g%d" % gqa_octave(p.nhead_q, p.nhead_k)]
     sq, sk = p.max_seqlen_q or p.seqlen_q, p.max_seqlen_k or p.seqlen_k
@@ -281,6 +285,8 @@ class MeasuredSelection:
         return [e for e in entries if not mismatches(e, p, aligned)]
 
     def _cheapest(self, p, entries: list) -> Entry:
+        if len(entries) == 1:  # nothing to rank (append-KV has one kernel per key)
+            return entries[0]
         return min(_without_spills(entries),
                    key=lambda x: (costmodel.cost(x, p, self.arch, self.compute_units)[0], x.identifier))
 

@@ -63,11 +63,12 @@ from fmha_dsl.kernels.abis import abi_of
 from .plan import (Plan, Stage, _stream_handle, alibi_strides, bias_strides, current_stream,  # noqa: F401
                    fwd_args)
 from .plan_bwd import BackwardPlan
+from .plan_paged import AppendPlan, PagedPlan
 from .device import ARCH_OF_CAPABILITY, _device_name, detect_arch, open_registry  # noqa: F401  (re-exported)
 
 
 # the plan class of each family a plan starts from (its stages, workspace and launch order); Plan otherwise
-PLANS = {"bwd_dq_dk_dv": BackwardPlan}
+PLANS = {"bwd_dq_dk_dv": BackwardPlan, "batch_prefill": PagedPlan, "fwd_pagedkv": PagedPlan, "fwd_appendkv": AppendPlan}
 
 
 def plan_class(family: str):
@@ -150,8 +151,8 @@ class Dispatcher(MeasuredSelection):
             groups.setdefault(group_key(e.sig, dict.__getitem__), []).append(e)
         self._groups = groups
         tiles = [e.alg["tile"] for e in self.entries] or [(1, 1)]
-        self.lq = _lcm({t[0] for t in tiles})
-        self.lk = _lcm({t[1] for t in tiles})
+        self.lq = _lcm({t[0] for t in tiles if t[0] > 0})
+        self.lk = _lcm({t[1] for t in tiles if t[1] > 0})  # (append-KV's tile has no key block)
         self.sq_bounds = sorted({e.alg["max_seq_len_q"] for e in self.entries if e.alg["max_seq_len_q"] > 0})
         if self.builder is None or not hasattr(self, "_plans"):  # a compiling dispatcher's keys do not depend on
             # the tiles it holds (seq_key: octaves): its cached plans stay valid when kernels are added
@@ -159,6 +160,7 @@ class Dispatcher(MeasuredSelection):
             self._plan_of: dict[tuple, Plan] = {}  # one Plan per (selected kernel, split count)
             self.fast: dict[tuple, Plan] = {}  # attention()'s own problem-class keys
             self.fast_bwd: dict[tuple, object] = {}  # attention_backward()'s
+            self.fast_paged: dict[tuple, object] = {}  # paged_attention()'s and append_kv()'s
         # the selection depends on seqlen / batch x heads (table or cost model): the class key adds buckets --
         # only when some problem has a choice: a problem's candidates all lie in one exact-key group, so a
         # choice needs a group of two or more.  A JIT dispatcher holds one kernel per class: no buckets.

@@ -46,7 +46,8 @@ def mismatches(e: Entry, p, aligned: bool = True) -> list[tuple[str, str]]:
     out = []
     for f in EXACT:
         kv, pv = s[f], _pfield(p, f)
-        if kv != pv and not (f == "family" and serves_fwd(e) and pv == "fwd") and not (f == "deterministic" and kv):
+        if kv != pv and not (f == "family" and serves_fwd(e) and pv == SERVES[kv]) and not (f == "deterministic"
+                                                                                             and kv):
             out.append((f, f"kernel {_show(kv)}, problem {_show(pv)}"))
     if s["family"] != "fwd_splitkv_combine" and (s["mask"] != "no") != (p.mask != "no"):
         out.append(("mask", f"kernel {_mask_word(s['mask'])}, problem {_mask_word(p.mask)}"))
@@ -70,22 +71,34 @@ def mismatches(e: Entry, p, aligned: bool = True) -> list[tuple[str, str]]:
         limit = 1 << a["max_splits_log2"]
         out.append(("max_splits_log2", f"kernel serves <= {limit} splits, problem {p.num_splits}"))
     fam = s["family"]
-    if fam == "batch_prefill" or p.family == "batch_prefill":
+    if fam == "batch_prefill" or p.family == "batch_prefill" or (
+            fam in ("fwd_pagedkv", "fwd_appendkv") and s["paged_kv"] and _compiled_in(e)):
         for f in ("kv_layout", "kv_lookup"):
             if s[f] != _pfield(p, f):
                 out.append((f, f"kernel {s[f]}, problem {_pfield(p, f)}"))
-    if fam in PAGED_FAMILIES and s["page_size"] > 1 and s["page_size"] != p.page_size:
+    if fam in PAGED_FAMILIES and s["page_size"] != p.page_size and (s["page_size"] > 1 or _compiled_in(e)) and (
+            s["paged_kv"] or fam != "fwd_appendkv"):  # (a contiguous cache has no pages)
         out.append(("page_size", f"kernel {s['page_size']}, problem {p.page_size}"))
     if not aligned and promised_aligned(e.build):
         out.append(("aligned", "kernel assumes 16-divisible pointers and strides; these arguments are not"))
     return out
 
 
+# split-KV families and the family whose problems they also serve (with their combine kernel)
+SERVES = {"fwd_splitkv": "fwd", "fwd_pagedkv": "batch_prefill"}
+
+
 def serves_fwd(e: Entry) -> bool:
-    """A compiled split-KV kernel (with its combine kernel) computes a plain forward problem too: selection weighs
-    it against the ``fwd`` kernels (a ``fwd_splitkv`` problem, which asks for ``num_splits``, gets only split
-    kernels)."""
-    return e.sig["family"] == "fwd_splitkv" and bool((e.build or {}).get("combine"))
+    """A compiled split-KV kernel (with its combine kernel) computes the unsplit family's problem too (``fwd`` for
+    ``fwd_splitkv``, ``batch_prefill`` for the paged ``fwd_pagedkv``): selection weighs it against that family's
+    kernels (a ``fwd_splitkv`` problem, which asks for ``num_splits``, gets only split kernels)."""
+    return e.sig["family"] in SERVES and bool((e.build or {}).get("combine"))
+
+
+def _compiled_in(e: Entry) -> bool:
+    """Whether ``e``'s page size is compiled into its binary (the Triton serving kernels; CK's page size 1 kernels
+    serve any page size)."""
+    return (e.build or {}).get("backend") == "triton" or e.name.endswith(f"_triton_{e.arch}")
 
 
 _DET = EXACT.index("deterministic")
@@ -98,7 +111,7 @@ def group_key(sig_or_problem, getter) -> tuple:
     selection weighs it against the atomic kernels)."""
     k = _exact_key(sig_or_problem, getter)
     k = k[:_DET] + k[_DET + 1:]
-    return ("fwd",) + k[1:] if k[0] == "fwd_splitkv" else k
+    return (SERVES[k[0]],) + k[1:] if k[0] in SERVES else k
 
 
 def _show(v) -> str:

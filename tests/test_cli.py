@@ -290,11 +290,11 @@ def test_explain_counts_what_emptied_a_declaration(write):
 
 NO_ARCH = "kernel_set n { kernel k { signature { family(fwd) dtype(fp16) hdim(128) } } }"
 TRITON_BWD = ("kernel_set t { backend(triton) arch(sm90)\n"
-              "  kernel k { signature { family(fwd_pagedkv) dtype(bf16) hdim(128) } }\n}\n")
+              "  kernel k { signature { family(fwd_splitkv_combine) dtype(bf16) hdim(128) } }\n}\n")
 HINTS = {  # case: (file text or None, arguments ({} = the file), wanted in stderr, unwanted in stderr)
     "triton-backward": (TRITON_BWD, ("check", "{}"),
-                        ["the triton backend implements fwd, fwd_splitkv, bwd_dot_do_o, bwd_dq_dk_dv, bwd_convert_dq "
-                         "only"], ["pick an arch"]),
+                        ["the triton backend implements fwd, fwd_pagedkv, fwd_splitkv, fwd_appendkv, batch_prefill, "
+                         "bwd_dot_do_o, bwd_dq_dk_dv, bwd_convert_dq only"], ["pick an arch"]),
     "shipped-name": (None, ("check", "ck_receipt"), ["did you mean `ck_receipt0`?"], ["relative includes"]),
     "report-unbuilt": (None, ("report", "{dir}"), ["no registry.json", "build first"], ["run fmha-dsl tune"]),
     "where-equals": ('kernel_set w { kernel { signature { family(fwd) } where pipeline = "qr" } }', ("check", "{}"),

@@ -403,10 +403,14 @@ def test_the_torch_fast_path_replays_the_python_path(kw, shape):
     other = fmha_dsl.attention(q.clone(), k.clone(), v.clone(), **kw)  # hit: new pointers
     fast = fmha_dsl.attention(q, k, v, **kw)
     after = fp.stats()
-    assert after["hits"] == before["hits"] + 2 and after["misses"] == before["misses"]
     import sys
 
     amod = sys.modules["fmha_dsl.attention"]
+    plan = list(amod._JIT[q.get_device()].fast.values())[-1]
+    if plan.splits:  # first use chose split-KV (two stages and a workspace): the Python path's job, never replayed
+        assert after["hits"] == before["hits"]
+    else:
+        assert after["hits"] == before["hits"] + 2 and after["misses"] == before["misses"]
     saved, amod._fast_run = amod._fast_run, None
     try:
         python = fmha_dsl.attention(q, k, v, **kw)  # the Python path alone

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from . import bwd_abi, fwd_abi
+from . import bwd_abi, fwd_abi, paged_abi
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ class KernelABI:
 
 _FWD = ("triton_fwd", "triton_combine", "fwd_abi")
 _BWD = ("triton_bwd", "triton_fwd", "bwd_abi")
+_PAGED = ("triton_paged", "triton_fwd", "paged_abi", "fwd_abi")
+_APPEND = ("triton_appendkv", "triton_paged", "paged_abi")
 
 ABIS: dict[str, KernelABI] = {a.family: a for a in (
     KernelABI("fwd", "triton_fwd", "fmha_fwd", fwd_abi.ARGS, fwd_abi.ALIGNED, v_stride=True, sources=_FWD),
@@ -67,6 +69,11 @@ ABIS: dict[str, KernelABI] = {a.family: a for a in (
               project=("dtype", "hdim_v", "mode"), sources=_BWD),
     KernelABI("bwd_convert_dq", "triton_bwd", "fmha_bwd_convert_dq", bwd_abi.CONVERT_ARGS,
               project=("dtype", "hdim_q", "mode", "deterministic"), sources=_BWD),
+    KernelABI("batch_prefill", "triton_paged", "fmha_paged", paged_abi.ARGS, paged_abi.ALIGNED, sources=_PAGED),
+    KernelABI("fwd_pagedkv", "triton_paged", "fmha_paged", paged_abi.ARGS, paged_abi.ALIGNED,
+              companions=(("combine", "fwd_splitkv_combine"),), overrides=(("Out", "*fp32"),), sources=_PAGED),
+    KernelABI("fwd_appendkv", "triton_appendkv", "fmha_appendkv", paged_abi.APPEND_ARGS, paged_abi.APPEND_ALIGNED,
+              sources=_APPEND),
 )}
 
 

@@ -79,7 +79,8 @@ COMBINE_ARGS: tuple[tuple[str, str], ...] = (
     ("stride_ob", "i32"), ("stride_oh", "i32"), ("stride_om", "i32"),
     ("stride_lb", "i32"), ("stride_lh", "i32"), ("stride_lm", "i32"),
 )
-COMBINE_BLOCK_M = 16   # query rows per combine program (grid: cdiv(max_seqlen_q, 16) x nhead_q x batch)
+COMBINE_BLOCK_M = 1    # query rows per combine program (grid: max_seqlen_q x nhead_q x batch)
+COMBINE_BLOCK_S = 32   # splits a combine program reads at once (a row's splits in cdiv(splits, 32) steps)
 COMBINE_WARPS = 4
 
 

@@ -5,7 +5,7 @@ normalised partial output ``O_s`` and its log-sum-exp ``lse_s`` in fp32 workspac
 
     lse = log(sum_s exp(lse_s)),     O = sum_s exp(lse_s - lse) * O_s
 
-computed here in one pass over the splits with a running maximum (so no split's ``exp`` overflows).  A split
+computed here in one pass over the splits, 32 at a time, with a running maximum (so no split's ``exp`` overflows).  A split
 that saw no allowed key has ``lse_s = -inf`` and weight 0; a row no split saw gives ``O = 0``, ``lse = -inf``
 (docs/semantics.md).  Run-time parameters: :data:`fmha_dsl.kernels.fwd_abi.COMBINE_ARGS`.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fwd_abi import COMBINE_ARGS, COMBINE_BLOCK_M, block_d
+from .fwd_abi import COMBINE_ARGS, COMBINE_BLOCK_M, COMBINE_BLOCK_S, block_d
 
 __all__ = ["fmha_fwd_combine", "COMBINE_CONSTEXPRS", "signature", "constexprs"]
 
@@ -24,9 +24,11 @@ __all__ = ["fmha_fwd_combine", "COMBINE_CONSTEXPRS", "signature", "constexprs"]
 def fmha_fwd_combine(Ows, Lws, Out, Lse, cu_seqlens_q, seqlen_q, nhead_q, num_splits, head_dim_v,
                      stride_wb, stride_wh, stride_wm, stride_xb, stride_xh,
                      stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm,
-                     BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, IS_GROUP: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, IS_GROUP: tl.constexpr,
                      STORE_LSE: tl.constexpr):
-    pid_m = tl.program_id(0)
+    # one query row per program (BLOCK_M = 1); its splits are read BLOCK_S at a time, so that a chunk's loads are
+    # in flight together (a loop over single splits would wait one memory latency per split)
+    row = tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
     if IS_GROUP:
@@ -38,43 +40,42 @@ def fmha_fwd_combine(Ows, Lws, Out, Lse, cu_seqlens_q, seqlen_q, nhead_q, num_sp
         q_start = off_b * 0
         bo = off_b.to(tl.int64) * stride_ob
         bl = off_b.to(tl.int64) * stride_lb
-    start_m = pid_m * BLOCK_M
-    if start_m >= seqlen_q:
+    if row >= seqlen_q:
         return
-    offs_r = tl.arange(0, BLOCK_M)
-    rows = start_m + offs_r
-    m_ok = rows < seqlen_q
+    offs_s = tl.arange(0, BLOCK_S)
     offs_dv = tl.arange(0, BLOCK_DV)
-    ok = m_ok[:, None] & (offs_dv[None, :] < head_dim_v)  # memory-bound: the head-dim check costs nothing
-    w_base = Ows + off_b.to(tl.int64) * stride_wb + rows.to(tl.int64)[:, None] * stride_wm + offs_dv[None, :]
-    x_base = Lws + off_b.to(tl.int64) * stride_xb + rows
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for s in range(0, num_splits):
-        h2 = (off_h * num_splits + s).to(tl.int64)
-        lse_s = tl.load(x_base + h2 * stride_xh, mask=m_ok, other=float("-inf"))
-        o_s = tl.load(w_base + h2 * stride_wh, mask=ok, other=0.0)
-        m_new = tl.maximum(m_i, lse_s)
+    dv_ok = offs_dv < head_dim_v  # memory-bound: the head-dim check costs nothing
+    w_base = Ows + off_b.to(tl.int64) * stride_wb + row.to(tl.int64) * stride_wm
+    x_base = Lws + off_b.to(tl.int64) * stride_xb + row
+    m_i = tl.full([1], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        sp = s0 + offs_s
+        s_ok = sp < num_splits
+        h2 = (off_h * num_splits + sp).to(tl.int64)
+        lse_s = tl.load(x_base + h2 * stride_xh, mask=s_ok, other=float("-inf"))
+        o_s = tl.load(w_base + h2[:, None] * stride_wh + offs_dv[None, :], mask=s_ok[:, None] & dv_ok[None, :],
+                      other=0.0)
+        m_new = tl.maximum(m_i, tl.max(lse_s, 0))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_use)
         w = tl.exp(lse_s - m_use)
-        l_i = l_i * alpha + w
-        acc = acc * alpha[:, None] + w[:, None] * o_s
+        l_i = l_i * alpha + tl.sum(w, 0)
+        acc = acc * alpha + tl.sum(w[:, None] * o_s, 0)
         m_i = m_new
     live = l_i > 0.0
     inv = tl.where(live, 1.0 / tl.where(live, l_i, 1.0), 0.0)
-    out = acc * inv[:, None]
-    o_ptrs = Out + bo + off_h.to(tl.int64) * stride_oh + (q_start + rows).to(tl.int64)[:, None] * stride_om + \
-        offs_dv[None, :]
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=ok)
+    out = acc * inv
+    o_ptrs = Out + bo + off_h.to(tl.int64) * stride_oh + (q_start + row).to(tl.int64) * stride_om + offs_dv
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=dv_ok)
     if STORE_LSE:
         lse = tl.where(live, m_i + tl.log(tl.where(live, l_i, 1.0)), float("-inf"))
-        l_ptrs = Lse + bl + off_h.to(tl.int64) * stride_lh + (q_start + rows).to(tl.int64) * stride_lm
-        tl.store(l_ptrs, lse, mask=m_ok)
+        l_ptrs = Lse + bl + off_h.to(tl.int64) * stride_lh + (q_start + row).to(tl.int64) * stride_lm
+        tl.store(l_ptrs + tl.arange(0, 1), lse)
 
 
-COMBINE_CONSTEXPRS: tuple[str, ...] = ("BLOCK_M", "BLOCK_DV", "IS_GROUP", "STORE_LSE")
+COMBINE_CONSTEXPRS: tuple[str, ...] = ("BLOCK_M", "BLOCK_S", "BLOCK_DV", "IS_GROUP", "STORE_LSE")
 
 
 def signature(dtype: str) -> dict[str, str]:
@@ -87,6 +88,6 @@ def signature(dtype: str) -> dict[str, str]:
 def constexprs(sig: dict, alg: dict | None = None) -> dict:
     """Constexprs of the combine kernel that goes with a split-KV key's signature fields (``alg``: unused, as every
     template's ``constexprs`` takes it)."""
-    return {"BLOCK_M": COMBINE_BLOCK_M, "BLOCK_DV": block_d(int(sig["hdim_v"])),
+    return {"BLOCK_M": COMBINE_BLOCK_M, "BLOCK_S": COMBINE_BLOCK_S, "BLOCK_DV": block_d(int(sig["hdim_v"])),
             "IS_GROUP": sig.get("mode", "batch") == "group", "STORE_LSE": bool(sig.get("lse", False))}
 

@@ -24,9 +24,10 @@ FAMILY_MODULES = {
 }
 
 
-# the Triton backend implements the forward and backward families (templates in fmha_dsl/kernels/)
+# the Triton backend implements the forward, backward and serving families (templates in fmha_dsl/kernels/)
 TRITON_MODULES = {"fwd": "triton_fwd", "fwd_splitkv": "triton_fwd", "bwd_dq_dk_dv": "triton_bwd",
-                  "bwd_dot_do_o": "triton_bwd", "bwd_convert_dq": "triton_bwd"}
+                  "bwd_dot_do_o": "triton_bwd", "bwd_convert_dq": "triton_bwd", "batch_prefill": "triton_paged",
+                  "fwd_pagedkv": "triton_paged", "fwd_appendkv": "triton_paged"}
 
 
 def backend_modules(backend: str) -> dict:

@@ -1,0 +1,314 @@
+"""The serving API as a server calls it: ``fmha_dsl.paged_attention`` (and ``append_kv``) with default arguments (no
+registry: first-use selection), next to the peers on the same data made contiguous.
+
+    python bench/bench_serving.py [--parts decode,prefill,overhead] [--quick] [--json OUT.json]
+
+* decode: Sq = 1, batch 1..128, GQA 8:1 and 4:1 (8 K/V heads), d128, bf16, context 1k..128k, page sizes 1, 16 and
+  1024, pages scattered over the cache at random.  Effective bandwidth = K and V bytes read / time, next to the
+  device's copy bandwidth (bytes read + written, measured here), FA2-SDPA and cuDNN-SDPA on the same K/V contiguous
+  ``[B, Hk, Sk, D]`` (enable_gqa: the unpaged bound) and ``fmha_dsl.attention`` on it.
+* prefill: seed 003's shapes (batch 1, h = Hq/Hk = 6/1, 16/1, 40/40, sq = sk 1k..128k, causal or not), bf16 d128,
+  page sizes 1, 16, 1024: TFLOP/s next to ``fmha_dsl.attention`` on contiguous varlen K/V (the paged overhead) and
+  cuDNN/FA2-SDPA on contiguous K/V.
+* overhead: host time per call of a tiny decode step (the launch-bound case) through ``paged_attention`` and
+  ``append_kv`` with ``max_seqlen_*`` given (and a workspace), CPU wall clock per call over 2000 calls.
+
+Every output is checked against SDPA's (or, for append-KV, against the rows written) before it is timed.  The calls
+pass ``max_seqlen_q``/``max_seqlen_k`` as a server does (no device-to-host copy).  Timing: triton.testing.do_bench
+(warm-up, L2 flushed, median).  FLOPs = 4 * Hq * Sq * Sk * D per sequence, halved for causal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+
+PAGES = (1, 16, 1024)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parts", default="overhead,decode,prefill")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    import torch
+
+    doc = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+           "triton": __import__("triton").__version__, "python": platform.python_version(),
+           "flops": "4*Hq*Sq*Sk*D per sequence, halved for causal", "bytes": "K + V bytes read", "parts": {}}
+
+    def save():
+        if args.json:
+            from fmha_dsl.registry import write_atomic
+
+            write_atomic(args.json, json.dumps(doc, indent=1))
+
+    for part in args.parts.split(","):
+        doc["parts"][part] = {"overhead": overhead, "decode": decode, "prefill": prefill}[part](args)
+        save()
+    summarize(doc)
+    save()
+
+
+def _bench(fn):
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def _sdpa(q, k, v, causal, backend):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+
+    def run():
+        with sdpa_kernel(be):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+    return run
+
+
+def _timed(row, name, run, ref=None, f=None, nbytes=None, to_bhsd=None):
+    try:
+        out = run()
+        if ref is not None:
+            o = to_bhsd(out) if to_bhsd else out
+            err = ((o.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+            if not math.isfinite(err) or err > 2e-2:
+                row[name] = {"error": f"wrong result (rel err {err:.3g})"}
+                return
+        ms = _bench(run)
+    except RuntimeError as exc:
+        row[name] = {"error": str(exc).splitlines()[0][:160]}
+        return
+    row[name] = {"ms": ms}
+    if f:
+        row[name]["tflops"] = f / ms / 1e9
+    if nbytes:
+        row[name]["gbps"] = nbytes / ms / 1e6
+
+
+def paged_copy(k, v, page: int, seed: int = 0):
+    """``k``/``v [B, Hk, S, D]`` (every sequence S tokens) as caches ``[P, page, Hk, D]`` in pages scattered at
+    random, with the vLLM table and the SGLang indptr/indices of the same pages."""
+    import torch
+
+    b, hk, s, d = k.shape
+    per = -(-s // page)
+    n = b * per
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    perm = torch.randperm(n, generator=g).to(torch.int32)
+    kc = torch.empty(n, page, hk, d, dtype=k.dtype, device=k.device)
+    vc = torch.empty_like(kc)
+    pad = per * page - s
+    for x, c in ((k, kc), (v, vc)):
+        src = x.permute(0, 2, 1, 3)                                             # [B, S, Hk, D]
+        if pad:
+            src = torch.cat([src, src.new_zeros(b, pad, hk, d)], 1)
+        c[perm.long().to(k.device)] = src.reshape(n, page, hk, d)
+    bt = perm.view(b, per).to(k.device)
+    indptr = (torch.arange(b + 1, dtype=torch.int32) * per).to(k.device)
+    return kc, vc, bt, indptr, bt.reshape(-1).contiguous()
+
+
+def copy_bandwidth() -> float:
+    import torch
+
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = _bench(lambda: y.copy_(x))
+    del x, y
+    return 2 * (1 << 30) / ms / 1e6
+
+
+def _kernel_name(q) -> str:
+    import fmha_dsl.api_dispatch as api
+
+    disp = api._JIT.get(q.get_device())
+    plans = list(disp.fast_paged.values()) if disp is not None else []
+    return plans[-1].entry.name if plans else ""
+
+
+def decode(args):
+    import torch
+
+    import fmha_dsl
+
+    copy = copy_bandwidth()
+    print(f"copy bandwidth (read + write): {copy:.0f} GB/s", flush=True)
+    shapes = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 8192), (8, 32768), (8, 131072), (32, 8192),
+              (32, 32768), (128, 1024), (128, 8192)]
+    if args.quick:
+        shapes = [(1, 32768), (8, 8192), (128, 1024)]
+    hk, d = 8, 128
+    rows = []
+    for ratio in (8, 4):
+        for b, sk in shapes:
+            hq = hk * ratio
+            torch.manual_seed(0)
+            q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(b, hk, sk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            nbytes = 2 * b * hk * sk * d * 2
+            base = {"gqa": ratio, "batch": b, "seqlen_k": sk, "kv_bytes": nbytes, "copy_gbps": copy}
+            ref = _sdpa(q, k, v, False, "flash")()
+            peers = {}
+            for name in ("flash", "cudnn"):
+                _timed(peers, f"sdpa_{name}", _sdpa(q, k, v, False, name), nbytes=nbytes)
+            _timed(peers, "attention_contiguous", lambda: fmha_dsl.attention(q, k, v), ref, nbytes=nbytes)
+            q3 = q[:, :, 0].contiguous()                                        # [B, Hq, D]: one token per sequence
+            cq = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+            lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+            for page in PAGES:
+                kc, vc, bt, ip, ix = paged_copy(k, v, page)
+                row = dict(base, page_size=page, **peers)
+                for form, tab in (("vllm", {"block_table": bt}), ("sglang", {"kv_indptr": ip, "kv_indices": ix})):
+                    if form == "sglang" and page != 16:
+                        continue  # SGLang's table measured at one page size (its addressing is the same)
+
+                    def run(tab=tab):
+                        return fmha_dsl.paged_attention(q3, kc, vc, seqlens_k=lens, cu_seqlens_q=cq, max_seqlen_q=1,
+                                                        max_seqlen_k=sk, **tab)
+                    _timed(row, f"paged_{form}", run, ref, nbytes=nbytes, to_bhsd=lambda o: o[:, :, None])
+                    row[f"paged_{form}"]["kernel"] = _kernel_name(q3)
+                rows.append(row)
+
+                def g(n):
+                    return (row.get(n) or {}).get("gbps", 0)
+                print(f"decode gqa{ratio} b{b:>3} sk{sk:>6} page{page:>4}: paged={g('paged_vllm'):5.0f} GB/s "
+                      f"({g('paged_vllm') / copy:.0%} of copy)  fa2={g('sdpa_flash'):5.0f} cudnn={g('sdpa_cudnn'):5.0f} "
+                      f"attention={g('attention_contiguous'):5.0f}  {row['paged_vllm'].get('kernel', '')[:70]}",
+                      flush=True)
+                del kc, vc, bt, ip, ix
+            del q, k, v, ref
+            torch.cuda.empty_cache()
+    return rows
+
+
+def prefill(args):
+    import torch
+
+    import fmha_dsl
+
+    shapes = [(6, 1, 1024, True), (6, 1, 4096, True), (6, 1, 16384, True), (6, 1, 65536, True),
+              (6, 1, 131072, True), (16, 1, 65536, True), (40, 40, 37 * 1024, False)]
+    if args.quick:
+        shapes = [(6, 1, 4096, True), (40, 40, 8192, False)]
+    d = 128
+    rows = []
+    for hq, hk, s, causal in shapes:
+        torch.manual_seed(0)
+        q = torch.randn(1, hq, s, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(1, hk, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        f = 4 * hq * s * s * d / (2 if causal else 1)
+        base = {"hq": hq, "hk": hk, "seqlen": s, "causal": causal}
+        ref = _sdpa(q, k, v, causal, "flash")()
+        peers = {}
+        for name in ("flash", "cudnn"):
+            _timed(peers, f"sdpa_{name}", _sdpa(q, k, v, causal, name), f=f)
+        qv = q[0].transpose(0, 1).contiguous()                                 # varlen [T, H, D]
+        kv_, vv = (x[0].transpose(0, 1).contiguous() for x in (k, v))
+        cu = torch.tensor([0, s], dtype=torch.int32, device="cuda")
+        bhsd = (lambda o: o.transpose(0, 1)[None])
+        _timed(peers, "attention_varlen", lambda: fmha_dsl.attention(qv, kv_, vv, causal=causal, cu_seqlens_q=cu,
+                                                                     cu_seqlens_k=cu, max_seqlen_q=s, max_seqlen_k=s),
+               ref, f=f, to_bhsd=bhsd)
+        lens = torch.tensor([s], dtype=torch.int32, device="cuda")
+        for page in PAGES:
+            kc, vc, bt, _, _ = paged_copy(k, v, page)
+            row = dict(base, page_size=page, **peers)
+            _timed(row, "paged", lambda: fmha_dsl.paged_attention(qv, kc, vc, block_table=bt, seqlens_k=lens,
+                                                                  cu_seqlens_q=cu, max_seqlen_q=s, max_seqlen_k=s,
+                                                                  causal=causal), ref, f=f, to_bhsd=bhsd)
+            row["paged"]["kernel"] = _kernel_name(qv)
+            rows.append(row)
+
+            def t(n):
+                return (row.get(n) or {}).get("tflops", 0)
+            print(f"prefill h{hq}/{hk} s{s:>6} {'c ' if causal else 'nc'} page{page:>4}: paged={t('paged'):6.1f} "
+                  f"varlen={t('attention_varlen'):6.1f} (overhead {1 - t('paged') / max(t('attention_varlen'), 1e-9):+.1%})"
+                  f" fa2={t('sdpa_flash'):6.1f} cudnn={t('sdpa_cudnn'):6.1f}  {row['paged'].get('kernel', '')[:60]}",
+                  flush=True)
+            del kc, vc, bt
+        del q, k, v, ref
+        torch.cuda.empty_cache()
+    return rows
+
+
+def overhead(args):
+    """Host time per call (the launch-bound case): a decode step of one sequence with a 16-token context."""
+    import torch
+
+    import fmha_dsl
+    from fmha_dsl.paged import workspace_numel
+
+    q = torch.randn(1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(4, 16, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    bt = torch.tensor([[0, 1]], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([15], dtype=torch.int32, device="cuda")
+    cq = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+    kn, vn = (torch.randn(1, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ws = torch.empty(workspace_numel(q, kc, vc, batch=1, max_seqlen_q=1, max_seqlen_k=32), dtype=torch.float32,
+                     device="cuda")
+    out = torch.empty_like(q)
+    calls = {
+        "paged_attention": lambda: fmha_dsl.paged_attention(q, kc, vc, block_table=bt, seqlens_k=lens, cu_seqlens_q=cq,
+                                                            max_seqlen_q=1, max_seqlen_k=32, out=out, workspace=ws),
+        "append_kv": lambda: fmha_dsl.append_kv(kc, vc, kn, vn, block_table=bt, seqlens_k=lens, cu_seqlens_new=cq,
+                                                max_seqlen_new=1),
+    }
+    res = {}
+    for name, fn in calls.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        n = 2000
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        host = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+        res[name] = {"host_us_per_call": round(host, 2)}
+        print(f"overhead {name}: {host:.1f} us per call (host)", flush=True)
+    return res
+
+
+def summarize(doc) -> None:
+    def gm(xs):
+        xs = [x for x in xs if x and x > 0]
+        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+    s = {}
+    rows = doc["parts"].get("decode") or []
+    for page in PAGES:
+        rs = [r for r in rows if r["page_size"] == page and "gbps" in (r.get("paged_vllm") or {})]
+        if not rs:
+            continue
+        ent = {"n": len(rs)}
+        long = [r for r in rs if r["seqlen_k"] >= 8192]
+        ent["copy_frac_ge8k_geomean"] = gm([r["paged_vllm"]["gbps"] / r["copy_gbps"] for r in long])
+        ent["copy_frac_ge8k_min"] = min((r["paged_vllm"]["gbps"] / r["copy_gbps"] for r in long), default=None)
+        best = [r["paged_vllm"]["gbps"] / max((r.get(p) or {}).get("gbps", 0) for p in ("sdpa_flash", "sdpa_cudnn"))
+                for r in rs if max((r.get(p) or {}).get("gbps", 0) for p in ("sdpa_flash", "sdpa_cudnn"))]
+        ent["vs_best_sdpa_geomean"] = gm(best)
+        ent["vs_best_sdpa_min"] = min(best, default=None)
+        ent["ge_best_sdpa"] = sum(1 for x in best if x >= 1.0)
+        s[f"decode_page{page}"] = ent
+    rows = doc["parts"].get("prefill") or []
+    for page in PAGES:
+        rs = [r for r in rows if r["page_size"] == page and "tflops" in (r.get("paged") or {})]
+        if rs:
+            ov = [r["paged"]["tflops"] / r["attention_varlen"]["tflops"] for r in rs
+                  if "tflops" in (r.get("attention_varlen") or {})]
+            cu = [r["paged"]["tflops"] / r["sdpa_cudnn"]["tflops"] for r in rs if "tflops" in (r.get("sdpa_cudnn") or {})]
+            s[f"prefill_page{page}"] = {"n": len(rs), "vs_varlen_geomean": gm(ov), "vs_varlen_min": min(ov, default=None),
+                                        "vs_cudnn_geomean": gm(cu)}
+    doc["summary"] = s
+    print(json.dumps(s, indent=1))
+
+
+if __name__ == "__main__":
+    main()

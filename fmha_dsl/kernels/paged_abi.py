@@ -1,0 +1,142 @@
+"""The serving families' run-time ABI: attention over a paged KV cache, and appending to one (plain data, no Triton).
+
+``fmha_paged`` (families ``batch_prefill`` and ``fwd_pagedkv``; :mod:`fmha_dsl.kernels.triton_paged`) computes
+group-mode queries ``Q [Tq, Hq, D]`` (``cu_seqlens_q [B + 1]``) against each sequence's first ``seqlens_k[b]``
+cached tokens.  Token ``j`` of sequence ``b`` is slot ``j % PAGE_SIZE`` of page ``table(b)[j // PAGE_SIZE]``, where
+``table(b)`` is row ``b`` of vLLM's ``block_table [B, table_width]`` (``LOOKUP`` 0) or SGLang's
+``kv_indices[kv_indptr[b] : kv_indptr[b + 1]]`` (``LOOKUP`` 1).  The cache's element strides are run-time
+arguments (page, slot, head), so the linear NHD layout ``[num_pages, page_size, Hk, D]`` and HND
+``[num_pages, Hk, page_size, D]`` are both served; the head dim has stride 1.
+
+Memory safety without a host round trip: the kernel reads at most ``min(seqlens_k[b], table length x PAGE_SIZE)``
+keys of a sequence (it never indexes past its table), and clamps every page id it reads into ``[0, num_pages)``
+(CK's branchless clamp): a corrupt table gives wrong numbers, never an illegal address.  The API checks what it can
+without synchronising (shapes, dtypes, ``table_width x page_size >= max_seqlen_k``).
+
+Split-KV (``fwd_pagedkv``, decode): ``Out``/``Lse`` are the fp32 workspaces ``[B, Hq * splits, max_seqlen_q, Dv]``
+/ ``[B, Hq * splits, max_seqlen_q]`` of the forward family's combine kernel (:mod:`fmha_dsl.kernels.triton_combine`),
+which then writes ``[Tq, Hq, Dv]`` / ``[Hq, Tq]``.
+
+``fmha_appendkv`` (family ``fwd_appendkv``): writes ``Knew``/``Vnew [Tnew, Hk, D]`` (``cu_seqlens_new [B + 1]``)
+to each sequence's tokens ``seqlens_k[b] + t`` of the cache, RoPE applied to the new K (and to ``Q [Tnew, Hq, D]``
+in place) from fp32 ``cos``/``sin [max_position, rotary_dim / 2]`` tables; ``LOOKUP`` 2 is a contiguous cache
+``[B, capacity, Hk, D]`` (page = the sequence, ``table_width`` = capacity).  Rows that would land outside the
+table, the cache or the rotary tables are not written.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .fwd_abi import combine_args
+
+ARGS: tuple[tuple[str, str], ...] = (
+    ("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Out", "*{dtype}"), ("Lse", "*fp32"),
+    ("Alibi", "*fp32"), ("cu_seqlens_q", "*i32"), ("seqlens_k", "*i32"), ("Table", "*i32"), ("kv_indptr", "*i32"),
+    ("sm_scale", "fp32"), ("softcap", "fp32"),
+    ("max_seqlen_q", "i32"), ("max_seqlen_k", "i32"), ("nhead_q", "i32"), ("nhead_k", "i32"),
+    ("head_dim_q", "i32"), ("head_dim_v", "i32"), ("num_pages", "i32"), ("table_width", "i32"),
+    ("window_left", "i32"), ("window_right", "i32"), ("mask_bottom_right", "i32"), ("sink", "i32"),
+    ("stride_qm", "i32"), ("stride_qh", "i32"),
+    ("stride_kp", "i32"), ("stride_ks", "i32"), ("stride_kh", "i32"),
+    ("stride_vp", "i32"), ("stride_vs", "i32"), ("stride_vh", "i32"),
+    ("stride_ob", "i32"), ("stride_oh", "i32"), ("stride_om", "i32"),
+    ("stride_lb", "i32"), ("stride_lh", "i32"), ("stride_lm", "i32"),
+    ("stride_tb", "i32"), ("stride_ab", "i32"), ("stride_ah", "i32"),
+)
+
+# 16-divisible in the usual case: 16-byte aligned tensors and head dims that are multiples of 16
+ALIGNED: tuple[str, ...] = (
+    "Q", "K", "V", "Out", "stride_qm", "stride_qh", "stride_kp", "stride_ks", "stride_kh",
+    "stride_vp", "stride_vs", "stride_vh", "stride_oh", "stride_om",
+)
+
+APPEND_ARGS: tuple[tuple[str, str], ...] = (
+    ("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Knew", "*{dtype}"), ("Vnew", "*{dtype}"),
+    ("Cos", "*fp32"), ("Sin", "*fp32"), ("cu_seqlens_new", "*i32"), ("seqlens_k", "*i32"), ("Table", "*i32"),
+    ("kv_indptr", "*i32"),
+    ("max_seqlen_new", "i32"), ("nhead_q", "i32"), ("nhead_k", "i32"), ("head_dim_q", "i32"), ("head_dim_v", "i32"),
+    ("rotary_half", "i32"), ("max_position", "i32"), ("num_pages", "i32"), ("table_width", "i32"),
+    ("stride_qm", "i32"), ("stride_qh", "i32"),
+    ("stride_kp", "i32"), ("stride_ks", "i32"), ("stride_kh", "i32"),
+    ("stride_vp", "i32"), ("stride_vs", "i32"), ("stride_vh", "i32"),
+    ("stride_knm", "i32"), ("stride_knh", "i32"), ("stride_vnm", "i32"), ("stride_vnh", "i32"),
+    ("stride_cos", "i32"), ("stride_tb", "i32"),
+)
+APPEND_ALIGNED: tuple[str, ...] = ()
+APPEND_BLOCK_M = 16   # new rows per append program; grid (cdiv(max_seqlen_new, 16), Hk [+ Hq], B)
+APPEND_WARPS = 4
+
+LOOKUPS = {"vllm": 0, "sglang": 1, "contiguous": 2}
+ROPES = {"none": 0, "inter": 1, "half": 2}
+
+
+def pack(ptrs, qs, ks, vs, os_, ls, tb_stride, as_, nhq, nhk, dq, dv, msq, msk, num_pages, table_width, scale,
+         softcap, wl, wr, br, sink) -> list:
+    """``fmha_paged``'s run-time arguments in :data:`ARGS` order -- the one packer of this ABI.
+
+    ``ptrs``: the 10 pointer values (Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indptr).
+    ``qs``: q's strides ``[Tq, Hq, D]``; ``ks``/``vs``: the caches' (page, slot, head) strides; ``os_``: out's
+    ``[Tq, Hq, Dv]``; ``ls``: the LSE's ``[Hq, Tq]`` (or None); ``tb_stride``: the block table's row stride (0 for
+    SGLang's table); ``as_``: ALiBi strides over ``[B, Hq]`` (or None).  ``scale`` None = ``1/sqrt(dq)``.
+    """
+    ls = (0, 0, 1) if ls is None else (0, ls[0], ls[1])
+    return [*ptrs, 1.0 / math.sqrt(dq) if scale is None else float(scale), 0.0 if softcap is None else float(softcap),
+            int(msq), int(msk), int(nhq), int(nhk), int(dq), int(dv), int(num_pages), int(table_width),
+            int(wl), int(wr), int(br), int(sink), qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
+            0, os_[1], os_[0], *ls, int(tb_stride), *((0, 1) if as_ is None else as_)]
+
+
+_AT = {name: i for i, (name, _) in enumerate(ARGS)}
+NHK = _AT["nhead_k"]
+MAX_SK = _AT["max_seqlen_k"]
+
+
+def split_args(args, ws, lws, ws_strides, lws_strides, nhead_q: int, num_splits: int) -> tuple[list, list]:
+    """``(split kernel args, combine kernel args)``: the paged kernel writes the fp32 workspaces ``ws``/``lws``
+    (strides from :func:`fmha_dsl.kernels.fwd_abi.workspace_strides`); the forward family's combine kernel reduces
+    them into the ``Out``/``Lse`` that ``args`` carries (group mode)."""
+    a = list(args)
+    a[_AT["Out"]], a[_AT["Lse"]] = ws, lws
+    o, lo = _AT["stride_ob"], _AT["stride_lb"]
+    a[o:o + 3] = ws_strides[:3]
+    a[lo:lo + 3] = lws_strides
+    comb = combine_args(ws, lws, args[_AT["Out"]], args[_AT["Lse"]], args[_AT["cu_seqlens_q"]], seqlen_q=0,
+                        nhead_q=nhead_q, num_splits=num_splits, head_dim_v=args[_AT["head_dim_v"]],
+                        ws_strides=ws_strides, lws_strides=lws_strides, out_strides=args[o:o + 3],
+                        lse_strides=args[lo:lo + 3])
+    return a, comb
+
+
+def workspace_bound(batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, max_seqlen_k: int, head_dim_v: int,
+                    compute_units: int) -> int:
+    """fp32 elements that suffice for the split-KV workspaces of any ``fwd_pagedkv`` kernel on calls within these
+    bounds: splits are at most 128 (``max_splits_log2`` <= 7), the key blocks of 16 keys, and what fills
+    :data:`fmha_dsl.costmodel.SPLIT_WAVES` waves of at least ``batch x nhead_k`` programs
+    (:func:`fmha_dsl.costmodel.splits_at`)."""
+    from ..costmodel import SPLIT_WAVES
+    from .fwd_abi import block_d
+
+    progs = max(1, int(batch) * int(nhead_k))
+    s = max(1, min(128, -(-max(int(max_seqlen_k), 1) // 16), -(-SPLIT_WAVES * max(int(compute_units), 1) // progs)))
+    rows = int(batch) * int(nhead_q) * s * max(1, int(max_seqlen_q))
+    return rows * (block_d(head_dim_v) + 1)
+
+
+def pack_append(ptrs, qs, ks, vs, kns, vns, cos_stride, tb_stride, nhq, nhk, dq, dv, max_new, rotary_half,
+                max_position, num_pages, table_width) -> list:
+    """``fmha_appendkv``'s run-time arguments in :data:`APPEND_ARGS` order.  ``ptrs``: the 11 pointer values (Q,
+    K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Table, kv_indptr); ``qs``/``kns``/``vns``: ``[T, H, D]``
+    strides (token, head); ``ks``/``vs``: the caches' (page, slot, head) strides."""
+    return [*ptrs, int(max_new), int(nhq), int(nhk), int(dq), int(dv), int(rotary_half), int(max_position),
+            int(num_pages), int(table_width), qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
+            kns[0], kns[1], vns[0], vns[1], int(cos_stride), int(tb_stride)]
+
+
+def append_grid(batch: int, nhead_q: int, nhead_k: int, max_new: int, with_q: bool) -> tuple[int, int, int]:
+    """``(cdiv(max_seqlen_new, APPEND_BLOCK_M), Hk + (Hq if q is rotated), B)``; any zero: nothing to launch."""
+    return (-(-int(max_new) // APPEND_BLOCK_M), int(nhead_k) + (int(nhead_q) if with_q else 0), int(batch))
+
+
+__all__ = ["ARGS", "ALIGNED", "APPEND_ARGS", "APPEND_ALIGNED", "APPEND_BLOCK_M", "APPEND_WARPS", "LOOKUPS", "ROPES",
+           "pack", "split_args", "workspace_bound", "pack_append", "append_grid"]

@@ -1,0 +1,172 @@
+"""[kernels] The serving templates on the CPU under Triton's interpreter, on NumPy arrays (tests; no torch).
+
+``TRITON_INTERPRET=1`` must be set before triton is first imported.  The kernels run as the runtime launches them:
+arguments from :mod:`fmha_dsl.kernels.paged_abi`'s packers, grids from :func:`fmha_dsl.kernels.fwd_abi.grid_of` /
+:func:`~fmha_dsl.kernels.paged_abi.append_grid`, split-KV through the forward family's combine kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import paged_abi
+from .triton_fwd import DTYPES, _bf16_decode, _bf16_encode, _Shim
+
+__all__ = ["run_interpreted_paged", "run_interpreted_append"]
+
+_NP = {"fp16": np.float16, "fp32": np.float32, "bf16": np.uint16}
+_TNAME = {"fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}
+
+
+def _dtype_of(x, dtype):
+    if dtype is None:
+        dtype = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}.get(np.asarray(x).dtype)
+        if dtype is None:
+            raise ValueError(f"inputs must be float16 or float32 (or pass dtype='bf16'), got {np.asarray(x).dtype}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be fp16, bf16 or fp32, got {dtype!r}")
+    return dtype
+
+
+def _prep(x, dtype):
+    x = np.asarray(x)
+    if dtype == "bf16":
+        return _bf16_encode(np.asarray(x, dtype=np.float32))
+    return np.ascontiguousarray(x.astype(_NP[dtype], copy=False))
+
+
+def _el(a):
+    """Element strides (a size-1 dim's stride normalised)."""
+    return tuple(0 if n == 1 else st // a.itemsize for n, st in zip(a.shape, a.strides))
+
+
+def _table(block_table, kv_indptr, kv_indices, batch):
+    """``(lookup, Table, kv_indptr, table_width, row stride)`` as int32 arrays."""
+    if block_table is not None:
+        bt = np.ascontiguousarray(block_table, dtype=np.int32)
+        return "vllm", bt, np.zeros(1, np.int32), bt.shape[1], bt.shape[1]
+    ix = np.ascontiguousarray(kv_indices, dtype=np.int32)
+    if ix.size == 0:
+        ix = np.zeros(1, np.int32)
+    return "sglang", ix, np.ascontiguousarray(kv_indptr, dtype=np.int32), 0, 0
+
+
+def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block_table=None, kv_indptr=None,
+                          kv_indices=None, causal=None, window=None, sink=0, softcap=None, alibi_slopes=None,
+                          scale=None, dtype=None, block_m=16, block_n=16, lse=True, num_splits=0,
+                          pipeline="qr_async", hnd=False):
+    """``(out [Tq, Hq, Dv], lse [Hq, Tq] | None)`` of ``fmha_paged`` for :func:`fmha_dsl.reference_paged.
+    paged_attention`'s arguments (linear NHD caches ``[P, page_size, Hk, D]``; ``hnd``: run on an HND copy
+    ``[P, Hk, page_size, D]`` through its strides).  ``num_splits`` > 0 runs the split-KV kernel (``fwd_pagedkv``)
+    and the combine kernel; ``pipeline="qr_nwarp_sshuffle"`` packs the query heads of a GQA group."""
+    from ..reference import _normalize_causal, _normalize_window
+    from . import triton_combine as C
+    from . import triton_paged as T
+    from .fwd_abi import grid_of, workspace_strides
+
+    dtype = _dtype_of(q, dtype)
+    qa, ka, va = _prep(q, dtype), _prep(k_cache, dtype), _prep(v_cache, dtype)
+    page = ka.shape[1]
+    if hnd:
+        ka = np.ascontiguousarray(ka.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+        va = np.ascontiguousarray(va.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    cq = np.ascontiguousarray(cu_seqlens_q, dtype=np.int32)
+    lens = np.ascontiguousarray(seqlens_k, dtype=np.int32)
+    B = cq.shape[0] - 1
+    Tq, Hq, Dq = qa.shape
+    Hk, Dv = ka.shape[2], va.shape[3]
+    lookup, tab, ip, width, tb_stride = _table(block_table, kv_indptr, kv_indices, B)
+    msq = int(np.diff(cq).max()) if B else 0
+    msk = int(lens.max()) if B else 0
+    nan = np.uint16(0x7FC0) if dtype == "bf16" else np.nan
+    out = np.full((Tq, Hq, Dv), nan, dtype=_NP[dtype])
+    lse_arr = np.full((Hq, Tq), np.nan, dtype=np.float32)
+
+    mode = _normalize_causal(causal)
+    win = _normalize_window(window)
+    mask_none = mode is None and (win is None or (win[0] < 0 and win[1] < 0))
+    left, right = win if win is not None else (-1, 0)
+    if mode is not None:
+        right = 0
+    if mask_none:
+        left, right = -1, -1
+    a_arr, a_st = np.zeros(1, np.float32), None
+    if alibi_slopes is not None:
+        a_arr = np.ascontiguousarray(alibi_slopes, dtype=np.float32)
+        a_st = (0, 1) if a_arr.ndim == 1 else (a_arr.strides[0] // 4, a_arr.strides[1] // 4)
+    sig = {"family": "fwd_pagedkv" if num_splits else "batch_prefill", "dtype": dtype, "hdim_q": Dq, "hdim_v": Dv,
+           "mask": "no" if mask_none else "top_left", "bias": "alibi" if alibi_slopes is not None else "no",
+           "lse": bool(lse), "logits": softcap is not None, "sink": sink > 0, "kv_layout": "linear",
+           "kv_lookup": lookup, "page_size": page}
+    alg = {"tile": (block_m, block_n, 0, 0, 0, 0), "pipeline": pipeline, "pad_d": 0, "pad_dv": 0}
+    const = T.constexprs(sig, alg)
+    const["UPCAST_DOT"] = dtype == "bf16"
+    g = grid_of(const["PACK_GQA"], B, Hq, Hk, msq, block_m)
+    if min(g) == 0:
+        return (_bf16_decode(out) if dtype == "bf16" else out), (lse_arr if lse else None)
+    t = _TNAME[dtype]
+    ks, vs = _el(ka), _el(va)
+    args = paged_abi.pack(
+        [_Shim(qa, t), _Shim(ka, t), _Shim(va, t), _Shim(out, t), _Shim(lse_arr, "float32"), _Shim(a_arr, "float32"),
+         _Shim(cq, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32")],
+        _el(qa)[:2], ks[:3], vs[:3], _el(out), _el(lse_arr), tb_stride, a_st, Hq, Hk, Dq, Dv, msq, msk,
+        ka.shape[0], width, scale, softcap, left, right, int(mode != "top_left"), int(sink))
+    if num_splits:
+        ws = np.full((B, Hq * num_splits, msq, Dv), np.nan, np.float32)
+        lws = np.full((B, Hq * num_splits, msq), np.nan, np.float32)
+        wst, lst = workspace_strides(B, Hq, num_splits, msq, Dv)
+        sargs, cargs = paged_abi.split_args(args, _Shim(ws, "float32"), _Shim(lws, "float32"), wst, lst, Hq,
+                                            num_splits)
+        T.fmha_paged[grid_of(const["PACK_GQA"], B, Hq, Hk, msq, block_m, num_splits)](*sargs, **const)
+        cconst = C.constexprs({"hdim_v": Dv, "mode": "group", "lse": bool(lse)})
+        C.fmha_fwd_combine[((msq + cconst["BLOCK_M"] - 1) // cconst["BLOCK_M"], Hq, B)](*cargs, **cconst)
+    else:
+        T.fmha_paged[g](*args, **const)
+    if dtype == "bf16":
+        out = _bf16_decode(out)
+    return out, (lse_arr if lse else None)
+
+
+def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seqlens_new, block_table=None,
+                           kv_indptr=None, kv_indices=None, rotary_cos=None, rotary_sin=None,
+                           rotary_interleaved=False, q=None, dtype=None, contiguous=False):
+    """``(k_cache, v_cache, q)`` after ``fmha_appendkv`` (copies; as :func:`fmha_dsl.reference_paged.append_kv`).
+    ``contiguous``: the caches are ``[B, capacity, Hk, D]`` (no table)."""
+    from . import triton_appendkv as T
+
+    dtype = _dtype_of(k_new, dtype)
+    ka, va = _prep(k_cache, dtype).copy(), _prep(v_cache, dtype).copy()
+    kn, vn = _prep(k_new, dtype), _prep(v_new, dtype)
+    qa = _prep(q, dtype).copy() if q is not None else None
+    cn = np.ascontiguousarray(cu_seqlens_new, dtype=np.int32)
+    lens = np.ascontiguousarray(seqlens_k, dtype=np.int32)
+    B = cn.shape[0] - 1
+    Hk, Dq, Dv = kn.shape[1], kn.shape[2], vn.shape[2]
+    Hq = qa.shape[1] if qa is not None else Hk
+    if contiguous:
+        lookup, tab, ip, width, tb_stride = "contiguous", np.zeros(1, np.int32), np.zeros(1, np.int32), ka.shape[1], 0
+    else:
+        lookup, tab, ip, width, tb_stride = _table(block_table, kv_indptr, kv_indices, B)
+    rope = "none"
+    cos = sin = np.zeros((1, 1), np.float32)
+    if rotary_cos is not None:
+        rope = "inter" if rotary_interleaved else "half"
+        cos = np.ascontiguousarray(rotary_cos, dtype=np.float32)
+        sin = np.ascontiguousarray(rotary_sin, dtype=np.float32)
+    sig = {"family": "fwd_appendkv", "dtype": dtype, "hdim_q": Dq, "hdim_v": Dv, "rope": rope,
+           "paged_kv": not contiguous, "kv_lookup": lookup if not contiguous else "vllm", "page_size": ka.shape[1]}
+    const = T.constexprs(sig, {})
+    max_new = int(np.diff(cn).max()) if B else 0
+    g = paged_abi.append_grid(B, Hq, Hk, max_new, qa is not None)
+    if min(g):
+        t = _TNAME[dtype]
+        qsh = _Shim(qa, t) if qa is not None else _Shim(np.zeros(1, _NP[dtype]), t)
+        args = paged_abi.pack_append(
+            [qsh, _Shim(ka, t), _Shim(va, t), _Shim(kn, t), _Shim(vn, t), _Shim(cos, "float32"), _Shim(sin, "float32"),
+             _Shim(cn, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32")],
+            _el(qa)[:2] if qa is not None else (0, 0), _el(ka)[:3], _el(va)[:3], _el(kn)[:2], _el(vn)[:2],
+            cos.strides[0] // 4, tb_stride, Hq, Hk, Dq, Dv, max_new, cos.shape[1] if rope != "none" else 0,
+            cos.shape[0] if rope != "none" else 0, ka.shape[0], width)
+        T.fmha_appendkv[g](*args, **const)
+    dec = _bf16_decode if dtype == "bf16" else (lambda x: x)
+    return dec(ka), dec(va), (dec(qa) if qa is not None else None)

@@ -1,0 +1,147 @@
+"""[kernels] The Triton template of append-KV (``fwd_appendkv``): new K/V rows into a paged or contiguous cache, RoPE.
+
+``fmha_appendkv`` writes each sequence's new rows after its cached tokens -- through vLLM's block table or SGLang's
+indptr/indices (the addressing of :mod:`.triton_paged`), or into a contiguous ``[B, capacity, Hk, D]`` cache --
+applying RoPE (interleaved or half-rotated, fp32 cos/sin tables) to the new K and, in the same launch, to Q in place.
+It computes :func:`fmha_dsl.reference_paged.append_kv` (docs/semantics.md, "Paged KV cache and append-KV"); rows that
+would land outside the table, the cache or the rotary tables are not written.
+
+API: ``fmha_appendkv`` (parameters: :data:`fmha_dsl.kernels.paged_abi.APPEND_ARGS` in order, then
+:data:`CONSTEXPRS`) and ``constexprs(sig, alg)``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .fwd_abi import block_d
+from .paged_abi import APPEND_ARGS, APPEND_BLOCK_M, LOOKUPS, ROPES
+from .triton_paged import DTYPES, page_size
+
+__all__ = ["fmha_appendkv", "CONSTEXPRS", "constexprs"]
+
+
+@triton.jit
+def _rotate(X, rows, offs_d, d_ok, cos_rows, sin_rows, p_ok, rotary_half, ROPE: tl.constexpr):
+    """Rows ``X + rows`` (``[BLOCK_M, BLOCK_D]``) in fp32 with RoPE applied to their first ``2 * rotary_half`` dims:
+    pairs ``(2i, 2i + 1)`` (ROPE 1, interleaved) or ``(i, i + rotary_half)`` (ROPE 2, half-rotated)."""
+    ok = p_ok[:, None] & d_ok[None, :]
+    x = tl.load(X + rows[:, None] + offs_d[None, :], mask=ok, other=0.0).to(tl.float32)
+    if ROPE != 0:
+        rd = 2 * rotary_half
+        if ROPE == 1:
+            i = offs_d // 2
+            mate = offs_d ^ 1
+            sign = tl.where(offs_d % 2 == 0, -1.0, 1.0)
+        else:
+            i = tl.where(offs_d < rotary_half, offs_d, offs_d - rotary_half)
+            mate = tl.where(offs_d < rotary_half, offs_d + rotary_half, offs_d - rotary_half)
+            sign = tl.where(offs_d < rotary_half, -1.0, 1.0)
+        r_ok = p_ok[:, None] & (offs_d < rd)[None, :]
+        c = tl.load(cos_rows[:, None] + i[None, :], mask=r_ok, other=1.0)
+        s = tl.load(sin_rows[:, None] + i[None, :], mask=r_ok, other=0.0)
+        y = tl.load(X + rows[:, None] + mate[None, :], mask=r_ok, other=0.0).to(tl.float32)
+        x = x * c + sign[None, :] * y * s
+    return x
+
+
+@triton.jit
+def fmha_appendkv(Q, K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Table, kv_indptr,
+                  max_seqlen_new, nhead_q, nhead_k, head_dim_q, head_dim_v, rotary_half, max_position,
+                  num_pages, table_width, stride_qm, stride_qh, stride_kp, stride_ks, stride_kh,
+                  stride_vp, stride_vs, stride_vh, stride_knm, stride_knh, stride_vnm, stride_vnh,
+                  stride_cos, stride_tb,
+                  BLOCK_M: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DV: tl.constexpr, ROPE: tl.constexpr,
+                  PAGE_SIZE: tl.constexpr, LOOKUP: tl.constexpr):
+    pid_m = tl.program_id(0)
+    off_h = tl.program_id(1)
+    off_b = tl.program_id(2)
+    n_start = tl.load(cu_seqlens_new + off_b)
+    n_new = tl.load(cu_seqlens_new + off_b + 1) - n_start
+    start_m = pid_m * BLOCK_M
+    if start_m >= n_new:
+        return
+    cached = tl.load(seqlens_k + off_b)
+    offs_t = start_m + tl.arange(0, BLOCK_M)
+    t_ok = offs_t < n_new
+    pos = cached + offs_t                           # each new row's position in its sequence
+    p_ok = t_ok & (pos >= 0) & (pos < max_position)  # rows the rotary tables cover
+    if ROPE == 0:
+        p_ok = t_ok
+    pos_c = tl.minimum(tl.maximum(pos, 0), tl.maximum(max_position - 1, 0))
+    cos_rows = Cos + pos_c.to(tl.int64) * stride_cos
+    sin_rows = Sin + pos_c.to(tl.int64) * stride_cos
+    tok = (n_start + offs_t).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_DMODEL)
+    if off_h >= nhead_k:  # Q's heads: rotate in place
+        hq = off_h - nhead_k
+        rows = tok * stride_qm + hq * stride_qh
+        d_ok = offs_d < head_dim_q
+        x = _rotate(Q, rows, offs_d, d_ok, cos_rows, sin_rows, p_ok, rotary_half, ROPE)
+        tl.store(Q + rows[:, None] + offs_d[None, :], x.to(Q.dtype.element_ty), mask=p_ok[:, None] & d_ok[None, :])
+    else:
+        # where each row goes: page and slot (rows outside the table or the cache are not written)
+        if LOOKUP == 2:  # contiguous cache [B, capacity, Hk, D]: the sequence is its page
+            w_ok = p_ok & (pos >= 0) & (pos < table_width)
+            page = (offs_t * 0 + off_b).to(tl.int64)
+            slot = pos
+        else:
+            if LOOKUP == 0:
+                tb = off_b.to(tl.int64) * stride_tb
+                n_tab = table_width
+            else:
+                p0 = tl.load(kv_indptr + off_b)
+                n_tab = tl.load(kv_indptr + off_b + 1) - p0
+                tb = p0.to(tl.int64)
+            idx = pos // PAGE_SIZE
+            w_ok = p_ok & (pos >= 0) & (idx < n_tab)
+            page = tl.load(Table + tb + idx, mask=w_ok, other=0)
+            w_ok = w_ok & (page >= 0) & (page < num_pages)
+            page = page.to(tl.int64)
+            slot = pos % PAGE_SIZE
+        d_ok = offs_d < head_dim_q
+        krows = tok * stride_knm + off_h * stride_knh
+        x = _rotate(Knew, krows, offs_d, d_ok, cos_rows, sin_rows, p_ok, rotary_half, ROPE)
+        dst = page * stride_kp + slot.to(tl.int64) * stride_ks + off_h * stride_kh
+        tl.store(K + dst[:, None] + offs_d[None, :], x.to(K.dtype.element_ty), mask=w_ok[:, None] & d_ok[None, :])
+        offs_dv = tl.arange(0, BLOCK_DV)
+        dv_ok = offs_dv < head_dim_v
+        vals = tl.load(Vnew + (tok * stride_vnm + off_h * stride_vnh)[:, None] + offs_dv[None, :],
+                       mask=w_ok[:, None] & dv_ok[None, :])
+        vdst = page * stride_vp + slot.to(tl.int64) * stride_vs + off_h * stride_vh
+        tl.store(V + vdst[:, None] + offs_dv[None, :], vals, mask=w_ok[:, None] & dv_ok[None, :])
+
+
+CONSTEXPRS: tuple[str, ...] = ("BLOCK_M", "BLOCK_DMODEL", "BLOCK_DV", "ROPE", "PAGE_SIZE", "LOOKUP")
+
+
+def _check_names():
+    import inspect
+
+    params = list(inspect.signature(fmha_appendkv.fn).parameters)
+    want = [n for n, _ in APPEND_ARGS] + list(CONSTEXPRS)
+    assert params == want, f"fmha_appendkv parameters drifted from its ABI:\n{params}\n{want}"
+
+
+_check_names()
+
+
+def constexprs(sig: dict, alg: dict | None = None) -> dict:
+    """Constexpr values of a ``fwd_appendkv`` key: the head dims' blocks, the rope kind, the table's lookup and page
+    size (``paged_kv(false)``: a contiguous cache)."""
+    if sig.get("family", "fwd_appendkv") != "fwd_appendkv":
+        raise ValueError(f"the triton append-KV template does not implement family={sig['family']!r}")
+    dtype = sig.get("dtype", "fp16")
+    if dtype not in DTYPES:
+        raise ValueError(f"the triton append-KV template takes dtype fp16, bf16 or fp32, not {dtype!r}")
+    hq, hv = int(sig["hdim_q"]), int(sig["hdim_v"])
+    if not (1 <= hq <= 256 and 1 <= hv <= 256):
+        raise ValueError(f"head dims must be in 1..256, got {hq}, {hv}")
+    rope = sig.get("rope", "none")
+    if rope not in ROPES:
+        raise ValueError(f"unknown rope {rope!r} (none, inter, half)")
+    lookup = "contiguous" if not sig.get("paged_kv", True) else sig.get("kv_lookup", "vllm")
+    return {"BLOCK_M": APPEND_BLOCK_M, "BLOCK_DMODEL": block_d(hq), "BLOCK_DV": block_d(hv),
+            "ROPE": ROPES[rope], "PAGE_SIZE": page_size(sig) if lookup != "contiguous" else 1,
+            "LOOKUP": LOOKUPS[lookup]}

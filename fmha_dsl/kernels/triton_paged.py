@@ -1,0 +1,388 @@
+"""[kernels] The Triton template of the paged serving families: attention over a paged KV cache.
+
+``fmha_paged`` serves ``batch_prefill`` (prefill over the paged cache) and ``fwd_pagedkv`` (the same with split-KV:
+decode, a few query rows per sequence, the key axis shared by up to ``2**max_splits_log2`` programs whose partial
+results the forward family's combine kernel reduces).  It computes exactly
+:func:`fmha_dsl.reference_paged.paged_attention` (docs/semantics.md, "Paged KV cache"): group-mode queries, each
+sequence's keys gathered page by page; causal (top-left / bottom-right) and sliding-window masks with sink tokens,
+GQA/MQA (optionally the query heads of a group packed into one tile's rows, CK's ``qr_nwarp_sshuffle``), logits
+soft-cap, ALiBi, LSE.  The score, softmax and P.V steps are the forward template's (:mod:`.triton_fwd`); what is new
+is where a key block's rows live: with ``PAGE_SIZE >= BLOCK_N`` a block lies in one page (one page-id load, rows at
+a fixed stride); with smaller pages every row has its own page (a gather of ``BLOCK_N`` row addresses).  Page ids
+are clamped into the cache and a sequence never reads past its table (:mod:`.paged_abi`).
+
+Append-KV (writing the new rows the kernel later reads) is :mod:`.triton_appendkv`.
+
+API for the build and the runtime (plain Python; triton is imported by this module only): ``fmha_paged``
+(parameters: :data:`fmha_dsl.kernels.paged_abi.ARGS` in order, then :data:`CONSTEXPRS`) and ``constexprs(sig,
+alg)``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .fwd_abi import block_d, packs_gqa
+from .paged_abi import ARGS, LOOKUPS
+from .triton_fwd import _dot, _load, _softmax
+
+__all__ = ["fmha_paged", "CONSTEXPRS", "constexprs", "page_size"]
+
+
+# ------------------------------------------------------------------------------------------------------
+# device code
+# ------------------------------------------------------------------------------------------------------
+@triton.jit
+def _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_p, stride_s,
+          CHECK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Element offsets (int64) of the cache rows holding keys ``start_n + offs_n`` of a sequence whose table starts at
+    ``Table + tb``: ``page * stride_p + slot * stride_s``, each page id clamped into ``[0, num_pages)``."""
+    if PAGE_SIZE >= BLOCK_N:  # the block lies in one page (PAGE_SIZE and BLOCK_N are powers of two)
+        page = tl.load(Table + tb + start_n // PAGE_SIZE)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+        rows = page.to(tl.int64) * stride_p + ((start_n % PAGE_SIZE) + offs_n) * stride_s
+    else:  # one page per row (or per PAGE_SIZE rows)
+        cols = start_n + offs_n
+        if CHECK_N:
+            page = tl.load(Table + tb + cols // PAGE_SIZE, mask=cols < seqlen_k, other=0)
+        else:
+            page = tl.load(Table + tb + cols // PAGE_SIZE)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+        rows = page.to(tl.int64) * stride_p + (cols % PAGE_SIZE) * stride_s
+    return rows
+
+
+@triton.jit
+def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start_n, offs_m, offs_n, offs_d, offs_dv,
+           d_ok, dv_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
+           stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+           STEP: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
+           ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+           PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """One key block of the paged cache: gathered K^T and V tiles (TMA: the block's page through the descriptors
+    ``k_base``/``v_base`` over the cache's rows), the forward template's online-softmax step."""
+    n_ok = (start_n + offs_n) < seqlen_k
+    if TMA:  # PAGE_SIZE >= BLOCK_N, pages contiguous: the block is rows [row0, row0 + BLOCK_N) of the cache
+        page = tl.load(Table + tb + start_n // PAGE_SIZE)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+        row0 = page * PAGE_SIZE + start_n % PAGE_SIZE
+        qk = _dot(q, tl.trans(k_base.load([row0, 0])), None, IEEE, UPCAST)
+    else:
+        krows = _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_kp, stride_ks, CHECK_N, PAGE_SIZE,
+                      BLOCK_N)
+        k = _load(k_base + offs_d[:, None] + krows[None, :], d_ok[:, None], n_ok[None, :], CHECK_D, CHECK_N)
+        qk = _dot(q, k, None, IEEE, UPCAST)
+    p, alpha, l_i, m_i = _softmax(l_i, m_i, qk, start_n, k_base, offs_m, offs_m.to(tl.uint32), offs_m.to(tl.uint32),
+                                  slope2, offs_m, offs_n, offs_m >= 0, seqlen_q, seqlen_k, mask_off, window_left,
+                                  window_right, sink, qk_scale, cap_scale, cap_log2, 0.0, 0,
+                                  STEP, False, CHECK_N, 2 if ALIBI else 0, SOFTCAP, SINK, False,
+                                  STEP == 0 and not SOFTCAP and not ALIBI)
+    if TMA:
+        v = v_base.load([row0, 0])
+        if CHECK_N:  # rows past the sequence hold other tokens (or never-written memory): zero them
+            v = tl.where(n_ok[:, None], v, 0.0)
+    else:
+        vrows = _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_vp, stride_vs, CHECK_N, PAGE_SIZE,
+                      BLOCK_N)
+        v = _load(v_base + vrows[:, None] + offs_dv[None, :], n_ok[:, None], dv_ok[None, :], CHECK_N, CHECK_DV)
+    acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], IEEE, UPCAST)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
+          lo1, n1, lo2, n2, lo3, n3, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok, seqlen_q, seqlen_k,
+          mask_off, window_left, window_right, sink, stride_kp, stride_ks, stride_vp, stride_vs,
+          qk_scale, cap_scale, cap_log2,
+          STEP: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
+          ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+          PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """One pipelined loop over up to three ranges of key blocks: ``n1`` blocks from ``lo1``, ``n2`` from ``lo2``,
+    ``n3`` from ``lo3`` (negative counts are none)."""
+    n1 = tl.maximum(n1, 0)
+    n12 = n1 + tl.maximum(n2, 0)
+    for i in range(0, n12 + tl.maximum(n3, 0)):
+        start_n = tl.where(i < n1, lo1 + i * BLOCK_N, tl.where(i < n12, lo2 + (i - n1) * BLOCK_N,
+                                                               lo3 + (i - n12) * BLOCK_N))
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        acc, l_i, m_i = _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start_n, offs_m,
+                               offs_n, offs_d, offs_dv, d_ok, dv_ok, seqlen_q, seqlen_k, mask_off, window_left,
+                               window_right, sink, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale,
+                               cap_log2, STEP, CHECK_N, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST,
+                               PAGE_SIZE, BLOCK_N, TMA)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indptr,
+               sm_scale, softcap, max_seqlen_q, max_seqlen_k, nhead_q, nhead_k, head_dim_q, head_dim_v,
+               num_pages, table_width, window_left, window_right, mask_bottom_right, sink,
+               stride_qm, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+               stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm, stride_tb, stride_ab, stride_ah,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DV: tl.constexpr,
+               HEAD_DIM_Q: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAD_D: tl.constexpr, PAD_DV: tl.constexpr,
+               CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, MASK: tl.constexpr, SINK: tl.constexpr,
+               ALIBI: tl.constexpr, STORE_LSE: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
+               UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, PACK_GQA: tl.constexpr, PAGE_SIZE: tl.constexpr,
+               LOOKUP: tl.constexpr, TMA: tl.constexpr):
+    pid_m = tl.program_id(0)
+    if MASK:  # the longest rows (last query blocks under a causal mask) start first
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_h = tl.program_id(1)
+    off_b = tl.program_id(2)
+    group_r = nhead_q // nhead_k
+    heads = nhead_q
+    if PACK_GQA:
+        heads = nhead_k
+    off_h = pid_h
+    n_split = 1
+    split = 0
+    if SPLIT:  # program_id(1) = head * num_splits + split
+        n_split = tl.num_programs(1) // heads
+        off_h = pid_h // n_split
+        split = pid_h % n_split
+    if PACK_GQA:
+        off_hk = off_h
+    else:
+        off_hk = off_h // group_r
+
+    q_start = tl.load(cu_seqlens_q + off_b)
+    seqlen_q = tl.load(cu_seqlens_q + off_b + 1) - q_start
+    seqlen_k = tl.load(seqlens_k + off_b)
+    if LOOKUP == 0:  # vLLM: row b of the block table
+        tb = off_b.to(tl.int64) * stride_tb
+        n_tab = table_width
+    else:  # SGLang: kv_indices[kv_indptr[b] : kv_indptr[b + 1]]
+        p0 = tl.load(kv_indptr + off_b)
+        n_tab = tl.load(kv_indptr + off_b + 1) - p0
+        tb = p0.to(tl.int64)
+    # never past the sequence's table (nor below zero keys)
+    seqlen_k = tl.maximum(tl.minimum(seqlen_k, n_tab * PAGE_SIZE), 0)
+
+    start_m = pid_m * BLOCK_M
+    rows_total = seqlen_q
+    if PACK_GQA:
+        rows_total = seqlen_q * group_r
+    if start_m >= rows_total:
+        return
+    s_lo = start_m * 0
+    s_hi = s_lo
+    if SPLIT:
+        per = tl.cdiv(tl.cdiv(seqlen_k, BLOCK_N), n_split) * BLOCK_N
+        s_lo = split * per
+        s_hi = s_lo + per
+    if PAD_D:
+        dq_lim = head_dim_q
+    else:
+        dq_lim = HEAD_DIM_Q
+    if PAD_DV:
+        dv_lim = head_dim_v
+    else:
+        dv_lim = HEAD_DIM_V
+
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_DMODEL)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < dq_lim
+    dv_ok = offs_dv < dv_lim
+    if PACK_GQA:  # packed row t is query t // group_r of head off_hk * group_r + t % group_r
+        t_rows = start_m + offs_r
+        offs_m = t_rows // group_r
+        head_r = off_hk * group_r + t_rows % group_r
+        m_ok = t_rows < rows_total
+        q_first = start_m // group_r
+        q_last = (tl.minimum(start_m + BLOCK_M, rows_total) - 1) // group_r
+    else:
+        offs_m = start_m + offs_r
+        head_r = offs_r * 0 + off_h
+        m_ok = offs_m < seqlen_q
+        q_first = start_m
+        q_last = tl.minimum(start_m + BLOCK_M, seqlen_q) - 1
+    q_rows = head_r.to(tl.int64) * stride_qh + (q_start + offs_m).to(tl.int64) * stride_qm
+    q = _load(Q + q_rows[:, None] + offs_d[None, :], m_ok[:, None], d_ok[None, :], True, CHECK_D)
+    k_base = K + off_hk.to(tl.int64) * stride_kh
+    v_base = V + off_hk.to(tl.int64) * stride_vh
+    if TMA:  # descriptors over this K/V head's rows of the whole cache (pages contiguous: stride_kp = PAGE_SIZE rows)
+        k_base = tl.make_tensor_descriptor(k_base, shape=[num_pages * PAGE_SIZE, dq_lim], strides=[stride_ks, 1],
+                                           block_shape=[BLOCK_N, BLOCK_DMODEL])
+        v_base = tl.make_tensor_descriptor(v_base, shape=[num_pages * PAGE_SIZE, dv_lim], strides=[stride_vs, 1],
+                                           block_shape=[BLOCK_N, BLOCK_DV])
+
+    qk_scale = sm_scale * 1.4426950408889634
+    cap_scale = sm_scale
+    cap_log2 = sm_scale
+    if SOFTCAP:
+        cap_scale = sm_scale / softcap
+        cap_log2 = softcap * 1.4426950408889634
+    slope2 = sm_scale * 0.0
+    if ALIBI:
+        slope2 = tl.load(Alibi + off_b.to(tl.int64) * stride_ab + off_h * stride_ah).to(tl.float32) * \
+            1.4426950408889634
+
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+
+    if MASK:
+        window_left = tl.where(window_left >= seqlen_q + seqlen_k, -1, window_left)
+        window_right = tl.where(window_right >= seqlen_q + seqlen_k, -1, window_right)
+        sink = tl.maximum(tl.minimum(sink, seqlen_k), 0)
+        mask_off = (seqlen_k - seqlen_q) * mask_bottom_right
+        # columns some row of this block may see: [lo, end); every row sees: [f_lo, f_hi) (whole blocks)
+        j_lo = tl.where(window_left >= 0, tl.maximum(q_first + mask_off - window_left, 0), 0)
+        j_hi = tl.where(window_right >= 0, tl.minimum(q_last + mask_off + window_right + 1, seqlen_k), seqlen_k)
+        lo = (j_lo // BLOCK_N) * BLOCK_N
+        end = tl.cdiv(tl.maximum(j_hi, 0), BLOCK_N) * BLOCK_N
+        f_lo = tl.where(window_left >= 0, tl.maximum(q_last + mask_off - window_left, 0), 0)
+        f_lo = tl.cdiv(f_lo, BLOCK_N) * BLOCK_N
+        f_hi = tl.where(window_right >= 0, tl.minimum(q_first + mask_off + window_right + 1, seqlen_k), seqlen_k)
+        f_hi = (tl.maximum(f_hi, 0) // BLOCK_N) * BLOCK_N
+        k_lo = lo * 0
+        k_hi = k_lo
+        if SINK:  # the sink blocks, then the window from past them
+            s_end = tl.minimum(tl.cdiv(sink, BLOCK_N), tl.cdiv(seqlen_k, BLOCK_N)) * BLOCK_N
+            k_hi = s_end
+            if SPLIT:
+                k_lo = s_lo
+                k_hi = tl.maximum(tl.minimum(s_end, s_hi), s_lo)
+            lo = tl.maximum(lo, s_end)
+        if SPLIT:
+            lo = tl.maximum(lo, s_lo)
+            end = tl.maximum(tl.minimum(end, s_hi), lo)
+        a_end = tl.maximum(tl.minimum(f_lo, end), lo)
+        b_end = tl.maximum(tl.minimum(f_hi, end), a_end)
+        # the blocks every row sees in full (no mask), then the masked ones -- sink, left edge, diagonal -- in one loop
+        acc, l_i, m_i = _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
+                              a_end, (b_end - a_end) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, offs_d, offs_dv, d_ok,
+                              dv_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
+                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+                              0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA)
+        acc, l_i, m_i = _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
+                              k_lo, (k_hi - k_lo) // BLOCK_N, lo, (a_end - lo) // BLOCK_N, b_end,
+                              (end - b_end) // BLOCK_N, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok,
+                              seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
+                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+                              2, True, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA)
+    else:
+        full = (seqlen_k // BLOCK_N) * BLOCK_N
+        k_lo = full * 0
+        k_hi = full
+        t_lo = full
+        t_hi = seqlen_k
+        if SPLIT:
+            k_lo = s_lo
+            k_hi = tl.maximum(tl.minimum(full, s_hi), s_lo)
+            t_lo = tl.maximum(full, s_lo)
+            t_hi = tl.minimum(seqlen_k, s_hi)
+        acc, l_i, m_i = _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
+                              k_lo, (k_hi - k_lo) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, offs_d, offs_dv, d_ok,
+                              dv_ok, seqlen_q, seqlen_k, 0, -1, -1, 0,
+                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+                              0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA)
+        if t_lo < t_hi:  # the tail block, under a branch: a length that is a multiple of BLOCK_N pays nothing
+            acc, l_i, m_i = _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, t_lo, offs_m,
+                                   offs_n, offs_d, offs_dv, d_ok, dv_ok, seqlen_q, seqlen_k, 0, -1, -1, 0,
+                                   stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+                                   1, True, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE,
+                                   BLOCK_N, TMA)
+
+    # epilogue: rows that saw no allowed key (l = 0) give 0 and lse = -inf
+    live = l_i > 0.0
+    out = acc * tl.where(live, 1.0 / tl.where(live, l_i, 1.0), 0.0)[:, None]
+    r_head = head_r
+    r_row = q_start + offs_m
+    bo = off_b.to(tl.int64) * 0
+    bl = bo
+    if SPLIT:  # fp32 workspaces [B, Hq * splits, max_seqlen_q, Dv] / [B, Hq * splits, max_seqlen_q]
+        r_head = head_r * n_split + split
+        r_row = offs_m
+        bo = off_b.to(tl.int64) * stride_ob
+        bl = off_b.to(tl.int64) * stride_lb
+    o_rows = bo + r_head.to(tl.int64) * stride_oh + r_row.to(tl.int64) * stride_om
+    o_ptrs = Out + o_rows[:, None] + offs_dv[None, :]
+    if CHECK_DV:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & dv_ok[None, :])
+    else:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None])
+    if STORE_LSE or SPLIT:
+        lse = tl.where(live, m_i * 0.6931471805599453 + tl.log(tl.where(live, l_i, 1.0)), float("-inf"))
+        tl.store(Lse + bl + r_head.to(tl.int64) * stride_lh + r_row.to(tl.int64) * stride_lm, lse, mask=m_ok)
+
+
+# ------------------------------------------------------------------------------------------------------
+# host glue for the build and the runtime
+# ------------------------------------------------------------------------------------------------------
+CONSTEXPRS: tuple[str, ...] = (
+    "BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DV", "HEAD_DIM_Q", "HEAD_DIM_V", "PAD_D", "PAD_DV", "CHECK_D",
+    "CHECK_DV", "MASK", "SINK", "ALIBI", "STORE_LSE", "SOFTCAP", "IEEE", "UPCAST_DOT", "SPLIT", "PACK_GQA",
+    "PAGE_SIZE", "LOOKUP", "TMA",
+)
+DTYPES = ("fp16", "bf16", "fp32")
+
+
+def _check_names():
+    import inspect
+
+    params = list(inspect.signature(fmha_paged.fn).parameters)
+    want = [n for n, _ in ARGS] + list(CONSTEXPRS)
+    assert params == want, f"fmha_paged parameters drifted from its ABI:\n{params}\n{want}"
+
+
+_check_names()
+
+
+def page_size(sig: dict) -> int:
+    ps = int(sig.get("page_size", 1))
+    if ps < 1 or ps & (ps - 1):
+        raise ValueError(f"page_size must be a positive power of two, got {ps}")
+    return ps
+
+
+def constexprs(sig: dict, alg: dict) -> dict:
+    """Constexpr values of a ``batch_prefill`` / ``fwd_pagedkv`` key (tile ``(m0, n0, ...)`` gives BLOCK_M / BLOCK_N;
+    the head dims the power-of-two blocks; ``kv_cache(linear, lookup, page_size)`` the addressing; ``fwd_pagedkv``
+    splits the key axis; pipeline ``qr_async_trload`` reads K/V blocks through TMA descriptors)."""
+    family = sig.get("family", "batch_prefill")
+    dtype = sig.get("dtype", "fp16")
+    if dtype not in DTYPES:
+        raise ValueError(f"the triton serving templates take dtype fp16, bf16 or fp32, not {dtype!r}")
+    hq, hv = int(sig["hdim_q"]), int(sig["hdim_v"])
+    if not (1 <= hq <= 256 and 1 <= hv <= 256):
+        raise ValueError(f"head dims must be in 1..256, got {hq}, {hv}")
+    if family not in ("batch_prefill", "fwd_pagedkv"):
+        raise ValueError(f"the triton paged template does not implement family={family!r}")
+    if sig.get("kv_layout", "linear") != "linear":
+        raise ValueError("the triton paged template reads the linear KV layout ([pages, page_size, Hk, D] by strides), "
+                         f"not {sig['kv_layout']!r}")
+    for key, ok in {"qscale": "no", "rope": "none", "fp8_static_quant": False, "skip": False, "dbias": False,
+                    "store_randval": False, "dropout": False, "vlayout": "r"}.items():
+        if key in sig and sig[key] != ok:
+            raise ValueError(f"the triton paged template does not implement {key}={sig[key]!r}")
+    if sig.get("bias", "no") == "bias":
+        raise ValueError("the triton paged template has ALiBi but no elementwise bias")
+    m0, n0 = int(alg["tile"][0]), int(alg["tile"][1])
+    for name, val in (("m0", m0), ("n0", n0)):
+        if val < 16 or val & (val - 1):
+            raise ValueError(f"tile {name} must be a power of two >= 16, got {val}")
+    pack = packs_gqa(alg.get("pipeline", ""))
+    from ..rules.triton_fwd import uses_tma
+
+    tma = uses_tma(alg.get("pipeline", ""))
+    if tma and page_size(sig) < n0:
+        raise ValueError(f"pipeline {alg['pipeline']} (TMA) reads a key block from one page: page_size "
+                         f"{page_size(sig)} < n0 {n0}")
+    if pack and sig.get("bias", "no") != "no":
+        raise ValueError(f"pipeline {alg['pipeline']} (GQA-packed rows) has no ALiBi")
+    bd, bdv = block_d(hq), block_d(hv)
+    pad_d, pad_dv = bool(alg.get("pad_d", 1)), bool(alg.get("pad_dv", 1))
+    mask = sig.get("mask", "no") != "no"
+    return {
+        "BLOCK_M": m0, "BLOCK_N": n0, "BLOCK_DMODEL": bd, "BLOCK_DV": bdv, "HEAD_DIM_Q": hq, "HEAD_DIM_V": hv,
+        "PAD_D": pad_d, "PAD_DV": pad_dv, "CHECK_D": pad_d or hq != bd, "CHECK_DV": pad_dv or hv != bdv,
+        "MASK": mask, "SINK": bool(sig.get("sink", False)) and mask, "ALIBI": sig.get("bias", "no") == "alibi",
+        "STORE_LSE": bool(sig.get("lse", False)), "SOFTCAP": bool(sig.get("logits", False)), "IEEE": dtype == "fp32",
+        "UPCAST_DOT": False, "SPLIT": family == "fwd_pagedkv", "PACK_GQA": pack, "PAGE_SIZE": page_size(sig),
+        "LOOKUP": LOOKUPS[sig.get("kv_lookup", "vllm")], "TMA": tma,
+    }

@@ -1,0 +1,414 @@
+"""``fmha_dsl.paged_attention`` and ``fmha_dsl.append_kv``: the serving API over a paged KV cache.
+
+    out = fmha_dsl.paged_attention(q, k_cache, v_cache, block_table=bt, seqlens_k=lens, cu_seqlens_q=cq,
+                                   max_seqlen_q=mq, max_seqlen_k=mk, causal=True)
+    fmha_dsl.append_kv(k_cache, v_cache, k_new, v_new, kv_indptr=ip, kv_indices=ix, seqlens_k=lens,
+                       cu_seqlens_new=cn, rotary_cos=cos, rotary_sin=sin, q=q)      # in place
+
+What they compute is docs/semantics.md ("Paged KV cache and append-KV"), the NumPy twins being
+:func:`fmha_dsl.reference_paged.paged_attention` and :func:`~fmha_dsl.reference_paged.append_kv`.
+
+* ``q [Tq, Hq, D]`` (group mode: ``cu_seqlens_q [B + 1]``); caches ``[num_pages, page_size, Hk, D]`` (linear, NHD;
+  any strides with a unit head-dim stride, so an HND cache passed as a permuted view works too); the page size is the
+  cache's second dim.  Page tables: vLLM's ``block_table [B, max_pages]`` or SGLang's ``kv_indptr [B + 1]`` +
+  ``kv_indices``, exactly one.  ``seqlens_k [B]``: cached tokens per sequence.
+* NumPy arrays run the reference (``append_kv`` then writes into the given arrays).
+* torch tensors on a GPU run the Triton serving kernels, compiled and chosen on first use per problem class
+  (:mod:`fmha_dsl.first_use`): decode-sized problems (few query blocks) also get the split-KV kernels
+  (``fwd_pagedkv``, with the forward family's combine kernel), and the timing decides.
+* A server step: pass ``max_seqlen_q``/``max_seqlen_k`` (``max_seqlen_new`` for ``append_kv``) and, for split-KV
+  plans, a ``workspace`` (``fmha_dsl.paged.workspace_numel``): then nothing reads device memory on the host and
+  nothing is allocated, and the call is CUDA-graph capturable.  Without the maxima the lengths and tables are read
+  back once and fully checked (page ids inside the cache, enough pages for every sequence).  Inside the kernels a page
+  id is clamped into the cache and a sequence never reads past its table: a bad table gives wrong numbers, never an
+  illegal address.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import api_dispatch as _api
+from . import paged_fast as _fast
+from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _cu_seqlens, _mask, _usage
+from .paged_args import cache_pair, check_tables_on_host, host_values, int_tensor, max_len, rotary_tables, tables
+
+__all__ = ["paged_attention", "append_kv", "workspace_numel"]
+
+_DTYPES: dict = {}
+
+
+def _is_torch(x) -> bool:
+    return (type(x).__module__ or "").startswith("torch")
+
+
+def _dtype_name(q):
+    if not _DTYPES:
+        import torch
+
+        _DTYPES.update({torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"})
+    name = _DTYPES.get(q.dtype)
+    if name is None:
+        raise _usage("usage.dtype", f"`q` must be float16, bfloat16 or float32, got {q.dtype}", "convert with q.half()")
+    return name
+
+
+def _dispatcher(registry, dev: int):
+    if registry is None:
+        disp = _api._JIT.get(dev)
+        if disp is None:
+            disp = _api._JIT[dev] = _api.dispatcher(None, dev)
+        return disp
+    return _api.dispatcher(registry, dev)
+
+
+def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
+                    cu_seqlens_q, max_seqlen_q=None, max_seqlen_k=None, causal=False, window=None, alibi_slopes=None,
+                    softcap=None, sink=None, scale=None, return_lse=False, registry=None, out=None, workspace=None):
+    """Attention of ``q [Tq, Hq, D]`` over the paged cache; returns ``out [Tq, Hq, Dv]`` (or ``(out, lse [Hq, Tq])``
+    with ``return_lse``).  Masks, ALiBi, soft-cap, sink tokens and scale as :func:`fmha_dsl.attention` (the mask's
+    bottom-right corner is each sequence's last cached key), except that ``causal=True`` is bottom-right aligned here:
+    a sequence's queries are its last tokens (as in FlashAttention-2's varlen and FlashInfer); ``causal="top_left"``
+    aligns the first query with the first key.  ``out``: a preallocated output; ``workspace``: a float32
+    buffer of :func:`workspace_numel` elements for split-KV plans (see the module docstring)."""
+    if causal is True:  # the queries are each sequence's last tokens (FlashAttention-2 varlen, FlashInfer)
+        causal = "bottom_right"
+    if not _is_torch(q):
+        return _numpy_paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal,
+                            window, alibi_slopes, softcap, sink, scale, return_lse)
+    fk = None
+    if max_seqlen_q is not None and max_seqlen_k is not None:
+        fk = _fast.key((q, k_cache, v_cache, seqlens_k, cu_seqlens_q),
+                       (block_table, kv_indptr, kv_indices, alibi_slopes, out, workspace),
+                       ("paged", max_seqlen_q, max_seqlen_k, causal, window, softcap, sink, scale, bool(return_lse),
+                        registry if registry is None or isinstance(registry, str) else id(registry)))
+    recipe = _fast.get(fk)
+    if recipe is not None:  # a call like one already launched: replayed with this call's addresses
+        o = q.new_empty(recipe.shapes[0]) if out is None else out
+        lse = q.new_empty(recipe.shapes[1], dtype=_fast.F32) if return_lse else None
+        ws = workspace
+        if ws is None and recipe.ws_numel:
+            ws = q.new_empty(recipe.ws_numel, dtype=_fast.F32)
+        if recipe.replay((q, k_cache, v_cache, o, lse, alibi_slopes, cu_seqlens_q, seqlens_k,
+                          kv_indices if block_table is None else block_table, kv_indptr, ws)):
+            return (o, lse) if return_lse else o
+    token = CALLER.set("paged_attention()")
+    try:
+        plan, dev, b, hq, msq, args, out, lse, used = _prepare(
+            q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, max_seqlen_q,
+            max_seqlen_k, causal, window, alibi_slopes, softcap, sink, scale, return_lse, registry, out)
+        if plan is not None:
+            from .runtime.plan import resolve_stream
+
+            steps, buf = plan.launches(dev, b, hq, msq, args, workspace)
+            stream = resolve_stream(None, dev)[0]
+            for kern, grid, a in steps:
+                kern.launch(grid, a, stream)
+            mine = (cu_seqlens_q, seqlens_k, block_table if block_table is not None else kv_indices, kv_indptr)
+            if all(a is b for a, b in zip(used, mine)):  # the caller's own tensors (none converted): replayable
+                _fast.record(fk, plan, steps, (q, k_cache, v_cache, out, lse, alibi_slopes) + used + (buf,),
+                             (tuple(out.shape), None if lse is None else tuple(lse.shape)),
+                             buf.numel() if buf is not None and workspace is None else 0)
+    finally:
+        CALLER.reset(token)
+    return (out, lse) if return_lse else out
+
+
+def workspace_numel(q, k_cache, v_cache, *, batch: int, max_seqlen_q: int, max_seqlen_k: int, registry=None) -> int:
+    """fp32 elements of a workspace that serves every :func:`paged_attention` call of these tensors' shapes within
+    these bounds, whichever kernel its first use selects (a split-KV plan needs at most this much; others none).
+    Allocate it once and pass it as ``workspace=`` each step."""
+    from .kernels.paged_abi import workspace_bound
+
+    disp = _dispatcher(registry, q.get_device())
+    return workspace_bound(batch, q.shape[1], k_cache.shape[2], max_seqlen_q, max_seqlen_k, v_cache.shape[3],
+                           disp.compute_units)
+
+
+def _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi, lse, softcap, sink, lookup, page):
+    from .keys import Problem
+
+    return Problem(family="batch_prefill", dtype=dname, arch=disp.arch, batch=max(1, int(b)), nhead_q=int(hq),
+                   nhead_k=int(hk), seqlen_q=int(msq), seqlen_k=int(msk), max_seqlen_q=int(msq),
+                   max_seqlen_k=int(msk), hdim_q=int(dq), hdim_v=int(dv), mode="group", mask=mask,
+                   window_left=int(wl), window_right=int(wr), bias="alibi" if alibi else "no", lse=bool(lse),
+                   logits=bool(softcap), sink=bool(sink), paged_kv=True, kv_layout="linear", kv_lookup=lookup,
+                   page_size=int(page))
+
+
+def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, max_seqlen_q,
+             max_seqlen_k, causal, window, alibi_slopes, softcap, sink, scale, return_lse, registry, out):
+    import torch
+
+    from .kernels import paged_abi
+
+    _fast.start()
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise _usage("usage.shape", f"`q` must be a 3-D torch tensor [Tq, Hq, D], got "
+                     f"{tuple(getattr(q, 'shape', ()))}", "queries of every sequence, concatenated (group mode)")
+    dname = _dtype_name(q)
+    dev = q.get_device()
+    if dev < 0 and not (registry is not None and getattr(registry, "launcher", None) == "interpret"):
+        raise _usage("usage.device", f"`q` is on {q.device}; torch tensors run on a GPU",
+                     "move the tensors with .cuda(), or pass numpy arrays to run the reference")
+    tq, hq, dq = q.shape
+    num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, q.dtype, dev)
+    if dk != dq:
+        raise _usage("usage.shape", f"`k_cache`'s head dim ({dk}) must equal q's ({dq})")
+    if hk < 1 or hq % hk:
+        raise _usage("usage.shape", f"q's heads ({hq}) must be a multiple of the caches' ({hk}) (GQA/MQA)")
+    if q.stride(2) != 1 and dq > 1:
+        raise _usage("usage.stride", f"`q`'s head dim must have stride 1, got strides {q.stride()}",
+                     "pass q.contiguous()")
+    cq, host_q = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq, dev, torch)
+    b = cq.shape[0] - 1
+    lens = int_tensor("seqlens_k", seqlens_k, 1, dev, "[B] int32 cached tokens per sequence")
+    if lens.shape[0] != b:
+        raise _usage("usage.shape", f"`seqlens_k` must have one entry per sequence (B = {b}), got {lens.shape[0]}",
+                     "B comes from cu_seqlens_q (B + 1 entries)")
+    lookup, bt, ip, ix = tables(block_table, kv_indptr, kv_indices, b, dev)
+    if max_seqlen_q is None and host_q is None:
+        host_q = cq.tolist()  # one device-to-host copy: pass max_seqlen_q to avoid it
+    if host_q is not None:
+        from .attention_args import _check_cu_host
+
+        _check_cu_host("cu_seqlens_q", host_q, tq)
+        host_q = [host_q[i + 1] - host_q[i] for i in range(b)]
+    msq = max_len("max_seqlen_q", max_seqlen_q, host_q, "the longest query sequence")
+    if max_seqlen_k is None:  # read the lengths and tables back once, and check them fully
+        lv, btv, ipv, ixv = host_values(lens, bt, ip, ix)
+        check_tables_on_host(lookup, btv, ipv, ixv, lv, page, num_pages)
+        msk = max_len("max_seqlen_k", None, lv, "the longest cached sequence")
+    else:
+        msk = max_len("max_seqlen_k", max_seqlen_k, None, "the longest cached sequence")
+        if lookup == "vllm" and bt.shape[1] * page < msk:
+            raise _usage("usage.value", f"max_seqlen_k={msk} needs {-(-msk // page)} pages of {page} per sequence, "
+                         f"block_table has {bt.shape[1]} columns", "widen the block table or lower max_seqlen_k")
+    mask, wl, wr, br = _mask(causal, window)
+    if softcap is not None:
+        _check_softcap(softcap)
+    if scale is not None:
+        _check_scale(scale)
+        if scale < 0:
+            raise _usage("usage.value", f"paged_attention takes scale >= 0, got {scale!r}",
+                         "fold a negative sign into q")
+    if sink is not None:
+        _check_sink(sink)
+    sink = int(sink or 0) if mask != "no" else 0
+    a_st = None
+    if alibi_slopes is not None:
+        from .attention_args import _check_bias
+
+        a_st = _check_bias(None, alibi_slopes, q, b, hq, msq, msk, True, dev)[2]
+    if out is None:
+        out = q.new_empty((tq, hq, dv))
+    elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != (tq, hq, dv) or out.dtype != q.dtype
+          or out.get_device() != dev or out.stride(2) != 1):
+        raise _usage("usage.value", f"`out` must be a [{tq}, {hq}, {dv}] {q.dtype} tensor on q's device with a "
+                     f"unit head-dim stride, got {tuple(getattr(out, 'shape', ()))}", "or leave out=None")
+    lse = q.new_empty((hq, tq), dtype=torch.float32) if return_lse else None
+    if tq == 0 or b == 0:
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return None, dev, b, hq, msq, None, out, lse, None
+    disp = _dispatcher(registry, dev)
+    objects = dev < 0
+    table, indptr = (bt, None) if lookup == "vllm" else (ix, ip)
+    tensors = (q, k_cache, v_cache, out, lse, alibi_slopes, cq, lens, table, indptr)
+    ptrs = list(tensors) if objects else [0 if t is None else t.data_ptr() for t in tensors]
+    args = paged_abi.pack(ptrs, q.stride()[:2], k_cache.stride()[:3], v_cache.stride()[:3], out.stride(),
+                          None if lse is None else lse.stride(), bt.stride(0) if lookup == "vllm" else 0, a_st, hq,
+                          hk, dq, dv, msq, msk, num_pages, bt.shape[1] if lookup == "vllm" else 0, scale, softcap,
+                          wl, wr, br, sink)
+    # binaries built with the 16-divisibility promise (and the TMA kernels, which also need each page's rows to follow
+    # the previous page's: an NHD cache) serve only arguments that keep it; the others get builds without it
+    aligned = objects or (not any(args[i] & 15 for i in _aligned_idx()) and k_cache.stride(0) == page * k_cache.stride(1)
+                          and v_cache.stride(0) == page * v_cache.stride(1) and num_pages * page < 1 << 31)
+    key = (dname, dq, dv, hq, hk, mask != "no", alibi_slopes is not None, bool(return_lse), softcap is not None,
+           sink > 0, lookup, page, aligned) + disp.seq_key(msq, msk, b * hq)
+    plan = disp.fast_paged.get(key)
+    if plan is None:
+        problem = _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi_slopes is not None,
+                           return_lse, softcap is not None, sink, lookup, page)
+        measure = _api.timer(dev, lambda p: p.launch(dev, b, hq, msq, args))
+        plan = disp.plan(problem, aligned, measure)
+        disp.fast_paged[key[:13] + disp.seq_key(msq, msk, b * hq)] = plan
+    return plan, dev, b, hq, msq, args, out, lse, (cq, lens, table, indptr)
+
+
+_ALIGNED: list = []
+
+
+def _aligned_idx() -> tuple:
+    if not _ALIGNED:
+        from .kernels import paged_abi
+
+        names = [n for n, _ in paged_abi.ARGS]
+        _ALIGNED.append(tuple(names.index(n) for n in paged_abi.ALIGNED))
+    return _ALIGNED[0]
+
+
+def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
+              cu_seqlens_new, max_seqlen_new=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False, q=None,
+              registry=None) -> None:
+    """Write ``k_new``/``v_new [Tnew, Hk, D|Dv]`` (``cu_seqlens_new [B + 1]``) into each sequence's tokens
+    ``seqlens_k[b] ...`` of the cache, in place, RoPE applied to the new K (and to ``q [Tnew, Hq, D]``, in place) at
+    those positions when ``rotary_cos``/``rotary_sin [max_position, rotary_dim / 2]`` are given: pairs ``(2i, 2i + 1)``
+    with ``rotary_interleaved``, else ``(i, i + rotary_dim / 2)``.  Without a page table the caches are contiguous
+    ``[B, capacity, Hk, D]``.  ``seqlens_k`` is not updated (the caller's bookkeeping: add the new lengths)."""
+    if not _is_torch(k_new):
+        return _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
+                             cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q)
+    fk = None
+    if max_seqlen_new is not None:
+        fk = _fast.key((k_cache, v_cache, k_new, v_new, seqlens_k, cu_seqlens_new),
+                       (block_table, kv_indptr, kv_indices, rotary_cos, rotary_sin, q),
+                       ("append", max_seqlen_new, bool(rotary_interleaved),
+                        registry if registry is None or isinstance(registry, str) else id(registry)))
+        recipe = _fast.get(fk)
+        if recipe is not None and recipe.replay((q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
+                                                 cu_seqlens_new, seqlens_k,
+                                                 kv_indices if block_table is None else block_table, kv_indptr)):
+            return
+    token = CALLER.set("append_kv()")
+    try:
+        _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
+                max_seqlen_new, rotary_cos, rotary_sin, rotary_interleaved, q, registry, fk)
+    finally:
+        CALLER.reset(token)
+
+
+def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
+            max_seqlen_new, rotary_cos, rotary_sin, rotary_interleaved, q, registry, fk):
+    import torch
+
+    from .keys import Problem
+
+    _fast.start()
+    for name, x in (("k_new", k_new), ("v_new", v_new)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            raise _usage("usage.shape", f"`{name}` must be a 3-D torch tensor [Tnew, Hk, D], got "
+                         f"{tuple(getattr(x, 'shape', ()))}")
+        if x.stride(2) != 1 and x.shape[2] > 1:
+            raise _usage("usage.stride", f"`{name}`'s head dim must have stride 1, got strides {x.stride()}",
+                         f"pass {name}.contiguous()")
+    dname = _dtype_name(k_new)
+    dev = k_new.get_device()
+    if dev < 0 and not (registry is not None and getattr(registry, "launcher", None) == "interpret"):
+        raise _usage("usage.device", f"`k_new` is on {k_new.device}; torch tensors run on a GPU",
+                     "move the tensors with .cuda(), or pass numpy arrays to run the reference")
+    if v_new.dtype is not k_new.dtype or v_new.get_device() != dev or v_new.shape[:2] != k_new.shape[:2]:
+        raise _usage("usage.value", f"`v_new` must match k_new's dtype, device and [Tnew, Hk] ({tuple(k_new.shape)}), "
+                     f"got {tuple(v_new.shape)} {v_new.dtype} on {v_new.device}")
+    num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, k_new.dtype, dev)
+    tn = k_new.shape[0]
+    if (k_new.shape[1], k_new.shape[2], v_new.shape[2]) != (hk, dk, dv):
+        raise _usage("usage.shape", f"`k_new`/`v_new` must be [Tnew, {hk}, {dk}] / [Tnew, {hk}, {dv}] like the caches, "
+                     f"got {tuple(k_new.shape)} and {tuple(v_new.shape)}")
+    cn, host_n = _cu_seqlens("cu_seqlens_new", cu_seqlens_new, tn, dev, torch)
+    b = cn.shape[0] - 1
+    lens = int_tensor("seqlens_k", seqlens_k, 1, dev, "[B] int32 cached tokens per sequence (before the append)")
+    if lens.shape[0] != b:
+        raise _usage("usage.shape", f"`seqlens_k` must have one entry per sequence (B = {b}), got {lens.shape[0]}")
+    paged = block_table is not None or kv_indptr is not None or kv_indices is not None
+    if paged:
+        lookup, bt, ip, ix = tables(block_table, kv_indptr, kv_indices, b, dev)
+    else:
+        lookup, bt, ip, ix = "vllm", None, None, None
+        if num_pages != b:
+            raise _usage("usage.shape", f"without a page table the caches are contiguous [B, capacity, Hk, D] with "
+                         f"B = {b}, got {num_pages} rows", "pass block_table or kv_indptr + kv_indices for a paged "
+                         "cache")
+    if max_seqlen_new is None and host_n is None:
+        host_n = cn.tolist()
+    if host_n is not None:
+        from .attention_args import _check_cu_host
+
+        _check_cu_host("cu_seqlens_new", host_n, tn)
+        host_n = [host_n[i + 1] - host_n[i] for i in range(b)]
+    max_new = max_len("max_seqlen_new", max_seqlen_new, host_n, "the most new tokens of one sequence")
+    cos, sin, half = rotary_tables(rotary_cos, rotary_sin, dk, dev)
+    if max_seqlen_new is None:  # the lengths are on the host anyway: check that every new row has a place
+        lv, btv, ipv, ixv = host_values(lens, bt, ip, ix)
+        if paged:
+            check_tables_on_host(lookup, btv, ipv, ixv, lv, page, num_pages, host_n)
+        for i, (n, m) in enumerate(zip(lv, host_n)):
+            if not paged and n + m > page:
+                raise _usage("usage.value", f"sequence {i}: {n} cached + {m} new tokens exceed the cache's capacity "
+                             f"{page}", "a contiguous cache is [B, capacity, Hk, D]")
+            if cos is not None and n + m > cos.shape[0]:
+                raise _usage("usage.value", f"sequence {i}: positions up to {n + m - 1} need rotary tables of at "
+                             f"least {n + m} rows, they have {cos.shape[0]}", "extend rotary_cos/rotary_sin")
+    if q is not None:
+        if (not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[0] != tn or q.shape[2] != dk
+                or q.dtype is not k_new.dtype or q.get_device() != dev or q.shape[1] % hk):
+            raise _usage("usage.value", f"`q` must be the new tokens' queries [Tnew = {tn}, Hq, {dk}] (Hq a multiple "
+                         f"of {hk}) in k_new's dtype on its device, got {tuple(getattr(q, 'shape', ()))}")
+        if q.stride(2) != 1:
+            raise _usage("usage.stride", f"`q`'s head dim must have stride 1, got strides {q.stride()}")
+    if tn == 0 or b == 0:
+        return
+    disp = _dispatcher(registry, dev)
+    rope = "none" if cos is None else ("inter" if rotary_interleaved else "half")
+    key = ("append", dname, dk, dv, rope, paged, lookup, page if paged else 1)
+    plan = disp.fast_paged.get(key)
+    if plan is None:
+        hq = q.shape[1] if q is not None else hk
+        problem = Problem(family="fwd_appendkv", dtype=dname, arch=disp.arch, batch=max(1, b), nhead_q=hq, nhead_k=hk,
+                          seqlen_q=max(1, max_new), seqlen_k=max(1, max_new), hdim_q=dk, hdim_v=dv, mode="batch",
+                          rope=rope, paged_kv=paged, kv_layout="linear", kv_lookup=lookup,
+                          page_size=page if paged else 1)
+        plan = disp.fast_paged[key] = disp.plan(problem)
+    from .runtime.plan import resolve_stream
+
+    steps = plan.launches(k_cache, v_cache, k_new, v_new, seqlens_k=lens, cu_seqlens_new=cn, max_seqlen_new=max_new,
+                          block_table=bt, kv_indptr=ip, kv_indices=ix, rotary_cos=cos, rotary_sin=sin, q=q)
+    stream = resolve_stream(None, dev)[0]
+    for kern, grid, args in steps:
+        kern.launch(grid, args, stream)
+    table = ix if bt is None else bt
+    used = (cos, sin, cn, lens, table, ip)
+    mine = (rotary_cos, rotary_sin, cu_seqlens_new, seqlens_k, kv_indices if block_table is None else block_table,
+            kv_indptr)
+    if all(a is b for a, b in zip(used, mine)):  # the caller's own tensors (none converted): replayable
+        _fast.record(fk, plan, steps, (q, k_cache, v_cache, k_new, v_new) + used)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# NumPy: the reference
+# ---------------------------------------------------------------------------------------------------------
+def _numpy_paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal, window,
+                 alibi_slopes, softcap, sink, scale, return_lse):
+    import numpy as np
+
+    from .reference_paged import paged_attention as ref
+
+    if not isinstance(q, np.ndarray):
+        raise _usage("usage.type", f"`q` must be a numpy array or a torch tensor, got {type(q).__name__}",
+                     "numpy runs the reference; torch GPU tensors run the kernels")
+    got = ref(q, k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
+              seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q, causal=causal, window=window, alibi_slopes=alibi_slopes,
+              softcap=softcap, sink=0 if sink is None else sink, scale=scale, return_lse=True)
+    return got if return_lse else got[0]
+
+
+def _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
+                  rotary_cos, rotary_sin, rotary_interleaved, q):
+    import numpy as np
+
+    from .reference_paged import append_kv as ref
+
+    arrays = [("k_cache", k_cache), ("v_cache", v_cache)] + ([("q", q)] if q is not None else [])
+    for name, x in arrays:
+        if not isinstance(x, np.ndarray) or not x.flags.writeable:
+            raise _usage("usage.type", f"`{name}` must be a writable numpy array (append_kv updates it in place), got "
+                         f"{type(x).__name__}")
+    if block_table is None and kv_indptr is None and kv_indices is None:  # contiguous [B, capacity, Hk, D]
+        block_table = np.arange(np.asarray(k_cache).shape[0], dtype=np.int32)[:, None]
+    kc, vc, qr = ref(k_cache, v_cache, k_new, v_new, block_table=block_table, kv_indptr=kv_indptr,
+                     kv_indices=kv_indices, seqlens_k=seqlens_k, cu_seqlens_new=cu_seqlens_new,
+                     rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved, q=q)
+    np.copyto(k_cache, kc, casting="unsafe")
+    np.copyto(v_cache, vc, casting="unsafe")
+    if q is not None:
+        np.copyto(q, qr, casting="unsafe")

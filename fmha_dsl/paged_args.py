@@ -1,0 +1,173 @@
+"""Argument checks of the serving API (:mod:`fmha_dsl.paged`): page tables, lengths, caches, rotary tables.
+
+Each check raises a :class:`~fmha_dsl.errors.UsageError` naming the function and the argument, what was expected and
+what came, with a hint.  Checks that need device values (page ids, per-sequence lengths) run only when the caller did
+not pass ``max_seqlen_*`` (one device-to-host copy then); with them nothing here synchronises.
+"""
+
+from __future__ import annotations
+
+from .attention_args import CALLER, _is_int, _usage
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def int_tensor(name: str, x, ndim: int, dev: int, what: str):
+    """``x`` as an int32 tensor of rank ``ndim`` on device ``dev`` (a host int tensor or array is copied there)."""
+    torch = _torch()
+    if not isinstance(x, torch.Tensor):
+        import numpy as np
+
+        a = np.asarray(x)
+        if a.dtype.kind not in "iu":
+            raise _usage("usage.dtype", f"`{name}` must hold integers (int32), got dtype {a.dtype}", what)
+        x = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))
+    if x.dim() != ndim:
+        raise _usage("usage.shape", f"`{name}` must be {ndim}-D, got shape {tuple(x.shape)}", what)
+    if x.dtype != torch.int32:
+        if x.dtype not in (torch.int64, torch.int16, torch.uint8, torch.int8):
+            raise _usage("usage.dtype", f"`{name}` must be int32, got {x.dtype}", f"pass {name}.to(torch.int32)")
+        x = x.to(torch.int32)
+    where = x.get_device()
+    if where != dev:
+        if where >= 0:
+            raise _usage("usage.device", f"`{name}` is on cuda:{where} but q is on "
+                         f"{'cpu' if dev < 0 else f'cuda:{dev}'}", f"move it with {name}.to(q.device)")
+        x = x.to(f"cuda:{dev}")
+    if x.dim() == 1 and x.stride(0) != 1 and x.shape[0] > 1:
+        x = x.contiguous()
+    if x.dim() == 2 and x.stride(1) != 1 and x.shape[1] > 1:
+        raise _usage("usage.stride", f"`{name}`'s rows must be contiguous, got strides {x.stride()}",
+                     f"pass {name}.contiguous()")
+    return x
+
+
+def tables(block_table, kv_indptr, kv_indices, batch: int, dev: int):
+    """``(lookup, block_table, kv_indptr, kv_indices)`` checked: exactly one form, int32, on q's device."""
+    if block_table is not None:
+        if kv_indptr is not None or kv_indices is not None:
+            raise _usage("usage.value", "give one page table: block_table (vLLM) or kv_indptr + kv_indices (SGLang), "
+                         "not both", "drop the form you do not use")
+        bt = int_tensor("block_table", block_table, 2, dev, "[B, max_pages_per_seq] int32 page ids")
+        if bt.shape[0] != batch:
+            raise _usage("usage.shape", f"`block_table` must have one row per sequence (B = {batch}), got shape "
+                         f"{tuple(bt.shape)}", "B comes from cu_seqlens (B + 1 entries)")
+        return "vllm", bt, None, None
+    if kv_indptr is None or kv_indices is None:
+        raise _usage("usage.value", "give a page table: block_table (vLLM, [B, max_pages]) or kv_indptr [B + 1] + "
+                     "kv_indices (SGLang)", "kv_indices[kv_indptr[b]:kv_indptr[b + 1]] are sequence b's pages")
+    ip = int_tensor("kv_indptr", kv_indptr, 1, dev, "[B + 1] int32 offsets into kv_indices")
+    ix = int_tensor("kv_indices", kv_indices, 1, dev, "[total_pages] int32 page ids")
+    if ip.shape[0] != batch + 1:
+        raise _usage("usage.shape", f"`kv_indptr` must have B + 1 = {batch + 1} entries, got {ip.shape[0]}",
+                     "B comes from cu_seqlens (B + 1 entries)")
+    return "sglang", None, ip, ix
+
+
+def check_tables_on_host(lookup, bt, ip, ix, lens, page: int, num_pages: int, extra=None):
+    """The full check of tables against lengths (a device-to-host copy): every used page id in the cache, every
+    sequence's pages enough for ``lens[b] (+ extra[b])`` tokens."""
+    for b, n in enumerate(lens):
+        need = n + (extra[b] if extra is not None else 0)
+        if n < 0:
+            raise _usage("usage.value", f"`seqlens_k[{b}]` = {n} is negative", "lengths are >= 0")
+        pages = -(-need // page)
+        row = bt[b] if lookup == "vllm" else ix[ip[b]:ip[b + 1]]
+        if lookup == "sglang" and (ip[b + 1] < ip[b] or ip[b + 1] > len(ix)):
+            raise _usage("usage.value", f"`kv_indptr` must be non-decreasing and end within kv_indices "
+                         f"({len(ix)} entries); got {ip[b]} then {ip[b + 1]} at sequence {b}")
+        if pages > len(row):
+            what = f"{n} cached + {extra[b]} new" if extra is not None else f"{n} cached"
+            raise _usage("usage.value", f"sequence {b}: {what} tokens need {pages} pages of {page}, its table has "
+                         f"{len(row)}", "seqlens_k must fit the pages the table gives each sequence")
+        for j in range(pages):
+            if not 0 <= row[j] < num_pages:
+                raise _usage("usage.value", f"sequence {b}: page id {row[j]} (table position {j}) is outside the "
+                             f"cache's {num_pages} pages", "page ids index the cache's first dim")
+
+
+def host_values(*tensors):
+    """The tensors' values as Python lists (one device-to-host copy each)."""
+    return [None if t is None else t.tolist() for t in tensors]
+
+
+def cache_pair(k_cache, v_cache, dt, dev):
+    """``(num_pages, page_size, Hk, D, Dv)`` of the caches, checked (4-D, same dtype/device as q, unit head-dim
+    stride)."""
+    torch = _torch()
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(x, torch.Tensor):
+            raise _usage("usage.type", f"`{name}` must be a torch tensor like q, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise _usage("usage.shape", f"`{name}` must be 4-D [num_pages, page_size, Hk, D], got shape "
+                         f"{tuple(x.shape)}", "the linear (NHD) layout of vLLM and FlashInfer")
+        if x.dtype is not dt:
+            raise _usage("usage.dtype", f"`{name}` must have q's dtype {dt}, got {x.dtype}", f"pass {name}.to(q.dtype)")
+        if x.get_device() != dev:
+            raise _usage("usage.device", f"`{name}` is on {x.device} but q is on "
+                         f"{'cpu' if dev < 0 else f'cuda:{dev}'}", f"move it with {name}.to(q.device)")
+        if x.stride(3) != 1 and x.shape[3] > 1:
+            raise _usage("usage.stride", f"`{name}`'s head dim must have stride 1, got strides {x.stride()}",
+                         "the other dims may be strided (e.g. an HND cache through a permuted view)")
+    if k_cache.shape[:3] != v_cache.shape[:3]:
+        raise _usage("usage.shape", f"`k_cache` and `v_cache` must agree on [num_pages, page_size, Hk], got "
+                     f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    return k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], k_cache.shape[3], v_cache.shape[3]
+
+
+def max_len(name: str, given, host, what: str) -> int:
+    """``max_seqlen_*``: the caller's (an int >= 0, checked against host values when there are some) or the
+    host values' maximum."""
+    if given is not None and (not _is_int(given) or given < 0):
+        raise _usage("usage.value", f"{name} must be an int >= 0, got {given!r}", what)
+    if host is not None:
+        m = max(host, default=0)
+        if given is not None and given < m:
+            raise _usage("usage.value", f"{name}={given} is below the longest sequence ({m})", what)
+        return int(m if given is None else given)
+    return int(given)
+
+
+def rotary_tables(cos, sin, d: int, dev: int):
+    """``(cos, sin, half)`` float32 ``[max_position, rotary_dim / 2]`` on q's device (``half`` 0 without RoPE)."""
+    torch = _torch()
+    if cos is None and sin is None:
+        return None, None, 0
+    if cos is None or sin is None:
+        raise _usage("usage.value", "RoPE needs both rotary_cos and rotary_sin", "pass both, or neither")
+    out = []
+    for name, x in (("rotary_cos", cos), ("rotary_sin", sin)):
+        if not isinstance(x, torch.Tensor):
+            raise _usage("usage.type", f"`{name}` must be a torch tensor, got {type(x).__name__}")
+        if x.dim() != 2:
+            raise _usage("usage.shape", f"`{name}` must be [max_position, rotary_dim / 2], got {tuple(x.shape)}")
+        if x.get_device() != dev:
+            raise _usage("usage.device", f"`{name}` is on {x.device}, the caches on cuda:{dev}",
+                         f"move it with {name}.to(k_cache.device)")
+        if x.dtype != torch.float32 or x.stride(1) != 1:
+            x = x.float().contiguous()  # a copy; float32 tables with unit stride avoid it
+        out.append(x)
+    if out[0].shape != out[1].shape:
+        raise _usage("usage.shape", f"`rotary_cos` and `rotary_sin` must have one shape, got {tuple(out[0].shape)} "
+                     f"and {tuple(out[1].shape)}")
+    half = out[0].shape[1]
+    if half < 1 or 2 * half > d:
+        raise _usage("usage.shape", f"rotary_dim = 2 x {half} must be in [2, head dim {d}]",
+                     "rotary_cos/sin are [max_position, rotary_dim / 2]")
+    if out[1].stride(0) != out[0].stride(0):
+        out[1] = out[1].contiguous()
+        out[0] = out[0].contiguous()
+    return out[0], out[1], half
+
+
+def caller(name: str):
+    """Name ``name`` in the errors raised until the returned token is reset (``CALLER.reset(token)``)."""
+    return CALLER.set(name)
+
+
+__all__ = ["int_tensor", "tables", "check_tables_on_host", "host_values", "cache_pair", "max_len", "rotary_tables",
+           "caller"]

@@ -1,0 +1,217 @@
+"""The serving plans: attention over a paged KV cache (with split-KV and its combine for decode), and append-KV.
+
+    plan = disp.plan(Problem(family="batch_prefill", paged_kv=True, kv_layout="linear", kv_lookup="vllm",
+                             page_size=16, mode="group", ...))
+    n = plan.workspace_numel(batch, nhead_q, max_seqlen_q, max_seqlen_k)       # fp32 elements (0: none needed)
+    plan.run(q, k_cache, v_cache, out, lse, block_table=bt, seqlens_k=lens, cu_seqlens_q=cq,
+             max_seqlen_q=mq, max_seqlen_k=mk, workspace=ws)
+
+A plan is made once per problem class and reused across steps with new tables and lengths: nothing here reads device
+memory on the host, and with a caller's ``workspace`` nothing is allocated, so a serving step is CUDA-graph
+capturable.  Arguments: :mod:`fmha_dsl.kernels.paged_abi` (its one packer each).
+"""
+
+from __future__ import annotations
+
+from fmha_dsl.costmodel import split_limit
+from fmha_dsl.errors import UsageError, error
+from fmha_dsl.kernels import paged_abi
+from fmha_dsl.kernels.fwd_abi import COMBINE_BLOCK_M, block_d, grid_of, packs_gqa, workspace_strides
+
+from .match import promised_aligned
+from .plan import SplitLaunch, alibi_strides, resolve_stream
+
+_NAMES = tuple(n for n, _ in paged_abi.ARGS)
+_APPEND_NAMES = tuple(n for n, _ in paged_abi.APPEND_ARGS)
+
+
+def _ptrs(objects: bool, tensors):
+    return list(tensors) if objects else [0 if t is None else t.data_ptr() for t in tensors]
+
+
+def _workspace(workspace, numel: int, device, what: str):
+    import torch
+
+    if workspace is None:
+        return torch.empty(numel, dtype=torch.float32, device=device)
+    if (workspace.dtype != torch.float32 or workspace.device != device or workspace.numel() < numel
+            or not workspace.is_contiguous()):
+        raise error("usage.value", f"workspace must be a contiguous float32 tensor on {device} with at least {numel} "
+                    f"elements, got {tuple(workspace.shape)} {workspace.dtype} on {workspace.device}", None,
+                    f"size it with {what}", cls=UsageError)
+    return workspace
+
+
+class PagedPlan:
+    """Runs a paged-attention class: ``fmha_paged`` (``batch_prefill``), or its split-KV form (``fwd_pagedkv``) into
+    fp32 workspaces followed by the combine kernel."""
+
+    __slots__ = ("api_family", "problem", "entry", "stages", "block_m", "packed", "splits", "_split", "_stage",
+                 "_aligned_idx", "lookup")
+
+    def __init__(self, problem, stages):
+        self.api_family = "batch_prefill"
+        self.problem = problem
+        self.stages = tuple(stages)
+        self._stage = self.stages[0]
+        self.entry = self._stage.entry
+        build = self.entry.build or {}
+        self.block_m = int(build.get("block_m") or self.entry.alg["tile"][0])
+        self.packed = packs_gqa(self.entry.alg.get("pipeline", ""))
+        self.lookup = self.entry.sig["kv_lookup"]
+        self._aligned_idx = tuple(_NAMES.index(n) for n in promised_aligned(build) if n in _NAMES)
+        self.splits = split_limit(self.entry)
+        self._split = None
+        if self.splits:
+            cus = self._stage._dispatcher.compute_units
+            self._split = SplitLaunch(self.stages[1], self.block_m, int(self.entry.alg["tile"][1]),
+                                      block_d(self.entry.sig["hdim_v"]), cus)
+
+    @property
+    def kernel_id(self) -> str:
+        return self._stage.kernel_id
+
+    def __repr__(self) -> str:
+        return f"PagedPlan({', '.join(s.entry.name for s in self.stages)})"
+
+    def _count(self, batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, max_seqlen_k: int) -> int:
+        gx, heads, _ = grid_of(self.packed, batch, nhead_q, nhead_k, max_seqlen_q, self.block_m)
+        return self._split.count(self.splits, batch, nhead_q, max_seqlen_q, max_seqlen_k, gx * heads * batch)
+
+    def workspace_numel(self, batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, max_seqlen_k: int) -> int:
+        """fp32 elements of the split-KV workspace a call within these bounds needs (0 without split-KV)."""
+        if not self.splits:
+            return 0
+        s = self._count(batch, nhead_q, nhead_k, max_seqlen_q, max_seqlen_k)
+        wst, lst = workspace_strides(batch, nhead_q, s, max_seqlen_q, self._split.block_dv)
+        return batch * (wst[0] + lst[0])
+
+    def args(self, q, k_cache, v_cache, out, lse=None, *, seqlens_k, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
+             block_table=None, kv_indptr=None, kv_indices=None, alibi_slopes=None, scale=None, softcap=None,
+             window=None, bottom_right=True, sink=0, objects=False):
+        """``(batch, nhead_q, max_seqlen_q, args)`` for :meth:`launch` (``objects``: tensors in the pointer slots, for
+        the CPU interpreter)."""
+        if self.lookup == "vllm":
+            table, indptr, tb_stride, width = block_table, None, block_table.stride(0), block_table.shape[1]
+        else:
+            table, indptr, tb_stride, width = kv_indices, kv_indptr, 0, 0
+        ptrs = _ptrs(objects, (q, k_cache, v_cache, out, lse, alibi_slopes, cu_seqlens_q, seqlens_k, table, indptr))
+        as_ = None if alibi_slopes is None else alibi_strides(alibi_slopes)
+        wl, wr = (-1, -1) if window is None else window
+        qs, ks, vs = q.stride(), k_cache.stride(), v_cache.stride()
+        args = paged_abi.pack(ptrs, qs[:2], ks[:3], vs[:3], out.stride(), None if lse is None else lse.stride(),
+                              tb_stride, as_, q.shape[1], k_cache.shape[2], q.shape[2], v_cache.shape[3],
+                              max_seqlen_q, max_seqlen_k, k_cache.shape[0], width, scale, softcap, wl, wr,
+                              int(bool(bottom_right)), int(sink))
+        return cu_seqlens_q.shape[0] - 1, q.shape[1], int(max_seqlen_q), args
+
+    def launch(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, stream=None,
+               workspace=None) -> None:
+        """Launch on ``device`` (torch's current stream there, or ``stream``).  Split-KV plans need ``workspace``
+        (:meth:`workspace_numel` elements; default: from torch's caching allocator)."""
+        stream, explicit = resolve_stream(stream, device)
+        steps, buf = self.launches(device, batch, nhead_q, max_seqlen_q, args, workspace)
+        if buf is not None and workspace is None and explicit and device >= 0:
+            import torch
+
+            buf.record_stream(torch.cuda.ExternalStream(stream, device=buf.device))
+        for kern, grid, a in steps:
+            kern.launch(grid, a, stream)
+
+    def launches(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, workspace=None):
+        """``([(kernel, grid, arguments)], workspace buffer | None)``: what :meth:`launch` enqueues, in order (the
+        serving fast path, :mod:`fmha_dsl.paged_fast`, records it and replays it with new pointers)."""
+        nhk = args[paged_abi.NHK]
+        gx, heads, _ = grid_of(self.packed, batch, nhead_q, nhk, max_seqlen_q, self.block_m)
+        if not (gx and heads and batch):
+            return [], None
+        kern = self._stage.kernel(device)
+        if self._aligned_idx and not kern.needs_objects:
+            for i in self._aligned_idx:
+                if args[i] & 15:
+                    raise error("dispatch.alignment", f"kernel {self.entry.name} assumes 16-divisible {_NAMES[i]}, "
+                                f"got {args[i]}", None, "plan with Dispatcher.plan(problem, aligned=False) for "
+                                "unaligned arguments", cls=UsageError)
+        if self._split is None:
+            return [(kern, (gx, heads, batch), args)], None
+        import torch
+
+        s = self._count(batch, nhead_q, nhk, max_seqlen_q, args[paged_abi.MAX_SK])
+        wst, lst = workspace_strides(batch, nhead_q, s, max_seqlen_q, self._split.block_dv)
+        n_o = batch * wst[0]
+        dev = torch.device(f"cuda:{device}" if device >= 0 else "cpu")
+        buf = _workspace(workspace, n_o + batch * lst[0], dev,
+                         "plan.workspace_numel(batch, nhead_q, nhead_k, max_seqlen_q, max_seqlen_k)")
+        if kern.needs_objects:
+            wp, lp = buf[:n_o], buf[n_o:]
+        else:
+            wp = buf.data_ptr()
+            lp = wp + 4 * n_o
+        a, cargs = paged_abi.split_args(args, wp, lp, wst, lst, nhead_q, s)
+        comb = self._split.combine.kernel(device)
+        return [(kern, (gx, heads * s, batch), a),
+                (comb, ((max_seqlen_q + COMBINE_BLOCK_M - 1) // COMBINE_BLOCK_M, nhead_q, batch), cargs)], buf
+
+    def run(self, q, k_cache, v_cache, out, lse=None, *, stream=None, workspace=None, **kw):
+        """Compute ``out [Tq, Hq, Dv]`` (and ``lse [Hq, Tq]``).  Keywords as :meth:`args`."""
+        device = q.get_device()
+        objects = self._stage.kernel(device).needs_objects
+        batch, nhq, msq, args = self.args(q, k_cache, v_cache, out, lse, objects=objects, **kw)
+        self.launch(device, batch, nhq, msq, args, stream, workspace)
+        return out
+
+
+class AppendPlan:
+    """Runs an append-KV class: ``fmha_appendkv`` (new K/V rows into the cache, RoPE on K and, in place, on q)."""
+
+    __slots__ = ("api_family", "problem", "entry", "stages", "_stage", "lookup")
+
+    def __init__(self, problem, stages):
+        self.api_family = "fwd_appendkv"
+        self.problem = problem
+        self.stages = tuple(stages)
+        self._stage = self.stages[0]
+        self.entry = self._stage.entry
+        self.lookup = self.entry.sig["kv_lookup"] if self.entry.sig["paged_kv"] else "contiguous"
+
+    @property
+    def kernel_id(self) -> str:
+        return self._stage.kernel_id
+
+    def __repr__(self) -> str:
+        return f"AppendPlan({self.entry.name})"
+
+    def run(self, k_cache, v_cache, k_new, v_new, *, stream=None, **kw) -> None:
+        """Write the new rows (and rotate ``q`` in place when given).  Paged caches ``[P, page_size, Hk, D]``; a
+        contiguous one is ``[B, capacity, Hk, D]``.  Keywords as :meth:`launches`."""
+        device = k_new.get_device()
+        stream = resolve_stream(stream, device)[0]
+        for kern, grid, args in self.launches(k_cache, v_cache, k_new, v_new, **kw):
+            kern.launch(grid, args, stream)
+
+    def launches(self, k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seqlens_new, max_seqlen_new,
+                 block_table=None, kv_indptr=None, kv_indices=None, rotary_cos=None, rotary_sin=None, q=None):
+        """``[(kernel, grid, arguments)]``: what :meth:`run` enqueues."""
+        device = k_new.get_device()
+        kern = self._stage.kernel(device)
+        if self.lookup == "vllm":
+            table, indptr, tb_stride, width = block_table, None, block_table.stride(0), block_table.shape[1]
+        elif self.lookup == "sglang":
+            table, indptr, tb_stride, width = kv_indices, kv_indptr, 0, 0
+        else:
+            table, indptr, tb_stride, width = None, None, 0, k_cache.shape[1]
+        ptrs = _ptrs(kern.needs_objects, (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cu_seqlens_new,
+                                          seqlens_k, table, indptr))
+        half = 0 if rotary_cos is None else rotary_cos.shape[1]
+        args = paged_abi.pack_append(ptrs, (0, 0) if q is None else q.stride()[:2], k_cache.stride()[:3],
+                                     v_cache.stride()[:3], k_new.stride()[:2], v_new.stride()[:2],
+                                     0 if rotary_cos is None else rotary_cos.stride(0), tb_stride,
+                                     0 if q is None else q.shape[1], k_new.shape[1], k_new.shape[2],
+                                     v_new.shape[2], max_seqlen_new, half,
+                                     0 if rotary_cos is None else rotary_cos.shape[0], k_cache.shape[0], width)
+        g = paged_abi.append_grid(cu_seqlens_new.shape[0] - 1, 0 if q is None else q.shape[1], k_new.shape[1],
+                                  max_seqlen_new, q is not None)
+        return [(kern, g, args)] if min(g) else []
+
+
+__all__ = ["PagedPlan", "AppendPlan"]

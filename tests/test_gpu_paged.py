@@ -1,0 +1,294 @@
+"""The serving API on a GPU: paged attention and append-KV against the NumPy reference and against
+``fmha_dsl.attention`` on the gathered K/V, for both page-table forms, page sizes 1 / 16 / 1024, scattered and shared
+pages, every mask, GQA/MQA, soft-cap, ALiBi, sink tokens, head dims 64...256; decode through split-KV; a CUDA-graph
+captured serving step with new tables each replay; corrupt tables that must not fault.  Kernels compile on first use.
+
+    python3 -P -m pytest -q tests/test_gpu_paged.py -p no:cacheprovider      (bench/device_run.sh pagedtests)
+"""
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+import fmha_dsl  # noqa: E402
+from fmha_dsl.reference_paged import append_kv as ref_append  # noqa: E402
+from fmha_dsl.reference_paged import gather_kv, paged_attention as ref_paged  # noqa: E402
+
+TOL = {torch.float16: 1.5e-2, torch.bfloat16: 6e-2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+
+
+def make_cache(lens_k, page, hk, d, dv=None, *, extra=(), seed=0, shared_prefix=0, dtype=torch.float16, spare=3):
+    """A paged cache holding random K/V for sequences of ``lens_k`` tokens (+ ``extra`` room each), pages scattered
+    at random; ``shared_prefix`` pages are the same physical pages at the start of every sequence."""
+    rng = np.random.default_rng(seed)
+    dv = dv or d
+    extra = extra or [0] * len(lens_k)
+    need = [-(-(n + e) // page) for n, e in zip(lens_k, extra)]
+    own = [max(0, n - shared_prefix) for n in need]
+    total = sum(own) + shared_prefix + spare
+    perm = rng.permutation(total)
+    prefix, i, pages = list(perm[:shared_prefix]), shared_prefix, []
+    for n, o in zip(need, own):
+        pages.append((prefix[:n] + list(perm[i:i + o]))[:n])
+        i += o
+    kc = rng.standard_normal((total, page, hk, d)).astype(np.float32)
+    vc = rng.standard_normal((total, page, hk, dv)).astype(np.float32)
+    width = max(need + [1]) + 1
+    bt = np.zeros((len(lens_k), width), np.int32)
+    for b, p in enumerate(pages):
+        bt[b, :len(p)] = p
+    indptr = np.concatenate([[0], np.cumsum([len(p) for p in pages])]).astype(np.int32)
+    indices = np.concatenate([np.asarray(p, np.int32) for p in pages] + [np.zeros(0, np.int32)])
+    kc = torch.tensor(kc).to(dtype)
+    vc = torch.tensor(vc).to(dtype)
+    return kc, vc, bt, indptr, indices
+
+
+def run_case(lens_q, lens_k, *, page=16, hq=8, hk=2, d=64, dv=None, form="vllm", dtype=torch.float16, seed=0,
+             shared_prefix=0, maxes=True, **kw):
+    registry = kw.pop("registry", None)
+    rng = np.random.default_rng(seed + 1)
+    kc, vc, bt, ip, ix = make_cache(lens_k, page, hk, d, dv, seed=seed, shared_prefix=shared_prefix, dtype=dtype)
+    q = torch.tensor(rng.standard_normal((sum(lens_q), hq, d)).astype(np.float32)).to(dtype)
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    lens = np.asarray(lens_k, np.int32)
+    tab = {"block_table": bt} if form == "vllm" else {"kv_indptr": ip, "kv_indices": ix}
+    rkw = dict(kw, causal="bottom_right") if kw.get("causal") is True else kw   # the API's causal=True
+    want, wlse = ref_paged(q.float().numpy(), kc.float().numpy(), vc.float().numpy(), seqlens_k=lens,
+                           cu_seqlens_q=cq, return_lse=True, **tab, **rkw)
+    dev = {k: torch.tensor(v).cuda() for k, v in tab.items()}
+    extra = {"max_seqlen_q": max(lens_q), "max_seqlen_k": max(lens_k)} if maxes else {}
+    ka = {k: (torch.tensor(v).cuda() if isinstance(v, np.ndarray) else v) for k, v in kw.items()}
+    out, lse = fmha_dsl.paged_attention(q.cuda(), kc.cuda(), vc.cuda(), seqlens_k=torch.tensor(lens).cuda(),
+                                        cu_seqlens_q=torch.tensor(cq).cuda(), return_lse=True, registry=registry,
+                                        **dev, **extra, **ka)
+    got = out.float().cpu().numpy()
+    err = np.abs(got - want).max() if got.size else 0.0
+    assert np.isfinite(got).all()
+    assert err <= TOL[dtype] * max(1.0, np.abs(want).max()), err
+    gl = lse.cpu().numpy()
+    live = np.isfinite(wlse)
+    assert np.array_equal(np.isfinite(gl), live)
+    assert np.abs(gl[live] - wlse[live]).max(initial=0) < 2e-2
+    return got, (q, kc, vc, lens, cq, tab)
+
+
+@pytest.mark.parametrize("page", [1, 16, 1024])
+@pytest.mark.parametrize("form", ["vllm", "sglang"])
+def test_prefill_and_decode_on_both_table_forms_and_page_sizes(page, form):
+    run_case([37, 1, 0, 130], [300, 17, 5, 1100 if page == 1024 else 600], page=page, form=form, causal=True)
+    run_case([1, 1, 1, 1], [300, 17, 0, 2000], page=page, form=form, seed=2)          # decode: split-KV
+
+
+@pytest.mark.parametrize("kw", [
+    {"causal": "top_left"}, {"causal": "bottom_right"}, {"window": (64, 0), "sink": 4}, {"window": (32, 16)},
+    {"softcap": 20.0}, {"alibi_slopes": np.linspace(0.05, 0.5, 8).astype(np.float32)}, {"scale": 0.05}],
+    ids=["top_left", "bottom_right", "window_sink", "window2", "softcap", "alibi", "scale"])
+def test_every_mask_and_logit_feature(kw):
+    run_case([40, 3, 77], [90, 250, 77], **kw)
+
+
+@pytest.mark.parametrize("d,dv", [(64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_head_dims_and_dtypes(d, dv, dtype):
+    run_case([20, 65], [130, 64], d=d, dv=dv, dtype=dtype, causal=True, hq=4, hk=4)
+
+
+def test_gqa_mqa_shared_prefix_pages_and_lengths_read_back():
+    run_case([5, 9, 1], [400, 1000, 33], hq=16, hk=1, shared_prefix=2, causal=True)      # MQA, shared prompt pages
+    run_case([1] * 6, [5, 1, 300, 0, 64, 1025], hq=32, hk=8, maxes=False)            # lengths read back, checked
+
+
+def test_equals_attention_on_the_gathered_kv():
+    got, (q, kc, vc, lens, cq, tab) = run_case([64, 200], [500, 333], causal=True, hq=8, hk=2)
+    k, v, ck = gather_kv(kc.float().numpy(), vc.float().numpy(), seqlens_k=lens, **tab)
+    dt = q.dtype
+    out = fmha_dsl.attention(q.cuda(), torch.tensor(k).to(dt).cuda(), torch.tensor(v).to(dt).cuda(),
+                             causal="bottom_right",
+                             cu_seqlens_q=torch.tensor(cq).cuda(), cu_seqlens_k=torch.tensor(ck).cuda())
+    assert np.abs(out.float().cpu().numpy() - got).max() < 1e-2
+
+
+@pytest.mark.parametrize("rope", [None, "half", "inter"])
+@pytest.mark.parametrize("form", ["vllm", "sglang", "contiguous"])
+def test_append_kv_writes_rows_and_rotates(rope, form):
+    rng = np.random.default_rng(5)
+    lens, new = [30, 0, 17, 5], [1, 4, 0, 16]
+    hk, hq, d, page = 2, 8, 128, 16
+    if form == "contiguous":
+        kc = torch.randn(4, 64, hk, d, dtype=torch.float16)
+        vc = torch.randn(4, 64, hk, d, dtype=torch.float16)
+        tab = {}
+        ref_tab = {"block_table": np.arange(4, dtype=np.int32)[:, None]}
+    else:
+        kc, vc, bt, ip, ix = make_cache(lens, page, hk, d, extra=new)
+        tab = {"block_table": bt} if form == "vllm" else {"kv_indptr": ip, "kv_indices": ix}
+        ref_tab = tab
+    kn = rng.standard_normal((sum(new), hk, d)).astype(np.float16)
+    vn = rng.standard_normal((sum(new), hk, d)).astype(np.float16)
+    q = rng.standard_normal((sum(new), hq, d)).astype(np.float16)
+    cn = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+    rot = {}
+    if rope:
+        th = np.arange(128)[:, None] * (10000.0 ** (-np.arange(32) / 32))
+        rot = {"rotary_cos": np.cos(th).astype(np.float32), "rotary_sin": np.sin(th).astype(np.float32),
+               "rotary_interleaved": rope == "inter"}
+    wk, wv, wq = ref_append(kc.float().numpy(), vc.float().numpy(), kn, vn, seqlens_k=np.asarray(lens, np.int32),
+                            cu_seqlens_new=cn, q=q, **ref_tab, **rot)
+    kt, vt, qt = kc.cuda(), vc.cuda(), torch.tensor(q).cuda()
+    fmha_dsl.append_kv(kt, vt, torch.tensor(kn).cuda(), torch.tensor(vn).cuda(), seqlens_k=torch.tensor(lens).cuda(),
+                       cu_seqlens_new=torch.tensor(cn).cuda(), q=qt,
+                       **{k: torch.tensor(v).cuda() for k, v in tab.items()},
+                       **{k: (torch.tensor(v).cuda() if isinstance(v, np.ndarray) else v) for k, v in rot.items()})
+    for got, want in ((kt, wk), (vt, wv), (qt, wq)):
+        assert np.abs(got.float().cpu().numpy() - want).max() < 1e-2
+
+
+def test_a_serving_step_is_captured_in_a_cuda_graph_and_replays_with_new_tables():
+    """append_kv + paged_attention with max_seqlen_* and a workspace: no host synchronisation, no allocation; the
+    graph replays with new page tables and lengths written into the same tensors."""
+    hk, hq, d, page, B = 2, 16, 128, 16, 4
+    lens0 = [100, 7, 250, 31]
+    kc, vc, bt, _, _ = make_cache([n + 40 for n in lens0], page, hk, d, spare=10)
+    kc, vc = kc.cuda(), vc.cuda()
+    bt_d = torch.tensor(bt).cuda()
+    lens_d = torch.tensor(lens0, dtype=torch.int32).cuda()
+    cq = torch.arange(B + 1, dtype=torch.int32).cuda()
+    q = torch.randn(B, hq, d, dtype=torch.float16).cuda()
+    kn = torch.randn(B, hk, d, dtype=torch.float16).cuda()
+    vn = torch.randn(B, hk, d, dtype=torch.float16).cuda()
+    mk = page * bt.shape[1]   # what the table can hold
+    from fmha_dsl.paged import workspace_numel
+
+    ws = torch.empty(workspace_numel(q, kc, vc, batch=B, max_seqlen_q=1, max_seqlen_k=mk),
+                     dtype=torch.float32, device="cuda")
+    lens_after = torch.empty_like(lens_d)
+    out = torch.empty_like(q)
+
+    def step():
+        fmha_dsl.append_kv(kc, vc, kn, vn, block_table=bt_d, seqlens_k=lens_d, cu_seqlens_new=cq, max_seqlen_new=1)
+        torch.add(lens_d, 1, out=lens_after)
+        fmha_dsl.paged_attention(q, kc, vc, block_table=bt_d, seqlens_k=lens_after, cu_seqlens_q=cq, max_seqlen_q=1,
+                                 max_seqlen_k=mk, out=out, workspace=ws)
+
+    step()  # first use: compile and choose outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for lens in ([100, 7, 250, 31], [3, 120, 0, 64]):
+        lens_d.copy_(torch.tensor(lens, dtype=torch.int32))
+        bt_d.copy_(torch.tensor(np.roll(bt, 1, axis=0)))            # a new table each step
+        kn.normal_()
+        q.normal_()
+        kc0, vc0 = kc.float().cpu().numpy(), vc.float().cpu().numpy()
+        g.replay()
+        torch.cuda.synchronize()
+        btn = bt_d.cpu().numpy()
+        wk, wv, _ = ref_append(kc0, vc0, kn.float().cpu().numpy(), vn.float().cpu().numpy(), block_table=btn,
+                               seqlens_k=np.asarray(lens, np.int32), cu_seqlens_new=np.arange(B + 1))
+        want = ref_paged(q.float().cpu().numpy(), wk, wv, block_table=btn, seqlens_k=np.asarray(lens) + 1,
+                         cu_seqlens_q=np.arange(B + 1))
+        assert np.abs(out.float().cpu().numpy() - want).max() < 1.5e-2
+
+
+def test_corrupt_tables_never_fault():
+    """Page ids outside the cache and lengths past the table (with max_seqlen_k given, so nothing is checked on the
+    host): the kernels clamp, the call finishes, the numbers are finite."""
+    kc, vc, bt, ip, ix = make_cache([64, 64], 16, 2, 64)
+    bad = bt.copy()
+    bad[0, 0], bad[1, 2] = 1 << 30, -5
+    q = torch.randn(2, 8, 64, dtype=torch.float16).cuda()
+    out = fmha_dsl.paged_attention(q, kc.cuda(), vc.cuda(), block_table=torch.tensor(bad).cuda(),
+                                   seqlens_k=torch.tensor([64, 10_000], dtype=torch.int32).cuda(),
+                                   cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32).cuda(), max_seqlen_q=1,
+                                   max_seqlen_k=64)
+    bad_ix = ix.copy()
+    bad_ix[1] = 1 << 30
+    out2 = fmha_dsl.paged_attention(q, kc.cuda(), vc.cuda(), kv_indptr=torch.tensor(ip).cuda(),
+                                    kv_indices=torch.tensor(bad_ix).cuda(),
+                                    seqlens_k=torch.tensor([64, 64], dtype=torch.int32).cuda(),
+                                    cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32).cuda(), max_seqlen_q=1,
+                                    max_seqlen_k=64)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and torch.isfinite(out2).all()
+    with pytest.raises(fmha_dsl.UsageError, match="outside the cache"):   # without the maxima: checked, located
+        fmha_dsl.paged_attention(q, kc.cuda(), vc.cuda(), block_table=torch.tensor(bad).cuda(),
+                                 seqlens_k=torch.tensor([64, 64], dtype=torch.int32).cuda(),
+                                 cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32).cuda())
+
+
+def test_repeated_calls_replay_with_new_tensors_and_tables():
+    """The serving fast path: the second and later calls of one class replay the first's launches with their own
+    addresses -- new queries, caches, tables and lengths must give their own results; a misaligned view takes the
+    checked path (its binary has no 16-byte promise)."""
+    from fmha_dsl import paged_fast
+
+    lens = np.array([300, 17, 90], np.int32)
+    cq = np.arange(4, dtype=np.int32)
+    outs = []
+    for seed in range(3):
+        kc, vc, bt, _, _ = make_cache(list(lens), 16, 2, 128, seed=seed)
+        q = torch.tensor(np.random.default_rng(seed).standard_normal((3, 8, 128)).astype(np.float32)).half()
+        if seed == 2:  # an address 2 bytes past a 16-byte boundary, same shape and strides
+            base = torch.empty(q.numel() + 8, dtype=torch.float16).cuda()
+            qd = base[1:1 + q.numel()].view(3, 8, 128)
+            qd.copy_(q.cuda())
+        else:
+            qd = q.cuda()
+        got = fmha_dsl.paged_attention(qd, kc.cuda(), vc.cuda(), block_table=torch.tensor(bt).cuda(),
+                                       seqlens_k=torch.tensor(lens).cuda(), cu_seqlens_q=torch.tensor(cq).cuda(),
+                                       max_seqlen_q=1, max_seqlen_k=320)
+        want = ref_paged(q.float().numpy(), kc.float().numpy(), vc.float().numpy(), block_table=bt, seqlens_k=lens,
+                         cu_seqlens_q=cq)
+        assert np.abs(got.float().cpu().numpy() - want).max() < 1.5e-2
+        outs.append(got)
+    assert paged_fast._RECIPES, "the first call was not recorded for replay"
+
+
+def test_the_readme_serving_example_runs_as_shown():
+    import os
+    import re
+
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "fmha_dsl.append_kv(kc" in b)
+    ns = {"torch": torch, "fmha_dsl": fmha_dsl}
+    exec(block, ns)
+    out, lens = ns["out"], ns["lens"]
+    assert tuple(out.shape) == (4, 32, 128) and torch.isfinite(out).all()
+    want = ref_paged(ns["q1"].float().cpu().numpy(), ns["kc"].float().cpu().numpy(), ns["vc"].float().cpu().numpy(),
+                     block_table=ns["bt"].cpu().numpy(), seqlens_k=(lens + 1).cpu().numpy(),
+                     cu_seqlens_q=ns["cu"].cpu().numpy())
+    assert np.abs(out.float().cpu().numpy() - want).max() < 6e-2
+
+
+def test_the_tma_pipeline_from_a_built_registry_and_only_for_contiguous_pages(tmp_path):
+    from fmha_dsl.build import build
+    from fmha_dsl.runtime.dispatch import detect_arch
+
+    arch = detect_arch()
+    if arch != "sm90":
+        pytest.skip("TMA descriptors: sm90")
+    src = tmp_path / "tma.fmha"
+    src.write_text("""kernel_set tma { backend(triton) arch(sm90) dtype(fp16) hdim(64)
+      kernel p { signature { family(batch_prefill) mask(causal) lse(true) kv_cache(linear, vllm, 1024) }
+                 algorithm { pipeline(qr_async_trload) tile_m0(128) tile_n0(64) tile_k0(64) tile_n1(64) tile_k0max(64)
+                             wave_m0(4) } } }""")
+    res = build(fmha_dsl.load(str(src)), str(tmp_path / "out"), jobs=4, cache_dir=str(tmp_path / "cache"))
+    assert not res.failures, res.failures
+    run_case([100, 3], [2500, 700], page=1024, hq=4, hk=4, d=64, causal=True, registry=str(tmp_path / "out"))
+    kc, vc, bt, _, _ = make_cache([700], 1024, 4, 64)
+    hnd = kc.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)     # pages' rows not contiguous: no TMA kernel
+    with pytest.raises(fmha_dsl.DispatchError, match="no kernel"):
+        fmha_dsl.paged_attention(torch.randn(1, 4, 64, dtype=torch.float16).cuda(), hnd.cuda(), hnd.cuda(),
+                                 block_table=torch.tensor(bt).cuda(), seqlens_k=torch.tensor([700]).int().cuda(),
+                                 cu_seqlens_q=torch.tensor([0, 1]).int().cuda(), max_seqlen_q=1, max_seqlen_k=700,
+                                 causal=True, return_lse=True, registry=str(tmp_path / "out"))

@@ -1,0 +1,249 @@
+"""``fmha_dsl.paged_attention`` / ``append_kv``: the NumPy path (the reference), located errors for bad tables, lengths
+and caches, the serving kernel set's build for AMD and NVIDIA, and the torch path end to end under Triton's interpreter
+(a dispatcher over a declared set, the split-KV decode plan, append-KV through the dispatcher)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fmha_dsl
+from fmha_dsl.errors import UsageError
+from fmha_dsl.reference import attention_fwd
+
+
+def _cache(lens, page=4, hk=2, d=16, seed=0):
+    rng = np.random.default_rng(seed)
+    need = [-(-n // page) for n in lens]
+    total = sum(need) + 1
+    perm = rng.permutation(total)
+    bt = np.zeros((len(lens), max(need + [1])), np.int32)
+    i = 0
+    for b, n in enumerate(need):
+        bt[b, :n] = perm[i:i + n]
+        i += n
+    kc = rng.standard_normal((total, page, hk, d)).astype(np.float32)
+    vc = rng.standard_normal((total, page, hk, d)).astype(np.float32)
+    return kc, vc, bt
+
+
+def test_numpy_paged_attention_is_attention_on_the_gathered_kv_and_causal_means_bottom_right():
+    kc, vc, bt = _cache([9, 6])
+    q = np.random.default_rng(1).standard_normal((5, 4, 16)).astype(np.float32)
+    cq, lens = np.array([0, 3, 5], np.int32), np.array([9, 6], np.int32)
+    out, lse = fmha_dsl.paged_attention(q, kc, vc, block_table=bt, seqlens_k=lens, cu_seqlens_q=cq, causal=True,
+                                        return_lse=True)
+    k = np.concatenate([kc[bt[0, :3]].reshape(12, 2, 16)[:9], kc[bt[1, :2]].reshape(8, 2, 16)[:6]])
+    v = np.concatenate([vc[bt[0, :3]].reshape(12, 2, 16)[:9], vc[bt[1, :2]].reshape(8, 2, 16)[:6]])
+    want, wl = attention_fwd(q, k, v, causal="bottom_right", cu_seqlens_q=cq, cu_seqlens_k=np.array([0, 9, 15]))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse, wl, rtol=1e-5, atol=1e-5)
+
+
+def test_numpy_append_kv_updates_the_arrays_in_place():
+    kc, vc, bt = _cache([5, 2], page=4)
+    kc0 = kc.copy()
+    kn = np.ones((3, 2, 16), np.float32)
+    fmha_dsl.append_kv(kc, vc, kn, kn, block_table=bt, seqlens_k=[5, 2], cu_seqlens_new=[0, 2, 3])
+    assert (kc[bt[0, 1], 1] == 1).all() and (kc[bt[0, 1], 2] == 1).all() and (kc[bt[1, 0], 2] == 1).all()
+    untouched = np.ones(kc.shape[:2], bool)
+    untouched[bt[0, 1], 1:3] = untouched[bt[1, 0], 2] = False
+    assert np.array_equal(kc[untouched], kc0[untouched])
+    contiguous = np.zeros((2, 8, 2, 16), np.float32)            # no table: [B, capacity, Hk, D]
+    fmha_dsl.append_kv(contiguous, contiguous.copy(), kn, kn, seqlens_k=[5, 2], cu_seqlens_new=[0, 2, 3])
+    assert (contiguous[0, 5:7] == 1).all() and (contiguous[1, 2] == 1).all() and contiguous.sum() == 3 * 32
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"block_table": np.full((2, 3), 99, np.int32)}, "page id 99 .* outside the cache"),
+    ({"block_table": np.zeros((2, 1), np.int32)}, "9 cached tokens need 3 pages of 4, its table has 1"),
+    ({"block_table": np.zeros((3, 3), np.int32)}, "one row per sequence"),
+    ({"block_table": np.zeros((2, 3), np.float32)}, "must be an integer array"),
+    ({}, "give exactly one page table"),
+    ({"block_table": np.zeros((2, 3), np.int32), "kv_indptr": [0, 1, 2], "kv_indices": [0, 1]},
+     "give exactly one page table"),
+    ({"kv_indptr": [0, 3, 1], "kv_indices": [0, 1, 2]}, "never decrease"),
+])
+def test_numpy_errors_name_the_table_problem(kw, match):
+    kc, vc, _ = _cache([9, 6])
+    with pytest.raises(UsageError, match=match):
+        fmha_dsl.paged_attention(np.zeros((2, 4, 16), np.float32), kc, vc, seqlens_k=[9, 6], cu_seqlens_q=[0, 1, 2],
+                                 **kw)
+
+
+def test_torch_argument_errors_are_located():
+    torch = pytest.importorskip("torch")
+    kc, vc, bt = _cache([9, 6])
+    q = torch.zeros(2, 4, 16)
+    good = dict(block_table=torch.tensor(bt), seqlens_k=torch.tensor([9, 6], dtype=torch.int32),
+                cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32))
+    kct, vct = torch.tensor(kc), torch.tensor(vc)
+    from fmha_dsl.runtime.dispatch import Dispatcher
+
+    cpu = Dispatcher(None, "sm90", launcher="interpret", tuned_dir="")  # CPU tensors reach the argument checks
+    cases = [
+        (dict(good, block_table=torch.tensor(bt).float()), "block_table.*int32"),
+        (dict(good, seqlens_k=torch.tensor([9], dtype=torch.int32)), "seqlens_k.*one entry per sequence"),
+        (dict(good, kv_indptr=torch.tensor([0, 1, 2], dtype=torch.int32)), "not both"),
+        ({k: v for k, v in good.items() if k != "block_table"}, "give a page table"),
+        (dict(good, cu_seqlens_q=torch.tensor([[0, 1]], dtype=torch.int32)), "cu_seqlens_q.*1-D"),
+    ]
+    for kw, match in cases + [
+            (dict(good, max_seqlen_k=100), "max_seqlen_k=100 needs 25 pages of 4 per sequence, block_table has 3"),
+            (dict(good, block_table=torch.tensor(bt) + 50), "page id 5[0-9] .* outside the cache"),
+            (dict(good, scale=-1.0), "scale >= 0")]:
+        with pytest.raises(UsageError, match=match) as e:
+            fmha_dsl.paged_attention(q, kct, vct, registry=cpu, **kw)
+        assert "paged_attention()" in str(e.value) and e.value.hint
+    with pytest.raises(UsageError, match="torch tensors run on a GPU"):
+        fmha_dsl.paged_attention(q, kct, vct, **good)
+    with pytest.raises(UsageError, match="k_cache.*4-D"):
+        fmha_dsl.paged_attention(q, kct[0], vct, registry=cpu, **good)
+    with pytest.raises(UsageError, match="q's dtype"):
+        fmha_dsl.paged_attention(q, kct.half(), vct.half(), registry=cpu, **good)
+    with pytest.raises(UsageError, match="append_kv\\(\\).*rotary_cos"):
+        fmha_dsl.append_kv(kct, vct, torch.zeros(1, 2, 16), torch.zeros(1, 2, 16), seqlens_k=good["seqlens_k"],
+                           cu_seqlens_new=torch.tensor([0, 1, 1], dtype=torch.int32), block_table=good["block_table"],
+                           rotary_cos=torch.zeros(8, 4), registry=cpu)
+    with pytest.raises(UsageError, match="append_kv\\(\\).*sequence 0: 9 cached \\+ 4 new tokens need 4 pages"):
+        fmha_dsl.append_kv(kct, vct, torch.zeros(4, 2, 16), torch.zeros(4, 2, 16), seqlens_k=good["seqlens_k"],
+                           cu_seqlens_new=torch.tensor([0, 4, 4], dtype=torch.int32), block_table=good["block_table"],
+                           registry=cpu)
+
+
+SERVING_SET = """kernel_set serving_ci {
+    backend(triton)
+    arch(gfx942, gfx950, sm90)
+    dtype(bf16)
+    hdim(128)
+    kernel prefill {
+        signature { family(batch_prefill) mask(causal) kv_cache(linear, vllm, 16) }
+        algorithm { pipeline(qr_async) tile_m0(64) tile_n0(64) tile_k0(128) tile_n1(128) tile_k0max(128) wave_m0(4) }
+    }
+    kernel decode {
+        signature { family(fwd_pagedkv) mask(no) kv_cache(linear, sglang, 1) }
+        algorithm { pipeline(qr_nwarp_sshuffle) tile_m0(16) tile_n0(64) tile_k0(128) tile_n1(128) tile_k0max(128)
+                    wave_m0(4) max_splits_log2(4) }
+    }
+    kernel append { signature { family(fwd_appendkv) rope(half) paged_kv(true) kv_cache(linear, vllm, 16) } }
+}
+"""
+
+
+def test_a_serving_set_builds_for_amd_and_nvidia_without_a_gpu(tmp_path):
+    pytest.importorskip("triton")
+    from fmha_dsl.build import build
+
+    src = tmp_path / "serving.fmha"
+    src.write_text(SERVING_SET)
+    res = build(fmha_dsl.load(str(src)), str(tmp_path / "out"), jobs=2, cache_dir=str(tmp_path / "cache"))
+    assert not res.failures, res.failures
+    assert res.by_arch == {"gfx942": 3, "gfx950": 3, "sm90": 3}
+    reg = json.loads((tmp_path / "out" / "registry.json").read_text())
+    entries = {k["build"]["entry"] for k in reg["kernels"]}
+    assert entries == {"fmha_paged", "fmha_appendkv"}
+    for k in reg["kernels"]:
+        assert k["build"]["binary_kind"] == ("cubin" if k["gfx_arch"] == "sm90" else "hsaco")
+        if k["signature"]["family"] == "fwd_pagedkv":
+            assert k["build"]["combine"]["entry"] == "fmha_fwd_combine"
+
+
+def test_the_shipped_serving_set_checks_on_every_arch_it_names():
+    out = subprocess.run([sys.executable, "-m", "fmha_dsl.cli", "check", "serving"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "gfx942: 60, gfx950: 60, sm90: 60" in out.stdout
+
+
+INTERP = r'''
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+import numpy as np, torch, fmha_dsl
+from fmha_dsl.keys import Problem
+from fmha_dsl.reference_paged import paged_attention as ref, append_kv as ref_append
+from fmha_dsl.runtime.dispatch import Dispatcher
+
+SET = """kernel_set t { backend(triton) arch(sm90) dtype(fp16) hdim(32)
+  kernel p { signature { family(batch_prefill) mask(no | causal) lse(true | false) kv_cache(linear, vllm | sglang, 16) }
+             algorithm { pipeline(qr_async) tile_m0(16) tile_n0(16) tile_k0(32) tile_n1(32) tile_k0max(32) wave_m0(4)
+                         padding(true, true, true, true) } }
+  kernel d { signature { family(fwd_pagedkv) mask(no) lse(false) kv_cache(linear, vllm, 16) }
+             algorithm { pipeline(qr_nwarp_sshuffle) tile_m0(16) tile_n0(16) tile_k0(32) tile_n1(32) tile_k0max(32)
+                         wave_m0(4) padding(true, true, true, true) max_splits_log2(2) } }
+  kernel a { signature { family(fwd_appendkv) rope(none | half | inter) paged_kv(true)
+                         kv_cache(linear, vllm | sglang, 16) } }
+  kernel c { signature { family(fwd_appendkv) rope(inter) paged_kv(false) kv_cache(linear, vllm, 1) } }
+}"""
+disp = Dispatcher(fmha_dsl.loads(SET).registry(arch="sm90"), "sm90", launcher="interpret")
+rng = np.random.default_rng(0)
+lens_q, lens_k = [3, 1, 0, 5], [10, 37, 5, 0]
+B, P, Hq, Hk, D = 4, 9, 4, 2, 32
+perm = rng.permutation(P)
+bt = np.zeros((B, 4), np.int32)
+bt[0, :1], bt[1, :3], bt[2, :1] = perm[:1], perm[1:4], perm[4:5]
+kc = rng.standard_normal((P, 16, Hk, D)).astype(np.float16)
+vc = rng.standard_normal((P, 16, Hk, D)).astype(np.float16)
+q = rng.standard_normal((sum(lens_q), Hq, D)).astype(np.float16)
+cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+T = torch.from_numpy
+for causal in (False, True):
+    want, wl = ref(q.astype(np.float32), kc.astype(np.float32), vc.astype(np.float32), block_table=bt,
+                   seqlens_k=lens_k, cu_seqlens_q=cq, causal="bottom_right" if causal else False, return_lse=True)
+    out, lse = fmha_dsl.paged_attention(T(q), T(kc), T(vc), block_table=T(bt), seqlens_k=T(np.int32(lens_k)),
+                                        cu_seqlens_q=T(cq), causal=causal, registry=disp, return_lse=True)
+    assert np.abs(out.float().numpy() - want).max() < 3e-3, causal
+    live = np.isfinite(wl)
+    assert np.abs(lse.numpy()[live] - wl[live]).max() < 1e-3
+    assert np.array_equal(np.isfinite(lse.numpy()), live)
+print("paged ok")
+# the split-KV decode plan (fwd_pagedkv + combine) through the dispatcher
+p = Problem(family="fwd_pagedkv", dtype="fp16", hdim_q=32, hdim_v=32, nhead_q=4, nhead_k=2, batch=4, mode="group",
+            seqlen_q=1, seqlen_k=40, max_seqlen_q=1, max_seqlen_k=40, paged_kv=True, kv_layout="linear",
+            kv_lookup="vllm", page_size=16)
+plan = disp.plan(p)
+assert plan.splits == 4 and len(plan.stages) == 2, plan
+q1 = rng.standard_normal((4, Hq, D)).astype(np.float16)
+out = torch.empty(4, Hq, D, dtype=torch.float16)
+plan.run(T(q1), T(kc), T(vc), out, block_table=T(bt), seqlens_k=T(np.int32(lens_k)),
+         cu_seqlens_q=T(np.arange(5, dtype=np.int32)), max_seqlen_q=1, max_seqlen_k=40)
+want = ref(q1.astype(np.float32), kc.astype(np.float32), vc.astype(np.float32), block_table=bt, seqlens_k=lens_k,
+           cu_seqlens_q=np.arange(5))
+assert np.abs(out.float().numpy() - want).max() < 3e-3
+print("split ok")
+# append-KV: paged (rope half) and contiguous (rope inter), q rotated in place
+half = 8
+th = np.arange(64)[:, None] * (10000.0 ** (-np.arange(half) / half))
+cos, sin = np.cos(th).astype(np.float32), np.sin(th).astype(np.float32)
+kn = rng.standard_normal((4, Hk, D)).astype(np.float16)
+vn = rng.standard_normal((4, Hk, D)).astype(np.float16)
+qn = rng.standard_normal((4, Hq, D)).astype(np.float16)
+cn, lens2 = np.array([0, 1, 1, 3, 4], np.int32), np.array([10, 30, 5, 0], np.int32)
+bt2 = bt.copy()
+bt2[3, 0] = perm[5]
+for inter, tab in ((False, {"block_table": bt2}), (True, None)):
+    if tab is None:
+        kcache, vcache = np.zeros((4, 40, Hk, D), np.float16), np.zeros((4, 40, Hk, D), np.float16)
+        rt = {"block_table": np.arange(4, dtype=np.int32)[:, None]}
+    else:
+        kcache, vcache, rt = kc.copy(), vc.copy(), tab
+    wk, wv, wq = ref_append(kcache.astype(np.float32), vcache.astype(np.float32), kn, vn, seqlens_k=lens2,
+                            cu_seqlens_new=cn, rotary_cos=cos, rotary_sin=sin, rotary_interleaved=inter, q=qn, **rt)
+    kt, vt, qt = T(kcache.copy()), T(vcache.copy()), T(qn.copy())
+    fmha_dsl.append_kv(kt, vt, T(kn), T(vn), seqlens_k=T(lens2), cu_seqlens_new=T(cn), rotary_cos=T(cos),
+                       rotary_sin=T(sin), rotary_interleaved=inter, q=qt, registry=disp,
+                       **({k: T(v) for k, v in tab.items()} if tab else {}))
+    for got, w in ((kt, wk), (vt, wv), (qt, wq)):
+        assert np.abs(got.float().numpy() - w).max() < 3e-3
+print("append ok")
+'''
+
+
+def test_the_torch_path_end_to_end_under_the_interpreter():
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", INTERP], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    assert "append ok" in out.stdout

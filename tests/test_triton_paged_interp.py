@@ -1,0 +1,223 @@
+"""The Triton serving templates (fmha_dsl/kernels/triton_paged.py) against the NumPy reference, on the CPU.
+
+Paged attention and append-KV run under TRITON_INTERPRET=1 in one spawned worker (the flag must be set before triton
+is imported).  Caches are built from random pages scattered over the cache (a shared prefix page, spare pages, an empty
+sequence), small blocks (16 x 16) so that every loop range runs; the reference runs on the same rounded inputs.
+"""
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("triton")
+
+from fmha_dsl.reference_paged import append_kv, paged_attention  # noqa: E402
+
+TOL = {"fp32": 2e-5, "fp16": 2.5e-3, "bf16": 2e-2}
+
+
+@pytest.fixture(scope="module")
+def interp():
+    """``call(name, *args, **kw)``: ``fmha_dsl.kernels.paged_interpret.<name>`` run in a worker process."""
+    from fmha_dsl.kernels import paged_interpret
+
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        ex = cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        ex.submit(paged_interpret.run_interpreted_paged, np.zeros((0, 1, 16), np.float32),
+                  np.zeros((1, 1, 1, 16), np.float32), np.zeros((1, 1, 1, 16), np.float32), seqlens_k=[0],
+                  cu_seqlens_q=[0, 0], block_table=np.zeros((1, 1), np.int32)).result()
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+    def call(name, *args, **kw):
+        return ex.submit(getattr(paged_interpret, name), *args, **kw).result()
+
+    yield call
+    ex.shutdown()
+
+
+def _round(x, dtype):
+    if dtype == "bf16":
+        from fmha_dsl.kernels.triton_fwd import bf16_round
+
+        return bf16_round(x)
+    return x.astype({"fp16": np.float16, "fp32": np.float32}[dtype])
+
+
+def cache(lens, page, hk, d, dv=None, *, extra=None, seed=0, dtype="fp32", form="vllm"):
+    """Random K/V for sequences of ``lens`` tokens (+ ``extra`` room) in scattered pages; page 0 of the cache is
+    shared by every sequence as its first page (a common prompt prefix)."""
+    rng = np.random.default_rng(seed)
+    dv = dv or d
+    extra = extra or [0] * len(lens)
+    need = [-(-(n + e) // page) for n, e in zip(lens, extra)]
+    total = 1 + sum(max(0, n - 1) for n in need) + 2
+    perm = 1 + rng.permutation(total - 1)
+    pages, i = [], 0
+    for n in need:
+        own = max(0, n - 1)
+        pages.append(([0] if n else []) + list(perm[i:i + own]))
+        i += own
+    kc = _round(rng.standard_normal((total, page, hk, d)).astype(np.float32), dtype)
+    vc = _round(rng.standard_normal((total, page, hk, dv)).astype(np.float32), dtype)
+    if form == "vllm":
+        bt = np.full((len(lens), max(need + [0]) + 2), -1, np.int32)  # padding entries are never read
+        for b, p in enumerate(pages):
+            bt[b, :len(p)] = p
+        return kc, vc, {"block_table": bt}
+    indptr = np.concatenate([[0], np.cumsum([len(p) for p in pages])]).astype(np.int32)
+    indices = np.concatenate([np.asarray(p, np.int32) for p in pages] + [np.zeros(0, np.int32)])
+    return kc, vc, {"kv_indptr": indptr, "kv_indices": indices}
+
+
+def check_paged(interp, lens_q, lens_k, *, page=4, hq=4, hk=2, d=32, dv=None, dtype="fp32", form="vllm", seed=0,
+                run=None, **kw):
+    rng = np.random.default_rng(seed + 7)
+    kc, vc, tab = cache(lens_k, page, hk, d, dv, seed=seed, dtype=dtype, form=form)
+    q = _round(rng.standard_normal((sum(lens_q), hq, d)).astype(np.float32), dtype)
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    lens = np.asarray(lens_k, np.int32)
+    f = (lambda x: np.asarray(x, np.float32))
+    want, wlse = paged_attention(f(q), f(kc), f(vc), seqlens_k=lens, cu_seqlens_q=cq, return_lse=True, **tab, **kw)
+    got, lse = interp("run_interpreted_paged", q if dtype != "bf16" else f(q), kc if dtype != "bf16" else f(kc),
+                      vc if dtype != "bf16" else f(vc), seqlens_k=lens, cu_seqlens_q=cq,
+                      dtype=dtype if dtype == "bf16" else None, **tab, **kw, **(run or {}))
+    assert not np.isnan(got).any(), "an unwritten row"
+    err = float(np.abs(np.asarray(got, np.float64) - want).max()) if got.size else 0.0
+    assert err <= TOL[dtype], f"max |out - ref| = {err:.3g}"
+    assert np.array_equal(np.isneginf(lse), np.isneginf(wlse)), "-inf rows differ"
+    live = np.isfinite(wlse)
+    assert float(np.abs(lse[live] - wlse[live]).max(initial=0.0)) <= 1e-4
+    return got
+
+
+LENS_Q, LENS_K = [3, 5, 0, 1, 9], [10, 37, 5, 0, 64]
+
+
+@pytest.mark.parametrize("page", [1, 4, 16, 32])
+@pytest.mark.parametrize("form", ["vllm", "sglang"])
+def test_both_table_forms_and_page_sizes_smaller_and_larger_than_a_key_block(interp, page, form):
+    check_paged(interp, LENS_Q, LENS_K, page=page, form=form, causal="bottom_right")
+    check_paged(interp, LENS_Q, LENS_K, page=page, form=form, seed=1)
+
+
+FEATURES = {
+    "no_mask": {},
+    "top_left": {"causal": "top_left"},
+    "bottom_right": {"causal": "bottom_right"},
+    "window_sink": {"window": (5, 2), "sink": 2},
+    "window_left": {"window": (7, -1)},
+    "softcap": {"softcap": 4.0},
+    "alibi": {"alibi_slopes": np.array([0.5, 0.25, 0.1, 0.05], np.float32)},
+    "scale": {"scale": 0.2},
+}
+
+
+@pytest.mark.parametrize("name", list(FEATURES))
+def test_masks_and_logit_features(interp, name):
+    check_paged(interp, LENS_Q, LENS_K, page=4, **FEATURES[name])
+
+
+@pytest.mark.parametrize("splits", [2, 5, 40])   # 40: the combine reads splits in two chunks, most empty
+@pytest.mark.parametrize("pipeline", ["qr_async", "qr_nwarp_sshuffle"])
+def test_split_kv_decode_with_the_combine_kernel(interp, splits, pipeline):
+    check_paged(interp, [1, 1, 1, 2], [70, 1, 0, 33], page=16, hq=8, hk=2, causal="bottom_right",
+                run={"num_splits": splits, "pipeline": pipeline})
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_half_precision_gqa_and_uneven_head_dims(interp, dtype):
+    check_paged(interp, [4, 17], [20, 50], hq=6, hk=3, d=40, dv=24, dtype=dtype, causal="bottom_right")
+
+
+def test_hnd_cache_through_strides_and_packed_gqa(interp):
+    check_paged(interp, LENS_Q, LENS_K, page=16, run={"hnd": True})
+    check_paged(interp, [2, 3, 1], [40, 5, 17], hq=8, hk=2, run={"pipeline": "qr_nwarp_sshuffle"}, window=(6, 0))
+
+
+def test_page_ids_outside_the_cache_are_clamped_not_read_out_of_bounds(interp):
+    kc, vc, tab = cache([40, 20], 16, 1, 16)
+    bt = tab["block_table"].copy()
+    bt[0, 1], bt[1, 0] = 1 << 30, -7                 # corrupt ids: clamped to the last / first page
+    q = np.ones((2, 1, 16), np.float32)
+    lens = np.array([40, 10 ** 6], np.int32)          # a length past the table: clamped to its pages
+    out, _ = interp("run_interpreted_paged", q, kc, vc, seqlens_k=lens, cu_seqlens_q=[0, 1, 2], block_table=bt)
+    assert np.isfinite(out).all()
+    fixed = bt.copy()
+    fixed[0, 1], fixed[1, 0] = kc.shape[0] - 1, 0
+    want = paged_attention(q, kc, vc, seqlens_k=[40, 16 * bt.shape[1]], cu_seqlens_q=[0, 1, 2],
+                           block_table=np.where(fixed < 0, 0, fixed))
+    assert np.abs(out - want).max() < 1e-5
+
+
+@pytest.mark.parametrize("rope,form", [("none", "vllm"), ("half", "vllm"), ("inter", "sglang"), ("half", "sglang"),
+                                       ("inter", "contiguous")])
+@pytest.mark.parametrize("page", [1, 16])
+def test_append_kv_writes_each_sequences_rows_with_rope(interp, rope, form, page):
+    rng = np.random.default_rng(3)
+    lens, new = [5, 0, 9, 30], [3, 4, 0, 17]
+    hk, hq, d, dv = 2, 4, 32, 16
+    if form == "contiguous":
+        kc = rng.standard_normal((4, 64, hk, d)).astype(np.float32)
+        vc = rng.standard_normal((4, 64, hk, dv)).astype(np.float32)
+        tab, ref_tab = {}, {"block_table": np.arange(4, dtype=np.int32)[:, None]}
+    else:
+        kc, vc, tab = cache(lens, page, hk, d, dv, extra=new, form=form)
+        ref_tab = tab
+    kn = rng.standard_normal((sum(new), hk, d)).astype(np.float32)
+    vn = rng.standard_normal((sum(new), hk, dv)).astype(np.float32)
+    q = rng.standard_normal((sum(new), hq, d)).astype(np.float32)
+    cn = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+    rot = {}
+    if rope != "none":
+        th = np.arange(80)[:, None] * (10000.0 ** (-np.arange(12) / 12))   # rotary_dim 24 < d: a partial rotation
+        rot = {"rotary_cos": np.cos(th).astype(np.float32), "rotary_sin": np.sin(th).astype(np.float32),
+               "rotary_interleaved": rope == "inter"}
+    wk, wv, wq = append_kv(kc, vc, kn, vn, seqlens_k=lens, cu_seqlens_new=cn, q=q, **ref_tab, **rot)
+    gk, gv, gq = interp("run_interpreted_append", kc, vc, kn, vn, seqlens_k=lens, cu_seqlens_new=cn, q=q,
+                        contiguous=form == "contiguous", **tab, **rot)
+    for got, want in ((gk, wk), (gv, wv), (gq, wq)):
+        assert np.abs(got - want).max() < 1e-5
+
+
+def test_append_kv_never_writes_outside_the_table(interp):
+    kc, vc, tab = cache([14], 4, 1, 16, extra=[2])      # 4 pages for 16 tokens
+    kn = np.ones((6, 1, 16), np.float32)
+    gk, _, _ = interp("run_interpreted_append", kc, vc, kn, kn, seqlens_k=[14], cu_seqlens_new=[0, 6],
+                      block_table=tab["block_table"][:, :4])
+    used = set(tab["block_table"][0, :4].tolist())
+    spare = [p for p in range(kc.shape[0]) if p not in used]
+    assert np.array_equal(gk[spare], kc[spare])          # rows 16 and 17 had no page: dropped, nothing else touched
+
+
+@pytest.mark.parametrize("page,form", [(16, "vllm"), (32, "sglang"), (64, "vllm")])
+def test_the_tma_pipeline_reads_whole_pages_through_descriptors(interp, page, form):
+    check_paged(interp, LENS_Q, LENS_K, page=page, form=form, causal="bottom_right", run={"pipeline": "qr_async_trload"})
+    check_paged(interp, [1, 1, 1, 2], [70, 1, 0, 33], page=page, form=form, window=(9, 0), sink=3,
+                run={"pipeline": "qr_async_trload", "num_splits": 3})
+
+
+@pytest.mark.parametrize("pipeline", ["qr_async", "qr_async_trload"])
+def test_slots_past_a_sequence_may_hold_anything(interp, pipeline):
+    """The unused rows of a sequence's last page (never written, recycled memory) are NaN here: they must not reach
+    the result (the TMA pipeline loads whole blocks and zeroes those V rows)."""
+    rng = np.random.default_rng(4)
+    kc = rng.standard_normal((4, 16, 1, 16)).astype(np.float32)
+    vc = rng.standard_normal((4, 16, 1, 16)).astype(np.float32)
+    bt = np.array([[2, 0], [1, 3]], np.int32)
+    lens = np.array([21, 5], np.int32)
+    kc[0, 5:], vc[0, 5:], kc[1, 5:], vc[1, 5:] = np.nan, np.nan, np.nan, np.nan   # past 21 = 16 + 5, and past 5
+    q = rng.standard_normal((3, 2, 16)).astype(np.float32)
+    cq = np.array([0, 2, 3], np.int32)
+    want = paged_attention(q, np.nan_to_num(kc), np.nan_to_num(vc), block_table=bt, seqlens_k=lens, cu_seqlens_q=cq)
+    got, _ = interp("run_interpreted_paged", q, kc, vc, block_table=bt, seqlens_k=lens, cu_seqlens_q=cq,
+                    pipeline=pipeline)
+    assert np.isfinite(got).all() and np.abs(got - want).max() < 1e-5
