@@ -61,7 +61,7 @@ class Recipe:
         for ti, off in self.checks:
             if (ptrs[ti] + off) & 15:
                 return False
-        stream = _STATE["stream"](self.device)
+        stream = _STATE["stream"](self.device) if self.device >= 0 else 0
         for kern, grid, args, slots in self.steps:
             a = args.copy()
             for i, ti, off in slots:

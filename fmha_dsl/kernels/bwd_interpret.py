@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import bwd_abi
-from .triton_fwd import DTYPES, _bf16_decode, _bf16_encode, _Shim
+from .interpret_args import dtype_of, mask_args
+from .triton_fwd import _bf16_decode, _bf16_encode, _Shim
 
 __all__ = ["run_interpreted_bwd"]
 
@@ -28,15 +29,9 @@ def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bi
     the mask kernel on/off; ``pipeline``: ``"bwd_trload"`` runs the TMA path.  ``dbias`` comes back full-size
     ``[B, Hq, Sq, Sk]`` (the caller sums broadcast dims).
     """
-    from ..reference import _normalize_causal, _normalize_window
     from . import triton_bwd as T
 
-    if dtype is None:
-        dtype = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}.get(np.asarray(q).dtype)
-        if dtype is None:
-            raise ValueError(f"q must be float16 or float32 (or pass dtype='bf16'), got {np.asarray(q).dtype}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be fp16, bf16 or fp32, got {dtype!r}")
+    dtype = dtype_of(q, dtype)
     npdt = {"fp16": np.float16, "fp32": np.float32, "bf16": np.uint16}[dtype]
     tname = {"fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}[dtype]
 
@@ -66,14 +61,7 @@ def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bi
         Hk, msk, Dv = ka.shape[1], ka.shape[2], va.shape[-1]
         sq, sk = msq, msk
 
-    mode = _normalize_causal(causal)
-    win = _normalize_window(window)
-    mask_none = mode is None and (win is None or (win[0] < 0 and win[1] < 0))
-    left, right = win if win is not None else (-1, 0)
-    if mode is not None:
-        right = 0
-    if mask_none:
-        left, right = -1, -1
+    mode, mask_none, left, right = mask_args(causal, window)
     use_mask = (not mask_none) if mask_kernel is None else bool(mask_kernel)
 
     nan = np.uint16(0x7FC0) if dtype == "bf16" else np.nan  # every gradient element must be written by the kernels

@@ -10,22 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from . import paged_abi
-from .triton_fwd import DTYPES, _bf16_decode, _bf16_encode, _Shim
+from .interpret_args import dtype_of, mask_args
+from .triton_fwd import _bf16_decode, _bf16_encode, _Shim
 
 __all__ = ["run_interpreted_paged", "run_interpreted_append"]
 
 _NP = {"fp16": np.float16, "fp32": np.float32, "bf16": np.uint16}
 _TNAME = {"fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}
-
-
-def _dtype_of(x, dtype):
-    if dtype is None:
-        dtype = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}.get(np.asarray(x).dtype)
-        if dtype is None:
-            raise ValueError(f"inputs must be float16 or float32 (or pass dtype='bf16'), got {np.asarray(x).dtype}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be fp16, bf16 or fp32, got {dtype!r}")
-    return dtype
 
 
 def _prep(x, dtype):
@@ -59,12 +50,11 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     paged_attention`'s arguments (linear NHD caches ``[P, page_size, Hk, D]``; ``hnd``: run on an HND copy
     ``[P, Hk, page_size, D]`` through its strides).  ``num_splits`` > 0 runs the split-KV kernel (``fwd_pagedkv``)
     and the combine kernel; ``pipeline="qr_nwarp_sshuffle"`` packs the query heads of a GQA group."""
-    from ..reference import _normalize_causal, _normalize_window
     from . import triton_combine as C
     from . import triton_paged as T
     from .fwd_abi import grid_of, workspace_strides
 
-    dtype = _dtype_of(q, dtype)
+    dtype = dtype_of(q, dtype)
     qa, ka, va = _prep(q, dtype), _prep(k_cache, dtype), _prep(v_cache, dtype)
     page = ka.shape[1]
     if hnd:
@@ -82,14 +72,7 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     out = np.full((Tq, Hq, Dv), nan, dtype=_NP[dtype])
     lse_arr = np.full((Hq, Tq), np.nan, dtype=np.float32)
 
-    mode = _normalize_causal(causal)
-    win = _normalize_window(window)
-    mask_none = mode is None and (win is None or (win[0] < 0 and win[1] < 0))
-    left, right = win if win is not None else (-1, 0)
-    if mode is not None:
-        right = 0
-    if mask_none:
-        left, right = -1, -1
+    mode, mask_none, left, right = mask_args(causal, window)
     a_arr, a_st = np.zeros(1, np.float32), None
     if alibi_slopes is not None:
         a_arr = np.ascontiguousarray(alibi_slopes, dtype=np.float32)
@@ -134,7 +117,7 @@ def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seql
     ``contiguous``: the caches are ``[B, capacity, Hk, D]`` (no table)."""
     from . import triton_appendkv as T
 
-    dtype = _dtype_of(k_new, dtype)
+    dtype = dtype_of(k_new, dtype)
     ka, va = _prep(k_cache, dtype).copy(), _prep(v_cache, dtype).copy()
     kn, vn = _prep(k_new, dtype), _prep(v_new, dtype)
     qa = _prep(q, dtype).copy() if q is not None else None
