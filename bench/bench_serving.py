@@ -128,8 +128,8 @@ def copy_bandwidth() -> float:
 def _kernel_name(q) -> str:
     import fmha_dsl.api_dispatch as api
 
-    disp = api._JIT.get(q.get_device())
-    plans = list(disp.fast_paged.values()) if disp is not None else []
+    disp = api.dispatcher(None, q.get_device())   # the default path's (no registry)
+    plans = list(disp.fast_paged.values())
     return plans[-1].entry.name if plans else ""
 
 

@@ -290,7 +290,7 @@ def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):
         raise _usage("usage.type", f"`alibi_slopes` must be a torch tensor, got {type(alibi).__name__}")
     if tuple(alibi.shape) not in ((hq,), (b, hq)):
         raise _usage("usage.shape", f"`alibi_slopes` must be [Hq] = [{hq}] or [B, Hq] = [{b}, {hq}], got "
-                     f"{tuple(alibi.shape)}")
+                     f"{tuple(alibi.shape)}", "one slope per query head (per sequence and head for [B, Hq])")
     if alibi.dtype != torch.float32:
         raise _usage("usage.dtype", f"`alibi_slopes` must be float32, got {alibi.dtype}", "pass alibi_slopes.float()")
     if alibi.get_device() != dev:

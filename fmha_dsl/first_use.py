@@ -92,8 +92,6 @@ class Builder:
     # -- keys -------------------------------------------------------------------------------------------
     def candidates(self, problem, arch: str, aligned: bool = True, limit: int | None = None) -> list[Entry]:
         """Rule-checked candidate entries (no build yet), most promising first by the cost model."""
-        from .costmodel import compute_units, cost
-
         if problem.family not in ("fwd", "fwd_splitkv", "bwd_dq_dk_dv") + PAGED:
             raise error("runtime.jit", f"compiling on first use serves the forward, backward and serving families, "
                         f"not {problem.family}", None, "pass registry= a build of a set that declares this family")
@@ -122,29 +120,7 @@ class Builder:
                     tight[_same_kernel(e)] = e
             # every problem of this decision key is aligned alike: the padded twin of an unpadded kernel is dropped
             out = [e for e in out if _same_kernel(e) not in tight] + list(tight.values())
-        sq = max(problem.max_seqlen_q or problem.seqlen_q, 1)
-        cus = compute_units(arch)
-        few = min((_programs(e, problem, sq) for e in out), default=0)
-        if problem.family == "fwd_splitkv" or few < SPLIT_BELOW_WAVES * cus:
-            split = [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd_splitkv", aligned)]
-            out += split
-        from .rules.triton_fwd import stages
-
-        def rank(e):  # the cost model; then pipelined before single-stage loads, unpadded before padded
-            one = stages({"arch": arch, "pipeline": e.alg["pipeline"]}) <= 1
-            return (one, cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
-
-        ranked = sorted(out, key=rank)
-        n = knobs.tune_candidates() if limit is None else limit
-        if len(ranked) > n and n >= 3:  # keep both kinds in the cut when there are split kernels
-            fwd = [e for e in ranked if e.sig["family"] == "fwd"]
-            spl = [e for e in ranked if e.sig["family"] != "fwd"]
-            if spl:
-                ns = min(len(spl), max(n // 3, 1))
-                ranked = sorted(fwd[:n - ns] + spl[:ns], key=rank)
-            else:
-                ranked = ranked[:n]
-        return ranked[:n]
+        return _with_splits(problem, arch, aligned, limit, out, "fwd_splitkv", 3)
 
     def _backward(self, problem, arch: str, aligned: bool, limit: int | None) -> list[Entry]:
         """The backward's candidates: every tile and staging the rules allow, padded (and, for lengths that are
@@ -187,29 +163,10 @@ class Builder:
         """The serving families' candidates: append-KV has one kernel per key; paged attention every tile and
         pipeline the rules allow, plus -- for problems with few query blocks (decode) -- the split-KV ``fwd_pagedkv``
         kernels, ranked by the cost model."""
-        from .costmodel import compute_units, cost
-        from .rules.triton_fwd import stages
-
         if problem.family == "fwd_appendkv":
             return [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd_appendkv", aligned)][:1]
         out = [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "batch_prefill", aligned)]
-        sq = max(problem.max_seqlen_q or problem.seqlen_q, 1)
-        cus = compute_units(arch)
-        few = min((_programs(e, problem, sq) for e in out), default=0)
-        if problem.family == "fwd_pagedkv" or few < SPLIT_BELOW_WAVES * cus:
-            out += [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd_pagedkv", aligned)]
-
-        def rank(e):
-            one = stages({"arch": arch, "pipeline": e.alg["pipeline"]}) <= 1
-            return (one, cost(e, problem, arch, cus)[0], e.identifier)
-
-        n = knobs.tune_candidates() if limit is None else limit
-        ranked = sorted(out, key=rank)
-        spl = [e for e in ranked if e.sig["family"] == "fwd_pagedkv"]
-        if len(ranked) > n and spl and len(spl) < len(ranked):  # both kinds in the cut: the timing decides
-            ns = min(len(spl), max(n // 2, 1))
-            ranked = sorted([e for e in ranked if e.sig["family"] != "fwd_pagedkv"][:n - ns] + spl[:ns], key=rank)
-        return ranked[:n]
+        return _with_splits(problem, arch, aligned, limit, out, "fwd_pagedkv", 2)
 
     def fingerprint(self, family: str = "fwd") -> str:
         """What the candidate space of ``family``'s problems and its kernels depend on: the template's source, the
@@ -294,6 +251,36 @@ class Builder:
             out.append((Entry(None, name, "<first-use>", build, sig=e.sig, alg=e.alg, arch=e.arch,
                               ident=e.identifier), bins))
         return out
+
+
+def _with_splits(problem, arch: str, aligned: bool, limit: int | None, out: list, split_family: str,
+                 share: int) -> list[Entry]:
+    """``out`` (a family's candidates) plus -- for a problem of ``split_family`` or one whose grid fills fewer than
+    :data:`SPLIT_BELOW_WAVES` waves of the device -- that split-KV family's, ranked by the cost model (pipelined before
+    single-stage loads, unpadded before padded) and cut to ``FMHA_DSL_TUNE_CANDIDATES``, keeping ``n // share`` split
+    kernels in the cut (the timing decides between the kinds)."""
+    from .costmodel import compute_units, cost
+    from .rules.triton_fwd import stages
+
+    sq = max(problem.max_seqlen_q or problem.seqlen_q, 1)
+    cus = compute_units(arch)
+    few = min((_programs(e, problem, sq) for e in out), default=0)
+    if problem.family == split_family or few < SPLIT_BELOW_WAVES * cus:
+        out = out + [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, split_family, aligned)]
+
+    def rank(e):
+        one = stages({"arch": arch, "pipeline": e.alg["pipeline"]}) <= 1
+        return (one, cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
+
+    ranked = sorted(out, key=rank)
+    n = knobs.tune_candidates() if limit is None else limit
+    if len(ranked) > n and n >= share:  # keep both kinds in the cut when there are split kernels
+        base = [e for e in ranked if e.sig["family"] != split_family]
+        spl = [e for e in ranked if e.sig["family"] == split_family]
+        if spl and base:
+            ns = min(len(spl), max(n // share, 1))
+            ranked = sorted(base[:n - ns] + spl[:ns], key=rank)
+    return ranked[:n]
 
 
 def _programs(e: Entry, problem, sq: int) -> int:

@@ -30,8 +30,8 @@ import math
 
 from . import api_dispatch as _api
 from . import paged_fast as _fast
-from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _cu_seqlens, _mask, _usage
-from .paged_args import cache_pair, check_tables_on_host, host_values, int_tensor, max_len, rotary_tables, tables
+from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _mask, _usage
+from .paged_args import cache_pair, check_tables_on_host, host_values, max_len, rotary_tables, sequences, tables
 
 __all__ = ["paged_attention", "append_kv", "workspace_numel"]
 
@@ -51,15 +51,6 @@ def _dtype_name(q):
     if name is None:
         raise _usage("usage.dtype", f"`q` must be float16, bfloat16 or float32, got {q.dtype}", "convert with q.half()")
     return name
-
-
-def _dispatcher(registry, dev: int):
-    if registry is None:
-        disp = _api._JIT.get(dev)
-        if disp is None:
-            disp = _api._JIT[dev] = _api.dispatcher(None, dev)
-        return disp
-    return _api.dispatcher(registry, dev)
 
 
 def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
@@ -120,7 +111,7 @@ def workspace_numel(q, k_cache, v_cache, *, batch: int, max_seqlen_q: int, max_s
     Allocate it once and pass it as ``workspace=`` each step."""
     from .kernels.paged_abi import workspace_bound
 
-    disp = _dispatcher(registry, q.get_device())
+    disp = _api.dispatcher(registry, q.get_device())
     return workspace_bound(batch, q.shape[1], k_cache.shape[2], max_seqlen_q, max_seqlen_k, v_cache.shape[3],
                            disp.compute_units)
 
@@ -154,30 +145,20 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
     tq, hq, dq = q.shape
     num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, q.dtype, dev)
     if dk != dq:
-        raise _usage("usage.shape", f"`k_cache`'s head dim ({dk}) must equal q's ({dq})")
+        raise _usage("usage.shape", f"`k_cache`'s head dim ({dk}) must equal q's ({dq})",
+                     "q and K share the head dim (V's may differ)")
     if hk < 1 or hq % hk:
-        raise _usage("usage.shape", f"q's heads ({hq}) must be a multiple of the caches' ({hk}) (GQA/MQA)")
+        raise _usage("usage.shape", f"q's heads ({hq}) must be a multiple of the caches' ({hk}) (GQA/MQA)",
+                     "the caches are [num_pages, page_size, Hk, D]; Hq = group x Hk")
     if q.stride(2) != 1 and dq > 1:
         raise _usage("usage.stride", f"`q`'s head dim must have stride 1, got strides {q.stride()}",
                      "pass q.contiguous()")
-    cq, host_q = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq, dev, torch)
-    b = cq.shape[0] - 1
-    lens = int_tensor("seqlens_k", seqlens_k, 1, dev, "[B] int32 cached tokens per sequence")
-    if lens.shape[0] != b:
-        raise _usage("usage.shape", f"`seqlens_k` must have one entry per sequence (B = {b}), got {lens.shape[0]}",
-                     "B comes from cu_seqlens_q (B + 1 entries)")
+    cq, b, lens, _, msq = sequences("cu_seqlens_q", cu_seqlens_q, tq, seqlens_k, dev, max_seqlen_q, "max_seqlen_q",
+                                    "the longest query sequence", "[B] int32 cached tokens per sequence")
     lookup, bt, ip, ix = tables(block_table, kv_indptr, kv_indices, b, dev)
-    if max_seqlen_q is None and host_q is None:
-        host_q = cq.tolist()  # one device-to-host copy: pass max_seqlen_q to avoid it
-    if host_q is not None:
-        from .attention_args import _check_cu_host
-
-        _check_cu_host("cu_seqlens_q", host_q, tq)
-        host_q = [host_q[i + 1] - host_q[i] for i in range(b)]
-    msq = max_len("max_seqlen_q", max_seqlen_q, host_q, "the longest query sequence")
     if max_seqlen_k is None:  # read the lengths and tables back once, and check them fully
         lv, btv, ipv, ixv = host_values(lens, bt, ip, ix)
-        check_tables_on_host(lookup, btv, ipv, ixv, lv, page, num_pages)
+        check_tables_on_host(btv, ipv, ixv, lv, page, num_pages)
         msk = max_len("max_seqlen_k", None, lv, "the longest cached sequence")
     else:
         msk = max_len("max_seqlen_k", max_seqlen_k, None, "the longest cached sequence")
@@ -195,11 +176,10 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
     if sink is not None:
         _check_sink(sink)
     sink = int(sink or 0) if mask != "no" else 0
-    a_st = None
     if alibi_slopes is not None:
         from .attention_args import _check_bias
 
-        a_st = _check_bias(None, alibi_slopes, q, b, hq, msq, msk, True, dev)[2]
+        _check_bias(None, alibi_slopes, q, b, hq, msq, msk, True, dev)
     if out is None:
         out = q.new_empty((tq, hq, dv))
     elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != (tq, hq, dv) or out.dtype != q.dtype
@@ -211,18 +191,17 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
         if lse is not None:
             lse.fill_(-math.inf)
         return None, dev, b, hq, msq, None, out, lse, None
-    disp = _dispatcher(registry, dev)
+    from .runtime.plan_paged import pack_call
+
+    disp = _api.dispatcher(registry, dev)
     objects = dev < 0
-    table, indptr = (bt, None) if lookup == "vllm" else (ix, ip)
-    tensors = (q, k_cache, v_cache, out, lse, alibi_slopes, cq, lens, table, indptr)
-    ptrs = list(tensors) if objects else [0 if t is None else t.data_ptr() for t in tensors]
-    args = paged_abi.pack(ptrs, q.stride()[:2], k_cache.stride()[:3], v_cache.stride()[:3], out.stride(),
-                          None if lse is None else lse.stride(), bt.stride(0) if lookup == "vllm" else 0, a_st, hq,
-                          hk, dq, dv, msq, msk, num_pages, bt.shape[1] if lookup == "vllm" else 0, scale, softcap,
-                          wl, wr, br, sink)
+    args = pack_call(q, k_cache, v_cache, out, lse, lookup=lookup, seqlens_k=lens, cu_seqlens_q=cq, max_seqlen_q=msq,
+                     max_seqlen_k=msk, block_table=bt, kv_indptr=ip, kv_indices=ix, alibi_slopes=alibi_slopes,
+                     scale=scale, softcap=softcap, window=(wl, wr), bottom_right=br, sink=sink, objects=objects)
     # binaries built with the 16-divisibility promise (and the TMA kernels, which also need each page's rows to follow
     # the previous page's: an NHD cache) serve only arguments that keep it; the others get builds without it
-    aligned = objects or (not any(args[i] & 15 for i in _aligned_idx()) and k_cache.stride(0) == page * k_cache.stride(1)
+    aligned = objects or (not any(args[i] & 15 for i in paged_abi.ALIGNED_AT)
+                          and k_cache.stride(0) == page * k_cache.stride(1)
                           and v_cache.stride(0) == page * v_cache.stride(1) and num_pages * page < 1 << 31)
     key = (dname, dq, dv, hq, hk, mask != "no", alibi_slopes is not None, bool(return_lse), softcap is not None,
            sink > 0, lookup, page, aligned) + disp.seq_key(msq, msk, b * hq)
@@ -231,21 +210,8 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
         problem = _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi_slopes is not None,
                            return_lse, softcap is not None, sink, lookup, page)
         measure = _api.timer(dev, lambda p: p.launch(dev, b, hq, msq, args))
-        plan = disp.plan(problem, aligned, measure)
-        disp.fast_paged[key[:13] + disp.seq_key(msq, msk, b * hq)] = plan
-    return plan, dev, b, hq, msq, args, out, lse, (cq, lens, table, indptr)
-
-
-_ALIGNED: list = []
-
-
-def _aligned_idx() -> tuple:
-    if not _ALIGNED:
-        from .kernels import paged_abi
-
-        names = [n for n, _ in paged_abi.ARGS]
-        _ALIGNED.append(tuple(names.index(n) for n in paged_abi.ALIGNED))
-    return _ALIGNED[0]
+        plan = disp.fast_paged[key] = disp.plan(problem, aligned, measure)
+    return plan, dev, b, hq, msq, args, out, lse, (cq, lens, ix if lookup == "sglang" else bt, ip)
 
 
 def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
@@ -288,7 +254,7 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
     for name, x in (("k_new", k_new), ("v_new", v_new)):
         if not isinstance(x, torch.Tensor) or x.dim() != 3:
             raise _usage("usage.shape", f"`{name}` must be a 3-D torch tensor [Tnew, Hk, D], got "
-                         f"{tuple(getattr(x, 'shape', ()))}")
+                         f"{tuple(getattr(x, 'shape', ()))}", "the new tokens of every sequence, concatenated")
         if x.stride(2) != 1 and x.shape[2] > 1:
             raise _usage("usage.stride", f"`{name}`'s head dim must have stride 1, got strides {x.stride()}",
                          f"pass {name}.contiguous()")
@@ -299,17 +265,15 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
                      "move the tensors with .cuda(), or pass numpy arrays to run the reference")
     if v_new.dtype is not k_new.dtype or v_new.get_device() != dev or v_new.shape[:2] != k_new.shape[:2]:
         raise _usage("usage.value", f"`v_new` must match k_new's dtype, device and [Tnew, Hk] ({tuple(k_new.shape)}), "
-                     f"got {tuple(v_new.shape)} {v_new.dtype} on {v_new.device}")
+                     f"got {tuple(v_new.shape)} {v_new.dtype} on {v_new.device}", "k_new and v_new hold the same tokens")
     num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, k_new.dtype, dev)
     tn = k_new.shape[0]
     if (k_new.shape[1], k_new.shape[2], v_new.shape[2]) != (hk, dk, dv):
         raise _usage("usage.shape", f"`k_new`/`v_new` must be [Tnew, {hk}, {dk}] / [Tnew, {hk}, {dv}] like the caches, "
-                     f"got {tuple(k_new.shape)} and {tuple(v_new.shape)}")
-    cn, host_n = _cu_seqlens("cu_seqlens_new", cu_seqlens_new, tn, dev, torch)
-    b = cn.shape[0] - 1
-    lens = int_tensor("seqlens_k", seqlens_k, 1, dev, "[B] int32 cached tokens per sequence (before the append)")
-    if lens.shape[0] != b:
-        raise _usage("usage.shape", f"`seqlens_k` must have one entry per sequence (B = {b}), got {lens.shape[0]}")
+                     f"got {tuple(k_new.shape)} and {tuple(v_new.shape)}", "heads and head dims follow the caches")
+    cn, b, lens, host_n, max_new = sequences("cu_seqlens_new", cu_seqlens_new, tn, seqlens_k, dev, max_seqlen_new,
+                                             "max_seqlen_new", "the most new tokens of one sequence",
+                                             "[B] int32 cached tokens per sequence (before the append)")
     paged = block_table is not None or kv_indptr is not None or kv_indices is not None
     if paged:
         lookup, bt, ip, ix = tables(block_table, kv_indptr, kv_indices, b, dev)
@@ -319,19 +283,11 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
             raise _usage("usage.shape", f"without a page table the caches are contiguous [B, capacity, Hk, D] with "
                          f"B = {b}, got {num_pages} rows", "pass block_table or kv_indptr + kv_indices for a paged "
                          "cache")
-    if max_seqlen_new is None and host_n is None:
-        host_n = cn.tolist()
-    if host_n is not None:
-        from .attention_args import _check_cu_host
-
-        _check_cu_host("cu_seqlens_new", host_n, tn)
-        host_n = [host_n[i + 1] - host_n[i] for i in range(b)]
-    max_new = max_len("max_seqlen_new", max_seqlen_new, host_n, "the most new tokens of one sequence")
     cos, sin, half = rotary_tables(rotary_cos, rotary_sin, dk, dev)
     if max_seqlen_new is None:  # the lengths are on the host anyway: check that every new row has a place
         lv, btv, ipv, ixv = host_values(lens, bt, ip, ix)
         if paged:
-            check_tables_on_host(lookup, btv, ipv, ixv, lv, page, num_pages, host_n)
+            check_tables_on_host(btv, ipv, ixv, lv, page, num_pages, host_n)
         for i, (n, m) in enumerate(zip(lv, host_n)):
             if not paged and n + m > page:
                 raise _usage("usage.value", f"sequence {i}: {n} cached + {m} new tokens exceed the cache's capacity "
@@ -343,12 +299,14 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
         if (not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[0] != tn or q.shape[2] != dk
                 or q.dtype is not k_new.dtype or q.get_device() != dev or q.shape[1] % hk):
             raise _usage("usage.value", f"`q` must be the new tokens' queries [Tnew = {tn}, Hq, {dk}] (Hq a multiple "
-                         f"of {hk}) in k_new's dtype on its device, got {tuple(getattr(q, 'shape', ()))}")
+                         f"of {hk}) in k_new's dtype on its device, got {tuple(getattr(q, 'shape', ()))}",
+                         "q holds the queries of the tokens being appended, one row per k_new row")
         if q.stride(2) != 1:
-            raise _usage("usage.stride", f"`q`'s head dim must have stride 1, got strides {q.stride()}")
+            raise _usage("usage.stride", f"`q`'s head dim must have stride 1, got strides {q.stride()}",
+                         "pass q.contiguous() and use the result (q is rotated in place)")
     if tn == 0 or b == 0:
         return
-    disp = _dispatcher(registry, dev)
+    disp = _api.dispatcher(registry, dev)
     rope = "none" if cos is None else ("inter" if rotary_interleaved else "half")
     key = ("append", dname, dk, dv, rope, paged, lookup, page if paged else 1)
     plan = disp.fast_paged.get(key)
@@ -402,7 +360,7 @@ def _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_ind
     for name, x in arrays:
         if not isinstance(x, np.ndarray) or not x.flags.writeable:
             raise _usage("usage.type", f"`{name}` must be a writable numpy array (append_kv updates it in place), got "
-                         f"{type(x).__name__}")
+                         f"{type(x).__name__}", f"pass np.array({name}) (a writable copy) and read the result from it")
     if block_table is None and kv_indptr is None and kv_indices is None:  # contiguous [B, capacity, Hk, D]
         block_table = np.arange(np.asarray(k_cache).shape[0], dtype=np.int32)[:, None]
     kc, vc, qr = ref(k_cache, v_cache, k_new, v_new, block_table=block_table, kv_indptr=kv_indptr,

@@ -68,31 +68,31 @@ def tables(block_table, kv_indptr, kv_indices, batch: int, dev: int):
     return "sglang", None, ip, ix
 
 
-def check_tables_on_host(lookup, bt, ip, ix, lens, page: int, num_pages: int, extra=None):
-    """The full check of tables against lengths (a device-to-host copy): every used page id in the cache, every
-    sequence's pages enough for ``lens[b] (+ extra[b])`` tokens."""
-    for b, n in enumerate(lens):
-        need = n + (extra[b] if extra is not None else 0)
-        if n < 0:
-            raise _usage("usage.value", f"`seqlens_k[{b}]` = {n} is negative", "lengths are >= 0")
-        pages = -(-need // page)
-        row = bt[b] if lookup == "vllm" else ix[ip[b]:ip[b + 1]]
-        if lookup == "sglang" and (ip[b + 1] < ip[b] or ip[b + 1] > len(ix)):
-            raise _usage("usage.value", f"`kv_indptr` must be non-decreasing and end within kv_indices "
-                         f"({len(ix)} entries); got {ip[b]} then {ip[b + 1]} at sequence {b}")
-        if pages > len(row):
-            what = f"{n} cached + {extra[b]} new" if extra is not None else f"{n} cached"
-            raise _usage("usage.value", f"sequence {b}: {what} tokens need {pages} pages of {page}, its table has "
-                         f"{len(row)}", "seqlens_k must fit the pages the table gives each sequence")
-        for j in range(pages):
-            if not 0 <= row[j] < num_pages:
-                raise _usage("usage.value", f"sequence {b}: page id {row[j]} (table position {j}) is outside the "
-                             f"cache's {num_pages} pages", "page ids index the cache's first dim")
+def check_tables_on_host(bt, ip, ix, lens, page: int, num_pages: int, extra=None):
+    """The full check of tables against lengths on host copies (NumPy arrays or None): every used page id inside the
+    cache, every sequence's pages enough for ``lens[b] (+ extra[b])`` tokens -- the reference's own check
+    (:func:`fmha_dsl.reference_paged._pages_of`), its errors naming the function being called."""
+    import numpy as np
+
+    from .errors import UsageError
+    from .reference_paged import _pages_of
+
+    lens = np.asarray(lens)
+    neg = np.flatnonzero(lens < 0)
+    if neg.size:
+        raise _usage("usage.value", f"`seqlens_k[{int(neg[0])}]` = {int(lens[neg[0]])} is negative", "lengths are >= 0")
+    tokens = lens if extra is None else lens + np.asarray(extra)
+    what = None if extra is None else (lambda b: f"{int(lens[b])} cached + {int(extra[b])} new")
+    try:
+        _pages_of(bt, ip, ix, lens.shape[0], num_pages, tokens, page, what)
+    except UsageError as exc:
+        d = exc.diagnostics[0]
+        raise _usage(d.rule, d.message, d.hint) from None
 
 
 def host_values(*tensors):
-    """The tensors' values as Python lists (one device-to-host copy each)."""
-    return [None if t is None else t.tolist() for t in tensors]
+    """The tensors' values as NumPy arrays (one device-to-host copy each; None stays None)."""
+    return [None if t is None else t.cpu().numpy() for t in tensors]
 
 
 def cache_pair(k_cache, v_cache, dt, dev):
@@ -101,7 +101,8 @@ def cache_pair(k_cache, v_cache, dt, dev):
     torch = _torch()
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(x, torch.Tensor):
-            raise _usage("usage.type", f"`{name}` must be a torch tensor like q, got {type(x).__name__}")
+            raise _usage("usage.type", f"`{name}` must be a torch tensor like q, got {type(x).__name__}",
+                         "pass torch tensors throughout, or numpy arrays throughout (the reference)")
         if x.dim() != 4:
             raise _usage("usage.shape", f"`{name}` must be 4-D [num_pages, page_size, Hk, D], got shape "
                          f"{tuple(x.shape)}", "the linear (NHD) layout of vLLM and FlashInfer")
@@ -115,8 +116,30 @@ def cache_pair(k_cache, v_cache, dt, dev):
                          "the other dims may be strided (e.g. an HND cache through a permuted view)")
     if k_cache.shape[:3] != v_cache.shape[:3]:
         raise _usage("usage.shape", f"`k_cache` and `v_cache` must agree on [num_pages, page_size, Hk], got "
-                     f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+                     f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}", "one page table addresses both caches")
     return k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], k_cache.shape[3], v_cache.shape[3]
+
+
+def sequences(cu_name: str, cu, total: int, seqlens_k, dev: int, max_given, max_name: str, max_what: str,
+              lens_what: str):
+    """``(cu_seqlens, B, seqlens_k, lengths, max_length)`` of a group-mode call: ``cu`` (``cu_name``, over ``total``
+    rows) and ``seqlens_k`` as int32 tensors on device ``dev``; ``lengths``: each sequence's rows read on the host (only
+    when ``max_given`` is None or ``cu`` was on the host -- one device-to-host copy), else None; ``max_length``: the
+    caller's ``max_given`` (checked against the host lengths when there are some) or their maximum."""
+    from .attention_args import _check_cu_host, _cu_seqlens
+
+    cu, host = _cu_seqlens(cu_name, cu, total, dev, _torch())
+    b = cu.shape[0] - 1
+    lens = int_tensor("seqlens_k", seqlens_k, 1, dev, lens_what)
+    if lens.shape[0] != b:
+        raise _usage("usage.shape", f"`seqlens_k` must have one entry per sequence (B = {b}), got {lens.shape[0]}",
+                     f"B comes from {cu_name} (B + 1 entries)")
+    if max_given is None and host is None:
+        host = cu.tolist()  # one device-to-host copy: pass the maximum to avoid it
+    if host is not None:
+        _check_cu_host(cu_name, host, total)
+        host = [host[i + 1] - host[i] for i in range(b)]
+    return cu, b, lens, host, max_len(max_name, max_given, host, max_what)
 
 
 def max_len(name: str, given, host, what: str) -> int:
@@ -142,9 +165,11 @@ def rotary_tables(cos, sin, d: int, dev: int):
     out = []
     for name, x in (("rotary_cos", cos), ("rotary_sin", sin)):
         if not isinstance(x, torch.Tensor):
-            raise _usage("usage.type", f"`{name}` must be a torch tensor, got {type(x).__name__}")
+            raise _usage("usage.type", f"`{name}` must be a torch tensor, got {type(x).__name__}",
+                         f"pass torch.as_tensor({name}, device=k_cache.device)")
         if x.dim() != 2:
-            raise _usage("usage.shape", f"`{name}` must be [max_position, rotary_dim / 2], got {tuple(x.shape)}")
+            raise _usage("usage.shape", f"`{name}` must be [max_position, rotary_dim / 2], got {tuple(x.shape)}",
+                         "one row per position, one column per rotated pair")
         if x.get_device() != dev:
             raise _usage("usage.device", f"`{name}` is on {x.device}, the caches on cuda:{dev}",
                          f"move it with {name}.to(k_cache.device)")
@@ -153,7 +178,7 @@ def rotary_tables(cos, sin, d: int, dev: int):
         out.append(x)
     if out[0].shape != out[1].shape:
         raise _usage("usage.shape", f"`rotary_cos` and `rotary_sin` must have one shape, got {tuple(out[0].shape)} "
-                     f"and {tuple(out[1].shape)}")
+                     f"and {tuple(out[1].shape)}", "cos and sin of the same angles")
     half = out[0].shape[1]
     if half < 1 or 2 * half > d:
         raise _usage("usage.shape", f"rotary_dim = 2 x {half} must be in [2, head dim {d}]",
@@ -169,5 +194,5 @@ def caller(name: str):
     return CALLER.set(name)
 
 
-__all__ = ["int_tensor", "tables", "check_tables_on_host", "host_values", "cache_pair", "max_len", "rotary_tables",
+__all__ = ["int_tensor", "tables", "sequences", "check_tables_on_host", "host_values", "cache_pair", "max_len", "rotary_tables",
            "caller"]

@@ -142,12 +142,7 @@ class Plan:
         if kern is None:
             kern = self._stage.kernel(device)
         if self._aligned_idx and not kern.needs_objects:
-            for i in self._aligned_idx:
-                if args[i] & 15:
-                    raise error("dispatch.alignment", f"kernel {self.entry.name} assumes 16-divisible "
-                                f"{abi.FWD_NAMES[i]}, got {args[i]}", None,
-                                "plan with Dispatcher.plan(problem, aligned=False) for unaligned arguments",
-                                cls=UsageError)
+            check_promise(self.entry, self._aligned_idx, abi.FWD_NAMES, args)
         stream, explicit = resolve_stream(stream, device)
         if self._split is not None:
             self._split.launch(kern, self.splits, device, gx, heads, batch, nhead_q, max_seqlen_q, args, stream,
@@ -217,6 +212,31 @@ class SplitLaunch:
         kern.launch((gx, heads * s, batch), a, stream)
         ckern = self.combine.kernel(device)
         ckern.launch(((max_seqlen_q + COMBINE_BLOCK_M - 1) // COMBINE_BLOCK_M, nhead_q, batch), cargs, stream)
+
+
+def check_promise(entry, idx, names, args) -> None:
+    """Raise ``dispatch.alignment`` when an argument at ``idx`` (names: ``names``) breaks the 16-divisibility that
+    ``entry``'s binary was built to assume."""
+    for i in idx:
+        if args[i] & 15:
+            raise error("dispatch.alignment", f"kernel {entry.name} assumes 16-divisible {names[i]}, got {args[i]}",
+                        None, "plan with Dispatcher.plan(problem, aligned=False) for unaligned arguments",
+                        cls=UsageError)
+
+
+def workspace_buffer(workspace, numel: int, device, hint: str):
+    """A plan's fp32 workspace: the caller's (checked: contiguous float32 on ``device``, at least ``numel`` elements)
+    or, when None, one from torch's caching allocator."""
+    import torch
+
+    if workspace is None:
+        return torch.empty(numel, dtype=torch.float32, device=device)
+    if (workspace.dtype != torch.float32 or workspace.device != device or workspace.numel() < numel
+            or not workspace.is_contiguous()):
+        raise error("usage.value", f"workspace must be a contiguous float32 tensor on {device} with at least {numel} "
+                    f"elements, got {tuple(workspace.shape)} {workspace.dtype} on {workspace.device}", None,
+                    f"size it with {hint}", cls=UsageError)
+    return workspace
 
 
 def dims(entry, group: bool, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple:

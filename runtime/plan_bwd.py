@@ -13,11 +13,10 @@ on the host: a group-mode backward given ``max_seqlen_q/k`` is CUDA-graph captur
 
 from __future__ import annotations
 
-from fmha_dsl.errors import UsageError, error
 from fmha_dsl.kernels import bwd_abi
 
 from .match import promised_aligned
-from .plan import dims, resolve_stream
+from .plan import check_promise, dims, resolve_stream, workspace_buffer
 
 _NAMES = tuple(n for n, _ in bwd_abi.ARGS)
 
@@ -73,14 +72,8 @@ class BackwardPlan:
             return
         device = q.get_device()
         ws = bwd_abi.workspace(batch, nhq, msq, msk, dq_, self.block_n, self.deterministic)
-        if workspace is None:
-            workspace = torch.empty(ws["numel"], dtype=torch.float32, device=q.device)
-        elif (workspace.dtype != torch.float32 or workspace.device != q.device or workspace.numel() < ws["numel"]
-              or not workspace.is_contiguous()):
-            raise error("usage.value", f"workspace must be a contiguous float32 tensor on {q.device} with at least "
-                        f"{ws['numel']} elements, got {tuple(workspace.shape)} {workspace.dtype} on "
-                        f"{workspace.device}", None, "size it with plan.workspace_numel(batch, nhead_q, "
-                        "max_seqlen_q, max_seqlen_k, head_dim_q)", cls=UsageError)
+        workspace = workspace_buffer(workspace, ws["numel"], q.device, "plan.workspace_numel(batch, nhead_q, "
+                                     "max_seqlen_q, max_seqlen_k, head_dim_q)")
         d_part = workspace[ws["d_offset"]:ws["acc_offset"]]
         acc_part = workspace[ws["acc_offset"]:ws["numel"]]
         stream, explicit = resolve_stream(stream, device)
@@ -112,12 +105,7 @@ class BackwardPlan:
                                        softcap=softcap, dropout_p=dropout_p, seed=seed, offset=offset, wl=wl, wr=wr,
                                        br=bottom_right, sink=sink)
         if self._aligned_idx and not objects:
-            for i in self._aligned_idx:
-                if main[i] & 15:
-                    raise error("dispatch.alignment", f"kernel {self.entry.name} assumes 16-divisible {_NAMES[i]}, "
-                                f"got {main[i]}", None,
-                                "plan with Dispatcher.plan(problem, aligned=False) for unaligned arguments",
-                                cls=UsageError)
+            check_promise(self.entry, self._aligned_idx, _NAMES, main)
         self._dot.kernel(device).launch(gd, dot, stream)
         self._main.kernel(device).launch(gm, main, stream)
         self._conv.kernel(device).launch(gc, conv, stream)

@@ -14,32 +14,36 @@ capturable.  Arguments: :mod:`fmha_dsl.kernels.paged_abi` (its one packer each).
 from __future__ import annotations
 
 from fmha_dsl.costmodel import split_limit
-from fmha_dsl.errors import UsageError, error
 from fmha_dsl.kernels import paged_abi
 from fmha_dsl.kernels.fwd_abi import COMBINE_BLOCK_M, block_d, grid_of, packs_gqa, workspace_strides
 
 from .match import promised_aligned
-from .plan import SplitLaunch, alibi_strides, resolve_stream
+from .plan import SplitLaunch, alibi_strides, check_promise, resolve_stream, workspace_buffer
 
 _NAMES = tuple(n for n, _ in paged_abi.ARGS)
-_APPEND_NAMES = tuple(n for n, _ in paged_abi.APPEND_ARGS)
 
 
 def _ptrs(objects: bool, tensors):
     return list(tensors) if objects else [0 if t is None else t.data_ptr() for t in tensors]
 
 
-def _workspace(workspace, numel: int, device, what: str):
-    import torch
-
-    if workspace is None:
-        return torch.empty(numel, dtype=torch.float32, device=device)
-    if (workspace.dtype != torch.float32 or workspace.device != device or workspace.numel() < numel
-            or not workspace.is_contiguous()):
-        raise error("usage.value", f"workspace must be a contiguous float32 tensor on {device} with at least {numel} "
-                    f"elements, got {tuple(workspace.shape)} {workspace.dtype} on {workspace.device}", None,
-                    f"size it with {what}", cls=UsageError)
-    return workspace
+def pack_call(q, k_cache, v_cache, out, lse, *, lookup: str, seqlens_k, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
+              block_table=None, kv_indptr=None, kv_indices=None, alibi_slopes=None, scale=None, softcap=None,
+              window=None, bottom_right=True, sink=0, objects=False) -> list:
+    """``fmha_paged``'s arguments for a call's tensors (``lookup``: the table form, ``"vllm"`` or ``"sglang"``;
+    ``objects``: tensors in the pointer slots, for the CPU interpreter) -- what the API and :meth:`PagedPlan.args`
+    pack, through the ABI's one packer."""
+    if lookup == "vllm":
+        table, indptr, tb_stride, width = block_table, None, block_table.stride(0), block_table.shape[1]
+    else:
+        table, indptr, tb_stride, width = kv_indices, kv_indptr, 0, 0
+    ptrs = _ptrs(objects, (q, k_cache, v_cache, out, lse, alibi_slopes, cu_seqlens_q, seqlens_k, table, indptr))
+    wl, wr = (-1, -1) if window is None else window
+    return paged_abi.pack(ptrs, q.stride()[:2], k_cache.stride()[:3], v_cache.stride()[:3], out.stride(),
+                          None if lse is None else lse.stride(), tb_stride,
+                          None if alibi_slopes is None else alibi_strides(alibi_slopes), q.shape[1],
+                          k_cache.shape[2], q.shape[2], v_cache.shape[3], max_seqlen_q, max_seqlen_k,
+                          k_cache.shape[0], width, scale, softcap, wl, wr, int(bool(bottom_right)), int(sink))
 
 
 class PagedPlan:
@@ -91,18 +95,11 @@ class PagedPlan:
              window=None, bottom_right=True, sink=0, objects=False):
         """``(batch, nhead_q, max_seqlen_q, args)`` for :meth:`launch` (``objects``: tensors in the pointer slots, for
         the CPU interpreter)."""
-        if self.lookup == "vllm":
-            table, indptr, tb_stride, width = block_table, None, block_table.stride(0), block_table.shape[1]
-        else:
-            table, indptr, tb_stride, width = kv_indices, kv_indptr, 0, 0
-        ptrs = _ptrs(objects, (q, k_cache, v_cache, out, lse, alibi_slopes, cu_seqlens_q, seqlens_k, table, indptr))
-        as_ = None if alibi_slopes is None else alibi_strides(alibi_slopes)
-        wl, wr = (-1, -1) if window is None else window
-        qs, ks, vs = q.stride(), k_cache.stride(), v_cache.stride()
-        args = paged_abi.pack(ptrs, qs[:2], ks[:3], vs[:3], out.stride(), None if lse is None else lse.stride(),
-                              tb_stride, as_, q.shape[1], k_cache.shape[2], q.shape[2], v_cache.shape[3],
-                              max_seqlen_q, max_seqlen_k, k_cache.shape[0], width, scale, softcap, wl, wr,
-                              int(bool(bottom_right)), int(sink))
+        args = pack_call(q, k_cache, v_cache, out, lse, lookup=self.lookup, seqlens_k=seqlens_k,
+                         cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                         block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                         alibi_slopes=alibi_slopes, scale=scale, softcap=softcap, window=window,
+                         bottom_right=bottom_right, sink=sink, objects=objects)
         return cu_seqlens_q.shape[0] - 1, q.shape[1], int(max_seqlen_q), args
 
     def launch(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, stream=None,
@@ -127,11 +124,7 @@ class PagedPlan:
             return [], None
         kern = self._stage.kernel(device)
         if self._aligned_idx and not kern.needs_objects:
-            for i in self._aligned_idx:
-                if args[i] & 15:
-                    raise error("dispatch.alignment", f"kernel {self.entry.name} assumes 16-divisible {_NAMES[i]}, "
-                                f"got {args[i]}", None, "plan with Dispatcher.plan(problem, aligned=False) for "
-                                "unaligned arguments", cls=UsageError)
+            check_promise(self.entry, self._aligned_idx, _NAMES, args)
         if self._split is None:
             return [(kern, (gx, heads, batch), args)], None
         import torch
@@ -140,8 +133,9 @@ class PagedPlan:
         wst, lst = workspace_strides(batch, nhead_q, s, max_seqlen_q, self._split.block_dv)
         n_o = batch * wst[0]
         dev = torch.device(f"cuda:{device}" if device >= 0 else "cpu")
-        buf = _workspace(workspace, n_o + batch * lst[0], dev,
-                         "plan.workspace_numel(batch, nhead_q, nhead_k, max_seqlen_q, max_seqlen_k)")
+        buf = workspace_buffer(workspace, n_o + batch * lst[0], dev,
+                               "fmha_dsl.paged.workspace_numel(q, k_cache, v_cache, batch=..., max_seqlen_q=..., "
+                               "max_seqlen_k=...)")
         if kern.needs_objects:
             wp, lp = buf[:n_o], buf[n_o:]
         else:

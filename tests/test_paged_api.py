@@ -94,7 +94,9 @@ def test_torch_argument_errors_are_located():
     for kw, match in cases + [
             (dict(good, max_seqlen_k=100), "max_seqlen_k=100 needs 25 pages of 4 per sequence, block_table has 3"),
             (dict(good, block_table=torch.tensor(bt) + 50), "page id 5[0-9] .* outside the cache"),
-            (dict(good, scale=-1.0), "scale >= 0")]:
+            (dict(good, scale=-1.0), "scale >= 0"),
+            (dict(good, out=torch.zeros(2, 4, 8)), "`out` must be a \\[2, 4, 16\\]"),
+            (dict(good, alibi_slopes=torch.zeros(3)), "alibi_slopes.*\\[Hq\\] = \\[4\\]")]:
         with pytest.raises(UsageError, match=match) as e:
             fmha_dsl.paged_attention(q, kct, vct, registry=cpu, **kw)
         assert "paged_attention()" in str(e.value) and e.value.hint
@@ -108,6 +110,16 @@ def test_torch_argument_errors_are_located():
         fmha_dsl.append_kv(kct, vct, torch.zeros(1, 2, 16), torch.zeros(1, 2, 16), seqlens_k=good["seqlens_k"],
                            cu_seqlens_new=torch.tensor([0, 1, 1], dtype=torch.int32), block_table=good["block_table"],
                            rotary_cos=torch.zeros(8, 4), registry=cpu)
+    flat = torch.zeros(2, 10, 2, 16)                                      # contiguous [B, capacity, Hk, D]
+    new1 = dict(seqlens_k=good["seqlens_k"], cu_seqlens_new=torch.tensor([0, 2, 3], dtype=torch.int32), registry=cpu)
+    with pytest.raises(UsageError, match="sequence 0: 9 cached \\+ 2 new tokens exceed the cache's capacity 10"):
+        fmha_dsl.append_kv(flat, flat.clone(), torch.zeros(3, 2, 16), torch.zeros(3, 2, 16), **new1)
+    with pytest.raises(UsageError, match="without a page table the caches are contiguous"):
+        fmha_dsl.append_kv(torch.zeros(3, 10, 2, 16), torch.zeros(3, 10, 2, 16), torch.zeros(3, 2, 16),
+                           torch.zeros(3, 2, 16), **new1)
+    with pytest.raises(UsageError, match="rotary tables of at least 11 rows, they have 8"):
+        fmha_dsl.append_kv(kct, vct, torch.zeros(3, 2, 16), torch.zeros(3, 2, 16), block_table=good["block_table"],
+                           rotary_cos=torch.zeros(8, 4), rotary_sin=torch.zeros(8, 4), **new1)
     with pytest.raises(UsageError, match="append_kv\\(\\).*sequence 0: 9 cached \\+ 4 new tokens need 4 pages"):
         fmha_dsl.append_kv(kct, vct, torch.zeros(4, 2, 16), torch.zeros(4, 2, 16), seqlens_k=good["seqlens_k"],
                            cu_seqlens_new=torch.tensor([0, 4, 4], dtype=torch.int32), block_table=good["block_table"],
@@ -211,6 +223,13 @@ plan.run(T(q1), T(kc), T(vc), out, block_table=T(bt), seqlens_k=T(np.int32(lens_
 want = ref(q1.astype(np.float32), kc.astype(np.float32), vc.astype(np.float32), block_table=bt, seqlens_k=lens_k,
            cu_seqlens_q=np.arange(5))
 assert np.abs(out.float().numpy() - want).max() < 3e-3
+try:  # a caller's workspace too small for the split plan: located, with the sizing function in the hint
+    plan.run(T(q1), T(kc), T(vc), out, block_table=T(bt), seqlens_k=T(np.int32(lens_k)),
+             cu_seqlens_q=T(np.arange(5, dtype=np.int32)), max_seqlen_q=1, max_seqlen_k=40,
+             workspace=torch.empty(3))
+    raise AssertionError("a 3-element workspace was accepted")
+except fmha_dsl.UsageError as exc:
+    assert "workspace must be" in str(exc) and "workspace_numel" in str(exc.diagnostics[0].hint)
 print("split ok")
 # append-KV: paged (rope half) and contiguous (rope inter), q rotated in place
 half = 8

@@ -51,6 +51,8 @@ ALIGNED: tuple[str, ...] = (
     "stride_vp", "stride_vs", "stride_vh", "stride_oh", "stride_om",
 )
 
+ALIGNED_AT: tuple[int, ...] = tuple(i for i, (n, _) in enumerate(ARGS) if n in ALIGNED)  # their positions
+
 APPEND_ARGS: tuple[tuple[str, str], ...] = (
     ("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Knew", "*{dtype}"), ("Vnew", "*{dtype}"),
     ("Cos", "*fp32"), ("Sin", "*fp32"), ("cu_seqlens_new", "*i32"), ("seqlens_k", "*i32"), ("Table", "*i32"),
@@ -138,5 +140,5 @@ def append_grid(batch: int, nhead_q: int, nhead_k: int, max_new: int, with_q: bo
     return (-(-int(max_new) // APPEND_BLOCK_M), int(nhead_k) + (int(nhead_q) if with_q else 0), int(batch))
 
 
-__all__ = ["ARGS", "ALIGNED", "APPEND_ARGS", "APPEND_ALIGNED", "APPEND_BLOCK_M", "APPEND_WARPS", "LOOKUPS", "ROPES",
+__all__ = ["ARGS", "ALIGNED", "ALIGNED_AT", "APPEND_ARGS", "APPEND_ALIGNED", "APPEND_BLOCK_M", "APPEND_WARPS", "LOOKUPS", "ROPES",
            "pack", "split_args", "workspace_bound", "pack_append", "append_grid"]
