@@ -4,14 +4,16 @@ registry: first-use selection), next to the peers on the same data made contiguo
     python bench/bench_serving.py [--parts decode,prefill,overhead] [--quick] [--json OUT.json]
 
 * decode: Sq = 1, batch 1..128, GQA 8:1 and 4:1 (8 K/V heads), d128, bf16, context 1k..128k, page sizes 1, 16 and
-  1024, pages scattered over the cache at random.  Effective bandwidth = K and V bytes read / time, next to the
-  device's copy bandwidth (bytes read + written, measured here), FA2-SDPA and cuDNN-SDPA on the same K/V contiguous
-  ``[B, Hk, Sk, D]`` (enable_gqa: the unpaged bound) and ``fmha_dsl.attention`` on it.
+  1024, pages scattered over the cache at random (at page 16 also CK's vectorized layout of the same pages).
+  Effective bandwidth = K and V bytes read / time, next to the device's copy bandwidth (bytes read + written,
+  measured here), FA2-SDPA and cuDNN-SDPA on the same K/V contiguous ``[B, Hk, Sk, D]`` (enable_gqa: the unpaged
+  bound) and ``fmha_dsl.attention`` on it.
 * prefill: seed 003's shapes (batch 1, h = Hq/Hk = 6/1, 16/1, 40/40, sq = sk 1k..128k, causal or not), bf16 d128,
   page sizes 1, 16, 1024: TFLOP/s next to ``fmha_dsl.attention`` on contiguous varlen K/V (the paged overhead) and
   cuDNN/FA2-SDPA on contiguous K/V.
-* overhead: host time per call of a tiny decode step (the launch-bound case) through ``paged_attention`` and
-  ``append_kv`` with ``max_seqlen_*`` given (and a workspace), CPU wall clock per call over 2000 calls.
+* overhead: host time per call of a tiny decode step (the launch-bound case) through ``paged_attention`` (with a
+  caller's ``out`` and workspace, and allocating) and ``append_kv`` with ``max_seqlen_*`` given, CPU wall clock per
+  call over 5000 calls: on the torch fast path (the extension's C++ replay, waited for) and on the Python replay.
 
 Every output is checked against SDPA's (or, for append-KV, against the rows written) before it is timed.  The calls
 pass ``max_seqlen_q``/``max_seqlen_k`` as a server does (no device-to-host copy).  Timing: triton.testing.do_bench
@@ -137,6 +139,7 @@ def decode(args):
     import torch
 
     import fmha_dsl
+    from fmha_dsl.reference_paged import vectorized_caches
 
     copy = copy_bandwidth()
     print(f"copy bandwidth (read + write): {copy:.0f} GB/s", flush=True)
@@ -174,13 +177,24 @@ def decode(args):
                                                         max_seqlen_k=sk, **tab)
                     _timed(row, f"paged_{form}", run, ref, nbytes=nbytes, to_bhsd=lambda o: o[:, :, None])
                     row[f"paged_{form}"]["kernel"] = _kernel_name(q3)
+                if page == 16:  # CK's vectorized layout, the same pages (vLLM's table)
+                    k5, v5 = vectorized_caches(kc, vc)
+
+                    def run_vec():
+                        return fmha_dsl.paged_attention(q3, k5, v5, seqlens_k=lens, cu_seqlens_q=cq, max_seqlen_q=1,
+                                                        max_seqlen_k=sk, block_table=bt)
+                    _timed(row, "paged_vectorized", run_vec, ref, nbytes=nbytes, to_bhsd=lambda o: o[:, :, None])
+                    row["paged_vectorized"]["kernel"] = _kernel_name(q3)
+                    del k5, v5
                 rows.append(row)
 
                 def g(n):
                     return (row.get(n) or {}).get("gbps", 0)
                 print(f"decode gqa{ratio} b{b:>3} sk{sk:>6} page{page:>4}: paged={g('paged_vllm'):5.0f} GB/s "
                       f"({g('paged_vllm') / copy:.0%} of copy)  fa2={g('sdpa_flash'):5.0f} cudnn={g('sdpa_cudnn'):5.0f} "
-                      f"attention={g('attention_contiguous'):5.0f}  {row['paged_vllm'].get('kernel', '')[:70]}",
+                      f"attention={g('attention_contiguous'):5.0f}"
+                      + (f" vectorized={g('paged_vectorized'):5.0f}" if page == 16 else "")
+                      + f"  {row['paged_vllm'].get('kernel', '')[:70]}",
                       flush=True)
                 del kc, vc, bt, ip, ix
             del q, k, v, ref
@@ -257,22 +271,35 @@ def overhead(args):
     calls = {
         "paged_attention": lambda: fmha_dsl.paged_attention(q, kc, vc, block_table=bt, seqlens_k=lens, cu_seqlens_q=cq,
                                                             max_seqlen_q=1, max_seqlen_k=32, out=out, workspace=ws),
+        "paged_attention_allocating": lambda: fmha_dsl.paged_attention(q, kc, vc, block_table=bt, seqlens_k=lens,
+                                                                       cu_seqlens_q=cq, max_seqlen_q=1,
+                                                                       max_seqlen_k=32),
         "append_kv": lambda: fmha_dsl.append_kv(kc, vc, kn, vn, block_table=bt, seqlens_k=lens, cu_seqlens_new=cq,
                                                 max_seqlen_new=1),
     }
-    res = {}
-    for name, fn in calls.items():
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        n = 2000
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        host = (time.perf_counter() - t0) / n * 1e6
-        torch.cuda.synchronize()
-        res[name] = {"host_us_per_call": round(host, 2)}
-        print(f"overhead {name}: {host:.1f} us per call (host)", flush=True)
+    from fmha_dsl import paged_fast
+    from fmha_dsl.runtime import torch_fast
+
+    calls["paged_attention"]()
+    ready = torch_fast.wait(600)  # the torch fast path's extension (its Replayer), built in the background
+    res = {"extension_ready": ready}
+    for path in ("torch_fast", "python_replay"):
+        if path == "python_replay":  # the extension out of the way: what a process without it gets
+            paged_fast._STATE["loaded"] = lambda: None
+            paged_fast._STATE.pop("replayer", None)
+        for name, fn in calls.items():
+            for _ in range(50):
+                fn()
+            torch.cuda.synchronize()
+            n = 5000
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            host = (time.perf_counter() - t0) / n * 1e6
+            torch.cuda.synchronize()
+            res.setdefault(name, {})[path] = round(host, 2)
+            print(f"overhead {name} [{path}]: {host:.1f} us per call (host)", flush=True)
+    paged_fast._STATE["loaded"] = torch_fast.loaded  # the later parts as a user gets them
     return res
 
 
@@ -297,6 +324,13 @@ def summarize(doc) -> None:
         ent["vs_best_sdpa_min"] = min(best, default=None)
         ent["ge_best_sdpa"] = sum(1 for x in best if x >= 1.0)
         s[f"decode_page{page}"] = ent
+    vec = [r for r in rows if "gbps" in (r.get("paged_vectorized") or {})]
+    if vec:
+        best = [r["paged_vectorized"]["gbps"] / max((r.get(p) or {}).get("gbps", 0) for p in ("sdpa_flash", "sdpa_cudnn"))
+                for r in vec]
+        s["decode_page16_vectorized"] = {"n": len(vec), "vs_best_sdpa_geomean": gm(best),
+                                         "vs_linear_geomean": gm([r["paged_vectorized"]["gbps"] / r["paged_vllm"]["gbps"]
+                                                                  for r in vec if "gbps" in (r.get("paged_vllm") or {})])}
     rows = doc["parts"].get("prefill") or []
     for page in PAGES:
         rs = [r for r in rows if r["page_size"] == page and "tflops" in (r.get("paged") or {})]

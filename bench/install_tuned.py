@@ -3,28 +3,88 @@
 
     python bench/install_tuned.py MEASURED.json [--into fmha_dsl/data/tuned/sm90_nvidia-h200.json]
                                   [--keys-of OLD.json] --provenance TEXT
+    python bench/install_tuned.py --restamp --measured-at REV [--into TABLE] --provenance TEXT
 
 Keeps the decisions that were timed over at least ``--min-timed`` candidates (a GPU test's reduced candidate list
 must not ship) and, with ``--keys-of``, only the keys that table has; records device, date, torch and Triton.
+
+``--restamp`` measures nothing: it carries a table's decisions over to the current candidate space (each decision's
+``space`` becomes this checkout's ``Builder.fingerprint`` of its family) when a change moved template code without
+changing the compiled kernels -- prove that first (build the same kernels before and after and compare the code).
+It checks that every decision's ``space`` is the fingerprint of commit ``--measured-at`` (the decisions were current
+there) and appends ``--provenance`` to the table's provenance, naming that commit.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fingerprints(families, tree: str = REPO) -> dict:
+    """``Builder.fingerprint`` of each family for the source tree ``tree`` (a fresh interpreter: nothing cached)."""
+    code = ("import json, sys; from fmha_dsl.first_use import Builder; b = Builder(); "
+            "print(json.dumps({f: b.fingerprint(f) for f in sys.argv[1:]}))")
+    out = subprocess.run([sys.executable, "-c", code, *families], cwd=tree, env=dict(os.environ, PYTHONPATH=tree),
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def restamp(path: str, rev: str, text: str) -> dict:
+    """The table at ``path`` with its decisions' ``space`` moved from commit ``rev``'s fingerprints to this
+    checkout's, ``text`` appended to its provenance; refuses decisions that were not current at ``rev``."""
+    with open(path) as f:
+        doc = json.load(f)
+    fams = sorted({k.split(".")[0] for k in doc["decisions"]})
+    sha = subprocess.run(["git", "-C", REPO, "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    with tempfile.TemporaryDirectory() as tree:
+        subprocess.run(f"git -C '{REPO}' archive {sha} | tar -x -C '{tree}'", shell=True, check=True)
+        old = fingerprints(fams, tree)
+    new = fingerprints(fams)
+    stale = sorted(k for k, r in doc["decisions"].items() if r.get("space") != old[k.split(".")[0]])
+    if stale:
+        raise SystemExit(f"{len(stale)} decisions were not measured under the candidate space of {sha[:12]} "
+                         f"(e.g. {stale[0]}): measure them again instead")
+    for k, r in doc["decisions"].items():
+        r["space"] = new[k.split(".")[0]]
+    moved = ", ".join(f"{f} {old[f]} -> {new[f]}" for f in fams)
+    end = "" if doc["provenance"].rstrip().endswith(".") else "."
+    doc["provenance"] += (f"{end} Carried over on {time.strftime('%Y-%m-%d')} from the candidate space of commit {sha}"
+                          f" ({moved}) without measuring: {text}")
+    return doc
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("measured")
+    ap.add_argument("measured", nargs="?")
     ap.add_argument("--into", default="fmha_dsl/data/tuned/sm90_nvidia-h200.json")
     ap.add_argument("--keys-of", default=None)
     ap.add_argument("--min-timed", type=int, default=5)
     ap.add_argument("--provenance", required=True)
     ap.add_argument("--torch", default="2.11.0+cu130")
     ap.add_argument("--triton", default="3.6.0")
+    ap.add_argument("--restamp", action="store_true", help="carry --into's decisions over to the current fingerprints")
+    ap.add_argument("--measured-at", default=None, help="with --restamp: the commit the decisions are current at")
     args = ap.parse_args()
+    from fmha_dsl.registry import write_atomic
+
+    if args.restamp:
+        if args.measured or not args.measured_at:
+            ap.error("--restamp takes --measured-at REV and no measured table")
+        doc = restamp(args.into, args.measured_at, args.provenance)
+        write_atomic(args.into, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        print(f"re-stamped {args.into}: {len(doc['decisions'])} decisions")
+        return
+    if not args.measured:
+        ap.error("a measured table is needed (or --restamp)")
     with open(args.measured) as f:
         got = json.load(f)
     dec = got["decisions"]
@@ -39,8 +99,6 @@ def main() -> None:
     doc = {"arch": got["arch"], "date": time.strftime("%Y-%m-%d"), "device": got["device"],
            "provenance": args.provenance, "torch": args.torch, "triton": args.triton, "version": got["version"],
            "decisions": dec}
-    from fmha_dsl.registry import write_atomic
-
     write_atomic(args.into, json.dumps(doc, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.into}: {len(dec)} decisions")
 

@@ -82,14 +82,14 @@ def _inputs(d, causal, s, dtype, tokens=16384, device="cuda"):
     """q, k, v, an output (seed 0; ``tokens`` per batch, 16 heads) and the template's packed run-time arguments."""
     import torch
 
-    from fmha_dsl.kernels import triton_fwd as T
+    from fmha_dsl.kernels import fwd_host as H
 
     b, h = max(1, tokens // s), 16
     tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, device=device, dtype=tdt, generator=g) for _ in range(3))
     o = torch.empty_like(q)
-    args = T.pack_args(q=q, k=k, v=v, out=o, q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(),
+    args = H.pack_args(q=q, k=k, v=v, out=o, q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(),
                        out_strides=o.stride(), nhead_q=h, nhead_k=h, head_dim_q=d, head_dim_v=d, seqlen_q=s,
                        seqlen_k=s, lse=o, bias=o, alibi=o, cu_seqlens_q=o, cu_seqlens_k=o,
                        window_left=-1, window_right=0 if causal else -1)
@@ -98,12 +98,12 @@ def _inputs(d, causal, s, dtype, tokens=16384, device="cuda"):
 
 def _kernel(d, causal, s, dtype, tile, pipe, knob, tokens=16384):
     """The constexprs the build gives this configuration (batch mode, no padding) and its launch grid."""
-    from fmha_dsl.kernels import triton_fwd as T
+    from fmha_dsl.kernels import fwd_host as H
 
     sig = {"dtype": dtype, "hdim_q": d, "hdim_v": d, "mask": "top_left" if causal else "no"}
-    const = T.constexprs(sig, {"tile": tile[:2], "pipeline": pipe, "pad_s": 0, "pad_sk": 0, "pad_d": 0, "pad_dv": 0})
+    const = H.constexprs(sig, {"tile": tile[:2], "pipeline": pipe, "pad_s": 0, "pad_sk": 0, "pad_d": 0, "pad_dv": 0})
     const.update({k: v for k, v in knob if k != "maxnreg"})
-    return const, T.grid(max(1, tokens // s), 16, s, tile[0])
+    return const, H.grid(max(1, tokens // s), 16, s, tile[0])
 
 
 def _allocator():

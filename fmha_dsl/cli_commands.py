@@ -175,8 +175,14 @@ def cmd_tune(args) -> int:
         if args.quiet:
             return
         c = ev["cls"]
-        name = f"{c['dtype']} d{c['hdim_q']}x{c['hdim_v']} {c['mask']}" + (" lse" if c["lse"] else "")
+        name = (("" if c["family"] == "fwd" else f"{c['family']} ") + f"{c['dtype']} d{c['hdim_q']}x{c['hdim_v']} "
+                f"{c['mask']}" + (" lse" if c["lse"] else "")
+                + (f" page {c['page_size']} {c['kv_lookup']} {c['kv_layout']}" if "page_size" in c else ""))
         if ev["event"] == "class":
+            if ev.get("kernels") == 0:  # no kernel of this build serves the class
+                if args.verbose:
+                    _err(f"[{ev['class_index'] + 1}/{ev['classes']}] {name}: no kernels in this build, skipped")
+                return
             _err(f"[{ev['class_index'] + 1}/{ev['classes']}] {name}: saved")
         elif ev["event"] == "failed":
             _err(f"  failed: {ev['kernel']} at {ev['point']}: {ev['why']}")

@@ -79,7 +79,7 @@ NATIVE_LAUNCH = Knob("FMHA_DSL_NATIVE_LAUNCH", "bool", True,
                      "`0` turns off fmha-dsl's C launcher (`runtime/native_launch.c`); `auto` then uses `cuda`.")
 TORCH_FAST = Knob("FMHA_DSL_TORCH_FAST", "bool", True,
                   "`0` turns off the torch fast path (`runtime/torch_fast.cpp`): `attention()` takes the Python "
-                  "path on every call.")
+                  "path on every call, and repeat `paged_attention()`/`append_kv()` calls the Python replay.")
 
 AUTOTUNE = Knob("FMHA_DSL_AUTOTUNE", "bool", True,
                 "First-use selection by measurement (`attention()` without a registry, and registries without a "

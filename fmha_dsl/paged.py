@@ -9,9 +9,11 @@ What they compute is docs/semantics.md ("Paged KV cache and append-KV"), the Num
 :func:`fmha_dsl.reference_paged.paged_attention` and :func:`~fmha_dsl.reference_paged.append_kv`.
 
 * ``q [Tq, Hq, D]`` (group mode: ``cu_seqlens_q [B + 1]``); caches ``[num_pages, page_size, Hk, D]`` (linear, NHD;
-  any strides with a unit head-dim stride, so an HND cache passed as a permuted view works too); the page size is the
-  cache's second dim.  Page tables: vLLM's ``block_table [B, max_pages]`` or SGLang's ``kv_indptr [B + 1]`` +
-  ``kv_indices``, exactly one.  ``seqlens_k [B]``: cached tokens per sequence.
+  any strides with a unit head-dim stride, so an HND cache passed as a permuted view works too; the page size is the
+  cache's second dim) or CK's vectorized layout, 5-D: K ``[num_pages, Hk, D / x, page_size, x]``, V
+  ``[num_pages, Hk, page_size / x, D, x]`` with x = 8 for fp16/bf16 (16-byte vectors;
+  :func:`fmha_dsl.reference_paged.vectorized_caches` converts).  Page tables: vLLM's ``block_table [B, max_pages]``
+  or SGLang's ``kv_indptr [B + 1]`` + ``kv_indices``, exactly one.  ``seqlens_k [B]``: cached tokens per sequence.
 * NumPy arrays run the reference (``append_kv`` then writes into the given arrays).
 * torch tensors on a GPU run the Triton serving kernels, compiled and chosen on first use per problem class
   (:mod:`fmha_dsl.first_use`): decode-sized problems (few query blocks) also get the split-KV kernels
@@ -67,21 +69,18 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     if not _is_torch(q):
         return _numpy_paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal,
                             window, alibi_slopes, softcap, sink, scale, return_lse)
-    fk = None
+    # the call for the replay path (fmha_dsl/paged_fast.py): tensors in a fixed order (out, lse and the workspace
+    # at 3, 4 and 11, allocated by the recipe when the call leaves them None), then the other arguments
+    call = None
     if max_seqlen_q is not None and max_seqlen_k is not None:
-        fk = _fast.key((q, k_cache, v_cache, seqlens_k, cu_seqlens_q),
-                       (block_table, kv_indptr, kv_indices, alibi_slopes, out, workspace),
-                       ("paged", max_seqlen_q, max_seqlen_k, causal, window, softcap, sink, scale, bool(return_lse),
-                        registry if registry is None or isinstance(registry, str) else id(registry)))
-    recipe = _fast.get(fk)
-    if recipe is not None:  # a call like one already launched: replayed with this call's addresses
-        o = q.new_empty(recipe.shapes[0]) if out is None else out
-        lse = q.new_empty(recipe.shapes[1], dtype=_fast.F32) if return_lse else None
-        ws = workspace
-        if ws is None and recipe.ws_numel:
-            ws = q.new_empty(recipe.ws_numel, dtype=_fast.F32)
-        if recipe.replay((q, k_cache, v_cache, o, lse, alibi_slopes, cu_seqlens_q, seqlens_k,
-                          kv_indices if block_table is None else block_table, kv_indptr, ws)):
+        call = ((q, k_cache, v_cache, out, None, alibi_slopes, cu_seqlens_q, seqlens_k, block_table, kv_indptr,
+                 kv_indices, workspace),
+                ("paged", max_seqlen_q, max_seqlen_k, causal, window, softcap, sink, scale, bool(return_lse),
+                 registry if registry is None or isinstance(registry, str) else id(registry)))
+        made = _fast.run(*call)
+        if made is not None:  # a call like one already launched: replayed with this call's addresses
+            o = made[0] if out is None else out
+            lse = made[0 if out is not None else 1] if return_lse else None
             return (o, lse) if return_lse else o
     token = CALLER.set("paged_attention()")
     try:
@@ -96,10 +95,14 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
             for kern, grid, a in steps:
                 kern.launch(grid, a, stream)
             mine = (cu_seqlens_q, seqlens_k, block_table if block_table is not None else kv_indices, kv_indptr)
-            if all(a is b for a, b in zip(used, mine)):  # the caller's own tensors (none converted): replayable
-                _fast.record(fk, plan, steps, (q, k_cache, v_cache, out, lse, alibi_slopes) + used + (buf,),
-                             (tuple(out.shape), None if lse is None else tuple(lse.shape)),
-                             buf.numel() if buf is not None and workspace is None else 0)
+            if call is not None and all(a is b for a, b in zip(used, mine)):  # the caller's own tensors: replayable
+                t = list(call[0])
+                t[3], t[4] = out, lse
+                if buf is not None:  # (a plan without split-KV leaves a caller's workspace unused)
+                    t[11] = buf
+                allocated = {i for i, mine in ((3, call[0][3]), (4, None), (11, workspace))
+                             if mine is None and t[i] is not None}
+                _fast.record(tuple(t), allocated, call[1], plan, steps)
     finally:
         CALLER.reset(token)
     return (out, lse) if return_lse else out
@@ -111,19 +114,22 @@ def workspace_numel(q, k_cache, v_cache, *, batch: int, max_seqlen_q: int, max_s
     Allocate it once and pass it as ``workspace=`` each step."""
     from .kernels.paged_abi import workspace_bound
 
+    from .runtime.plan_paged import geometry
+
     disp = _api.dispatcher(registry, q.get_device())
-    return workspace_bound(batch, q.shape[1], k_cache.shape[2], max_seqlen_q, max_seqlen_k, v_cache.shape[3],
-                           disp.compute_units)
+    _, _, hk, _, dv, _, _ = geometry(k_cache, v_cache)
+    return workspace_bound(batch, q.shape[1], hk, max_seqlen_q, max_seqlen_k, dv, disp.compute_units)
 
 
-def _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi, lse, softcap, sink, lookup, page):
+def _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi, lse, softcap, sink, layout, lookup,
+             page):
     from .keys import Problem
 
     return Problem(family="batch_prefill", dtype=dname, arch=disp.arch, batch=max(1, int(b)), nhead_q=int(hq),
                    nhead_k=int(hk), seqlen_q=int(msq), seqlen_k=int(msk), max_seqlen_q=int(msq),
                    max_seqlen_k=int(msk), hdim_q=int(dq), hdim_v=int(dv), mode="group", mask=mask,
                    window_left=int(wl), window_right=int(wr), bias="alibi" if alibi else "no", lse=bool(lse),
-                   logits=bool(softcap), sink=bool(sink), paged_kv=True, kv_layout="linear", kv_lookup=lookup,
+                   logits=bool(softcap), sink=bool(sink), paged_kv=True, kv_layout=layout, kv_lookup=lookup,
                    page_size=int(page))
 
 
@@ -143,7 +149,7 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
         raise _usage("usage.device", f"`q` is on {q.device}; torch tensors run on a GPU",
                      "move the tensors with .cuda(), or pass numpy arrays to run the reference")
     tq, hq, dq = q.shape
-    num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, q.dtype, dev)
+    layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, q.dtype, dev)
     if dk != dq:
         raise _usage("usage.shape", f"`k_cache`'s head dim ({dk}) must equal q's ({dq})",
                      "q and K share the head dim (V's may differ)")
@@ -199,16 +205,16 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
                      max_seqlen_k=msk, block_table=bt, kv_indptr=ip, kv_indices=ix, alibi_slopes=alibi_slopes,
                      scale=scale, softcap=softcap, window=(wl, wr), bottom_right=br, sink=sink, objects=objects)
     # binaries built with the 16-divisibility promise (and the TMA kernels, which also need each page's rows to follow
-    # the previous page's: an NHD cache) serve only arguments that keep it; the others get builds without it
-    aligned = objects or (not any(args[i] & 15 for i in paged_abi.ALIGNED_AT)
-                          and k_cache.stride(0) == page * k_cache.stride(1)
-                          and v_cache.stride(0) == page * v_cache.stride(1) and num_pages * page < 1 << 31)
+    # the previous page's: a linear NHD cache) serve only arguments that keep it; the others get builds without it
+    aligned = objects or (not any(args[i] & 15 for i in paged_abi.ALIGNED_AT) and num_pages * page < 1 << 31 and (
+        layout == "vectorized" or (k_cache.stride(0) == page * k_cache.stride(1)
+                                   and v_cache.stride(0) == page * v_cache.stride(1))))
     key = (dname, dq, dv, hq, hk, mask != "no", alibi_slopes is not None, bool(return_lse), softcap is not None,
-           sink > 0, lookup, page, aligned) + disp.seq_key(msq, msk, b * hq)
+           sink > 0, layout, lookup, page, aligned) + disp.seq_key(msq, msk, b * hq)
     plan = disp.fast_paged.get(key)
     if plan is None:
         problem = _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi_slopes is not None,
-                           return_lse, softcap is not None, sink, lookup, page)
+                           return_lse, softcap is not None, sink, layout, lookup, page)
         measure = _api.timer(dev, lambda p: p.launch(dev, b, hq, msq, args))
         plan = disp.fast_paged[key] = disp.plan(problem, aligned, measure)
     return plan, dev, b, hq, msq, args, out, lse, (cq, lens, ix if lookup == "sglang" else bt, ip)
@@ -225,27 +231,24 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     if not _is_torch(k_new):
         return _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
                              cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q)
-    fk = None
-    if max_seqlen_new is not None:
-        fk = _fast.key((k_cache, v_cache, k_new, v_new, seqlens_k, cu_seqlens_new),
-                       (block_table, kv_indptr, kv_indices, rotary_cos, rotary_sin, q),
-                       ("append", max_seqlen_new, bool(rotary_interleaved),
-                        registry if registry is None or isinstance(registry, str) else id(registry)))
-        recipe = _fast.get(fk)
-        if recipe is not None and recipe.replay((q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
-                                                 cu_seqlens_new, seqlens_k,
-                                                 kv_indices if block_table is None else block_table, kv_indptr)):
+    call = None
+    if max_seqlen_new is not None:  # the call for the replay path (fmha_dsl/paged_fast.py)
+        call = ((q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cu_seqlens_new, seqlens_k, block_table,
+                 kv_indptr, kv_indices),
+                ("append", max_seqlen_new, bool(rotary_interleaved),
+                 registry if registry is None or isinstance(registry, str) else id(registry)))
+        if _fast.run(*call) is not None:
             return
     token = CALLER.set("append_kv()")
     try:
         _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
-                max_seqlen_new, rotary_cos, rotary_sin, rotary_interleaved, q, registry, fk)
+                max_seqlen_new, rotary_cos, rotary_sin, rotary_interleaved, q, registry, call)
     finally:
         CALLER.reset(token)
 
 
 def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
-            max_seqlen_new, rotary_cos, rotary_sin, rotary_interleaved, q, registry, fk):
+            max_seqlen_new, rotary_cos, rotary_sin, rotary_interleaved, q, registry, call):
     import torch
 
     from .keys import Problem
@@ -266,7 +269,7 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
     if v_new.dtype is not k_new.dtype or v_new.get_device() != dev or v_new.shape[:2] != k_new.shape[:2]:
         raise _usage("usage.value", f"`v_new` must match k_new's dtype, device and [Tnew, Hk] ({tuple(k_new.shape)}), "
                      f"got {tuple(v_new.shape)} {v_new.dtype} on {v_new.device}", "k_new and v_new hold the same tokens")
-    num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, k_new.dtype, dev)
+    layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, k_new.dtype, dev)
     tn = k_new.shape[0]
     if (k_new.shape[1], k_new.shape[2], v_new.shape[2]) != (hk, dk, dv):
         raise _usage("usage.shape", f"`k_new`/`v_new` must be [Tnew, {hk}, {dk}] / [Tnew, {hk}, {dv}] like the caches, "
@@ -279,6 +282,10 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
         lookup, bt, ip, ix = tables(block_table, kv_indptr, kv_indices, b, dev)
     else:
         lookup, bt, ip, ix = "vllm", None, None, None
+        if layout != "linear":
+            raise _usage("usage.shape", "without a page table the caches are contiguous [B, capacity, Hk, D] (4-D), "
+                         "not in the vectorized layout", "pass block_table or kv_indptr + kv_indices for a paged "
+                         "vectorized cache")
         if num_pages != b:
             raise _usage("usage.shape", f"without a page table the caches are contiguous [B, capacity, Hk, D] with "
                          f"B = {b}, got {num_pages} rows", "pass block_table or kv_indptr + kv_indices for a paged "
@@ -308,13 +315,13 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
         return
     disp = _api.dispatcher(registry, dev)
     rope = "none" if cos is None else ("inter" if rotary_interleaved else "half")
-    key = ("append", dname, dk, dv, rope, paged, lookup, page if paged else 1)
+    key = ("append", dname, dk, dv, rope, paged, layout, lookup, page if paged else 1)
     plan = disp.fast_paged.get(key)
     if plan is None:
         hq = q.shape[1] if q is not None else hk
         problem = Problem(family="fwd_appendkv", dtype=dname, arch=disp.arch, batch=max(1, b), nhead_q=hq, nhead_k=hk,
                           seqlen_q=max(1, max_new), seqlen_k=max(1, max_new), hdim_q=dk, hdim_v=dv, mode="batch",
-                          rope=rope, paged_kv=paged, kv_layout="linear", kv_lookup=lookup,
+                          rope=rope, paged_kv=paged, kv_layout=layout, kv_lookup=lookup,
                           page_size=page if paged else 1)
         plan = disp.fast_paged[key] = disp.plan(problem)
     from .runtime.plan import resolve_stream
@@ -324,12 +331,10 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
     stream = resolve_stream(None, dev)[0]
     for kern, grid, args in steps:
         kern.launch(grid, args, stream)
-    table = ix if bt is None else bt
-    used = (cos, sin, cn, lens, table, ip)
-    mine = (rotary_cos, rotary_sin, cu_seqlens_new, seqlens_k, kv_indices if block_table is None else block_table,
-            kv_indptr)
-    if all(a is b for a, b in zip(used, mine)):  # the caller's own tensors (none converted): replayable
-        _fast.record(fk, plan, steps, (q, k_cache, v_cache, k_new, v_new) + used)
+    used = (cos, sin, cn, lens, bt, ip, ix)
+    mine = (rotary_cos, rotary_sin, cu_seqlens_new, seqlens_k, block_table, kv_indptr, kv_indices)
+    if call is not None and all(a is b for a, b in zip(used, mine)):  # the caller's own tensors: replayable
+        _fast.record(call[0], set(), call[1], plan, steps)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -96,28 +96,59 @@ def host_values(*tensors):
 
 
 def cache_pair(k_cache, v_cache, dt, dev):
-    """``(num_pages, page_size, Hk, D, Dv)`` of the caches, checked (4-D, same dtype/device as q, unit head-dim
-    stride)."""
+    """``(layout, num_pages, page_size, Hk, D, Dv)`` of the caches, checked: same dtype/device as q, and either the
+    linear layout (4-D ``[num_pages, page_size, Hk, D]``, unit head-dim stride) or CK's vectorized one (5-D, K
+    ``[num_pages, Hk, D / x, page_size, x]`` and V ``[num_pages, Hk, page_size / x, D, x]``, x = 16 bytes of the
+    dtype, the last two dims contiguous)."""
     torch = _torch()
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(x, torch.Tensor):
             raise _usage("usage.type", f"`{name}` must be a torch tensor like q, got {type(x).__name__}",
                          "pass torch tensors throughout, or numpy arrays throughout (the reference)")
-        if x.dim() != 4:
-            raise _usage("usage.shape", f"`{name}` must be 4-D [num_pages, page_size, Hk, D], got shape "
-                         f"{tuple(x.shape)}", "the linear (NHD) layout of vLLM and FlashInfer")
         if x.dtype is not dt:
             raise _usage("usage.dtype", f"`{name}` must have q's dtype {dt}, got {x.dtype}", f"pass {name}.to(q.dtype)")
         if x.get_device() != dev:
             raise _usage("usage.device", f"`{name}` is on {x.device} but q is on "
                          f"{'cpu' if dev < 0 else f'cuda:{dev}'}", f"move it with {name}.to(q.device)")
+    if k_cache.dim() == 5 or v_cache.dim() == 5:
+        return ("vectorized",) + _vectorized_pair(k_cache, v_cache, dt)
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dim() != 4:
+            raise _usage("usage.shape", f"`{name}` must be 4-D [num_pages, page_size, Hk, D] (linear) or 5-D (CK's "
+                         f"vectorized layout), got shape {tuple(x.shape)}", "the linear (NHD) layout of vLLM and "
+                         "FlashInfer is 4-D")
         if x.stride(3) != 1 and x.shape[3] > 1:
             raise _usage("usage.stride", f"`{name}`'s head dim must have stride 1, got strides {x.stride()}",
                          "the other dims may be strided (e.g. an HND cache through a permuted view)")
     if k_cache.shape[:3] != v_cache.shape[:3]:
         raise _usage("usage.shape", f"`k_cache` and `v_cache` must agree on [num_pages, page_size, Hk], got "
                      f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}", "one page table addresses both caches")
-    return k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], k_cache.shape[3], v_cache.shape[3]
+    return "linear", k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], k_cache.shape[3], v_cache.shape[3]
+
+
+def _vectorized_pair(k, v, dt):
+    from .kernels.paged_abi import VECTOR_BYTES
+
+    x = VECTOR_BYTES // k.element_size()
+    want = {"k_cache": f"[num_pages, Hk, D / {x}, page_size, {x}]", "v_cache": f"[num_pages, Hk, page_size / {x}, D, {x}]"}
+    for name, t in (("k_cache", k), ("v_cache", v)):
+        if t.dim() != 5 or t.shape[4] != x:
+            raise _usage("usage.shape", f"`{name}` in CK's vectorized layout is 5-D {want[name]} ({x} {dt} elements "
+                         f"are 16 bytes), got shape {tuple(t.shape)}", "pass both caches in one layout: 4-D linear "
+                         "[num_pages, page_size, Hk, D] or 5-D vectorized")
+        if t.stride(4) != 1 or t.stride(3) != x:
+            raise _usage("usage.stride", f"`{name}`'s last two dims must be contiguous (strides ({x}, 1)), got "
+                         f"strides {t.stride()}", f"pass {name}.contiguous()")
+        for i in range(3):
+            if t.stride(i) % x:
+                raise _usage("usage.stride", f"`{name}`'s stride {t.stride(i)} over dim {i} is not a multiple of {x}"
+                             " (whole 16-byte vectors)", f"pass {name}.contiguous()")
+    num_pages, hk, page = k.shape[0], k.shape[1], k.shape[3]
+    if (v.shape[0], v.shape[1], v.shape[2] * x) != (num_pages, hk, page):
+        raise _usage("usage.shape", f"`k_cache` {tuple(k.shape)} and `v_cache` {tuple(v.shape)} must agree on "
+                     f"num_pages, Hk and page_size (V's dim 2 is page_size / {x})", "one page table addresses both "
+                     "caches")
+    return num_pages, page, hk, k.shape[2] * x, v.shape[3]
 
 
 def sequences(cu_name: str, cu, total: int, seqlens_k, dev: int, max_given, max_name: str, max_what: str,

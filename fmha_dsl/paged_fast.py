@@ -2,61 +2,58 @@
 
 A server calls ``paged_attention`` every step with the same shapes and new contents (tables, lengths, new queries).
 "Like" means equal in everything the checks and the plan depend on -- every tensor's shape, strides, dtype and
-device, the maxima, the mask, the scalars, the registry -- which :func:`key` collects; the addresses may differ.
-The first such call takes the checked path (:mod:`fmha_dsl.paged`), which hands its launches to :func:`record`;
-later calls patch the new addresses into copies of the recorded arguments and launch (a few microseconds of host
-time instead of the checked path's tens).  Only calls that synchronise nothing are recorded (the maxima given, torch
-tensors throughout, none converted); a call whose addresses break a 16-byte promise the binary was built
-with goes the checked path.
+device, the maxima, the mask, the scalars, the registry; the addresses may differ.  The first such call takes the
+checked path (:mod:`fmha_dsl.paged`), which hands its launches to :func:`record`; later calls (:func:`run`) allocate
+what the recorded call allocated, patch the new addresses into the recorded arguments and launch.  Only calls that
+synchronise nothing are recorded (the maxima given, torch tensors throughout, none converted); a call whose addresses
+break a 16-byte promise the binary was built with goes the checked path.
+
+Two implementations of the same protocol: the torch extension's ``Replayer`` (``runtime/torch_replay.h``, built
+with the torch fast path in the background on first use: keying, allocation and launches in C++), and this module's
+Python :class:`Recipe` until that is ready or where it cannot be built (``FMHA_DSL_TORCH_FAST=0``).
+
+A call is a tuple of tensors (or None) in the caller's fixed order plus a hashable tuple of its other arguments.
 """
 
 from __future__ import annotations
 
 _RECIPES: dict = {}
-F32 = None                  # torch.float32 once torch is bound (start())
 _LIMIT = 1024               # recipes kept (a server has a handful of shapes; the cache is cleared when full)
-_STATE: dict = {}           # "torch", "tensor": torch.Tensor, "stream": torch._C._cuda_getCurrentRawStream
+_STATE: dict = {}           # "torch", "tensor": torch.Tensor, "stream": torch._C._cuda_getCurrentRawStream,
+#                             "loaded": runtime.torch_fast.loaded, "replayer": the C++ Replayer once it is loaded
 
 
-def key(required, optional, scalars):
-    """The call's class for replay -- every tensor's shape, strides, dtype and device (``required``: must be plain
-    torch tensors; ``optional``: tensors or None) and the other arguments (``scalars``) -- or None when it cannot be
-    replayed (an argument is not a plain torch tensor)."""
+def key(tensors, scalars):
+    """The call's class for the Python replay -- every tensor's shape, strides, dtype and device, and ``scalars`` --
+    or None when it cannot be replayed (an argument is not a plain torch tensor).  A key holding something
+    unhashable (a window given as a list) finds no recipe and records none."""
     T = _STATE.get("tensor")
     if T is None:
         return None
-    try:
-        k = [(x.shape, x.stride(), x.dtype, x.get_device()) for x in required if type(x) is T]
-        if len(k) != len(required):
+    k = [scalars]
+    for x in tensors:
+        if x is None:
+            k.append(None)
+        elif type(x) is T:
+            k += (x.shape, x.stride(), x.dtype, x.get_device())
+        else:
             return None
-        for x in optional:
-            if x is None:
-                k.append(None)
-            elif type(x) is T:
-                k.append((x.shape, x.stride(), x.dtype, x.get_device()))
-            else:
-                return None
-        k.append(scalars)
-        k = tuple(k)
-        hash(k)
-    except TypeError:  # e.g. a window given as a list
-        return None
-    return k
+    return tuple(k)
 
 
 class Recipe:
     """What one call launched: per kernel its grid, its arguments, and the slots that hold tensor addresses
-    (argument index, tensor index, byte offset); plus what the call allocated (``shapes``: its output's and LSE's,
-    ``ws_numel``: a split-KV workspace)."""
+    (argument index, tensor index, byte offset); the addresses that must stay 16-byte aligned (tensor index, byte
+    offset); and what the call allocated (tensor index, shape, strides, dtype, device)."""
 
-    __slots__ = ("steps", "checks", "shapes", "ws_numel", "device")
+    __slots__ = ("steps", "checks", "allocs", "device")
 
-    def __init__(self, steps, checks, shapes, ws_numel, device):
-        self.steps, self.checks, self.shapes, self.ws_numel, self.device = steps, checks, shapes, ws_numel, device
+    def __init__(self, steps, checks, allocs, device):
+        self.steps, self.checks, self.allocs, self.device = steps, checks, allocs, device
 
     def replay(self, tensors) -> bool:
-        """Launch with ``tensors`` (in the recorded call's order) in place of the recorded ones; False (nothing
-        launched) when an address breaks an alignment promise: the caller then takes the checked path."""
+        """Launch with ``tensors`` (in the recorded call's order, allocations filled in) in place of the recorded
+        ones; False (nothing launched) when an address breaks an alignment promise."""
         ptrs = [t.data_ptr() if t is not None else 0 for t in tensors]
         for ti, off in self.checks:
             if (ptrs[ti] + off) & 15:
@@ -70,13 +67,67 @@ class Recipe:
         return True
 
 
-def record(k, plan, steps, tensors, shapes=(), ws_numel: int = 0) -> None:
-    """Remember the launches ``steps`` (``[(kernel, grid, args)]``, the plan's own, in order) of the call of class
-    ``k`` whose tensors were ``tensors`` (the order :meth:`Recipe.replay` gets them in)."""
-    if k is None or not steps or any(getattr(kern, "needs_objects", True) for kern, _, _ in steps):
+def replayer():
+    """The extension's ``Replayer`` once the torch fast path's module is loaded (None until then)."""
+    r = _STATE.get("replayer")
+    if r is None and "loaded" in _STATE:  # (after start())
+        mod = _STATE["loaded"]()
+        if mod is None or not hasattr(mod, "Replayer"):
+            return None
+        r = _STATE["replayer"] = mod.Replayer(_STATE["tensor"], _STATE["stream"], _LIMIT)
+    return r
+
+
+def run(tensors: tuple, scalars: tuple):
+    """Replay a call like a recorded one: the tensors the recipe allocated (a tuple, in index order) once its
+    launches are enqueued, or None (no recipe, or an address breaks a promise: take the checked path)."""
+    r = _STATE.get("replayer") or replayer()
+    if r is not None:
+        made = r.run(tensors, scalars)
+        if made is not None:
+            return made
+    k = key(tensors, scalars)  # a recipe the extension could not take (another launcher), or none yet
+    try:
+        rec = _RECIPES.get(k) if k is not None else None
+    except TypeError:  # an unhashable scalar
+        return None
+    if rec is None:
+        return None
+    torch = _STATE["torch"]
+    full = list(tensors)
+    made = []
+    for i, shape, stride, dtype, dev in rec.allocs:
+        full[i] = torch.empty_strided(shape, stride, dtype=dtype, device=dev)
+        made.append(full[i])
+    if not rec.replay(full):
+        return None
+    if r is not None:  # recorded before the extension was ready: hand it over
+        _native_record(r, tensors, scalars, rec, tuple((a[0], t) for a, t in zip(rec.allocs, made)))
+    return tuple(made)
+
+
+def _native_record(r, view, scalars, rec: Recipe, allocated) -> None:
+    """Give the extension's Replayer ``rec`` (when every kernel launches natively: ``fast_spec``)."""
+    specs = [getattr(kern, "fast_spec", None) for kern, _, _, _ in rec.steps]
+    if not all(specs):
+        return
+    native = tuple((fn, handle, block, shared, kinds, ntail, grid, args, slots)
+                   for (fn, handle, block, shared, kinds, ntail), (_, grid, args, slots) in zip(specs, rec.steps))
+    r.record(view, scalars, native, rec.checks, allocated, tuple(kern for kern, _, _, _ in rec.steps))
+
+
+def record(tensors, allocated, scalars, plan, steps) -> None:
+    """Remember the launches ``steps`` (``[(kernel, grid, args)]``, the plan's own, in order) of a call whose tensors
+    were ``tensors`` (the order :func:`run` gets them in, with the ones it allocated filled in at the indices
+    ``allocated``)."""
+    if not steps or any(getattr(kern, "needs_objects", True) for kern, _, _ in steps):
         return
     from .kernels.abis import abi_of
 
+    view = tuple(None if i in allocated else t for i, t in enumerate(tensors))
+    k = key(view, scalars)
+    if k is None:
+        return
     spans = [(t.data_ptr(), t.data_ptr() + max(t.numel() * t.element_size(), 1)) if t is not None else None
              for t in tensors]
     families = [st.entry.sig["family"] for st in plan.stages]
@@ -95,14 +146,25 @@ def record(k, plan, steps, tensors, shapes=(), ws_numel: int = 0) -> None:
         rec.append((kern, tuple(grid), list(args), tuple(slots)))
     names = abi_of(families[0]).names
     promised = {names[i] for i in getattr(plan, "_aligned_idx", ())}
-    checks = [(ti, off) for i, ti, off in rec[0][3] if names[i] in promised]
+    checks = tuple((ti, off) for i, ti, off in rec[0][3] if names[i] in promised)
+    allocs = tuple((i, tuple(tensors[i].shape), tuple(tensors[i].stride()), tensors[i].dtype,
+                    tensors[i].device) for i in sorted(allocated))
+    device = next(t for t in tensors if t is not None).get_device()
     if len(_RECIPES) >= _LIMIT:
         _RECIPES.clear()
-    _RECIPES[k] = Recipe(rec, checks, shapes, ws_numel, next(t for t in tensors if t is not None).get_device())
+    recipe = Recipe(rec, checks, allocs, device)
+    try:
+        _RECIPES[k] = recipe
+    except TypeError:  # an unhashable scalar: not replayable
+        return
+    r = replayer()
+    if r is not None:
+        _native_record(r, view, scalars, recipe, tuple((i, tensors[i]) for i in sorted(allocated)))
 
 
 def start():
-    """Bind torch once (called by :mod:`fmha_dsl.paged` on its first torch call)."""
+    """Bind torch once (called by :mod:`fmha_dsl.paged` on its first torch call), and start loading the torch
+    fast path's extension in the background (its ``Replayer`` takes over from the Python replay when ready)."""
     if "torch" in _STATE:
         return
     import torch
@@ -111,13 +173,11 @@ def start():
     if raw is None:  # pragma: no cover  (old torch)
         def raw(dev):
             return torch.cuda.current_stream(dev).cuda_stream
-    global F32
-    F32 = torch.float32
-    _STATE.update(torch=torch, tensor=torch.Tensor, stream=raw)
+    from .runtime import torch_fast
+
+    _STATE.update(torch=torch, tensor=torch.Tensor, stream=raw, loaded=torch_fast.loaded)
+    if torch.cuda.is_available():
+        torch_fast.start()
 
 
-def get(k):
-    return _RECIPES.get(k) if k is not None else None
-
-
-__all__ = ["key", "record", "get", "start", "Recipe"]
+__all__ = ["key", "record", "run", "replayer", "start", "Recipe"]

@@ -9,8 +9,12 @@ in group mode over the K/V gathered from the pages (:func:`gather_kv`); append-K
 after its ``seqlens_k`` cached ones, RoPE applied to the new K (and to ``q``, the same new tokens) at positions
 ``seqlens_k[b] + t``.
 
-* Caches (``layout="linear"``, NHD as vLLM and FlashInfer): ``k_cache [num_pages, page_size, Hk, D]``, ``v_cache
-  [num_pages, page_size, Hk, Dv]``; the page size is the cache's second dim.
+* Caches, linear (NHD as vLLM and FlashInfer): ``k_cache [num_pages, page_size, Hk, D]``, ``v_cache
+  [num_pages, page_size, Hk, Dv]``; the page size is the cache's second dim.  Or CK's vectorized layout (5-D, x
+  elements = 16 bytes of the kernel's dtype: 8 for fp16/bf16): ``k_cache [num_pages, Hk, D / x, page_size, x]``,
+  ``v_cache [num_pages, Hk, page_size / x, Dv, x]`` -- the same values, element ``[p, h, d // x, s, d % x]`` of K and
+  ``[p, h, s // x, d, s % x]`` of V being the linear ``[p, s, h, d]`` (:func:`vectorized_caches`,
+  :func:`linear_caches`).  ``layout=None`` tells them apart by rank.
 * Page tables, exactly one form: vLLM's 2D ``block_table [B, max_pages_per_seq]`` (row ``b`` lists sequence ``b``'s
   pages in order; entries past its last page are ignored), or SGLang's 1D ``kv_indptr [B + 1]`` + ``kv_indices
   [kv_indptr[B]]`` (sequence ``b``'s pages are ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``).
@@ -27,7 +31,41 @@ import numpy as np
 
 from .reference import _as_float_array, _usage, attention_fwd
 
-__all__ = ["gather_kv", "paged_attention", "append_kv", "rotary"]
+__all__ = ["gather_kv", "paged_attention", "append_kv", "rotary", "vectorized_caches", "linear_caches"]
+
+
+def _permute(a, axes):
+    return a.permute(*axes) if hasattr(a, "permute") else np.transpose(a, axes)
+
+
+def _dense(a):
+    return a.contiguous() if hasattr(a, "contiguous") else np.ascontiguousarray(a)
+
+
+def vectorized_caches(k_cache, v_cache, vec: int | None = None):
+    """Linear caches ``[P, page, Hk, D]`` / ``[P, page, Hk, Dv]`` (NumPy arrays or torch tensors) in CK's vectorized
+    layout: ``(K [P, Hk, D / vec, page, vec], V [P, Hk, page / vec, Dv, vec])``, contiguous copies; ``vec`` defaults
+    to 16 bytes of the arrays' element type (8 for fp16/bf16)."""
+    if vec is None:
+        size = k_cache.element_size() if hasattr(k_cache, "element_size") else k_cache.itemsize
+        vec = 16 // size
+    p, page, hk, d = k_cache.shape
+    dv = v_cache.shape[3]
+    if d % vec or dv % vec or page % vec:
+        raise _usage("usage.shape", f"the vectorized layout needs page_size ({page}) and head dims ({d}, {dv}) that "
+                     f"are multiples of the vector ({vec} elements)", "keep such caches linear")
+    k5 = _permute(k_cache.reshape(p, page, hk, d // vec, vec), (0, 2, 3, 1, 4))
+    v5 = _permute(v_cache.reshape(p, page // vec, vec, hk, dv), (0, 3, 1, 4, 2))
+    return _dense(k5), _dense(v5)
+
+
+def linear_caches(k_cache, v_cache):
+    """The inverse of :func:`vectorized_caches`: ``(K [P, page, Hk, D], V [P, page, Hk, Dv])`` (copies)."""
+    p, hk, dx, page, vec = k_cache.shape
+    dv = v_cache.shape[3]
+    k = _permute(k_cache, (0, 3, 1, 2, 4)).reshape(p, page, hk, dx * vec)
+    v = _permute(v_cache, (0, 2, 4, 1, 3)).reshape(p, page, hk, dv)
+    return _dense(k), _dense(v)
 
 
 def _ints(name: str, x, ndim: int) -> np.ndarray:
@@ -77,17 +115,29 @@ def _pages_of(block_table, kv_indptr, kv_indices, batch: int, num_pages: int, to
     return rows
 
 
-def _check_cache(k_cache, v_cache, layout: str):
-    if layout != "linear":
-        raise _usage("usage.value", f"kv layout {layout!r} is not implemented by the reference",
-                     "use layout='linear' ([num_pages, page_size, Hk, D], NHD)")
+def _check_cache(k_cache, v_cache, layout: str | None):
+    """``(k, v, vec)``: the caches as linear float arrays (``vec``: the vectorized layout's vector, 0 for linear)."""
     k_cache = _as_float_array("k_cache", k_cache)
     v_cache = _as_float_array("v_cache", v_cache)
+    if layout is None:
+        layout = "vectorized" if k_cache.ndim == 5 else "linear"
+    if layout not in ("linear", "vectorized"):
+        raise _usage("usage.value", f"unknown kv layout {layout!r}", "use 'linear' or 'vectorized' (or None: by rank)")
+    if layout == "vectorized":
+        ok = (k_cache.ndim == 5 and v_cache.ndim == 5 and k_cache.shape[4] == v_cache.shape[4]
+              and (v_cache.shape[0], v_cache.shape[1], v_cache.shape[2] * v_cache.shape[4])
+              == (k_cache.shape[0], k_cache.shape[1], k_cache.shape[3]))
+        if not ok:
+            raise _usage("usage.shape", f"vectorized caches must be K [num_pages, Hk, D / x, page_size, x] and V "
+                         f"[num_pages, Hk, page_size / x, Dv, x], got {k_cache.shape} and {v_cache.shape}",
+                         "vectorized_caches() converts linear caches")
+        k, v = linear_caches(k_cache, v_cache)
+        return k, v, k_cache.shape[4]
     if k_cache.ndim != 4 or v_cache.ndim != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
         raise _usage("usage.shape", f"`k_cache`/`v_cache` must be [num_pages, page_size, Hk, D] and "
                      f"[num_pages, page_size, Hk, Dv] with the same first three dims, got {k_cache.shape} and "
                      f"{v_cache.shape}")
-    return k_cache, v_cache
+    return k_cache, v_cache, 0
 
 
 def _lengths(seqlens_k, batch=None) -> np.ndarray:
@@ -99,10 +149,10 @@ def _lengths(seqlens_k, batch=None) -> np.ndarray:
     return lens
 
 
-def gather_kv(k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k, layout="linear"):
+def gather_kv(k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k, layout=None):
     """``(k [Tk, Hk, D], v [Tk, Hk, Dv], cu_seqlens_k [B + 1])``: each sequence's first ``seqlens_k[b]`` cached
     tokens, contiguous, in group-mode (varlen) layout."""
-    k_cache, v_cache = _check_cache(k_cache, v_cache, layout)
+    k_cache, v_cache, _ = _check_cache(k_cache, v_cache, layout)
     lens = _lengths(seqlens_k)
     page = k_cache.shape[1]
     rows = _pages_of(block_table, kv_indptr, kv_indices, lens.shape[0], k_cache.shape[0], lens, page)
@@ -119,7 +169,7 @@ def gather_kv(k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=
 
 
 def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
-                    cu_seqlens_q, layout="linear", return_lse=False, **forward):
+                    cu_seqlens_q, layout=None, return_lse=False, **forward):
     """Attention of group-mode queries ``q [Tq, Hq, D]`` over the paged cache: exactly
     :func:`fmha_dsl.reference.attention_fwd` over :func:`gather_kv`'s K/V (``forward``: its keywords -- causal,
     window, sink, softcap, alibi_slopes, scale, ...).  Returns ``out`` (or ``(out, lse)``)."""
@@ -164,11 +214,11 @@ def rotary(x, positions, cos, sin, interleaved: bool = False):
 
 
 def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
-              cu_seqlens_new, rotary_cos=None, rotary_sin=None, rotary_interleaved=False, q=None, layout="linear"):
+              cu_seqlens_new, rotary_cos=None, rotary_sin=None, rotary_interleaved=False, q=None, layout=None):
     """``(k_cache, v_cache, q)`` after appending: sequence ``b``'s new rows ``k_new[cu[b]:cu[b + 1]]`` (``[Tnew, Hk,
     D]``) go to its tokens ``seqlens_k[b] ...``, RoPE applied to them (and to ``q [Tnew, Hq, D]``, the same new tokens)
-    at those positions when tables are given.  Copies: the arguments are not modified."""
-    k_cache, v_cache = _check_cache(k_cache, v_cache, layout)
+    at those positions when tables are given.  Copies in the caches' layout: the arguments are not modified."""
+    k_cache, v_cache, vec = _check_cache(k_cache, v_cache, layout)
     k_cache, v_cache = k_cache.copy(), v_cache.copy()
     lens = _lengths(seqlens_k)
     cn = _ints("cu_seqlens_new", cu_seqlens_new, 1)
@@ -202,4 +252,6 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
         pid, off = rows[b][tok // page], tok % page
         k_cache[pid, off] = kr[t]
         v_cache[pid, off] = v_new[t]
+    if vec:
+        k_cache, v_cache = vectorized_caches(k_cache, v_cache, vec)
     return k_cache, v_cache, qr

@@ -60,6 +60,10 @@ class SeqtuneClassKeyModel(_Strict):
     dropout: bool
     logits: bool
     sink: bool
+    # serving classes (a paged KV cache): what the kernels compile in
+    kv_layout: Optional[Literal["linear", "vectorized"]] = None
+    kv_lookup: Optional[Literal["vllm", "sglang"]] = None
+    page_size: Optional[int] = Field(None, ge=1)
 
 
 class SeqtunePointModel(_Strict):

@@ -32,6 +32,11 @@ Throughput formula (documented in the page as well)::
     flops *= 0.5   if the class mask is not "no"   # causal / top_left / bottom_right (approx. for Sq != Sk)
     flops *= 2.5   if the class family is a backward pass (the usual FlashAttention convention)
     TFLOP/s = flops / (time_us * 1e-6) / 1e12
+
+Serving classes (measured over a paged KV cache: the title names page size, lookup and layout) plot their decode
+points (at most 16 query rows per sequence, fewer than its keys) as effective K/V bandwidth instead, said on the plot::
+
+    GB/s = B * Sk * Hk * (Dq + Dv) * element bytes / (time_us * 1e-6) / 1e9    # K + V bytes read once
 """
 
 from __future__ import annotations
@@ -41,15 +46,18 @@ import json
 import os
 
 from .registry import write_atomic
-from .report_model import (HINT, PALETTE, RULE, Chooser, _class_model, _class_title, _coord,  # noqa: F401
-                           _device_title, fastest_measured, load_table, point_flops, point_tflops, short_labels)
+from .report_model import (BANDWIDTH_NOTE, DECODE_ROWS, HINT, PALETTE, RULE, Chooser,  # noqa: F401
+                           _class_model, _class_title, _coord, _device_title, fastest_measured, is_decode, load_table,
+                           point_flops, point_gbps, point_tflops, point_value, short_labels)
 from .report_scene import CHAR_W, FONT_FAMILY, PLOT_H, W, _line, _scene  # noqa: F401
 
 __all__ = [
     "fastest_measured",
     "load_table",
     "png_backend",
+    "point_gbps",
     "point_tflops",
+    "point_value",
     "render_html",
     "render_png",
     "short_labels",
@@ -138,8 +146,8 @@ def _table_html(model: dict) -> str:
                 o.append(f'<td class="failed" title="{html.escape(str(failed[k]))}">failed</td>')
             elif k in times:
                 c = ' class="fastest"' if k == best else ""
-                tfl = point_tflops(cls, p, times[k])
-                o.append(f'<td{c} title="{tfl:.1f} TFLOP/s">{times[k]:.2f}</td>')
+                val, unit = point_value(cls, p, times[k])
+                o.append(f'<td{c} title="{val:.1f} {unit}">{times[k]:.2f}</td>')
             else:
                 o.append('<td class="none">&mdash;</td>')
         o.append(f'<td>{html.escape(labels.get(sel, sel)) if sel else "&mdash;"}</td></tr>')
@@ -177,6 +185,10 @@ def render_html(table: dict, kernels: dict, chooser: Chooser = fastest_measured,
              'causal (any mask other than <code>no</code>; approximate when Sq &ne; Sk), &times;2.5 for backward '
              'families. Times are median kernel times in &micro;s; bold = fastest measured at that point. Dashed '
              'vertical guides = bucket boundaries (the measured seqlens); ringed marker = the selected kernel.</p>')
+    if any(is_decode(m["class"], p) for m in models for p in m["points"]):
+        o.append(f'<p class="note">Serving classes (a paged KV cache; the title names its page size, table lookup and '
+                 f'layout): decode points (at most {DECODE_ROWS} query rows per sequence, fewer than its keys) are '
+                 f'plotted as {html.escape(BANDWIDTH_NOTE)}, in GB/s; their prefill points in TFLOP/s as above.</p>')
     for i, m in enumerate(models):
         items, h = _scene(m, device)
         title = _class_title(m["class"])

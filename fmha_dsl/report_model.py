@@ -98,6 +98,39 @@ def point_tflops(cls: dict, point: dict, time_us: float) -> float:
     return point_flops(cls, point) / (time_us * 1e-6) / 1e12
 
 
+DECODE_ROWS = 16          # a serving point of at most this many query rows per sequence is plotted as bandwidth
+_ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+BANDWIDTH_NOTE = "effective K/V bandwidth = K + V bytes read / time (B x Sk x Hk x (Dq + Dv) x element bytes)"
+
+
+def is_serving(cls: dict) -> bool:
+    """A class measured over a paged KV cache (``fmha_dsl.paged_attention``'s): it names its page size."""
+    return "page_size" in cls
+
+
+def is_decode(cls: dict, point: dict) -> bool:
+    """A serving point of few query rows (decode, speculative decode): it reads K/V more than it computes, so it is
+    plotted as effective K/V bandwidth (GB/s) rather than TFLOP/s."""
+    return is_serving(cls) and point["seqlen_q"] <= DECODE_ROWS and point["seqlen_q"] < point["seqlen_k"]
+
+
+def point_gbps(cls: dict, point: dict, time_us: float) -> float:
+    """Effective K/V bandwidth of one measurement, GB/s (:data:`BANDWIDTH_NOTE`)."""
+    dq = int(cls.get("hdim_q") or 0)
+    dv = int(cls.get("hdim_v") or dq)
+    nbytes = (point["batch"] * point["seqlen_k"] * point.get("nhead_k", point["nhead_q"]) * (dq + dv)
+              * _ELEMENT_BYTES.get(str(cls.get("dtype")), 2))
+    return nbytes / (time_us * 1e-6) / 1e9
+
+
+def point_value(cls: dict, point: dict, time_us: float) -> tuple[float, str]:
+    """What a measurement is plotted as: ``(GB/s, "GB/s")`` at a decode point of a serving class, else
+    ``(TFLOP/s, "TFLOP/s")``."""
+    if is_decode(cls, point):
+        return point_gbps(cls, point, time_us), "GB/s"
+    return point_tflops(cls, point, time_us), "TFLOP/s"
+
+
 # ---------------------------------------------------------------------------------------------
 # labels
 # ---------------------------------------------------------------------------------------------
@@ -167,11 +200,15 @@ def short_labels(identifiers: Iterable[str], kernels: dict) -> dict[str, str]:
 def _class_title(cls: dict) -> str:
     fam, dt, mode = cls.get("family", "?"), cls.get("dtype", "?"), cls.get("mode", "?")
     dq, dv = cls.get("hdim_q", "?"), cls.get("hdim_v", "?")
-    return f"{fam} {dt} {mode} d{dq}/{dv} mask={cls.get('mask', 'no')}"
+    title = f"{fam} {dt} {mode} d{dq}/{dv} mask={cls.get('mask', 'no')}"
+    if is_serving(cls):  # a paged KV cache: which one
+        title += (f" page_size={cls['page_size']} lookup={cls.get('kv_lookup', '?')} "
+                  f"kv_layout={cls.get('kv_layout', '?')}")
+    return title
 
 
 def _class_rest(cls: dict) -> str:
-    shown = {"family", "dtype", "mode", "hdim_q", "hdim_v", "mask"}
+    shown = {"family", "dtype", "mode", "hdim_q", "hdim_v", "mask", "page_size", "kv_lookup", "kv_layout"}
     return " ".join(f"{k}={_fmt_val(cls[k])}" for k in sorted(cls) if k not in shown)
 
 

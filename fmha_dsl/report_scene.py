@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 
-from .report_model import _class_rest, _class_title, _group_title, _num, _x_of, point_tflops
+from .report_model import (BANDWIDTH_NOTE, _class_rest, _class_title, _group_title, _num, _x_of, is_decode,
+                           point_value)
 
 FONT_FAMILY = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 CHAR_W = 6.0  # logical px per character at text scale 1 (SVG font-size 10 monospace ~ 6 px advance)
@@ -81,6 +82,10 @@ def _scene(model: dict, device: str) -> tuple[list[dict], int]:
     for key, pts in model["groups"]:
         y += 18
         items.append(_text(PLOT_L, y, _group_title(key), bold=True))
+        unit = "GB/s" if is_decode(cls, pts[0]) else "TFLOP/s"   # one kind of point per group (same seqlen_q)
+        if unit == "GB/s":
+            y += 14
+            items.append(_text(PLOT_L, y, f"decode: {BANDWIDTH_NOTE}", color="#444"))
         top = y + 10
         bottom = top + PLOT_H
         xs = sorted({_x_of(key, p) for p in pts})
@@ -97,7 +102,7 @@ def _scene(model: dict, device: str) -> tuple[list[dict], int]:
         for p in pts:
             for k, t in sorted((p.get("times_us") or {}).items()):
                 if k not in (p.get("failed") or {}):
-                    tf[(id(p), k)] = point_tflops(cls, p, t)
+                    tf[(id(p), k)] = point_value(cls, p, t)[0]
         ymax_raw = max(tf.values(), default=1.0)
         step = _nice_step(ymax_raw * 1.05)
         ymax = step * math.ceil(ymax_raw * 1.05 / step)
@@ -115,7 +120,8 @@ def _scene(model: dict, device: str) -> tuple[list[dict], int]:
                 items.append(_line(PLOT_L, yy, PLOT_L + pw, yy, "#eeeeee", 1))
             items.append(_line(PLOT_L - 4, yy, PLOT_L, yy, "#666", 1))
             items.append(_text(PLOT_L - 7, yy + 3.5, _num(round(v, 6)), anchor="end", color="#444"))
-        items.append(_text(20, top + PLOT_H / 2, "TFLOP/s", anchor="middle", rotate=True, color="#222"))
+        items.append(_text(20, top + PLOT_H / 2, "K/V GB/s" if unit == "GB/s" else unit, anchor="middle",
+                           rotate=True, color="#222"))
         # bucket guides at the measured seqlens + x tick labels
         last_lab = -1e9
         for v in xs:
@@ -149,7 +155,7 @@ def _scene(model: dict, device: str) -> tuple[list[dict], int]:
                 if (id(p), k) in tf:
                     items.append(_circle(X(_x_of(key, p)), Y(tf[(id(p), k)]), 2.5, col, cls="pt", data_kernel=k,
                                          title=f"{model['labels'][k]}: {_num(round(p['times_us'][k], 3))} us, "
-                                               f"{tf[(id(p), k)]:.1f} TFLOP/s at {_x_of(key, p)}"))
+                                               f"{tf[(id(p), k)]:.1f} {unit} at {_x_of(key, p)}"))
         # selected kernel per point: ring + tab on the axis
         for p in pts:
             k = pick_at[id(p)]

@@ -8,6 +8,9 @@ Pure Python (no torch / triton at import).  The table lives in ``registry.json``
                 "classes": [{"class": {...signature class...}, "points": [{"seqlen_q", "seqlen_k", "batch",
                              "nhead_q", "nhead_k", "times_us": {kernel id: us}, "failed": {kernel id: why}}]}]}
 
+A signature class is :data:`CLASS_FIELDS`; a serving class (a paged KV cache: ``fmha_dsl.paged_attention``) adds
+:data:`PAGED_FIELDS`, so a table measured for one cache ranks only that cache's problems.
+
 Prediction of a kernel's time for a problem from the table (:func:`predict`, documented there): the kernel's
 measured points of the problem's signature class, in rows of equal seqlen_q; interpolation in log seqlen_k inside
 the rows around the problem's seqlen_q, then in log seqlen_q across them (a power law between neighbours); every
@@ -33,6 +36,10 @@ from .kernels.fwd_abi import SEQ_ALIGN
 
 CLASS_FIELDS = ("family", "dtype", "mode", "vlayout", "hdim_q", "hdim_v", "mask", "bias", "lse", "dropout",
                 "logits", "sink")
+# what a paged (serving) class adds: the cache's layout, table form and page size are compiled into the kernels, so a
+# table measured for one never ranks the candidates of another (absent from the other classes, whose keys stay as
+# they were)
+PAGED_FIELDS = ("kv_layout", "kv_lookup", "page_size")
 POINT_FIELDS = ("seqlen_q", "seqlen_k", "batch", "nhead_q", "nhead_k")
 
 
@@ -48,14 +55,24 @@ def _mask_class(m: str) -> str:
 
 
 def class_of_problem(p) -> dict:
-    """The signature class of a problem (its own head dims; any causal/window mask is ``causal``)."""
-    return {"family": p.family, "dtype": p.dtype, "mode": p.mode, "vlayout": p.vlayout, "hdim_q": int(p.hdim_q),
-            "hdim_v": int(p.hdim_v), "mask": _mask_class(p.mask), "bias": p.bias, "lse": bool(p.lse),
-            "dropout": bool(p.dropout), "logits": bool(p.logits), "sink": bool(p.sink)}
+    """The signature class of a problem (its own head dims; any causal/window mask is ``causal``); a problem over a
+    paged KV cache (``paged_kv``: ``fmha_dsl.paged_attention``'s) adds :data:`PAGED_FIELDS`."""
+    cls = {"family": p.family, "dtype": p.dtype, "mode": p.mode, "vlayout": p.vlayout, "hdim_q": int(p.hdim_q),
+           "hdim_v": int(p.hdim_v), "mask": _mask_class(p.mask), "bias": p.bias, "lse": bool(p.lse),
+           "dropout": bool(p.dropout), "logits": bool(p.logits), "sink": bool(p.sink)}
+    if p.paged_kv:
+        cls.update(kv_layout=p.kv_layout, kv_lookup=p.kv_lookup, page_size=int(p.page_size))
+    return cls
 
 
 def class_key(cls: dict) -> tuple:
-    return tuple(cls[f] for f in CLASS_FIELDS)
+    """The key of a class dict: :data:`CLASS_FIELDS`, then :data:`PAGED_FIELDS` (None where a class has none)."""
+    return tuple(cls[f] for f in CLASS_FIELDS) + tuple(cls.get(f) for f in PAGED_FIELDS)
+
+
+def _class_dict(cls: dict) -> dict:
+    """``cls`` reduced to its key fields (the paged ones only where present)."""
+    return {f: cls[f] for f in CLASS_FIELDS + PAGED_FIELDS if f in cls}
 
 
 def _class_sort(cls: dict) -> str:
@@ -78,7 +95,7 @@ class Table:
         k = class_key(cls)
         got = self.classes.get(k)
         if got is None:
-            got = self.classes[k] = ({f: cls[f] for f in CLASS_FIELDS}, {})
+            got = self.classes[k] = (_class_dict(cls), {})
         return got[1]
 
     def record(self, cls: dict, point: tuple, kernel: str, time_us: float | None = None,
@@ -368,4 +385,4 @@ def ck_first_fit(p, candidates: Iterable):
 
 __all__ = ["Table", "SeqtuneDeviceWarning", "class_of_problem", "class_key",
            "device_mismatch", "bucket", "bucket_rep", "programs", "waves", "split_limit", "splits_at", "occupancy", "cost", "predict", "rank",
-           "excluded_by_table", "ck_first_fit", "compute_units", "CLASS_FIELDS", "POINT_FIELDS"]
+           "excluded_by_table", "ck_first_fit", "compute_units", "CLASS_FIELDS", "PAGED_FIELDS", "POINT_FIELDS"]

@@ -39,11 +39,22 @@ def pack_call(q, k_cache, v_cache, out, lse, *, lookup: str, seqlens_k, cu_seqle
         table, indptr, tb_stride, width = kv_indices, kv_indptr, 0, 0
     ptrs = _ptrs(objects, (q, k_cache, v_cache, out, lse, alibi_slopes, cu_seqlens_q, seqlens_k, table, indptr))
     wl, wr = (-1, -1) if window is None else window
-    return paged_abi.pack(ptrs, q.stride()[:2], k_cache.stride()[:3], v_cache.stride()[:3], out.stride(),
-                          None if lse is None else lse.stride(), tb_stride,
-                          None if alibi_slopes is None else alibi_strides(alibi_slopes), q.shape[1],
-                          k_cache.shape[2], q.shape[2], v_cache.shape[3], max_seqlen_q, max_seqlen_k,
-                          k_cache.shape[0], width, scale, softcap, wl, wr, int(bool(bottom_right)), int(sink))
+    num_pages, _, hk, _, dv, ks, vs = geometry(k_cache, v_cache)
+    return paged_abi.pack(ptrs, q.stride()[:2], ks, vs, out.stride(), None if lse is None else lse.stride(),
+                          tb_stride, None if alibi_slopes is None else alibi_strides(alibi_slopes), q.shape[1], hk,
+                          q.shape[2], dv, max_seqlen_q, max_seqlen_k, num_pages, width, scale, softcap, wl, wr,
+                          int(bool(bottom_right)), int(sink))
+
+
+def layout_of(k_cache) -> str:
+    """The KV layout of a cache tensor: 4-D linear ``[P, page, Hk, D]``, 5-D vectorized (:mod:`.paged_abi`)."""
+    return "vectorized" if k_cache.dim() == 5 else "linear"
+
+
+def geometry(k_cache, v_cache) -> tuple:
+    """:func:`fmha_dsl.kernels.paged_abi.cache_geometry` of two cache tensors."""
+    return paged_abi.cache_geometry(layout_of(k_cache), k_cache.shape, k_cache.stride(), v_cache.shape,
+                                    v_cache.stride())
 
 
 class PagedPlan:
@@ -176,8 +187,8 @@ class AppendPlan:
         return f"AppendPlan({self.entry.name})"
 
     def run(self, k_cache, v_cache, k_new, v_new, *, stream=None, **kw) -> None:
-        """Write the new rows (and rotate ``q`` in place when given).  Paged caches ``[P, page_size, Hk, D]``; a
-        contiguous one is ``[B, capacity, Hk, D]``.  Keywords as :meth:`launches`."""
+        """Write the new rows (and rotate ``q`` in place when given).  Paged caches ``[P, page_size, Hk, D]`` (or the
+        vectorized layout's 5-D pair); a contiguous one is ``[B, capacity, Hk, D]``.  Keywords as :meth:`launches`."""
         device = k_new.get_device()
         stream = resolve_stream(stream, device)[0]
         for kern, grid, args in self.launches(k_cache, v_cache, k_new, v_new, **kw):
@@ -197,15 +208,15 @@ class AppendPlan:
         ptrs = _ptrs(kern.needs_objects, (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cu_seqlens_new,
                                           seqlens_k, table, indptr))
         half = 0 if rotary_cos is None else rotary_cos.shape[1]
-        args = paged_abi.pack_append(ptrs, (0, 0) if q is None else q.stride()[:2], k_cache.stride()[:3],
-                                     v_cache.stride()[:3], k_new.stride()[:2], v_new.stride()[:2],
-                                     0 if rotary_cos is None else rotary_cos.stride(0), tb_stride,
+        num_pages, _, _, _, _, ks, vs = geometry(k_cache, v_cache)
+        args = paged_abi.pack_append(ptrs, (0, 0) if q is None else q.stride()[:2], ks, vs, k_new.stride()[:2],
+                                     v_new.stride()[:2], 0 if rotary_cos is None else rotary_cos.stride(0), tb_stride,
                                      0 if q is None else q.shape[1], k_new.shape[1], k_new.shape[2],
                                      v_new.shape[2], max_seqlen_new, half,
-                                     0 if rotary_cos is None else rotary_cos.shape[0], k_cache.shape[0], width)
+                                     0 if rotary_cos is None else rotary_cos.shape[0], num_pages, width)
         g = paged_abi.append_grid(cu_seqlens_new.shape[0] - 1, 0 if q is None else q.shape[1], k_new.shape[1],
                                   max_seqlen_new, q is not None)
         return [(kern, g, args)] if min(g) else []
 
 
-__all__ = ["PagedPlan", "AppendPlan"]
+__all__ = ["PagedPlan", "AppendPlan", "pack_call", "layout_of", "geometry"]

@@ -13,6 +13,8 @@
  *              out, lse, aligned)
  *     F.decline(token, dispatcher)     # this call is launched in stages / by another launcher: never replay it
  *
+ * The module's second type, ``Replayer`` (torch_replay.h), replays the serving calls (paged_attention, append_kv).
+ *
  * ``run`` takes attention()'s arguments in order.  It returns
  *   - the result (``out`` or ``(out, lse)``) when a recipe for this exact call exists: it allocates the outputs,
  *     patches the pointers and the scale into the recipe's packed arguments and launches;
@@ -38,6 +40,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -551,6 +554,8 @@ void FastPath_dealloc(FastPath *self)
     Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
 }
 
+#include "torch_replay.h"  // the serving calls' replay (paged_attention, append_kv): the Replayer type
+
 PyMethodDef FastPath_methods[] = {
     {"run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(FastPath_run)), METH_FASTCALL,
      "run(q, k, v, causal, ..., max_seqlen_k, jit) -> result | bytes token (miss) | None (not for this path)"},
@@ -570,28 +575,44 @@ PyTypeObject FastPathType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 struct PyModuleDef fast_module = {PyModuleDef_HEAD_INIT, "_fmha_torch_fast",
                                   "fmha-dsl's torch fast path for attention().", -1, nullptr};
 
+/* fill in and add one type of the module (``m`` is released on failure) */
+int add_type(PyObject *m, PyTypeObject *type, const char *qualname, const char *name, Py_ssize_t size,
+             const char *doc, PyMethodDef *methods, initproc init, destructor dealloc)
+{
+    type->tp_name = qualname;
+    type->tp_basicsize = size;
+    type->tp_flags = Py_TPFLAGS_DEFAULT;
+    type->tp_doc = doc;
+    type->tp_methods = methods;
+    type->tp_init = init;
+    type->tp_new = PyType_GenericNew;
+    type->tp_dealloc = dealloc;
+    if (PyType_Ready(type) < 0) {
+        Py_DECREF(m);
+        return -1;
+    }
+    Py_INCREF(type);
+    if (PyModule_AddObject(m, name, reinterpret_cast<PyObject *>(type)) < 0) {
+        Py_DECREF(type);
+        Py_DECREF(m);
+        return -1;
+    }
+    return 0;
+}
+
 }  // namespace
 
 PyMODINIT_FUNC PyInit__fmha_torch_fast(void)
 {
-    FastPathType.tp_name = "_fmha_torch_fast.FastPath";
-    FastPathType.tp_basicsize = sizeof(FastPath);
-    FastPathType.tp_flags = Py_TPFLAGS_DEFAULT;
-    FastPathType.tp_doc = "attention()'s recipes: exact calls the Python path has launched, replayed in C++.";
-    FastPathType.tp_methods = FastPath_methods;
-    FastPathType.tp_init = reinterpret_cast<initproc>(FastPath_init);
-    FastPathType.tp_new = PyType_GenericNew;
-    FastPathType.tp_dealloc = reinterpret_cast<destructor>(FastPath_dealloc);
-    if (PyType_Ready(&FastPathType) < 0)
-        return nullptr;
     PyObject *m = PyModule_Create(&fast_module);
     if (m == nullptr)
         return nullptr;
-    Py_INCREF(&FastPathType);
-    if (PyModule_AddObject(m, "FastPath", reinterpret_cast<PyObject *>(&FastPathType)) < 0) {
-        Py_DECREF(&FastPathType);
-        Py_DECREF(m);
+    if (add_type(m, &FastPathType, "_fmha_torch_fast.FastPath", "FastPath", sizeof(FastPath),
+                 "attention()'s recipes: exact calls the Python path has launched, replayed in C++.", FastPath_methods,
+                 reinterpret_cast<initproc>(FastPath_init), reinterpret_cast<destructor>(FastPath_dealloc)) < 0 ||
+        add_type(m, &ReplayerType, "_fmha_torch_fast.Replayer", "Replayer", sizeof(Replayer),
+                 "the serving calls' recipes (paged_attention, append_kv), replayed in C++.", Replayer_methods,
+                 reinterpret_cast<initproc>(Replayer_init), reinterpret_cast<destructor>(Replayer_dealloc)) < 0)
         return nullptr;
-    }
     return m;
 }

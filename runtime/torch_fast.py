@@ -1,6 +1,7 @@
 """The torch fast path: ``fmha_dsl.attention``'s repeat calls served in C++ (``torch_fast.cpp``).
 
     torch_fast.start(on_ready)   # build (or load from the cache) in a background thread, once per process
+    torch_fast.loaded()          # the module once loaded, else None (never builds, never waits)
     torch_fast.wait(timeout)     # block until it is ready or has failed; True when ready
     torch_fast.load()            # the extension module, built now if needed (NativeUnavailable with the reason)
     torch_fast.available()       # (True, path) or (False, reason)
@@ -29,7 +30,7 @@ from . import cext
 from .cext import NativeUnavailable
 
 MODULE = "_fmha_torch_fast"
-SOURCES = ("torch_fast.cpp", "native_pack.h")
+SOURCES = ("torch_fast.cpp", "torch_replay.h", "native_pack.h")
 _LOCK = threading.Lock()
 _STATE: dict = {}  # "module" | "error" | "thread"
 
@@ -80,22 +81,39 @@ def load():
     return cext.load_once(_STATE, _LOCK, knobs.TORCH_FAST, MODULE, "the torch fast path", library_path, build)
 
 
-def start(on_ready) -> None:
-    """Load or build the extension in a daemon thread (the first call only); ``on_ready(module)`` runs there on
-    success.  A failure is remembered (:func:`available` says why); the caller keeps its Python path."""
+def start(on_ready=None) -> None:
+    """Load or build the extension in a daemon thread (once per process); ``on_ready(module)`` runs on success --
+    there, or here at once when it is already loaded.  A failure is remembered (:func:`available` says why); the
+    callers keep their Python paths."""
     with _LOCK:
-        if "thread" in _STATE:
-            return
-
-        def work():
-            try:
-                mod = load()
-            except NativeUnavailable:
+        mod = _STATE.get("module")
+        if mod is None:
+            if on_ready is not None:
+                _STATE.setdefault("ready", []).append(on_ready)
+            if "thread" in _STATE:
                 return
-            on_ready(mod)
 
-        t = _STATE["thread"] = threading.Thread(target=work, name="fmha-dsl-torch-fast", daemon=True)
+            def work():
+                try:
+                    m = load()
+                except NativeUnavailable:
+                    return
+                with _LOCK:
+                    todo = _STATE.pop("ready", [])
+                for f in todo:
+                    f(m)
+
+            t = _STATE["thread"] = threading.Thread(target=work, name="fmha-dsl-torch-fast", daemon=True)
+    if mod is not None:
+        if on_ready is not None:
+            on_ready(mod)
+        return
     t.start()
+
+
+def loaded():
+    """The extension module when it is loaded, else None (never builds, never waits)."""
+    return _STATE.get("module")
 
 
 def wait(timeout: float | None = None) -> bool:
@@ -111,4 +129,4 @@ def available() -> tuple[bool, str]:
     return cext.available(load)
 
 
-__all__ = ["NativeUnavailable", "load", "start", "wait", "available", "build", "library_path", "compiler"]
+__all__ = ["NativeUnavailable", "load", "start", "loaded", "wait", "available", "build", "library_path", "compiler"]

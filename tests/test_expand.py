@@ -426,7 +426,7 @@ def test_triton_expansion_has_no_two_kernels_with_the_same_code(write):
     compile options) differs between any two keys of an arch."""
     pytest.importorskip("triton")
     from fmha_dsl.compile_triton import compile_options
-    from fmha_dsl.kernels.triton_fwd import constexprs
+    from fmha_dsl.kernels.fwd_host import constexprs
 
     body = """backend(triton) arch(*)
     kernel k {

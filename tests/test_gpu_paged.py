@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 
 import fmha_dsl  # noqa: E402
 from fmha_dsl.reference_paged import append_kv as ref_append  # noqa: E402
-from fmha_dsl.reference_paged import gather_kv, paged_attention as ref_paged  # noqa: E402
+from fmha_dsl.reference_paged import gather_kv, linear_caches, vectorized_caches  # noqa: E402
+from fmha_dsl.reference_paged import paged_attention as ref_paged  # noqa: E402
 
 TOL = {torch.float16: 1.5e-2, torch.bfloat16: 6e-2}
 
@@ -53,7 +54,7 @@ def make_cache(lens_k, page, hk, d, dv=None, *, extra=(), seed=0, shared_prefix=
 
 
 def run_case(lens_q, lens_k, *, page=16, hq=8, hk=2, d=64, dv=None, form="vllm", dtype=torch.float16, seed=0,
-             shared_prefix=0, maxes=True, **kw):
+             shared_prefix=0, maxes=True, vectorized=False, **kw):
     registry = kw.pop("registry", None)
     rng = np.random.default_rng(seed + 1)
     kc, vc, bt, ip, ix = make_cache(lens_k, page, hk, d, dv, seed=seed, shared_prefix=shared_prefix, dtype=dtype)
@@ -67,7 +68,8 @@ def run_case(lens_q, lens_k, *, page=16, hq=8, hk=2, d=64, dv=None, form="vllm",
     dev = {k: torch.tensor(v).cuda() for k, v in tab.items()}
     extra = {"max_seqlen_q": max(lens_q), "max_seqlen_k": max(lens_k)} if maxes else {}
     ka = {k: (torch.tensor(v).cuda() if isinstance(v, np.ndarray) else v) for k, v in kw.items()}
-    out, lse = fmha_dsl.paged_attention(q.cuda(), kc.cuda(), vc.cuda(), seqlens_k=torch.tensor(lens).cuda(),
+    kd, vd = vectorized_caches(kc, vc) if vectorized else (kc, vc)     # CK's layout: the same values, 5-D
+    out, lse = fmha_dsl.paged_attention(q.cuda(), kd.cuda(), vd.cuda(), seqlens_k=torch.tensor(lens).cuda(),
                                         cu_seqlens_q=torch.tensor(cq).cuda(), return_lse=True, registry=registry,
                                         **dev, **extra, **ka)
     got = out.float().cpu().numpy()
@@ -226,32 +228,57 @@ def test_corrupt_tables_never_fault():
                                  cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32).cuda())
 
 
-def test_repeated_calls_replay_with_new_tensors_and_tables():
+@pytest.mark.parametrize("path", ["extension", "python"])
+def test_repeated_calls_replay_with_new_tensors_and_tables(path, monkeypatch):
     """The serving fast path: the second and later calls of one class replay the first's launches with their own
     addresses -- new queries, caches, tables and lengths must give their own results; a misaligned view takes the
-    checked path (its binary has no 16-byte promise)."""
+    checked path (its binary has no 16-byte promise).  Through the torch extension's Replayer (C++) and through the
+    Python replay it stands in front of."""
     from fmha_dsl import paged_fast
+    from fmha_dsl.runtime import torch_fast
 
+    paged_fast.start()
+    if path == "extension":
+        torch_fast.start()
+        assert torch_fast.wait(300), torch_fast.available()
+        assert paged_fast.replayer() is not None
+    else:
+        monkeypatch.setitem(paged_fast._STATE, "loaded", lambda: None)
+        monkeypatch.delitem(paged_fast._STATE, "replayer", raising=False)
+    hits = paged_fast.replayer().stats()["hits"] if path == "extension" else 0
+    checked = []
+    prepare = fmha_dsl.paged._prepare
+    monkeypatch.setattr(fmha_dsl.paged, "_prepare", lambda *a: checked.append(1) or prepare(*a))
     lens = np.array([300, 17, 90], np.int32)
     cq = np.arange(4, dtype=np.int32)
-    outs = []
-    for seed in range(3):
+    for seed in range(4):
         kc, vc, bt, _, _ = make_cache(list(lens), 16, 2, 128, seed=seed)
         q = torch.tensor(np.random.default_rng(seed).standard_normal((3, 8, 128)).astype(np.float32)).half()
-        if seed == 2:  # an address 2 bytes past a 16-byte boundary, same shape and strides
+        if seed == 3:  # an address 2 bytes past a 16-byte boundary, same shape and strides
             base = torch.empty(q.numel() + 8, dtype=torch.float16).cuda()
             qd = base[1:1 + q.numel()].view(3, 8, 128)
             qd.copy_(q.cuda())
         else:
             qd = q.cuda()
-        got = fmha_dsl.paged_attention(qd, kc.cuda(), vc.cuda(), block_table=torch.tensor(bt).cuda(),
-                                       seqlens_k=torch.tensor(lens).cuda(), cu_seqlens_q=torch.tensor(cq).cuda(),
-                                       max_seqlen_q=1, max_seqlen_k=320)
-        want = ref_paged(q.float().numpy(), kc.float().numpy(), vc.float().numpy(), block_table=bt, seqlens_k=lens,
-                         cu_seqlens_q=cq)
+        got, lse = fmha_dsl.paged_attention(qd, kc.cuda(), vc.cuda(), block_table=torch.tensor(bt).cuda(),
+                                            seqlens_k=torch.tensor(lens).cuda(), cu_seqlens_q=torch.tensor(cq).cuda(),
+                                            max_seqlen_q=1, max_seqlen_k=320, return_lse=True)
+        want, wlse = ref_paged(q.float().numpy(), kc.float().numpy(), vc.float().numpy(), block_table=bt,
+                               seqlens_k=lens, cu_seqlens_q=cq, return_lse=True)
         assert np.abs(got.float().cpu().numpy() - want).max() < 1.5e-2
-        outs.append(got)
-    assert paged_fast._RECIPES, "the first call was not recorded for replay"
+        assert np.abs(lse.cpu().numpy() - wlse).max() < 2e-2
+    assert len(checked) <= 2, checked       # the first call (unless an earlier test made it) and the misaligned one
+    if path == "extension":
+        assert paged_fast.replayer().stats()["hits"] >= hits + 2    # seeds 1 and 2 replayed in C++
+    # a server's preallocated out and workspace (unused by a plan without split-KV): replayed as well
+    ws = torch.empty(1 << 16, dtype=torch.float32, device="cuda")
+    out = torch.empty(3, 8, 128, dtype=torch.float16, device="cuda")
+    n = len(checked)
+    for _ in range(3):
+        fmha_dsl.paged_attention(qd, kc.cuda(), vc.cuda(), block_table=torch.tensor(bt).cuda(),
+                                 seqlens_k=torch.tensor(lens).cuda(), cu_seqlens_q=torch.tensor(cq).cuda(),
+                                 max_seqlen_q=1, max_seqlen_k=320, out=out, workspace=ws)
+    assert len(checked) <= n + 1, "a call with out= and workspace= was not replayed"
 
 
 def test_the_readme_serving_example_runs_as_shown():
@@ -292,3 +319,44 @@ def test_the_tma_pipeline_from_a_built_registry_and_only_for_contiguous_pages(tm
                                  block_table=torch.tensor(bt).cuda(), seqlens_k=torch.tensor([700]).int().cuda(),
                                  cu_seqlens_q=torch.tensor([0, 1]).int().cuda(), max_seqlen_q=1, max_seqlen_k=700,
                                  causal=True, return_lse=True, registry=str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("page,form", [(16, "vllm"), (16, "sglang"), (1024, "vllm")])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cks_vectorized_layout(page, form, dtype):
+    """K [P, Hk, D / 8, page, 8] and V [P, Hk, page / 8, Dv, 8]: prefill under a mask, decode (split-KV, packed GQA),
+    GQA and head dims 80/128, against the reference on the same values in the linear layout."""
+    run_case([37, 1, 0, 130], [300, 17, 5, 1100 if page == 1024 else 600], page=page, form=form, causal=True,
+             dtype=dtype, vectorized=True)
+    run_case([1, 1, 1, 1], [300, 17, 0, 2000], page=page, form=form, seed=2, dtype=dtype, vectorized=True)
+    run_case([20, 65], [130, 64], page=page, form=form, d=80, dtype=dtype, hq=4, hk=4, window=(32, 0),
+             vectorized=True)
+
+
+def test_append_kv_into_a_vectorized_cache_then_attend():
+    rng = np.random.default_rng(8)
+    lens, new = [30, 0, 17, 5], [1, 4, 0, 16]
+    hk, hq, d, page = 2, 8, 128, 16
+    kc, vc, bt, _, _ = make_cache(lens, page, hk, d, extra=new)
+    kn = rng.standard_normal((sum(new), hk, d)).astype(np.float16)
+    vn = rng.standard_normal((sum(new), hk, d)).astype(np.float16)
+    cn = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+    th = np.arange(128)[:, None] * (10000.0 ** (-np.arange(64) / 64))
+    cos, sin = np.cos(th).astype(np.float32), np.sin(th).astype(np.float32)
+    wk, wv, _ = ref_append(kc.float().numpy(), vc.float().numpy(), kn, vn, seqlens_k=np.asarray(lens, np.int32),
+                           cu_seqlens_new=cn, block_table=bt, rotary_cos=cos, rotary_sin=sin)
+    k5, v5 = (t.cuda() for t in vectorized_caches(kc, vc))
+    btd, cnd = torch.tensor(bt).cuda(), torch.tensor(cn).cuda()
+    fmha_dsl.append_kv(k5, v5, torch.tensor(kn).cuda(), torch.tensor(vn).cuda(), block_table=btd,
+                       seqlens_k=torch.tensor(lens).cuda(), cu_seqlens_new=cnd, rotary_cos=torch.tensor(cos).cuda(),
+                       rotary_sin=torch.tensor(sin).cuda())
+    gk, gv = linear_caches(k5.float().cpu(), v5.float().cpu())
+    assert np.abs(gk.numpy() - wk).max() < 1e-2 and np.abs(gv.numpy() - wv).max() < 1e-2
+    total = np.asarray(lens) + np.asarray(new)
+    q = torch.randn(4, hq, d, dtype=torch.float16)
+    cq = np.arange(5, dtype=np.int32)
+    want = ref_paged(q.float().numpy(), wk, wv, block_table=bt, seqlens_k=total, cu_seqlens_q=cq,
+                     causal="bottom_right")
+    out = fmha_dsl.paged_attention(q.cuda(), k5, v5, block_table=btd, seqlens_k=torch.tensor(total).cuda(),
+                                   cu_seqlens_q=torch.tensor(cq).cuda(), causal=True)
+    assert np.abs(out.float().cpu().numpy() - want).max() < 2e-2

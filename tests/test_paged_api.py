@@ -104,6 +104,21 @@ def test_torch_argument_errors_are_located():
         fmha_dsl.paged_attention(q, kct, vct, **good)
     with pytest.raises(UsageError, match="k_cache.*4-D"):
         fmha_dsl.paged_attention(q, kct[0], vct, registry=cpu, **good)
+    from fmha_dsl.reference_paged import vectorized_caches
+
+    k5, v5 = vectorized_caches(kct, vct)                        # float32: 4 elements are 16 bytes
+    assert k5.shape == (kct.shape[0], 2, 4, 4, 4) and v5.shape == (kct.shape[0], 2, 1, 16, 4)
+    v_want = r"v_cache` in CK's vectorized layout is 5-D \[num_pages, Hk, page_size / 4, D, 4\]"
+    for kk, vv, match in ((k5, vct, v_want),
+                          (k5.reshape(k5.shape[0], 2, 2, 4, 8), v5, "k_cache` in CK's vectorized layout is 5-D"),
+                          (k5.transpose(2, 3), v5, "k_cache`'s last two dims must be contiguous"),
+                          (k5, v5[:, :1], "must agree on num_pages, Hk and page_size")):
+        with pytest.raises(UsageError, match=match) as e:
+            fmha_dsl.paged_attention(q, kk, vv, registry=cpu, **good)
+        assert e.value.hint
+    with pytest.raises(UsageError, match="contiguous .* not in the vectorized layout"):
+        fmha_dsl.append_kv(k5, v5, torch.zeros(2, 2, 16), torch.zeros(2, 2, 16), seqlens_k=good["seqlens_k"],
+                           cu_seqlens_new=torch.tensor([0, 1, 2], dtype=torch.int32), registry=cpu)
     with pytest.raises(UsageError, match="q's dtype"):
         fmha_dsl.paged_attention(q, kct.half(), vct.half(), registry=cpu, **good)
     with pytest.raises(UsageError, match="append_kv\\(\\).*rotary_cos"):
@@ -166,7 +181,7 @@ def test_a_serving_set_builds_for_amd_and_nvidia_without_a_gpu(tmp_path):
 def test_the_shipped_serving_set_checks_on_every_arch_it_names():
     out = subprocess.run([sys.executable, "-m", "fmha_dsl.cli", "check", "serving"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "gfx942: 60, gfx950: 60, sm90: 60" in out.stdout
+    assert "gfx942: 104, gfx950: 104, sm90: 104" in out.stdout
 
 
 INTERP = r'''
@@ -178,14 +193,15 @@ from fmha_dsl.reference_paged import paged_attention as ref, append_kv as ref_ap
 from fmha_dsl.runtime.dispatch import Dispatcher
 
 SET = """kernel_set t { backend(triton) arch(sm90) dtype(fp16) hdim(32)
-  kernel p { signature { family(batch_prefill) mask(no | causal) lse(true | false) kv_cache(linear, vllm | sglang, 16) }
+  kernel p { signature { family(batch_prefill) mask(no | causal) lse(true | false)
+                         kv_cache(linear | vectorized, vllm | sglang, 16) }
              algorithm { pipeline(qr_async) tile_m0(16) tile_n0(16) tile_k0(32) tile_n1(32) tile_k0max(32) wave_m0(4)
                          padding(true, true, true, true) } }
   kernel d { signature { family(fwd_pagedkv) mask(no) lse(false) kv_cache(linear, vllm, 16) }
              algorithm { pipeline(qr_nwarp_sshuffle) tile_m0(16) tile_n0(16) tile_k0(32) tile_n1(32) tile_k0max(32)
                          wave_m0(4) padding(true, true, true, true) max_splits_log2(2) } }
   kernel a { signature { family(fwd_appendkv) rope(none | half | inter) paged_kv(true)
-                         kv_cache(linear, vllm | sglang, 16) } }
+                         kv_cache(linear | vectorized, vllm | sglang, 16) } }
   kernel c { signature { family(fwd_appendkv) rope(inter) paged_kv(false) kv_cache(linear, vllm, 1) } }
 }"""
 disp = Dispatcher(fmha_dsl.loads(SET).registry(arch="sm90"), "sm90", launcher="interpret")
@@ -209,6 +225,14 @@ for causal in (False, True):
     live = np.isfinite(wl)
     assert np.abs(lse.numpy()[live] - wl[live]).max() < 1e-3
     assert np.array_equal(np.isfinite(lse.numpy()), live)
+# CK's vectorized layout: the same values as 5-D caches pick the vectorized kernels
+from fmha_dsl.reference_paged import vectorized_caches, linear_caches
+k5, v5 = vectorized_caches(T(kc), T(vc))
+want = ref(q.astype(np.float32), kc.astype(np.float32), vc.astype(np.float32), block_table=bt, seqlens_k=lens_k,
+           cu_seqlens_q=cq, causal="bottom_right")
+out = fmha_dsl.paged_attention(T(q), k5, v5, block_table=T(bt), seqlens_k=T(np.int32(lens_k)), cu_seqlens_q=T(cq),
+                               causal=True, registry=disp)
+assert np.abs(out.float().numpy() - want).max() < 3e-3
 print("paged ok")
 # the split-KV decode plan (fwd_pagedkv + combine) through the dispatcher
 p = Problem(family="fwd_pagedkv", dtype="fp16", hdim_q=32, hdim_v=32, nhead_q=4, nhead_k=2, batch=4, mode="group",
@@ -255,6 +279,14 @@ for inter, tab in ((False, {"block_table": bt2}), (True, None)):
                        **({k: T(v) for k, v in tab.items()} if tab else {}))
     for got, w in ((kt, wk), (vt, wv), (qt, wq)):
         assert np.abs(got.float().numpy() - w).max() < 3e-3
+kn2 = rng.standard_normal((4, Hk, D)).astype(np.float16)
+wk, wv, _ = ref_append(kc.astype(np.float32), vc.astype(np.float32), kn2, kn2, seqlens_k=lens2, cu_seqlens_new=cn,
+                       block_table=bt2)
+k5, v5 = vectorized_caches(T(kc.copy()), T(vc.copy()))
+fmha_dsl.append_kv(k5, v5, T(kn2), T(kn2), seqlens_k=T(lens2), cu_seqlens_new=T(cn), block_table=T(bt2),
+                   registry=disp)
+gk, gv = linear_caches(k5, v5)
+assert np.abs(gk.float().numpy() - wk).max() < 3e-3 and np.abs(gv.float().numpy() - wv).max() < 3e-3
 print("append ok")
 '''
 

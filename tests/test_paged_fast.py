@@ -36,15 +36,17 @@ class FakePlan:
         self._aligned_idx = tuple(paged_abi.ARGS.index(a) for a in paged_abi.ARGS if a[0] in ("Q", "K"))
 
 
-def _tensors(seed):
+def _tensors(seed, out=True):
+    """A paged_attention call's tensors in the replay order (q, k, v, out, lse, alibi, cu_seqlens_q, seqlens_k,
+    block_table, kv_indptr, kv_indices, workspace)."""
     torch = pytest.importorskip("torch")
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(4, 8, 64, generator=g).half()
     kc = torch.randn(8, 16, 2, 64, generator=g).half()
-    out = torch.empty_like(q)
+    o = torch.empty_like(q) if out else None
     ws = torch.empty(1000)
-    return q, kc, kc.clone(), out, None, None, torch.arange(5).int(), torch.ones(4).int(), torch.zeros(4, 2).int(), \
-        None, ws
+    return (q, kc, kc.clone(), o, None, None, torch.arange(5).int(), torch.ones(4).int(), torch.zeros(4, 2).int(),
+            None, None, ws)
 
 
 def _steps(t, kern, ckern):
@@ -55,46 +57,105 @@ def _steps(t, kern, ckern):
     names = [n for n, _ in paged_abi.ARGS]
     for n, i in (("Q", 0), ("K", 1), ("V", 2), ("cu_seqlens_q", 6), ("seqlens_k", 7), ("Table", 8)):
         a[names.index(n)] = ptr[i]
-    a[names.index("Out")], a[names.index("Lse")] = ptr[10], ptr[10] + 4 * 512
+    a[names.index("Out")], a[names.index("Lse")] = ptr[11], ptr[11] + 4 * 512
     a[names.index("nhead_q")] = 8
     c = [0] * len(COMBINE_ARGS)
-    c[0], c[1], c[2] = ptr[10], ptr[10] + 4 * 512, ptr[3]
+    c[0], c[1], c[2] = ptr[11], ptr[11] + 4 * 512, ptr[3]
     c[5] = 7
     return [(kern, (1, 16, 4), a), (ckern, (1, 8, 4), c)]
 
 
-def test_a_recorded_call_replays_with_new_addresses():
-    torch = pytest.importorskip("torch")
-    paged_fast.start()
-    kern, ckern = FakeKernel(), FakeKernel()
-    first = _tensors(0)
-    k = paged_fast.key(first[:3], first[3:], ("paged", 1, 32))
-    paged_fast.record(k, FakePlan(), _steps(first, kern, ckern), first, ((4, 8, 64), None), 0)
-    second = _tensors(1)
-    k2 = paged_fast.key(second[:3], second[3:], ("paged", 1, 32))
-    assert k2 == k and paged_fast.get(k2) is not None
-    assert paged_fast.get(k2).replay(second)
-    want = _steps(second, FakeKernel(), FakeKernel())
-    assert kern.calls[-1] == (want[0][1], want[0][2]) and ckern.calls[-1] == (want[1][1], want[1][2])
-    other = paged_fast.key(second[:3], second[3:], ("paged", 1, 64))          # another max_seqlen_k: not this class
-    assert other != k and paged_fast.get(other) is None
-    assert paged_fast.key(second[:3], second[3:], ("paged", [1], 32)) is None   # unhashable: never replayed
-    base = torch.empty(4 * 8 * 64 + 8).half()
-    shifted = (base[1:1 + 4 * 8 * 64].view(4, 8, 64),) + second[1:]          # Q 2 bytes past a 16-byte boundary
-    n = len(kern.calls)
-    assert not paged_fast.get(k).replay(shifted) and len(kern.calls) == n     # refused: nothing launched
-
-
-def test_record_declines_what_it_cannot_replay():
+@pytest.fixture
+def python_only(monkeypatch):
+    """The Python replay (the extension's Replayer out of the way)."""
     pytest.importorskip("torch")
     paged_fast.start()
+    monkeypatch.setitem(paged_fast._STATE, "loaded", lambda: None)
+    monkeypatch.delitem(paged_fast._STATE, "replayer", raising=False)
+
+
+SC = ("paged", 1, 32)
+
+
+def test_a_recorded_call_replays_with_new_addresses(python_only):
+    torch = pytest.importorskip("torch")
+    kern, ckern = FakeKernel(), FakeKernel()
+    first = _tensors(0)
+    paged_fast.record(first, set(), SC, FakePlan(), _steps(first, kern, ckern))
+    second = _tensors(1)
+    assert paged_fast.run(second, SC) == ()
+    want = _steps(second, FakeKernel(), FakeKernel())
+    assert kern.calls[-1] == (want[0][1], want[0][2]) and ckern.calls[-1] == (want[1][1], want[1][2])
+    n = len(kern.calls)
+    assert paged_fast.run(second, ("paged", 1, 64)) is None and len(kern.calls) == n   # another max_seqlen_k
+    assert paged_fast.run(second, ("paged", [1], 32)) is None                          # unhashable: never ...
+    paged_fast.record(second, set(), ("paged", [1], 32), FakePlan(), _steps(second, kern, ckern))
+    assert paged_fast.run(second, ("paged", [1], 32)) is None                          # ... nor recorded
+    base = torch.empty(4 * 8 * 64 + 8).half()
+    shifted = (base[1:1 + 4 * 8 * 64].view(4, 8, 64),) + second[1:]          # Q 2 bytes past a 16-byte boundary
+    assert paged_fast.run(shifted, SC) is None and len(kern.calls) == n       # refused: nothing launched
+
+
+def test_what_a_recorded_call_allocated_is_allocated_again(python_only):
+    kern, ckern = FakeKernel(), FakeKernel()
+    first = _tensors(3)
+    paged_fast.record(first, {3}, ("paged", "alloc"), FakePlan(), _steps(first, kern, ckern))
+    second = _tensors(4, out=False)                                           # out=None: the recipe allocates it
+    (out,) = paged_fast.run(second, ("paged", "alloc"))
+    assert out.shape == first[3].shape and out.dtype == first[3].dtype and out.stride() == first[3].stride()
+    assert ckern.calls[-1][1][2] == out.data_ptr()                             # the combine writes the new out
+    assert paged_fast.run(_tensors(5), ("paged", "alloc")) is None             # a caller's out is another call
+
+
+def test_record_declines_what_it_cannot_replay(python_only):
     kern, ckern = FakeKernel(), FakeKernel()
     t = _tensors(2)
     steps = _steps(t, kern, ckern)
     steps[0][2][0] = 12345678  # an address no tensor of the call holds
-    k = paged_fast.key(t[:3], t[3:], ("paged", "decline"))
-    paged_fast.record(k, FakePlan(), steps, t, ((4, 8, 64), None), 0)
-    assert paged_fast.get(k) is None
+    paged_fast.record(t, set(), ("paged", "decline"), FakePlan(), steps)
+    assert paged_fast.run(t, ("paged", "decline")) is None
+
+
+def test_the_extensions_replayer_launches_what_the_python_path_recorded(monkeypatch):
+    """The C++ Replayer (runtime/torch_replay.h, built with the torch fast path) against a ctypes stand-in for the
+    driver: the same parameter slots the recorded launches had, with the new call's addresses and allocations."""
+    import struct
+
+    from fakes import FakeDriver
+
+    from fmha_dsl.runtime import native, torch_fast
+    from fmha_dsl.runtime.abi import code_of
+
+    torch = pytest.importorskip("torch")
+    if torch_fast.compiler() is None:
+        pytest.skip("no C++ compiler on this machine")
+    mod = torch_fast.load()
+    paged_fast.start()
+    types = [[t.replace("{dtype}", "fp16") for _, t in abi] for abi in (paged_abi.ARGS, COMBINE_ARGS)]
+    kinds = [native.kinds(ts) for ts in types]
+    drivers = [FakeDriver(len(k)) for k in kinds]
+
+    class NativeFake(FakeKernel):
+        def __init__(self, i):
+            super().__init__()
+            self.fast_spec = (drivers[i].address, 0x1000 + i, 128, 0, kinds[i], 0)
+
+    monkeypatch.setitem(paged_fast._STATE, "replayer", mod.Replayer(torch.Tensor, lambda dev: 0x5EED, 8))
+    kern, ckern = NativeFake(0), NativeFake(1)
+    first = _tensors(6)
+    paged_fast.record(first, {3}, ("paged", "native"), FakePlan(), _steps(first, kern, ckern))
+    second = _tensors(7, out=False)
+    (out,) = paged_fast.run(second, ("paged", "native"))
+    assert kern.calls == [] and ckern.calls == []            # launched by the extension, not through Python
+    full = second[:3] + (out,) + second[4:]
+    for drv, ts, (_, grid, args) in zip(drivers, types, _steps(full, FakeKernel(), FakeKernel())):
+        call = drv.calls[-1]
+        assert call["grid"] == grid and call["stream"] == 0x5EED and call["block"] == (128, 1, 1)
+        for slot, ty, value in zip(call["slots"], ts, args):
+            fmt = "<" + code_of(ty)[0]
+            assert slot[:struct.calcsize(fmt)] == struct.pack(fmt, value), (ty, value)
+    assert paged_fast._STATE["replayer"].stats()["hits"] == 1
+    assert paged_fast.run(second, ("paged", "other")) is None               # another class: not replayed
 
 
 def test_retune_rebuilds_every_shipped_decision_key():

@@ -84,8 +84,10 @@ def test_inconsistent_tables_are_located_usage_errors():
     with pytest.raises(UsageError, match="cu_seqlens_q"):
         paged_attention(np.zeros((3, 2, 8), np.float32), kc, vc, block_table=bt, seqlens_k=lens,
                         cu_seqlens_q=[0, 3])
-    with pytest.raises(UsageError, match="not implemented"):
-        gather_kv(kc, vc, seqlens_k=lens, block_table=bt, layout="vectorized")
+    with pytest.raises(UsageError, match="vectorized caches must be K \\[num_pages, Hk, D / x, page_size, x\\]"):
+        gather_kv(kc, vc, seqlens_k=lens, block_table=bt, layout="vectorized")     # 4-D caches declared vectorized
+    with pytest.raises(UsageError, match="unknown kv layout 'swizzled'"):
+        gather_kv(kc, vc, seqlens_k=lens, block_table=bt, layout="swizzled")
 
 
 def _rope_complex(x, pos, theta, interleaved):
@@ -149,3 +151,30 @@ def test_append_kv_is_the_concatenation_with_rope(form):
     with pytest.raises(UsageError, match="8 cached \\+ 5 new tokens need 4 pages of 4"):
         append_kv(kc, vc, np.zeros((5, 2, 8), np.float32), np.zeros((5, 2, 8), np.float32), seqlens_k=[8, 0, 0],
                   cu_seqlens_new=[0, 5, 5, 5], block_table=bt[:, :2])
+
+
+def test_cks_vectorized_layout_holds_the_same_values():
+    """Element [p, h, d // x, s, d % x] of K and [p, h, s // x, d, s % x] of V are the linear [p, s, h, d] (checked
+    element by element against the definition), and attention over either layout is the same."""
+    from fmha_dsl.reference_paged import linear_caches, vectorized_caches
+
+    rng = np.random.default_rng(3)
+    k = rng.standard_normal((3, 16, 2, 32)).astype(np.float16)
+    v = rng.standard_normal((3, 16, 2, 24)).astype(np.float16)
+    k5, v5 = vectorized_caches(k, v)
+    assert k5.shape == (3, 2, 4, 16, 8) and v5.shape == (3, 2, 2, 24, 8)
+    for p, s, h, d in [(0, 0, 0, 0), (2, 15, 1, 31), (1, 9, 0, 13), (2, 7, 1, 8)]:
+        assert k5[p, h, d // 8, s, d % 8] == k[p, s, h, d]
+    for p, s, h, d in [(0, 0, 0, 0), (2, 15, 1, 23), (1, 9, 0, 13)]:
+        assert v5[p, h, s // 8, d, s % 8] == v[p, s, h, d]
+    back_k, back_v = linear_caches(k5, v5)
+    assert np.array_equal(back_k, k) and np.array_equal(back_v, v)
+    q = rng.standard_normal((4, 4, 32)).astype(np.float32)
+    bt = np.array([[2, 0], [1, 2]], np.int32)
+    kw = dict(block_table=bt, seqlens_k=[20, 9], cu_seqlens_q=[0, 3, 4], causal="bottom_right")
+    f32 = (lambda a: a.astype(np.float32))
+    np.testing.assert_array_equal(paged_attention(q, f32(k5), f32(v5), **kw), paged_attention(q, f32(k), f32(v), **kw))
+    with pytest.raises(UsageError, match="vectorized caches must be"):
+        paged_attention(q, f32(k5), f32(v5[:, :1]), **kw)
+    with pytest.raises(UsageError, match="multiples of the vector"):
+        vectorized_caches(k[:, :4], v[:, :4])

@@ -161,11 +161,11 @@ def test_check_params_names_the_first_difference():
 
 def test_runtime_abi_matches_the_triton_template():
     pytest.importorskip("triton")
-    from fmha_dsl.kernels import triton_fwd as T
+    from fmha_dsl.kernels import fwd_host as H
 
-    assert abi.FWD_ARGS == T.ARGS
+    assert abi.FWD_ARGS == H.ARGS
     for dt in ("fp16", "bf16", "fp32"):
-        sig = T.signature(dt)
+        sig = H.signature(dt)
         assert abi.fwd_types(dt) == tuple(sig[n] for n in abi.FWD_NAMES)
 
 
@@ -583,14 +583,14 @@ def test_fwd_args_maps_group_mode_strides_and_defaults():
 
 def test_fwd_args_agree_with_the_template_pack_args_in_batch_mode():
     pytest.importorskip("triton")
-    from fmha_dsl.kernels import triton_fwd as T
+    from fmha_dsl.kernels import fwd_host as H
 
     kw = dict(q=1, k=2, v=3, out=4, q_strides=(512, 128, 32, 1), k_strides=(256, 64, 32, 1),
               v_strides=(256, 64, 1, 8), out_strides=(512, 128, 32, 1), nhead_q=4, nhead_k=2, head_dim_q=32,
               head_dim_v=32, seqlen_q=4, seqlen_k=8, lse=5, lse_strides=(16, 4, 1), bias=6,
               bias_strides=(0, 32, 8, 1), sm_scale=0.3, softcap=2.0, dropout_p=0.2, seed=(1 << 63) + 5, offset=9,
               window_left=3, window_right=0, bottom_right=False, sink=1, vlayout="c")
-    want = T.pack_args(**kw)
+    want = H.pack_args(**kw)
     got = fwd_args([1, 2, 3, 4, 5, 6, 0, 0, 0], False, (512, 128, 32, 1), (256, 64, 32, 1), (256, 64, 1, 8),
                    (512, 128, 32, 1), (16, 4, 1), (0, 32, 8, 1), None, 4, 2, 32, 32, 4, 8, 4, 8, 0.3, 2.0, 0.2,
                    (1 << 63) + 5, 9, 3, 0, 0, 1)

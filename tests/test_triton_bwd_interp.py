@@ -45,7 +45,7 @@ def interp():
 
 
 def _round(dtype, x):
-    from fmha_dsl.kernels.triton_fwd import bf16_round
+    from fmha_dsl.kernels.fwd_interpret import bf16_round
 
     return bf16_round(x) if dtype == "bf16" else x.astype(NP[dtype])
 

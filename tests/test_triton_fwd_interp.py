@@ -27,14 +27,14 @@ NP = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32}
 @pytest.fixture(scope="module")
 def interp():
     """``run(q, k, v, **kw) -> (out, lse)`` executed by the interpreter in a worker process."""
-    from fmha_dsl.kernels import triton_fwd
+    from fmha_dsl.kernels import fwd_interpret
 
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"  # inherited by the worker spawned on the first submit
     try:
         ex = cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
         z = np.zeros((1, 1, 1, 16), np.float32)  # imports triton in the worker
-        ex.submit(triton_fwd.run_interpreted, z, z, z).result()
+        ex.submit(fwd_interpret.run_interpreted, z, z, z).result()
     finally:
         if old is None:
             del os.environ["TRITON_INTERPRET"]
@@ -42,14 +42,14 @@ def interp():
             os.environ["TRITON_INTERPRET"] = old
 
     def run(q, k, v, **kw):
-        return ex.submit(triton_fwd.run_interpreted, q, k, v, **kw).result()
+        return ex.submit(fwd_interpret.run_interpreted, q, k, v, **kw).result()
 
     yield run
     ex.shutdown()
 
 
 def _bf16(x):
-    from fmha_dsl.kernels.triton_fwd import bf16_round
+    from fmha_dsl.kernels.fwd_interpret import bf16_round
 
     return bf16_round(x)
 
@@ -312,40 +312,41 @@ def test_random_configurations(interp):
 def test_api_shapes():
     import inspect
 
+    from fmha_dsl.kernels import fwd_host as H
     from fmha_dsl.kernels import triton_fwd as T
 
     params = list(inspect.signature(T.fmha_fwd.fn).parameters)
-    sig = T.signature("bf16")
+    sig = H.signature("bf16")
     assert list(sig) == params
     assert sig["Q"] == "*bf16" and sig["Lse"] == "*fp32" and sig["seed"] == "i64" and sig["BLOCK_M"] == "constexpr"
     with pytest.raises(ValueError):
-        T.signature("fp8")
+        H.signature("fp8")
     s = dict(dtype="fp16", mode="group", vlayout="c", hdim_q=80, hdim_v=64, mask="bottom_right", bias="alibi",
              lse=True, dropout=True, logits=True, sink=True)
     a = dict(tile=(128, 64, 128, 64, 64, 128), pad_s=0, pad_sk=0, pad_d=0, pad_dv=0)
-    c = T.constexprs(s, a)
-    assert set(c) == set(T.CONSTEXPRS)
+    c = H.constexprs(s, a)
+    assert set(c) == set(H.CONSTEXPRS)
     assert (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_DMODEL"], c["BLOCK_DV"]) == (128, 64, 128, 64)
     assert c["PAD_M"] and c["PAD_N"]  # group mode always checks sequence bounds
     assert c["CHECK_D"] and not c["PAD_D"] and not c["CHECK_DV"]
     assert c["MASK"] and c["SINK"] and c["BIAS_TYPE"] == 2 and c["VLAYOUT_C"] and not c["IEEE"]
-    assert T.constexprs(dict(s, dtype="fp32", mask="no"), a)["SINK"] is False
+    assert H.constexprs(dict(s, dtype="fp32", mask="no"), a)["SINK"] is False
     with pytest.raises(ValueError):
-        T.constexprs(dict(s, rope="inter"), a)
-    assert T.grid(3, 8, 1000, 128) == (8, 8, 3) and T.grid(2, 4, 0, 64)[0] == 0
-    args = T.pack_args(q=4096, k=8192, v=12288, out=16384, q_strides=(4096, 2048, 64, 1),
+        H.constexprs(dict(s, rope="inter"), a)
+    assert H.grid(3, 8, 1000, 128) == (8, 8, 3) and H.grid(2, 4, 0, 64)[0] == 0
+    args = H.pack_args(q=4096, k=8192, v=12288, out=16384, q_strides=(4096, 2048, 64, 1),
                        k_strides=(4096, 2048, 64, 1), v_strides=(4096, 2048, 1, 32), out_strides=(4096, 2048, 64, 1),
                        nhead_q=2, nhead_k=2, head_dim_q=64, head_dim_v=64, seqlen_q=32, seqlen_k=32, vlayout="c",
                        seed=2**64 - 1, dropout_p=0.1)
-    assert len(args) == len(T.ARGS)
-    named = dict(zip([n for n, _ in T.ARGS], args))
+    assert len(args) == len(H.ARGS)
+    named = dict(zip([n for n, _ in H.ARGS], args))
     assert named["seed"] == -1 and named["max_seqlen_k"] == 32 and math.isclose(named["sm_scale"], 0.125)
-    assert T.aligned(args, "c") and not T.aligned(args, "r")
+    assert H.aligned(args, "c") and not H.aligned(args, "r")
     with pytest.raises(ValueError):  # row-major V needs a unit head-dim stride
-        T.pack_args(q=0, k=0, v=0, out=0, q_strides=(1, 1, 1, 1), k_strides=(1, 1, 1, 1), v_strides=(1, 1, 1, 2),
+        H.pack_args(q=0, k=0, v=0, out=0, q_strides=(1, 1, 1, 1), k_strides=(1, 1, 1, 1), v_strides=(1, 1, 1, 2),
                     out_strides=(1, 1, 1, 1), nhead_q=1, nhead_k=1, head_dim_q=8, head_dim_v=8)
     with pytest.raises(ValueError):  # i32 overflow
-        T.pack_args(q=0, k=0, v=0, out=0, q_strides=(2**31, 1, 1, 1), k_strides=(1, 1, 1, 1),
+        H.pack_args(q=0, k=0, v=0, out=0, q_strides=(2**31, 1, 1, 1), k_strides=(1, 1, 1, 1),
                     v_strides=(1, 1, 1, 1), out_strides=(1, 1, 1, 1), nhead_q=1, nhead_k=1, head_dim_q=8, head_dim_v=8)
 
 
@@ -363,6 +364,7 @@ def test_aot_compile(tmp_path, monkeypatch, target, opts):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from fmha_dsl.kernels import fwd_host as H
     from fmha_dsl.kernels import triton_fwd as T
 
     if not hasattr(T.fmha_fwd, "params"):
@@ -372,8 +374,8 @@ def test_aot_compile(tmp_path, monkeypatch, target, opts):
     sig = dict(dtype="fp16", mode="batch", vlayout="r", hdim_q=128, hdim_v=128, mask="top_left", bias="no",
                lse=True, dropout=False, logits=False, sink=False)
     alg = dict(tile=(128, 64, 128, 128, 64, 128), pad_s=1, pad_sk=1, pad_d=0, pad_dv=0)
-    src = ASTSource(fn=T.fmha_fwd, signature=T.signature("fp16"), constexprs=T.constexprs(sig, alg),
-                    attrs=T.attrs("fp16"))
+    src = ASTSource(fn=T.fmha_fwd, signature=H.signature("fp16"), constexprs=H.constexprs(sig, alg),
+                    attrs=H.attrs("fp16"))
     t0 = time.time()
     ck = triton.compile(src, target=GPUTarget(*target), options=opts)
     dt = time.time() - t0
@@ -463,7 +465,7 @@ def test_tma_descriptors_group_mode_and_split(interp):
 
 
 def test_tma_needs_row_major_v():
-    from fmha_dsl.kernels.triton_fwd import constexprs
+    from fmha_dsl.kernels.fwd_host import constexprs
 
     sig = {"dtype": "fp16", "hdim_q": 64, "hdim_v": 64, "vlayout": "c"}
     with pytest.raises(ValueError, match="row-major V"):
@@ -473,7 +475,7 @@ def test_tma_needs_row_major_v():
 
 
 def test_template_and_rules_agree_on_the_tma_pipelines():
-    from fmha_dsl.kernels.triton_fwd import constexprs
+    from fmha_dsl.kernels.fwd_host import constexprs
     from fmha_dsl.rules.triton_fwd import _data
 
     sig = {"dtype": "fp16", "hdim_q": 64, "hdim_v": 64}
@@ -549,7 +551,7 @@ def test_gqa_packed_group_mode(interp):
 
 
 def test_gqa_packing_has_no_bias_or_dropout():
-    from fmha_dsl.kernels.triton_fwd import constexprs
+    from fmha_dsl.kernels.fwd_host import constexprs
 
     sig = {"dtype": "fp16", "hdim_q": 64, "hdim_v": 64}
     alg = {"tile": (64, 64), "pipeline": "qr_nwarp_sshuffle"}

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from fmha_dsl.reference_paged import append_kv, paged_attention  # noqa: E402
+from fmha_dsl.reference_paged import append_kv, linear_caches, paged_attention, vectorized_caches  # noqa: E402
 
 TOL = {"fp32": 2e-5, "fp16": 2.5e-3, "bf16": 2e-2}
 
@@ -46,7 +46,7 @@ def interp():
 
 def _round(x, dtype):
     if dtype == "bf16":
-        from fmha_dsl.kernels.triton_fwd import bf16_round
+        from fmha_dsl.kernels.fwd_interpret import bf16_round
 
         return bf16_round(x)
     return x.astype({"fp16": np.float16, "fp32": np.float32}[dtype])
@@ -221,3 +221,37 @@ def test_slots_past_a_sequence_may_hold_anything(interp, pipeline):
     got, _ = interp("run_interpreted_paged", q, kc, vc, block_table=bt, seqlens_k=lens, cu_seqlens_q=cq,
                     pipeline=pipeline)
     assert np.isfinite(got).all() and np.abs(got - want).max() < 1e-5
+
+
+@pytest.mark.parametrize("page,form,dtype", [(4, "vllm", "fp32"), (16, "sglang", "fp32"), (32, "vllm", "fp32"),
+                                             (8, "sglang", "fp16"), (64, "vllm", "bf16")])
+def test_cks_vectorized_layout(interp, page, form, dtype):
+    """K [P, Hk, D / x, page, x] and V [P, Hk, page / x, Dv, x] (x: 16 bytes of the dtype): pages smaller and larger
+    than a key block, prefill under masks and split-KV decode with packed GQA rows."""
+    vec = {"run": {"vectorized": True}}
+    check_paged(interp, LENS_Q, LENS_K, page=page, form=form, dtype=dtype, causal="bottom_right", **vec)
+    check_paged(interp, LENS_Q, LENS_K, page=page, form=form, dtype=dtype, dv=16, window=(6, 1), sink=2, **vec)
+    check_paged(interp, [1, 2, 1, 1], [70, 9, 0, 33], page=page, form=form, dtype=dtype, softcap=3.0,
+                run={"vectorized": True, "num_splits": 3, "pipeline": "qr_nwarp_sshuffle"})
+
+
+@pytest.mark.parametrize("form,page", [("vllm", 16), ("sglang", 4)])
+def test_append_kv_into_the_vectorized_layout(interp, form, page):
+    rng = np.random.default_rng(5)
+    lens, new = [5, 0, 9, 30], [3, 4, 0, 17]
+    kc, vc, tab = cache(lens, page, 2, 32, 16, extra=new, form=form)
+    kn = rng.standard_normal((sum(new), 2, 32)).astype(np.float32)
+    vn = rng.standard_normal((sum(new), 2, 16)).astype(np.float32)
+    cn = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+    th = np.arange(80)[:, None] * (10000.0 ** (-np.arange(16) / 16))
+    rot = {"rotary_cos": np.cos(th).astype(np.float32), "rotary_sin": np.sin(th).astype(np.float32)}
+    wk, wv, _ = append_kv(kc, vc, kn, vn, seqlens_k=lens, cu_seqlens_new=cn, **tab, **rot)
+    gk, gv, _ = interp("run_interpreted_append", kc, vc, kn, vn, seqlens_k=lens, cu_seqlens_new=cn, vectorized=True,
+                       **tab, **rot)
+    assert gk.ndim == 5 and gk.shape == (kc.shape[0], 2, 32 // 4, page, 4) and gv.shape == (kc.shape[0], 2, page // 4,
+                                                                                          16, 4)
+    lk, lv = linear_caches(gk, gv)
+    assert np.abs(lk - wk).max() < 1e-5 and np.abs(lv - wv).max() < 1e-5
+    # the reference on vectorized caches writes the same vectorized result
+    rk, rv, _ = append_kv(*vectorized_caches(kc, vc), kn, vn, seqlens_k=lens, cu_seqlens_new=cn, **tab, **rot)
+    assert np.abs(rk - gk).max() < 1e-5 and np.abs(rv - gv).max() < 1e-5

@@ -52,9 +52,9 @@ class KernelABI:
         return self.aligned
 
 
-_FWD = ("triton_fwd", "triton_combine", "fwd_abi")
-_BWD = ("triton_bwd", "triton_fwd", "bwd_abi")
-_PAGED = ("triton_paged", "triton_fwd", "paged_abi", "fwd_abi")
+_FWD = ("triton_fwd", "triton_fwd_loops", "triton_steps", "fwd_host", "triton_combine", "fwd_abi")
+_BWD = ("triton_bwd", "triton_steps", "bwd_abi")
+_PAGED = ("triton_paged", "triton_steps", "paged_abi", "fwd_abi")
 _APPEND = ("triton_appendkv", "triton_paged", "paged_abi")
 
 ABIS: dict[str, KernelABI] = {a.family: a for a in (

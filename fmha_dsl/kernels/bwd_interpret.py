@@ -12,7 +12,7 @@ import numpy as np
 
 from . import bwd_abi
 from .interpret_args import dtype_of, mask_args
-from .triton_fwd import _bf16_decode, _bf16_encode, _Shim
+from .fwd_interpret import _bf16_decode, _bf16_encode, _Shim
 
 __all__ = ["run_interpreted_bwd"]
 

@@ -26,7 +26,7 @@ ARGS: tuple[tuple[str, str], ...] = (
 
 # Arguments that are multiples of 16 (bytes for pointers, elements for strides) in the usual case:
 # 16-byte aligned base pointers and head dims that are multiples of 16.  V's non-unit stride is added
-# per layout (aligned_names).  See triton_fwd.attrs() / aligned().
+# per layout (aligned_names).  See fwd_host.attrs() / aligned().
 ALIGNED: tuple[str, ...] = (
     "Q", "K", "V", "Out",
     "stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
@@ -122,7 +122,7 @@ def pack(ptrs, group, qs, ks, vs, os_, ls, bs, as_, nhq, nhk, dq, dv, sq, sk, ms
          dropout_p, seed, offset, wl, wr, br, sink) -> list:
     """The forward kernel's run-time arguments in :data:`ARGS` order -- the one packer of this ABI: the runtime's
     Python path, ``fmha_dsl.attention`` and the interpreter harness's checked
-    :func:`~fmha_dsl.kernels.triton_fwd.pack_args` call it; the torch fast path replays what it packed.
+    :func:`~fmha_dsl.kernels.fwd_host.pack_args` call it; the torch fast path replays what it packed.
 
     ``ptrs``: the 9 pointer values (Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k).  ``qs``, ``ks``,
     ``vs``, ``os_``: the tensors' own strides (batch ``[B, H, S, D]``, group ``[T, H, D]``); ``ls``: LSE strides

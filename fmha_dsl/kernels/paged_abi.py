@@ -4,9 +4,16 @@
 group-mode queries ``Q [Tq, Hq, D]`` (``cu_seqlens_q [B + 1]``) against each sequence's first ``seqlens_k[b]``
 cached tokens.  Token ``j`` of sequence ``b`` is slot ``j % PAGE_SIZE`` of page ``table(b)[j // PAGE_SIZE]``, where
 ``table(b)`` is row ``b`` of vLLM's ``block_table [B, table_width]`` (``LOOKUP`` 0) or SGLang's
-``kv_indices[kv_indptr[b] : kv_indptr[b + 1]]`` (``LOOKUP`` 1).  The cache's element strides are run-time
-arguments (page, slot, head), so the linear NHD layout ``[num_pages, page_size, Hk, D]`` and HND
-``[num_pages, Hk, page_size, D]`` are both served; the head dim has stride 1.
+``kv_indices[kv_indptr[b] : kv_indptr[b + 1]]`` (``LOOKUP`` 1).  Two cache layouts (:func:`cache_geometry`):
+
+* linear (``KV_VEC`` 0): ``[num_pages, page_size, Hk, D]`` with element strides (page, slot, head) as run-time
+  arguments, so NHD and HND (``[num_pages, Hk, page_size, D]`` through a permuted view) are both served; the head
+  dim has stride 1.
+* CK's vectorized layout (``KV_VEC`` = the elements of a 16-byte vector, 8 for fp16/bf16): K
+  ``[num_pages, Hk, D / KV_VEC, page_size, KV_VEC]`` and V ``[num_pages, Hk, page_size / KV_VEC, D, KV_VEC]``, the
+  last two dims contiguous (so K's slot stride and V's head-dim stride are ``KV_VEC``); the ``stride_ks`` argument
+  carries K's stride over ``D / KV_VEC`` and ``stride_vs`` V's over ``page_size / KV_VEC``.  A key block reads
+  16-byte vectors of 8 head-dim elements (K) or 8 consecutive tokens (V).
 
 Memory safety without a host round trip: the kernel reads at most ``min(seqlens_k[b], table length x PAGE_SIZE)``
 keys of a sequence (it never indexes past its table), and clamps every page id it reads into ``[0, num_pages)``
@@ -70,6 +77,25 @@ APPEND_BLOCK_M = 16   # new rows per append program; grid (cdiv(max_seqlen_new, 
 APPEND_WARPS = 4
 
 LOOKUPS = {"vllm": 0, "sglang": 1, "contiguous": 2}
+VECTOR_BYTES = 16                   # the vectorized layout's vector
+ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+def vector_elems(dtype: str) -> int:
+    """Elements of one vector of the vectorized KV layout (8 for fp16/bf16, 4 for fp32)."""
+    return VECTOR_BYTES // ELEMENT_BYTES[dtype]
+
+
+def cache_geometry(layout: str, k_shape, k_strides, v_shape, v_strides) -> tuple:
+    """``(num_pages, page_size, Hk, D, Dv, k_strides, v_strides)`` of caches in ``layout`` (``"linear"`` or
+    ``"vectorized"``), the strides being the ABI's (page, slot, head) triples (see the module docstring).  Shapes are
+    trusted here: the API checks them (:func:`fmha_dsl.paged_args.cache_pair`)."""
+    if layout == "linear":
+        return (k_shape[0], k_shape[1], k_shape[2], k_shape[3], v_shape[3],
+                (k_strides[0], k_strides[1], k_strides[2]), (v_strides[0], v_strides[1], v_strides[2]))
+    x = k_shape[4]
+    return (k_shape[0], k_shape[3], k_shape[1], k_shape[2] * x, v_shape[3],
+            (k_strides[0], k_strides[2], k_strides[1]), (v_strides[0], v_strides[2], v_strides[1]))
 ROPES = {"none": 0, "inter": 1, "half": 2}
 
 
@@ -78,7 +104,7 @@ def pack(ptrs, qs, ks, vs, os_, ls, tb_stride, as_, nhq, nhk, dq, dv, msq, msk, 
     """``fmha_paged``'s run-time arguments in :data:`ARGS` order -- the one packer of this ABI.
 
     ``ptrs``: the 10 pointer values (Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indptr).
-    ``qs``: q's strides ``[Tq, Hq, D]``; ``ks``/``vs``: the caches' (page, slot, head) strides; ``os_``: out's
+    ``qs``: q's strides ``[Tq, Hq, D]``; ``ks``/``vs``: the caches' ABI strides (:func:`cache_geometry`); ``os_``: out's
     ``[Tq, Hq, Dv]``; ``ls``: the LSE's ``[Hq, Tq]`` (or None); ``tb_stride``: the block table's row stride (0 for
     SGLang's table); ``as_``: ALiBi strides over ``[B, Hq]`` (or None).  ``scale`` None = ``1/sqrt(dq)``.
     """
@@ -129,7 +155,7 @@ def pack_append(ptrs, qs, ks, vs, kns, vns, cos_stride, tb_stride, nhq, nhk, dq,
                 max_position, num_pages, table_width) -> list:
     """``fmha_appendkv``'s run-time arguments in :data:`APPEND_ARGS` order.  ``ptrs``: the 11 pointer values (Q,
     K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Table, kv_indptr); ``qs``/``kns``/``vns``: ``[T, H, D]``
-    strides (token, head); ``ks``/``vs``: the caches' (page, slot, head) strides."""
+    strides (token, head); ``ks``/``vs``: the caches' ABI strides (:func:`cache_geometry`)."""
     return [*ptrs, int(max_new), int(nhq), int(nhk), int(dq), int(dv), int(rotary_half), int(max_position),
             int(num_pages), int(table_width), qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
             kns[0], kns[1], vns[0], vns[1], int(cos_stride), int(tb_stride)]
@@ -140,5 +166,6 @@ def append_grid(batch: int, nhead_q: int, nhead_k: int, max_new: int, with_q: bo
     return (-(-int(max_new) // APPEND_BLOCK_M), int(nhead_k) + (int(nhead_q) if with_q else 0), int(batch))
 
 
-__all__ = ["ARGS", "ALIGNED", "ALIGNED_AT", "APPEND_ARGS", "APPEND_ALIGNED", "APPEND_BLOCK_M", "APPEND_WARPS", "LOOKUPS", "ROPES",
-           "pack", "split_args", "workspace_bound", "pack_append", "append_grid"]
+__all__ = ["ARGS", "ALIGNED", "ALIGNED_AT", "APPEND_ARGS", "APPEND_ALIGNED", "APPEND_BLOCK_M", "APPEND_WARPS", "LOOKUPS",
+           "ROPES", "VECTOR_BYTES", "ELEMENT_BYTES", "vector_elems", "cache_geometry", "pack", "split_args",
+           "workspace_bound", "pack_append", "append_grid"]

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import paged_abi
 from .interpret_args import dtype_of, mask_args
-from .triton_fwd import _bf16_decode, _bf16_encode, _Shim
+from .fwd_interpret import _bf16_decode, _bf16_encode, _Shim
 
 __all__ = ["run_interpreted_paged", "run_interpreted_append"]
 
@@ -31,6 +31,16 @@ def _el(a):
     return tuple(0 if n == 1 else st // a.itemsize for n, st in zip(a.shape, a.strides))
 
 
+def _layout(ka, va, vectorized: bool):
+    """``(layout, K, V)``: the linear caches, or copies in CK's vectorized layout (16-byte vectors)."""
+    if not vectorized:
+        return "linear", ka, va
+    from ..reference_paged import vectorized_caches
+
+    k5, v5 = vectorized_caches(ka, va, paged_abi.VECTOR_BYTES // ka.itemsize)
+    return "vectorized", k5, v5
+
+
 def _table(block_table, kv_indptr, kv_indices, batch):
     """``(lookup, Table, kv_indptr, table_width, row stride)`` as int32 arrays."""
     if block_table is not None:
@@ -45,10 +55,11 @@ def _table(block_table, kv_indptr, kv_indices, batch):
 def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block_table=None, kv_indptr=None,
                           kv_indices=None, causal=None, window=None, sink=0, softcap=None, alibi_slopes=None,
                           scale=None, dtype=None, block_m=16, block_n=16, lse=True, num_splits=0,
-                          pipeline="qr_async", hnd=False):
+                          pipeline="qr_async", hnd=False, vectorized=False):
     """``(out [Tq, Hq, Dv], lse [Hq, Tq] | None)`` of ``fmha_paged`` for :func:`fmha_dsl.reference_paged.
     paged_attention`'s arguments (linear NHD caches ``[P, page_size, Hk, D]``; ``hnd``: run on an HND copy
-    ``[P, Hk, page_size, D]`` through its strides).  ``num_splits`` > 0 runs the split-KV kernel (``fwd_pagedkv``)
+    ``[P, Hk, page_size, D]`` through its strides; ``vectorized``: on a copy in CK's vectorized layout, 16-byte
+    vectors of the dtype).  ``num_splits`` > 0 runs the split-KV kernel (``fwd_pagedkv``)
     and the combine kernel; ``pipeline="qr_nwarp_sshuffle"`` packs the query heads of a GQA group."""
     from . import triton_combine as C
     from . import triton_paged as T
@@ -60,11 +71,12 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     if hnd:
         ka = np.ascontiguousarray(ka.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
         va = np.ascontiguousarray(va.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    layout, ka, va = _layout(ka, va, vectorized)
     cq = np.ascontiguousarray(cu_seqlens_q, dtype=np.int32)
     lens = np.ascontiguousarray(seqlens_k, dtype=np.int32)
     B = cq.shape[0] - 1
     Tq, Hq, Dq = qa.shape
-    Hk, Dv = ka.shape[2], va.shape[3]
+    num_pages, _, Hk, _, Dv, ks, vs = paged_abi.cache_geometry(layout, ka.shape, _el(ka), va.shape, _el(va))
     lookup, tab, ip, width, tb_stride = _table(block_table, kv_indptr, kv_indices, B)
     msq = int(np.diff(cq).max()) if B else 0
     msk = int(lens.max()) if B else 0
@@ -79,7 +91,7 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
         a_st = (0, 1) if a_arr.ndim == 1 else (a_arr.strides[0] // 4, a_arr.strides[1] // 4)
     sig = {"family": "fwd_pagedkv" if num_splits else "batch_prefill", "dtype": dtype, "hdim_q": Dq, "hdim_v": Dv,
            "mask": "no" if mask_none else "top_left", "bias": "alibi" if alibi_slopes is not None else "no",
-           "lse": bool(lse), "logits": softcap is not None, "sink": sink > 0, "kv_layout": "linear",
+           "lse": bool(lse), "logits": softcap is not None, "sink": sink > 0, "kv_layout": layout,
            "kv_lookup": lookup, "page_size": page}
     alg = {"tile": (block_m, block_n, 0, 0, 0, 0), "pipeline": pipeline, "pad_d": 0, "pad_dv": 0}
     const = T.constexprs(sig, alg)
@@ -88,12 +100,11 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     if min(g) == 0:
         return (_bf16_decode(out) if dtype == "bf16" else out), (lse_arr if lse else None)
     t = _TNAME[dtype]
-    ks, vs = _el(ka), _el(va)
     args = paged_abi.pack(
         [_Shim(qa, t), _Shim(ka, t), _Shim(va, t), _Shim(out, t), _Shim(lse_arr, "float32"), _Shim(a_arr, "float32"),
          _Shim(cq, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32")],
-        _el(qa)[:2], ks[:3], vs[:3], _el(out), _el(lse_arr), tb_stride, a_st, Hq, Hk, Dq, Dv, msq, msk,
-        ka.shape[0], width, scale, softcap, left, right, int(mode != "top_left"), int(sink))
+        _el(qa)[:2], ks, vs, _el(out), _el(lse_arr), tb_stride, a_st, Hq, Hk, Dq, Dv, msq, msk,
+        num_pages, width, scale, softcap, left, right, int(mode != "top_left"), int(sink))
     if num_splits:
         ws = np.full((B, Hq * num_splits, msq, Dv), np.nan, np.float32)
         lws = np.full((B, Hq * num_splits, msq), np.nan, np.float32)
@@ -112,13 +123,16 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
 
 def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seqlens_new, block_table=None,
                            kv_indptr=None, kv_indices=None, rotary_cos=None, rotary_sin=None,
-                           rotary_interleaved=False, q=None, dtype=None, contiguous=False):
+                           rotary_interleaved=False, q=None, dtype=None, contiguous=False, vectorized=False):
     """``(k_cache, v_cache, q)`` after ``fmha_appendkv`` (copies; as :func:`fmha_dsl.reference_paged.append_kv`).
-    ``contiguous``: the caches are ``[B, capacity, Hk, D]`` (no table)."""
+    ``contiguous``: the caches are ``[B, capacity, Hk, D]`` (no table); ``vectorized``: the kernel writes copies in
+    CK's vectorized layout (returned in that layout)."""
     from . import triton_appendkv as T
 
     dtype = dtype_of(k_new, dtype)
     ka, va = _prep(k_cache, dtype).copy(), _prep(v_cache, dtype).copy()
+    page = ka.shape[1]
+    layout, ka, va = _layout(ka, va, vectorized)
     kn, vn = _prep(k_new, dtype), _prep(v_new, dtype)
     qa = _prep(q, dtype).copy() if q is not None else None
     cn = np.ascontiguousarray(cu_seqlens_new, dtype=np.int32)
@@ -137,19 +151,21 @@ def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seql
         cos = np.ascontiguousarray(rotary_cos, dtype=np.float32)
         sin = np.ascontiguousarray(rotary_sin, dtype=np.float32)
     sig = {"family": "fwd_appendkv", "dtype": dtype, "hdim_q": Dq, "hdim_v": Dv, "rope": rope,
-           "paged_kv": not contiguous, "kv_lookup": lookup if not contiguous else "vllm", "page_size": ka.shape[1]}
+           "paged_kv": not contiguous, "kv_lookup": lookup if not contiguous else "vllm", "page_size": page,
+           "kv_layout": layout}
     const = T.constexprs(sig, {})
     max_new = int(np.diff(cn).max()) if B else 0
     g = paged_abi.append_grid(B, Hq, Hk, max_new, qa is not None)
     if min(g):
+        num_pages, _, _, _, _, ks, vs = paged_abi.cache_geometry(layout, ka.shape, _el(ka), va.shape, _el(va))
         t = _TNAME[dtype]
         qsh = _Shim(qa, t) if qa is not None else _Shim(np.zeros(1, _NP[dtype]), t)
         args = paged_abi.pack_append(
             [qsh, _Shim(ka, t), _Shim(va, t), _Shim(kn, t), _Shim(vn, t), _Shim(cos, "float32"), _Shim(sin, "float32"),
              _Shim(cn, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32")],
-            _el(qa)[:2] if qa is not None else (0, 0), _el(ka)[:3], _el(va)[:3], _el(kn)[:2], _el(vn)[:2],
+            _el(qa)[:2] if qa is not None else (0, 0), ks, vs, _el(kn)[:2], _el(vn)[:2],
             cos.strides[0] // 4, tb_stride, Hq, Hk, Dq, Dv, max_new, cos.shape[1] if rope != "none" else 0,
-            cos.shape[0] if rope != "none" else 0, ka.shape[0], width)
+            cos.shape[0] if rope != "none" else 0, num_pages, width)
         T.fmha_appendkv[g](*args, **const)
     dec = _bf16_decode if dtype == "bf16" else (lambda x: x)
     return dec(ka), dec(va), (dec(qa) if qa is not None else None)

@@ -1,7 +1,8 @@
 """[kernels] The Triton template of append-KV (``fwd_appendkv``): new K/V rows into a paged or contiguous cache, RoPE.
 
 ``fmha_appendkv`` writes each sequence's new rows after its cached tokens -- through vLLM's block table or SGLang's
-indptr/indices (the addressing of :mod:`.triton_paged`), or into a contiguous ``[B, capacity, Hk, D]`` cache --
+indptr/indices into a linear or vectorized paged cache (the addressing of :mod:`.triton_paged`), or into a
+contiguous ``[B, capacity, Hk, D]`` cache --
 applying RoPE (interleaved or half-rotated, fp32 cos/sin tables) to the new K and, in the same launch, to Q in place.
 It computes :func:`fmha_dsl.reference_paged.append_kv` (docs/semantics.md, "Paged KV cache and append-KV"); rows that
 would land outside the table, the cache or the rotary tables are not written.
@@ -17,7 +18,7 @@ import triton.language as tl
 
 from .fwd_abi import block_d
 from .paged_abi import APPEND_ARGS, APPEND_BLOCK_M, LOOKUPS, ROPES
-from .triton_paged import DTYPES, page_size
+from .triton_paged import DTYPES, kv_vec, page_size
 
 __all__ = ["fmha_appendkv", "CONSTEXPRS", "constexprs"]
 
@@ -53,7 +54,7 @@ def fmha_appendkv(Q, K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Tabl
                   stride_vp, stride_vs, stride_vh, stride_knm, stride_knh, stride_vnm, stride_vnh,
                   stride_cos, stride_tb,
                   BLOCK_M: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DV: tl.constexpr, ROPE: tl.constexpr,
-                  PAGE_SIZE: tl.constexpr, LOOKUP: tl.constexpr):
+                  PAGE_SIZE: tl.constexpr, LOOKUP: tl.constexpr, KV_VEC: tl.constexpr):
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -103,17 +104,26 @@ def fmha_appendkv(Q, K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Tabl
         d_ok = offs_d < head_dim_q
         krows = tok * stride_knm + off_h * stride_knh
         x = _rotate(Knew, krows, offs_d, d_ok, cos_rows, sin_rows, p_ok, rotary_half, ROPE)
-        dst = page * stride_kp + slot.to(tl.int64) * stride_ks + off_h * stride_kh
-        tl.store(K + dst[:, None] + offs_d[None, :], x.to(K.dtype.element_ty), mask=w_ok[:, None] & d_ok[None, :])
         offs_dv = tl.arange(0, BLOCK_DV)
         dv_ok = offs_dv < head_dim_v
+        slot = slot.to(tl.int64)
+        if KV_VEC:  # the vectorized layout (paged_abi): K [P, Hk, D / VEC, page, VEC], V [P, Hk, page / VEC, D, VEC]
+            dst = page * stride_kp + slot * KV_VEC + off_h * stride_kh
+            k_cols = (offs_d // KV_VEC) * stride_ks + offs_d % KV_VEC
+            vdst = page * stride_vp + (slot // KV_VEC) * stride_vs + slot % KV_VEC + off_h * stride_vh
+            v_cols = offs_dv * KV_VEC
+        else:
+            dst = page * stride_kp + slot * stride_ks + off_h * stride_kh
+            k_cols = offs_d
+            vdst = page * stride_vp + slot * stride_vs + off_h * stride_vh
+            v_cols = offs_dv
+        tl.store(K + dst[:, None] + k_cols[None, :], x.to(K.dtype.element_ty), mask=w_ok[:, None] & d_ok[None, :])
         vals = tl.load(Vnew + (tok * stride_vnm + off_h * stride_vnh)[:, None] + offs_dv[None, :],
                        mask=w_ok[:, None] & dv_ok[None, :])
-        vdst = page * stride_vp + slot.to(tl.int64) * stride_vs + off_h * stride_vh
-        tl.store(V + vdst[:, None] + offs_dv[None, :], vals, mask=w_ok[:, None] & dv_ok[None, :])
+        tl.store(V + vdst[:, None] + v_cols[None, :], vals, mask=w_ok[:, None] & dv_ok[None, :])
 
 
-CONSTEXPRS: tuple[str, ...] = ("BLOCK_M", "BLOCK_DMODEL", "BLOCK_DV", "ROPE", "PAGE_SIZE", "LOOKUP")
+CONSTEXPRS: tuple[str, ...] = ("BLOCK_M", "BLOCK_DMODEL", "BLOCK_DV", "ROPE", "PAGE_SIZE", "LOOKUP", "KV_VEC")
 
 
 def _check_names():
@@ -142,6 +152,8 @@ def constexprs(sig: dict, alg: dict | None = None) -> dict:
     if rope not in ROPES:
         raise ValueError(f"unknown rope {rope!r} (none, inter, half)")
     lookup = "contiguous" if not sig.get("paged_kv", True) else sig.get("kv_lookup", "vllm")
+    if lookup == "contiguous" and sig.get("kv_layout", "linear") != "linear":
+        raise ValueError("a contiguous cache ([B, capacity, Hk, D]) has the linear layout only")
     return {"BLOCK_M": APPEND_BLOCK_M, "BLOCK_DMODEL": block_d(hq), "BLOCK_DV": block_d(hv),
             "ROPE": ROPES[rope], "PAGE_SIZE": page_size(sig) if lookup != "contiguous" else 1,
-            "LOOKUP": LOOKUPS[lookup]}
+            "LOOKUP": LOOKUPS[lookup], "KV_VEC": kv_vec(sig)}

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .bwd_abi import ARGS, CONVERT_ARGS, DOT_ARGS, block_d
-from .triton_fwd import _dot, _load
+from .triton_steps import _dot, _load
 
 __all__ = ["fmha_bwd_dot_do_o", "fmha_bwd_dq_dk_dv", "fmha_bwd_convert_dq", "signature", "constexprs",
            "CONSTEXPRS", "DOT_CONSTEXPRS", "CONVERT_CONSTEXPRS", "DTYPES"]

@@ -8,8 +8,10 @@ sequence's keys gathered page by page; causal (top-left / bottom-right) and slid
 GQA/MQA (optionally the query heads of a group packed into one tile's rows, CK's ``qr_nwarp_sshuffle``), logits
 soft-cap, ALiBi, LSE.  The score, softmax and P.V steps are the forward template's (:mod:`.triton_fwd`); what is new
 is where a key block's rows live: with ``PAGE_SIZE >= BLOCK_N`` a block lies in one page (one page-id load, rows at
-a fixed stride); with smaller pages every row has its own page (a gather of ``BLOCK_N`` row addresses).  Page ids
-are clamped into the cache and a sequence never reads past its table (:mod:`.paged_abi`).
+a fixed stride); with smaller pages every row has its own page (a gather of ``BLOCK_N`` row addresses).  The cache
+is linear (``KV_VEC`` 0: ``[pages, page_size, Hk, D]`` by strides) or CK's vectorized layout (``KV_VEC`` elements
+of 16 bytes: K ``[pages, Hk, D / KV_VEC, page_size, KV_VEC]``, V ``[pages, Hk, page_size / KV_VEC, D, KV_VEC]``).
+Page ids are clamped into the cache and a sequence never reads past its table (:mod:`.paged_abi`).
 
 Append-KV (writing the new rows the kernel later reads) is :mod:`.triton_appendkv`.
 
@@ -24,24 +26,35 @@ import triton
 import triton.language as tl
 
 from .fwd_abi import block_d, packs_gqa
-from .paged_abi import ARGS, LOOKUPS
-from .triton_fwd import _dot, _load, _softmax
+from .paged_abi import ARGS, LOOKUPS, vector_elems
+from .triton_steps import _dot, _load, _softmax
 
-__all__ = ["fmha_paged", "CONSTEXPRS", "constexprs", "page_size"]
+__all__ = ["fmha_paged", "CONSTEXPRS", "constexprs", "page_size", "kv_vec"]
 
 
 # ------------------------------------------------------------------------------------------------------
 # device code
 # ------------------------------------------------------------------------------------------------------
 @triton.jit
+def _slots(slot, stride_s, VEC: tl.constexpr):
+    """Element offsets of slots ``slot`` inside a page: ``slot * stride_s``, or with ``VEC`` (the vectorized V cache,
+    slots grouped ``VEC`` to a vector) ``(slot // VEC) * stride_s + slot % VEC``."""
+    if VEC == 0:
+        return slot * stride_s
+    else:
+        return (slot // VEC) * stride_s + slot % VEC
+
+
+@triton.jit
 def _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_p, stride_s,
-          CHECK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+          CHECK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr):
     """Element offsets (int64) of the cache rows holding keys ``start_n + offs_n`` of a sequence whose table starts at
-    ``Table + tb``: ``page * stride_p + slot * stride_s``, each page id clamped into ``[0, num_pages)``."""
+    ``Table + tb``: ``page * stride_p`` + the slot's offset (:func:`_slots`), each page id clamped into
+    ``[0, num_pages)``."""
     if PAGE_SIZE >= BLOCK_N:  # the block lies in one page (PAGE_SIZE and BLOCK_N are powers of two)
         page = tl.load(Table + tb + start_n // PAGE_SIZE)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-        rows = page.to(tl.int64) * stride_p + ((start_n % PAGE_SIZE) + offs_n) * stride_s
+        rows = page.to(tl.int64) * stride_p + _slots((start_n % PAGE_SIZE) + offs_n, stride_s, VEC)
     else:  # one page per row (or per PAGE_SIZE rows)
         cols = start_n + offs_n
         if CHECK_N:
@@ -49,7 +62,10 @@ def _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_p, stride_s,
         else:
             page = tl.load(Table + tb + cols // PAGE_SIZE)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-        rows = page.to(tl.int64) * stride_p + (cols % PAGE_SIZE) * stride_s
+        rows = page.to(tl.int64) * stride_p + _slots(cols % PAGE_SIZE, stride_s, VEC)
+    if VEC:  # a vector's VEC slots are consecutive elements of one page (the page size and the cache's strides are
+        # multiples of VEC, checked by the API): 16-byte loads along the rows
+        rows = tl.max_contiguous(tl.multiple_of(rows, VEC), VEC)
     return rows
 
 
@@ -59,7 +75,7 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
            stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
            STEP: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
            ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-           PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+           PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr):
     """One key block of the paged cache: gathered K^T and V tiles (TMA: the block's page through the descriptors
     ``k_base``/``v_base`` over the cache's rows), the forward template's online-softmax step."""
     n_ok = (start_n + offs_n) < seqlen_k
@@ -70,7 +86,7 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
         qk = _dot(q, tl.trans(k_base.load([row0, 0])), None, IEEE, UPCAST)
     else:
         krows = _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_kp, stride_ks, CHECK_N, PAGE_SIZE,
-                      BLOCK_N)
+                      BLOCK_N, 0)
         k = _load(k_base + offs_d[:, None] + krows[None, :], d_ok[:, None], n_ok[None, :], CHECK_D, CHECK_N)
         qk = _dot(q, k, None, IEEE, UPCAST)
     p, alpha, l_i, m_i = _softmax(l_i, m_i, qk, start_n, k_base, offs_m, offs_m.to(tl.uint32), offs_m.to(tl.uint32),
@@ -84,7 +100,7 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
             v = tl.where(n_ok[:, None], v, 0.0)
     else:
         vrows = _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_vp, stride_vs, CHECK_N, PAGE_SIZE,
-                      BLOCK_N)
+                      BLOCK_N, KV_VEC)
         v = _load(v_base + vrows[:, None] + offs_dv[None, :], n_ok[:, None], dv_ok[None, :], CHECK_N, CHECK_DV)
     acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], IEEE, UPCAST)
     return acc, l_i, m_i
@@ -97,7 +113,7 @@ def _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
           qk_scale, cap_scale, cap_log2,
           STEP: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
           ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-          PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+          PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr):
     """One pipelined loop over up to three ranges of key blocks: ``n1`` blocks from ``lo1``, ``n2`` from ``lo2``,
     ``n3`` from ``lo3`` (negative counts are none)."""
     n1 = tl.maximum(n1, 0)
@@ -110,7 +126,7 @@ def _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
                                offs_n, offs_d, offs_dv, d_ok, dv_ok, seqlen_q, seqlen_k, mask_off, window_left,
                                window_right, sink, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale,
                                cap_log2, STEP, CHECK_N, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST,
-                               PAGE_SIZE, BLOCK_N, TMA)
+                               PAGE_SIZE, BLOCK_N, TMA, KV_VEC)
     return acc, l_i, m_i
 
 
@@ -125,7 +141,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, MASK: tl.constexpr, SINK: tl.constexpr,
                ALIBI: tl.constexpr, STORE_LSE: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
                UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, PACK_GQA: tl.constexpr, PAGE_SIZE: tl.constexpr,
-               LOOKUP: tl.constexpr, TMA: tl.constexpr):
+               LOOKUP: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr):
     pid_m = tl.program_id(0)
     if MASK:  # the longest rows (last query blocks under a causal mask) start first
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -204,6 +220,14 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
     q = _load(Q + q_rows[:, None] + offs_d[None, :], m_ok[:, None], d_ok[None, :], True, CHECK_D)
     k_base = K + off_hk.to(tl.int64) * stride_kh
     v_base = V + off_hk.to(tl.int64) * stride_vh
+    if KV_VEC:  # CK's vectorized layout: K [P, Hk, D / VEC, page, VEC], V [P, Hk, page / VEC, D, VEC] (paged_abi)
+        k_cols = (offs_d // KV_VEC) * (stride_ks // KV_VEC) * KV_VEC + offs_d % KV_VEC
+        k_slot = KV_VEC
+        v_cols = offs_dv * KV_VEC
+    else:  # linear: unit head-dim stride
+        k_cols = offs_d
+        k_slot = stride_ks
+        v_cols = offs_dv
     if TMA:  # descriptors over this K/V head's rows of the whole cache (pages contiguous: stride_kp = PAGE_SIZE rows)
         k_base = tl.make_tensor_descriptor(k_base, shape=[num_pages * PAGE_SIZE, dq_lim], strides=[stride_ks, 1],
                                            block_shape=[BLOCK_N, BLOCK_DMODEL])
@@ -255,16 +279,16 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
         b_end = tl.maximum(tl.minimum(f_hi, end), a_end)
         # the blocks every row sees in full (no mask), then the masked ones -- sink, left edge, diagonal -- in one loop
         acc, l_i, m_i = _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
-                              a_end, (b_end - a_end) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, offs_d, offs_dv, d_ok,
+                              a_end, (b_end - a_end) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, k_cols, v_cols, d_ok,
                               dv_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
-                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
-                              0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA)
+                              stride_kp, k_slot, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+                              0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC)
         acc, l_i, m_i = _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
                               k_lo, (k_hi - k_lo) // BLOCK_N, lo, (a_end - lo) // BLOCK_N, b_end,
-                              (end - b_end) // BLOCK_N, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok,
+                              (end - b_end) // BLOCK_N, offs_m, offs_n, k_cols, v_cols, d_ok, dv_ok,
                               seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
-                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
-                              2, True, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA)
+                              stride_kp, k_slot, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+                              2, True, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC)
     else:
         full = (seqlen_k // BLOCK_N) * BLOCK_N
         k_lo = full * 0
@@ -277,16 +301,16 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
             t_lo = tl.maximum(full, s_lo)
             t_hi = tl.minimum(seqlen_k, s_hi)
         acc, l_i, m_i = _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
-                              k_lo, (k_hi - k_lo) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, offs_d, offs_dv, d_ok,
+                              k_lo, (k_hi - k_lo) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, k_cols, v_cols, d_ok,
                               dv_ok, seqlen_q, seqlen_k, 0, -1, -1, 0,
-                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
-                              0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA)
+                              stride_kp, k_slot, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+                              0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC)
         if t_lo < t_hi:  # the tail block, under a branch: a length that is a multiple of BLOCK_N pays nothing
             acc, l_i, m_i = _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, t_lo, offs_m,
-                                   offs_n, offs_d, offs_dv, d_ok, dv_ok, seqlen_q, seqlen_k, 0, -1, -1, 0,
-                                   stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+                                   offs_n, k_cols, v_cols, d_ok, dv_ok, seqlen_q, seqlen_k, 0, -1, -1, 0,
+                                   stride_kp, k_slot, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
                                    1, True, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE,
-                                   BLOCK_N, TMA)
+                                   BLOCK_N, TMA, KV_VEC)
 
     # epilogue: rows that saw no allowed key (l = 0) give 0 and lse = -inf
     live = l_i > 0.0
@@ -317,7 +341,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
 CONSTEXPRS: tuple[str, ...] = (
     "BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DV", "HEAD_DIM_Q", "HEAD_DIM_V", "PAD_D", "PAD_DV", "CHECK_D",
     "CHECK_DV", "MASK", "SINK", "ALIBI", "STORE_LSE", "SOFTCAP", "IEEE", "UPCAST_DOT", "SPLIT", "PACK_GQA",
-    "PAGE_SIZE", "LOOKUP", "TMA",
+    "PAGE_SIZE", "LOOKUP", "TMA", "KV_VEC",
 )
 DTYPES = ("fp16", "bf16", "fp32")
 
@@ -340,9 +364,29 @@ def page_size(sig: dict) -> int:
     return ps
 
 
+def kv_vec(sig: dict) -> int:
+    """``KV_VEC`` of a key: 0 for the linear KV layout; for CK's vectorized layout the elements of one 16-byte vector
+    (:data:`fmha_dsl.kernels.paged_abi.VECTOR_BYTES`), which the page size and the head dims must be multiples of."""
+    layout = sig.get("kv_layout", "linear")
+    if layout == "linear":
+        return 0
+    if layout != "vectorized":
+        raise ValueError(f"unknown kv_layout {layout!r} (linear, vectorized)")
+    vec = vector_elems(sig.get("dtype", "fp16"))
+    paged = sig.get("paged_kv", True)
+    if paged and page_size(sig) % vec:
+        raise ValueError(f"the vectorized layout groups {vec} slots of a page into one vector: page_size "
+                         f"{page_size(sig)} must be a multiple of {vec}")
+    for name in ("hdim_q", "hdim_v"):
+        if int(sig[name]) % vec:
+            raise ValueError(f"the vectorized layout splits the head dim into vectors of {vec}: {name} "
+                             f"{sig[name]} is not a multiple")
+    return vec
+
+
 def constexprs(sig: dict, alg: dict) -> dict:
     """Constexpr values of a ``batch_prefill`` / ``fwd_pagedkv`` key (tile ``(m0, n0, ...)`` gives BLOCK_M / BLOCK_N;
-    the head dims the power-of-two blocks; ``kv_cache(linear, lookup, page_size)`` the addressing; ``fwd_pagedkv``
+    the head dims the power-of-two blocks; ``kv_cache(layout, lookup, page_size)`` the addressing; ``fwd_pagedkv``
     splits the key axis; pipeline ``qr_async_trload`` reads K/V blocks through TMA descriptors)."""
     family = sig.get("family", "batch_prefill")
     dtype = sig.get("dtype", "fp16")
@@ -353,9 +397,7 @@ def constexprs(sig: dict, alg: dict) -> dict:
         raise ValueError(f"head dims must be in 1..256, got {hq}, {hv}")
     if family not in ("batch_prefill", "fwd_pagedkv"):
         raise ValueError(f"the triton paged template does not implement family={family!r}")
-    if sig.get("kv_layout", "linear") != "linear":
-        raise ValueError("the triton paged template reads the linear KV layout ([pages, page_size, Hk, D] by strides), "
-                         f"not {sig['kv_layout']!r}")
+    vec = kv_vec(sig)
     for key, ok in {"qscale": "no", "rope": "none", "fp8_static_quant": False, "skip": False, "dbias": False,
                     "store_randval": False, "dropout": False, "vlayout": "r"}.items():
         if key in sig and sig[key] != ok:
@@ -370,6 +412,8 @@ def constexprs(sig: dict, alg: dict) -> dict:
     from ..rules.triton_fwd import uses_tma
 
     tma = uses_tma(alg.get("pipeline", ""))
+    if tma and vec:
+        raise ValueError(f"pipeline {alg['pipeline']} (TMA) reads the linear KV layout only, not vectorized")
     if tma and page_size(sig) < n0:
         raise ValueError(f"pipeline {alg['pipeline']} (TMA) reads a key block from one page: page_size "
                          f"{page_size(sig)} < n0 {n0}")
@@ -384,5 +428,5 @@ def constexprs(sig: dict, alg: dict) -> dict:
         "MASK": mask, "SINK": bool(sig.get("sink", False)) and mask, "ALIBI": sig.get("bias", "no") == "alibi",
         "STORE_LSE": bool(sig.get("lse", False)), "SOFTCAP": bool(sig.get("logits", False)), "IEEE": dtype == "fp32",
         "UPCAST_DOT": False, "SPLIT": family == "fwd_pagedkv", "PACK_GQA": pack, "PAGE_SIZE": page_size(sig),
-        "LOOKUP": LOOKUPS[sig.get("kv_lookup", "vllm")], "TMA": tma,
+        "LOOKUP": LOOKUPS[sig.get("kv_lookup", "vllm")], "TMA": tma, "KV_VEC": vec,
     }

@@ -10,7 +10,9 @@ data (``fmha_dsl/data/triton_paged.json``).
 
 CK vocabulary -> Triton (docs/triton.md, "Serving"):
   kv_cache(linear, ...)     -> ``[num_pages, page_size, Hk, D]`` (or any layout with unit head-dim stride: strides
-                               are run-time arguments); CK's ``vectorized`` layout is not implemented
+                               are run-time arguments)
+  kv_cache(vectorized, ...) -> CK's 16-byte vectors: K ``[pages, Hk, D / x, page_size, x]``, V ``[pages, Hk,
+                               page_size / x, D, x]``, x = 8 (fp16/bf16) or 4 (fp32)
   kv_cache(*, vllm|sglang)  -> ``block_table [B, W]`` | ``kv_indptr [B + 1]`` + ``kv_indices``
   kv_cache(*, *, page_size) -> PAGE_SIZE, any power of two
   pipeline qr | qr_async    -> num_stages 1 | staged pointer loads; qr_nwarp_sshuffle -> GQA heads packed in rows
@@ -27,6 +29,7 @@ import functools
 from .. import arch as arch_table
 from ..data import load
 from ..kernels.fwd_abi import block_d, packs_gqa
+from ..kernels.paged_abi import vector_elems
 from . import triton_fwd as fwd
 from .base import FamilyRules, Rule, Tile, pad_token, tf
 
@@ -59,7 +62,7 @@ def domain(field: str, b: dict):
     if field == "bias":
         return ("no", "alibi")
     if field == "kv_layout":
-        return ("linear",)
+        return ("linear", "vectorized")
     if field == "kv_lookup":
         return tuple(_data()["lookups"])
     if field == "page_size":
@@ -80,7 +83,22 @@ COMMON = (
     Rule("triton.paged.page-size", ("page_size",), lambda b: _pow2(b["page_size"]),
          lambda b: f"page_size must be a positive power of two, got {b['page_size']}",
          "use kv_cache(linear, vllm, 16) (CK has 1, 16 and 1024)", blame="page_size"),
+    Rule("triton.paged.vectorized-page", ("kv_layout", "dtype", "paged_kv", "page_size"), lambda b: _vector_fits_page(b),
+         lambda b: f"the vectorized layout groups {vector_elems(b['dtype'])} tokens of a page into one 16-byte "
+                   f"vector of V; page_size {b['page_size']} is not a multiple of {vector_elems(b['dtype'])}",
+         "use kv_cache(linear, ...) for this page size, or pages of 16 or more", blame="kv_layout"),
+    Rule("triton.paged.vectorized-hdim", ("kv_layout", "dtype", "hdim"),
+         lambda b: b["kv_layout"] != "vectorized" or all(h % vector_elems(b["dtype"]) == 0 for h in b["hdim"]),
+         lambda b: f"the vectorized layout splits the head dim into 16-byte vectors of {vector_elems(b['dtype'])}; "
+                   f"head dims {b['hdim']} are not multiples", "use kv_cache(linear, ...) for this head dim",
+         blame="kv_layout"),
 )
+
+
+def _vector_fits_page(b: dict) -> bool:
+    if b["kv_layout"] != "vectorized" or not b.get("paged_kv", True):
+        return True
+    return b["page_size"] % vector_elems(b["dtype"]) == 0
 ATTENTION = COMMON + (
     Rule("triton.paged.pipeline", ("pipeline",), lambda b: b["pipeline"] in _data()["pipelines"],
          lambda b: f"the triton serving template implements pipelines {', '.join(_data()['pipelines'])}, not "
@@ -94,10 +112,11 @@ ATTENTION = COMMON + (
          lambda b: f"pipeline {b['pipeline']} reads each key block from one page through a descriptor: page_size "
                    f"{b['page_size']} must be >= n0 = {b['tile'].tile[1]} (sm90's TMA has no gather)",
          "use pipeline(qr_async) for small pages", blame="pipeline"),
-    Rule("triton.paged.layout", ("kv_layout",), lambda b: b["kv_layout"] == "linear",
-         lambda b: f"the triton serving template reads the linear KV layout ([num_pages, page_size, Hk, D], any "
-                   f"strides with a unit head-dim stride); CK's {b['kv_layout']} layout is not implemented",
-         "use kv_cache(linear, vllm | sglang, PAGE_SIZE)", blame="kv_layout"),
+    Rule("triton.paged.tma-layout", ("pipeline", "kv_layout"),
+         lambda b: not fwd.uses_tma(b["pipeline"]) or b["kv_layout"] == "linear",
+         lambda b: f"pipeline {b['pipeline']} reads K/V blocks through 2-D tensor descriptors over a linear cache's "
+                   f"rows; the {b['kv_layout']} layout has none", "use pipeline(qr_async) with kv_cache(vectorized, ...)",
+         blame="pipeline"),
     Rule("triton.paged.bias", ("bias",), lambda b: b["bias"] != "bias",
          "the triton serving template has ALiBi but no elementwise bias (a [B, H, Sq, Sk] bias has no place in a "
          "paged cache)", "use bias(no) or bias(alibi)", blame="bias"),
@@ -137,7 +156,7 @@ def ck_name(b: dict) -> str:
 
 
 def _append_name(b: dict) -> str:
-    table = f"p{b['page_size']}_{b['kv_lookup']}" if b["paged_kv"] else "contiguous"
+    table = f"p{b['page_size']}_{b['kv_lookup']}_{b['kv_layout']}" if b["paged_kv"] else "contiguous"
     return f"fmha_fwd_appendkv_d{b['hdim'][0]}x{b['hdim'][1]}_{b['dtype']}_rope{b['rope']}_{table}_triton_{b['arch']}"
 
 
@@ -163,11 +182,11 @@ _APPEND_RULES = COMMON + (
     Rule("triton.appendkv.rope", ("rope",), lambda b: b["rope"] in ("none", "inter", "half"),
          lambda b: f"rope must be none, inter or half, got {b['rope']}", "use rope(half) (GPT-NeoX) or rope(inter)",
          blame="rope"),
-    # a contiguous cache has no table: one kernel, whatever kv_cache says (kept as page 1, vllm)
-    Rule("triton.appendkv.contiguous", ("paged_kv", "kv_lookup", "page_size"),
-         lambda b: b["paged_kv"] or (b["page_size"] == 1 and b["kv_lookup"] == "vllm"),
-         "paged_kv(false) (a contiguous cache) builds one kernel whatever the table's lookup and page size",
-         "declare paged_kv(false) without kv_cache(...)", blame="paged_kv", filter=True),
+    # a contiguous cache has no table: one kernel, whatever kv_cache says (kept as linear, page 1, vllm)
+    Rule("triton.appendkv.contiguous", ("paged_kv", "kv_layout", "kv_lookup", "page_size"),
+         lambda b: b["paged_kv"] or (b["page_size"] == 1 and b["kv_lookup"] == "vllm" and b["kv_layout"] == "linear"),
+         "paged_kv(false) (a contiguous [B, capacity, Hk, D] cache) builds one kernel whatever the table's layout, "
+         "lookup and page size", "declare paged_kv(false) without kv_cache(...)", blame="paged_kv", filter=True),
 )
 
 FAMILIES = {
@@ -179,11 +198,11 @@ FAMILIES = {
                                supported=_supported, doc=__doc__,
                                defaults={"kv_layout": "linear", "pipeline": "qr_async", "max_splits_log2": 4}),
     "fwd_appendkv": FamilyRules(family="fwd_appendkv", fields=("dtype", "hdim", "tile", "rope", "paged_kv",
-                                                               "kv_lookup", "page_size"),
+                                                               "kv_layout", "kv_lookup", "page_size"),
                                 rules=_APPEND_RULES, domain=_append_domain, ck_name=_append_name,
                                 fixed={k: v for k, v in FIXED.items() if k not in ("rope", "paged_kv")} | {
-                                    "pipeline": "appendkv", "kv_layout": "linear", "mode": "batch",
+                                    "pipeline": "appendkv", "mode": "batch",
                                     "mask": "no", "bias": "no", "lse": False, "logits": False, "sink": False,
                                     "pad_d": 1, "pad_dv": 1},
-                                supported=_supported, doc=__doc__),
+                                supported=_supported, doc=__doc__, defaults={"kv_layout": "linear"}),
 }
