@@ -24,9 +24,10 @@ _STATE: dict = {}           # "torch", "tensor": torch.Tensor, "stream": torch._
 
 
 def key(tensors, scalars):
-    """The call's class for the Python replay -- every tensor's shape, strides, dtype and device, and ``scalars`` --
-    or None when it cannot be replayed (an argument is not a plain torch tensor).  A key holding something
-    unhashable (a window given as a list) finds no recipe and records none."""
+    """The call's class for the Python replay -- every tensor's shape, strides, dtype, device and whether it starts
+    on a 16-byte boundary (a misaligned call gets its own recipe, built without the promise, and never displaces the
+    aligned one), and ``scalars`` -- or None when it cannot be replayed (an argument is not a plain torch tensor).  A
+    key holding something unhashable (a window given as a list) finds no recipe and records none."""
     T = _STATE.get("tensor")
     if T is None:
         return None
@@ -35,7 +36,7 @@ def key(tensors, scalars):
         if x is None:
             k.append(None)
         elif type(x) is T:
-            k += (x.shape, x.stride(), x.dtype, x.get_device())
+            k += (x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15 == 0)
         else:
             return None
     return tuple(k)

@@ -9,8 +9,9 @@
  *
  * ``tensors`` is a tuple of torch tensors or None in a fixed order of the caller's (paged_attention's or
  * append_kv's, fmha_dsl/paged_fast.py); ``scalars`` any hashable object holding the call's other arguments.
- * The key is every tensor's sizes, strides, dtype and device (None marked as such) and ``scalars`` (hash, then
- * equality): a hit is a call equal to one the Python path checked and launched in everything but the addresses.
+ * The key is every tensor's sizes, strides, dtype and device (None marked as such), which of them start off a
+ * 16-byte boundary, and ``scalars`` (hash, then equality): a hit is a call equal to one the Python path checked and
+ * launched in everything but the addresses.
  * A recipe is its launches -- per step the driver's launch entry point, the function, block, shared bytes, grid,
  * the packed arguments and the pointer slots ``(argument, tensor index, byte offset)`` patched per call --, the
  * ``checks`` ``(tensor index, byte offset)`` whose address must stay 16-byte aligned (the binary was built for
@@ -77,10 +78,11 @@ bool replay_key(Replayer *self, PyObject *tensors, Py_hash_t h, std::string &key
     if (nt > kMaxReplayTensors)
         return false;
     PyTypeObject *tt = reinterpret_cast<PyTypeObject *>(self->tensor_type);
-    int64_t words[kMaxReplayTensors * 13 + 2];
+    int64_t words[kMaxReplayTensors * 13 + 3];
     size_t w = 0;
     words[w++] = static_cast<int64_t>(h);
     words[w++] = nt;
+    int64_t misaligned = 0;  // which tensors start off a 16-byte boundary: they get their own (unpromised) recipe
     for (Py_ssize_t i = 0; i < nt; i++) {
         PyObject *o = PyTuple_GET_ITEM(tensors, i);
         if (o == Py_None) {
@@ -102,7 +104,10 @@ bool replay_key(Replayer *self, PyObject *tensors, Py_hash_t h, std::string &key
             words[w++] = t.stride(k);
         }
         ptrs[i] = reinterpret_cast<uintptr_t>(t.data_ptr());
+        if (ptrs[i] & 15)
+            misaligned |= int64_t{1} << i;
     }
+    words[w++] = misaligned;
     key.assign(reinterpret_cast<const char *>(words), w * sizeof(int64_t));
     *n = nt;
     return true;

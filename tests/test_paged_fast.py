@@ -94,6 +94,13 @@ def test_a_recorded_call_replays_with_new_addresses(python_only):
     base = torch.empty(4 * 8 * 64 + 8).half()
     shifted = (base[1:1 + 4 * 8 * 64].view(4, 8, 64),) + second[1:]          # Q 2 bytes past a 16-byte boundary
     assert paged_fast.run(shifted, SC) is None and len(kern.calls) == n       # refused: nothing launched
+    # the checked path then records the misaligned call (a binary without the promise) under its own key ...
+    plain, cplain = FakeKernel(), FakeKernel()
+    unpromised = FakePlan()
+    unpromised._aligned_idx = ()
+    paged_fast.record(shifted, set(), SC, unpromised, _steps(shifted, plain, cplain))
+    assert paged_fast.run(shifted, SC) == () and len(plain.calls) == 1
+    assert paged_fast.run(second, SC) == () and len(kern.calls) == n + 1 and len(plain.calls) == 1   # ... not ours
 
 
 def test_what_a_recorded_call_allocated_is_allocated_again(python_only):
@@ -156,6 +163,10 @@ def test_the_extensions_replayer_launches_what_the_python_path_recorded(monkeypa
             assert slot[:struct.calcsize(fmt)] == struct.pack(fmt, value), (ty, value)
     assert paged_fast._STATE["replayer"].stats()["hits"] == 1
     assert paged_fast.run(second, ("paged", "other")) is None               # another class: not replayed
+    base = torch.empty(4 * 8 * 64 + 8).half()
+    shifted = (base[1:1 + 4 * 8 * 64].view(4, 8, 64),) + second[1:]          # Q off a 16-byte boundary
+    n = len(drivers[0].calls)
+    assert paged_fast.run(shifted, ("paged", "native")) is None and len(drivers[0].calls) == n   # its own class
 
 
 def test_retune_rebuilds_every_shipped_decision_key():

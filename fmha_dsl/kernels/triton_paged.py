@@ -63,10 +63,28 @@ def _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_p, stride_s,
             page = tl.load(Table + tb + cols // PAGE_SIZE)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
         rows = page.to(tl.int64) * stride_p + _slots(cols % PAGE_SIZE, stride_s, VEC)
-    if VEC:  # a vector's VEC slots are consecutive elements of one page (the page size and the cache's strides are
-        # multiples of VEC, checked by the API): 16-byte loads along the rows
-        rows = tl.max_contiguous(tl.multiple_of(rows, VEC), VEC)
     return rows
+
+
+@triton.jit
+def _v_vectors(v_base, Table, tb, num_pages, start_n, seqlen_k, stride_vp, stride_vs, v_cols, dv_ok,
+               CHECK_N: tl.constexpr, CHECK_DV: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_DV: tl.constexpr, VEC: tl.constexpr):
+    """A V block ``[BLOCK_N, BLOCK_DV]`` of the vectorized layout, read as ``[BLOCK_N / VEC, BLOCK_DV, VEC]``: a group
+    of VEC tokens holds its ``BLOCK_DV x VEC`` elements contiguously (``v_cols`` = the head dims' offsets, ``d x
+    VEC``), so a warp reads long runs; the tokens are brought back to rows in registers."""
+    grp = tl.arange(0, BLOCK_N // VEC) * VEC
+    # each group's first token: page * stride_vp + (slot / VEC) * stride_vs, a multiple of VEC (strides checked)
+    g_rows = tl.multiple_of(_rows(Table, tb, num_pages, start_n, grp, seqlen_k, stride_vp, stride_vs, CHECK_N,
+                                  PAGE_SIZE, BLOCK_N, VEC), VEC)
+    t = tl.arange(0, VEC)
+    ptrs = v_base + g_rows[:, None, None] + v_cols[None, :, None] + t[None, None, :]
+    ok = ((start_n + grp[:, None, None] + t[None, None, :]) < seqlen_k) & dv_ok[None, :, None]
+    if CHECK_N or CHECK_DV:
+        v3 = tl.load(ptrs, mask=ok, other=0.0)
+    else:
+        v3 = tl.load(ptrs)
+    return tl.reshape(tl.permute(v3, (0, 2, 1)), (BLOCK_N, BLOCK_DV))
 
 
 @triton.jit
@@ -98,9 +116,12 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
         v = v_base.load([row0, 0])
         if CHECK_N:  # rows past the sequence hold other tokens (or never-written memory): zero them
             v = tl.where(n_ok[:, None], v, 0.0)
+    elif KV_VEC:
+        v = _v_vectors(v_base, Table, tb, num_pages, start_n, seqlen_k, stride_vp, stride_vs, offs_dv, dv_ok, CHECK_N,
+                       CHECK_DV, PAGE_SIZE, BLOCK_N, offs_dv.shape[0], KV_VEC)
     else:
         vrows = _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_vp, stride_vs, CHECK_N, PAGE_SIZE,
-                      BLOCK_N, KV_VEC)
+                      BLOCK_N, 0)
         v = _load(v_base + vrows[:, None] + offs_dv[None, :], n_ok[:, None], dv_ok[None, :], CHECK_N, CHECK_DV)
     acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], IEEE, UPCAST)
     return acc, l_i, m_i
