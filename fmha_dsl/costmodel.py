@@ -7,6 +7,8 @@ Pure Python; reads the arch table (:mod:`fmha_dsl.arch`) and an entry's ``build[
 
 from __future__ import annotations
 
+import functools
+
 from .kernels.fwd_abi import packs_gqa
 
 
@@ -30,17 +32,37 @@ def split_limit(entry) -> int:
     return int(b.get("splits") or 1 << int(entry.alg["max_splits_log2"]))
 
 
-SPLIT_WAVES = 4   # a split-KV launch splits no further than to fill this many waves of programs
+SPLIT_WAVES = 4   # a split-KV launch splits to fill about this many waves of programs (up to twice: see splits_at)
 
 
 def splits_at(limit: int, seqlen_k: int, n0: int, nprog: int, cus: int) -> int:
     """Splits a split-KV launch uses (1 for other kernels: ``limit`` 0): the kernel's count, but no more than the key
-    blocks ``ceil(seqlen_k / n0)``, and no more than it takes for the ``nprog`` programs of one split to fill
-    :data:`SPLIT_WAVES` waves over ``cus`` compute units (a grid that already fills the device gains nothing from
-    splitting and would only grow the workspace).  The runtime (``fmha_dsl.runtime.plan.SplitLaunch``) uses this."""
+    blocks ``ceil(seqlen_k / n0)``, and enough for the ``nprog`` programs of one split to fill :data:`SPLIT_WAVES`
+    waves over ``cus`` compute units (a grid that already fills the device gains nothing from splitting and would only
+    grow the workspace) -- then, up to twice that, the count with the shortest critical path: waves x key blocks per
+    split (a split takes ``ceil(blocks / splits)`` blocks, so 9 splits of 64 blocks leave one empty and 10 give the
+    last one block; 576 programs on 132 SMs run 4.4 waves).  The runtime (``fmha_dsl.runtime.plan.SplitLaunch``) and
+    the workspace bounds use this."""
     if not limit:
         return 1
-    return max(1, min(limit, _cdiv(max(seqlen_k, 1), n0), _cdiv(SPLIT_WAVES * max(cus, 1), max(nprog, 1))))
+    blocks = _cdiv(max(seqlen_k, 1), n0)
+    return _least_path(min(int(limit), blocks), blocks, max(int(nprog), 1), max(int(cus), 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _least_path(most: int, blocks: int, nprog: int, cus: int) -> int:
+    base = max(1, min(most, _cdiv(SPLIT_WAVES * cus, nprog)))
+
+    def path(s: int) -> int:
+        per = _cdiv(blocks, s)
+        return _cdiv(nprog * _cdiv(blocks, per), cus) * per  # waves of non-empty programs x blocks each
+
+    best, best_path = base, path(base)
+    for s in range(base + 1, min(most, 2 * base) + 1):
+        p = path(s)
+        if p * 20 < best_path * 19:  # at least 5 % shorter: more splits cost workspace and combine work
+            best, best_path = s, p
+    return best
 
 
 def arch_info(arch: str) -> dict:

@@ -101,7 +101,9 @@ def test_split_plans_have_two_stages_and_the_problem_can_ask_for_a_count():
     assert sl.count(8, 2, 8, 1, 8192) == 8                 # 16 programs on 132 SMs: all 8 splits
     assert sl.count(8, 2, 8, 1, 100) == 2                  # two key blocks of 64
     assert sl.count(8, 64, 16, 1, 8192) == 1               # 1024 programs >= 4 waves x 132: no split
-    assert sl.count(8, 4, 16, 1, 8192) == 8 and sl.count(64, 4, 16, 1, 8192) == 9  # ceil(528 / 64) = 9
+    # ceil(528 / 64) = 9 splits of 128 blocks: 15 blocks each, 576 programs in 5 waves (a path of 75 blocks); 10
+    # splits: 13 each, 640 programs, still 5 waves (65)
+    assert sl.count(8, 4, 16, 1, 8192) == 8 and sl.count(64, 4, 16, 1, 8192) == 10
     assert sl.count(8, 1, 1, 2 ** 24, 8192) == 1           # 2**24 rows x 64 x 2 splits would overflow int32
 
 
@@ -191,3 +193,30 @@ def test_build_compiles_one_shared_combine_kernel_per_signature(tmp_path):
     finally:
         mp.undo()
     assert len(bad.failures) == 4 and all("combine kernel failed" in f["reason"] for f in bad.failures)
+
+
+def test_the_split_count_shortens_the_critical_path_within_twice_the_base_count():
+    """Checked against the definition on a grid: at least the count that fills SPLIT_WAVES waves (or the limit / key
+    blocks), at most twice it, never a longer critical path (waves of non-empty programs x blocks per split); and the
+    paged workspace bound covers every count a launch of at least batch x nhead_k programs can take."""
+    from fmha_dsl.costmodel import SPLIT_WAVES, splits_at
+    from fmha_dsl.kernels.fwd_abi import block_d
+    from fmha_dsl.kernels.paged_abi import workspace_bound
+
+    def path(n, s, blocks, cus):
+        per = -(-blocks // s)
+        return -(-n * -(-blocks // per) // cus) * per
+
+    for cus in (80, 132, 304):
+        for nprog in range(1, 400, 7):
+            for limit in (2, 8, 16, 32, 64, 128):
+                for blocks in (1, 3, 40, 1000):
+                    s = splits_at(limit, blocks * 64, 64, nprog, cus)
+                    base = max(1, min(limit, blocks, -(-SPLIT_WAVES * cus // nprog)))
+                    assert base <= s <= min(limit, blocks, 2 * base), (cus, nprog, limit, blocks, s)
+                    assert path(nprog, s, blocks, cus) <= path(nprog, base, blocks, cus)
+    for b, hq, hk, sk in ((1, 32, 8, 131072), (8, 64, 8, 131072), (3, 12, 3, 5000), (64, 32, 4, 8192)):
+        ws = workspace_bound(b, hq, hk, 1, sk, 128, 132)
+        for limit in (16, 32, 64, 128):
+            s = splits_at(limit, sk, 16, b * hk, 132)
+            assert b * hq * s * (block_d(128) + 1) <= ws, (b, hq, hk, sk, limit, s)

@@ -139,14 +139,15 @@ def split_args(args, ws, lws, ws_strides, lws_strides, nhead_q: int, num_splits:
 def workspace_bound(batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, max_seqlen_k: int, head_dim_v: int,
                     compute_units: int) -> int:
     """fp32 elements that suffice for the split-KV workspaces of any ``fwd_pagedkv`` kernel on calls within these
-    bounds: splits are at most 128 (``max_splits_log2`` <= 7), the key blocks of 16 keys, and what fills
+    bounds: splits are at most 128 (``max_splits_log2`` <= 7), the key blocks of 16 keys, and twice what fills
     :data:`fmha_dsl.costmodel.SPLIT_WAVES` waves of at least ``batch x nhead_k`` programs
-    (:func:`fmha_dsl.costmodel.splits_at`)."""
+    (:func:`fmha_dsl.costmodel.splits_at` fills the last wave with up to twice that)."""
     from ..costmodel import SPLIT_WAVES
     from .fwd_abi import block_d
 
     progs = max(1, int(batch) * int(nhead_k))
-    s = max(1, min(128, -(-max(int(max_seqlen_k), 1) // 16), -(-SPLIT_WAVES * max(int(compute_units), 1) // progs)))
+    waves = 2 * -(-SPLIT_WAVES * max(int(compute_units), 1) // progs)
+    s = max(1, min(128, -(-max(int(max_seqlen_k), 1) // 16), waves))
     rows = int(batch) * int(nhead_q) * s * max(1, int(max_seqlen_q))
     return rows * (block_d(head_dim_v) + 1)
 
