@@ -1,6 +1,6 @@
 """Per-call host overhead of ``fmha_dsl.attention`` on a tiny problem, against torch SDPA in the same run.
 
-    python3 -P bench/bench_dispatch.py [--calls 3000] [--json PATH]
+    python3 -P bench/bench_dispatch.py [--calls 3000] [--decode-steps 400] [--json PATH]
 
 Each variant is called ``--warmup`` times, then ``--calls`` times, each call timed on the host with
 ``time.perf_counter_ns``; ``torch.cuda.synchronize()`` runs only before and after the timed loop (the kernels
@@ -20,6 +20,14 @@ Variants:
   sdpa                torch.nn.functional.scaled_dot_product_attention
   launch[L]           floor: the loaded kernel's launch() alone, arguments built once, per launcher L
   empty_like          floor: allocating the output tensor
+
+Decode loop (``--decode-steps``, 0 = off): one query token per step, K/V one token longer each step (views of a
+preallocated cache: batch 1, 32 query / 8 K/V heads, d128, bf16, from 3,000 and from 9,000 keys), the way a
+generation loop calls attention().  At 9,000 keys the default path plans split-KV (two launches and a workspace).  One warm pass over the lengths
+makes every decision first; then each step's host time is taken as above (few enough steps that the launch queue
+never fills), for attention (the torch fast path: one recipe per decision span), attention[python] and SDPA
+(enable_gqa=True) -- and "views", the floor: the step's slicing of the cache alone --, and the fast path's hits over
+the timed steps are counted.
 """
 
 from __future__ import annotations
@@ -77,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="1,2,128,64", help="B,H,S,D of the tiny problem (fp16)")
     ap.add_argument("--json", default=None, help="write the results here (default: $OUT/bench_dispatch.json)")
     ap.add_argument("--registry", default=None, help="also time attention(registry=DIR) on a built registry")
+    ap.add_argument("--decode-steps", type=int, default=400, help="steps of the decode loop (0: skip it)")
     args = ap.parse_args(argv)
 
     import torch
@@ -173,11 +182,67 @@ def main(argv=None) -> int:
     if "attention[tuned]" in best:
         t = best["attention[tuned]"]["median_us"]
         print(f"attention[tuned] = {t:.2f} us; goal <= 7 us: {'PASS' if t <= 7.0 else 'FAIL'}")
+    decode = [decode_loop(start, args.decode_steps, args.rounds, torch, fmha_dsl, amod) for start in (3000, 9000)
+              if args.decode_steps]
     path = args.json or (os.path.join(os.environ["OUT"], "bench_dispatch.json") if os.environ.get("OUT") else None)
     if path:
         with open(path, "w") as f:
-            json.dump({"info": info, "results": best}, f, indent=1, sort_keys=True)
+            json.dump({"info": info, "results": best, "decode_loop": decode}, f, indent=1, sort_keys=True)
     return 0
+
+
+def decode_loop(S0: int, steps: int, rounds: int, torch, fmha_dsl, amod) -> dict:
+    """Host time per step of a decode loop whose K/V grow by one token per step from ``S0`` keys (see the module
+    docstring)."""
+    B, HQ, HK, D = 1, 32, 8, 128
+    q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(B, HK, S0 + steps, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    F = torch.nn.functional
+    lengths = range(S0 + 1, S0 + steps + 1)
+    for n in lengths:  # warm pass: every decision of these lengths made (first use), every recipe learnt
+        fmha_dsl.attention(q, kc[:, :, :n], vc[:, :, :n])
+    n = S0 + steps
+    ref = F.scaled_dot_product_attention(q, kc[:, :, :n], vc[:, :, :n], enable_gqa=True)
+    err = (fmha_dsl.attention(q, kc[:, :, :n], vc[:, :, :n]).float() - ref.float()).abs().max().item()
+    assert err < 2e-2, f"decode: attention differs from SDPA by {err}"
+
+    def loop(call):
+        it = iter(lengths)
+
+        def step():
+            m = next(it)
+            call(kc[:, :, :m], vc[:, :, :m])
+        return step
+
+    variants = {"attention": lambda k, v: fmha_dsl.attention(q, k, v),
+                "attention[python]": lambda k, v: fmha_dsl.attention(q, k, v),
+                "sdpa": lambda k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                "views": lambda k, v: None}  # the floor: the step's two K/V views alone
+    best, hits = {}, None
+    for _ in range(rounds):
+        for name, call in variants.items():
+            before = amod._fast_path.stats() if amod._fast_path else None
+            if name == "attention[python]":
+                with _PythonPath():
+                    r = timed(loop(call), steps, 0, torch)
+            else:
+                r = timed(loop(call), steps, 0, torch)
+            if name == "attention" and before is not None:
+                hits = amod._fast_path.stats()["hits"] - before["hits"]
+            if name not in best or r["median_us"] < best[name]["median_us"]:
+                best[name] = r
+    from triton.testing import do_bench
+
+    gpu_us = 1000 * do_bench(lambda: fmha_dsl.attention(q, kc[:, :, :n], vc[:, :, :n]), return_mode="median")
+    dev = q.get_device()
+    plans = sorted({p.entry.name for p in amod._JIT[dev].fast.values() if p.splits})
+    print(f"decode loop ({steps} steps from {S0 + 1} keys, batch 1, 32/8 heads, d128, bf16; split-KV plans: "
+          f"{plans}); fast-path hits in the last timed pass: {hits}/{steps}; GPU time of a step (do_bench, L2 "
+          f"flushed): {gpu_us:.1f} us")
+    for name, r in best.items():
+        print(f"decode@{S0} {name:20s} {r['median_us']:10.2f} {r['p10_us']:8.2f} {r['p90_us']:8.2f} {r['mean_us']:8.2f}")
+    return {"steps": steps, "first_keys": S0 + 1, "fast_path_hits": hits, "split_plans": plans, "gpu_us": gpu_us,
+            "max_abs_err_vs_sdpa": err, "results": best}
 
 
 if __name__ == "__main__":

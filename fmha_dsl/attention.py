@@ -57,7 +57,6 @@ _JIT = _api._JIT            # device -> the compile-on-first-use dispatcher (sha
 
 
 _ALIGNED_IDX: dict = {}     # V column-major? -> argument positions the 16-divisibility promise covers
-_FAST_SLOTS = ()            # argument positions of Q, K, V, Out, Lse, sm_scale (the fast path patches them)
 _fast_path = None           # the torch fast path's FastPath once it is built (runtime/torch_fast.py)
 _fast_run = None            # its run(), bound once for the hot path
 _INF = math.inf
@@ -81,9 +80,9 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
             or getattr(bias, "requires_grad", False)) and _torch.is_grad_enabled():
         return _differentiable(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale,
                                return_lse, cu_seqlens_q, cu_seqlens_k, registry, offset, max_seqlen_q, max_seqlen_k)
-    # a call identical to one already launched, but for the pointers and the scale: replayed in C++
-    # (runtime/torch_fast.cpp).  A bytes token means "new to the fast path": the Python path below runs and
-    # records what it launched under that token.
+    # a call of a class already launched (the same shapes but for a key length the same decision serves):
+    # replayed in C++ (runtime/torch_fast.cpp).  A bytes token means "new to the fast path": the Python path below
+    # runs and records what it launched under that token.
     ftok = None
     if _fast_run is not None:
         ftok = _fast_run(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale,
@@ -194,18 +193,26 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
     if kern is None or plan._extra_aligned_idx or plan.splits:
         plan.launch(dev, b, hq, sq, args)  # first launch on this device, promises the class key does not cover, or
         # split-KV (two stages and a workspace)
-        if ftok is not None and kern is not None:
-            _fast_path.decline(ftok, disp)  # two stages or per-call checks: the Python path's job
     else:
         grid = _grid_of(plan.packed, b, hq, hk, sq, plan.block_m)  # GQA-packed rows: one program per K/V head
         kern.launch(grid, args, _raw_stream(dev) if dev >= 0 else 0)
-        if ftok is not None:
-            spec = getattr(kern, "fast_spec", None)  # the native launcher's; other launchers are not replayed
-            if spec is not None:
-                _fast_path.commit(ftok, disp, kern, *spec, grid, args, _FAST_SLOTS, out, lse, aligned)
-            else:
-                _fast_path.decline(ftok, disp)
+    if ftok is not None:
+        _teach_fast_path(ftok, disp, plan, dev, b, hq, sq, sk, args, vc, aligned, out, lse)
     return (out, lse) if return_lse else out
+
+
+def _teach_fast_path(token, disp, plan, dev, b, hq, sq, sk, args, vc, aligned, out, lse) -> None:
+    """Hand the torch fast path what this batch-mode call launched, for every call of its class whose key length
+    is in the span the decision covers (or decline them, when a kernel is launched by another launcher)."""
+    span = disp.seq_span(sq, sk, b * hq)
+    replay = plan.replay(dev, b, hq, sq, args)
+    if replay is None:
+        _fast_path.decline(token, disp, span)
+        return
+    steps, split = replay
+    native = tuple((*spec, grid, a, patches, splits) for _, spec, grid, a, patches, splits in steps)
+    _fast_path.commit(token, disp, tuple(st[0] for st in steps), native, span, _ALIGNED_IDX[vc], plan._aligned_idx,
+                      aligned, split, out, lse)
 
 
 def _differentiable(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale, return_lse,
@@ -266,8 +273,6 @@ def _init_torch():
 
     names = [n for n, _ in ARGS]
     _ALIGNED_IDX.update({vc: tuple(names.index(n) for n in aligned_names("c" if vc else "r")) for vc in (False, True)})
-    global _FAST_SLOTS
-    _FAST_SLOTS = tuple(names.index(n) for n in ("Q", "K", "V", "Out", "Lse", "sm_scale"))
     _fwd_args, _Dispatcher, _raw_stream, _grid_of = fwd_args, Dispatcher, raw, grid_of
     _torch = torch
     _T = torch.Tensor

@@ -51,6 +51,7 @@ import threading
 
 from fmha_dsl import costmodel, knobs, seqtune
 from fmha_dsl.errors import FmhaError, UsageError, error
+from fmha_dsl.kernels.fwd_abi import SEQ_ALIGN
 from fmha_dsl.registry import Entry
 
 from . import abi, autotune
@@ -73,7 +74,10 @@ PLANS = {"bwd_dq_dk_dv": BackwardPlan, "batch_prefill": PagedPlan, "fwd_pagedkv"
 
 def plan_class(family: str):
     return PLANS.get(family, Plan)
+
+
 LAUNCHERS = ("auto", "native", "cuda", "triton", "hip", "interpret")
+_I32_MAX = (1 << 31) - 1
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -202,6 +206,19 @@ class Dispatcher(MeasuredSelection):
         if self.ranking:
             key += self.bucket_key(sq, sk, bh)
         return key
+
+    def seq_span(self, sq: int, sk: int, bh: int) -> tuple[int, int, int, int, bool]:
+        """The key lengths ``n`` that share :meth:`seq_key` ``(sq, n, bh)`` with ``sk > 0``, as ``(lo, hi, mod, res,
+        eq)``: every ``n`` in ``[lo, hi]`` with ``(n % mod == res) == eq`` does.  The torch fast path serves a whole
+        span from one recipe (a decode loop whose K/V grow by a token per step stays on it)."""
+        if self.builder is not None:  # autotune.buckets: the octave, and whether n is a multiple of SEQ_ALIGN
+            o = autotune.octave(sk)
+            return 1 << (o - 1), (1 << o) - 1, SEQ_ALIGN, 0, sk % SEQ_ALIGN == 0
+        lo, hi = 1, _I32_MAX
+        if self.ranking:  # seqtune.bucket's range
+            b = seqtune.bucket(sk)
+            lo, hi = seqtune.bucket_rep(b), seqtune.bucket_rep(b + 1) - 1
+        return lo, hi, self.lk, sk % self.lk, True
 
     @staticmethod
     def bucket_key(sq: int, sk: int, bh: int) -> tuple:

@@ -8,8 +8,8 @@ from fmha_dsl.errors import UsageError, error
 from fmha_dsl.costmodel import split_limit, splits_at
 
 from . import abi
-from fmha_dsl.kernels.fwd_abi import (COMBINE_BLOCK_M, aligned_names, block_d, grid_of, packs_gqa, split_args,
-                                      workspace_strides)
+from fmha_dsl.kernels.fwd_abi import (COMBINE_BLOCK_M, aligned_names, block_d, grid_of, packs_gqa, replay_patches,
+                                      split_args, workspace_strides)
 from fmha_dsl.kernels.fwd_abi import pack as fwd_args
 
 from .match import promised_aligned
@@ -149,6 +149,30 @@ class Plan:
                                explicit)
         else:
             kern.launch((gx, heads, batch), args, stream)
+
+    def replay(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args):
+        """What the torch fast path (runtime/torch_fast.cpp) needs to replay this plan's launches for a batch-mode
+        call like the one ``args`` describes: ``(steps, split)`` -- per launch ``(kernel, fast_spec, grid, args,
+        patches, grid_y_splits)`` (:func:`fmha_dsl.kernels.fwd_abi.replay_patches`) and, for a split plan, ``(limit,
+        n0, programs, compute units, BLOCK_DV, nhead_q, batch, max_seqlen_q)`` from which it derives the split count and the workspaces as
+        :class:`SplitLaunch` does -- or None when a kernel is not launched natively (no ``fast_spec``)."""
+        gx, heads, _ = grid_of(self.packed, batch, nhead_q, args[_NHK], max_seqlen_q, self.block_m)
+        kern = self._kernels.get(device) or self._stage.kernel(device)
+        main, comb = replay_patches(self._split is not None)
+        if self._split is None:
+            spec = getattr(kern, "fast_spec", None)
+            return None if spec is None else (((kern, spec, (gx, heads, batch), list(args), main, False),), None)
+        sp = self._split
+        ckern = sp.combine.kernel(device)
+        specs = getattr(kern, "fast_spec", None), getattr(ckern, "fast_spec", None)
+        if None in specs:
+            return None
+        s = sp.count(self.splits, batch, nhead_q, max_seqlen_q, args[_MAX_SK], gx * heads * batch)
+        wst, lst = workspace_strides(batch, nhead_q, s, max_seqlen_q, sp.block_dv)
+        a, cargs = split_args(args, 0, 0, wst, lst, nhead_q, s)  # the workspaces' addresses: patched per call
+        cgrid = ((max_seqlen_q + COMBINE_BLOCK_M - 1) // COMBINE_BLOCK_M, nhead_q, batch)
+        steps = ((kern, specs[0], (gx, heads, batch), a, main, True), (ckern, specs[1], cgrid, cargs, comb, False))
+        return steps, (self.splits, sp.n0, gx * heads * batch, sp.cus, sp.block_dv, nhead_q, batch, max_seqlen_q)
 
     def run(self, q, k, v, out, lse=None, *, stream=None, **kw):
         """Compute ``out`` (and ``lse``) for tensors of this plan's problem class.  Keywords as :meth:`args`."""

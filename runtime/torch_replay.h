@@ -22,12 +22,7 @@
 
 constexpr int kMaxReplayTensors = 16;
 
-struct ReplayStep {
-    launch_fn fn = nullptr;
-    void *function = nullptr;
-    unsigned int grid[3] = {0, 0, 0};
-    unsigned int block = 0, shared = 0;
-    std::vector<uint64_t> storage;
+struct ReplayStep : Launch {
     std::vector<int> slot_arg, slot_tensor;
     std::vector<int64_t> slot_offset;
 };
@@ -202,51 +197,21 @@ PyObject *Replayer_run(Replayer *self, PyObject *const *a, Py_ssize_t nargs)
 bool replay_step(PyObject *o, Py_ssize_t nt, ReplayStep &s)
 {
     // (launch_fn, function, block, shared, kinds, ntail, grid, args, slots)
-    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 9) {
+    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 9 || !PyTuple_Check(PyTuple_GET_ITEM(o, 8))) {
         PyErr_SetString(PyExc_TypeError, "Replayer.record(): a step is (launch_fn, function, block, shared, kinds, "
-                        "ntail, grid, args, slots)");
+                        "ntail, grid, args, slots), slots a tuple");
         return false;
     }
-    unsigned long long fn, function, block, shared, ntail;
-    if (!int_arg(PyTuple_GET_ITEM(o, 0), "launch_fn", &fn, UINTPTR_MAX) ||
-        !int_arg(PyTuple_GET_ITEM(o, 1), "function", &function, UINTPTR_MAX) ||
-        !int_arg(PyTuple_GET_ITEM(o, 2), "block", &block, UINT32_MAX) ||
-        !int_arg(PyTuple_GET_ITEM(o, 3), "shared", &shared, UINT32_MAX) ||
-        !int_arg(PyTuple_GET_ITEM(o, 5), "ntail", &ntail, kMaxParams))
+    if (!launch_arg(o, "Replayer.record()", s))
         return false;
-    PyObject *kinds = PyTuple_GET_ITEM(o, 4), *grid = PyTuple_GET_ITEM(o, 6), *slots = PyTuple_GET_ITEM(o, 8);
-    if (fn == 0 || function == 0 || !PyBytes_Check(kinds) || !PyTuple_Check(grid) || PyTuple_GET_SIZE(grid) != 3 ||
-        !PyTuple_Check(slots)) {
-        PyErr_SetString(PyExc_ValueError, "Replayer.record(): a step needs non-NULL launch_fn and function, bytes "
-                        "kinds, a 3-tuple grid and a tuple of slots");
-        return false;
-    }
-    const Py_ssize_t np = PyBytes_GET_SIZE(kinds);
-    const char *k = PyBytes_AS_STRING(kinds);
-    if (np < 1 || np > kMaxParams || static_cast<Py_ssize_t>(ntail) > np) {
-        PyErr_Format(PyExc_ValueError, "Replayer.record(): %zd parameters (at most %zd)", np, kMaxParams);
-        return false;
-    }
-    s.fn = reinterpret_cast<launch_fn>(static_cast<uintptr_t>(fn));
-    s.function = reinterpret_cast<void *>(static_cast<uintptr_t>(function));
-    s.block = static_cast<unsigned int>(block);
-    s.shared = static_cast<unsigned int>(shared);
-    for (int d = 0; d < 3; d++) {
-        unsigned long long g;
-        if (!int_arg(PyTuple_GET_ITEM(grid, d), "grid", &g, UINT32_MAX))
-            return false;
-        s.grid[d] = static_cast<unsigned int>(g);
-    }
-    s.storage.assign(static_cast<size_t>(np), 0);
-    if (pack_all(PyTuple_GET_ITEM(o, 7), k, np, static_cast<Py_ssize_t>(ntail), s.storage.data(),
-                 "Replayer.record()") < 0)
-        return false;
+    PyObject *slots = PyTuple_GET_ITEM(o, 8);
+    const Py_ssize_t np = static_cast<Py_ssize_t>(s.kinds.size());
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(slots); j++) {
         long long arg, ti, off;
         PyObject *t = PyTuple_GET_ITEM(slots, j);
         if (!PyArg_ParseTuple(t, "LLL", &arg, &ti, &off))
             return false;
-        if (arg < 0 || arg >= np || k[arg] != 'p' || ti < 0 || ti >= nt) {
+        if (arg < 0 || arg >= np || s.kinds[static_cast<size_t>(arg)] != 'p' || ti < 0 || ti >= nt) {
             PyErr_Format(PyExc_ValueError, "Replayer.record(): slot (%lld, %lld) is not a pointer parameter / tensor",
                          arg, ti);
             return false;

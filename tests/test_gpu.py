@@ -406,11 +406,7 @@ def test_the_torch_fast_path_replays_the_python_path(kw, shape):
     import sys
 
     amod = sys.modules["fmha_dsl.attention"]
-    plan = list(amod._JIT[q.get_device()].fast.values())[-1]
-    if plan.splits:  # first use chose split-KV (two stages and a workspace): the Python path's job, never replayed
-        assert after["hits"] == before["hits"]
-    else:
-        assert after["hits"] == before["hits"] + 2 and after["misses"] == before["misses"]
+    assert after["hits"] == before["hits"] + 2 and after["misses"] == before["misses"]  # split-KV plans too
     saved, amod._fast_run = amod._fast_run, None
     try:
         python = fmha_dsl.attention(q, k, v, **kw)  # the Python path alone
@@ -765,6 +761,50 @@ class _PackedOnly(Builder):
     def candidates(self, problem, arch, aligned=True, limit=None):
         return [e for e in super().candidates(problem, arch, aligned, 100) if e.alg["pipeline"] == "qr_nwarp_sshuffle"
                 and (self.split or e.sig["family"] == "fwd")]
+
+
+class _SplitOnly(Builder):
+    """First-use candidates restricted to two split-KV kernels."""
+
+    def candidates(self, problem, arch, aligned=True, limit=None):
+        return [e for e in super().candidates(problem, arch, aligned, 100) if e.sig["family"] == "fwd_splitkv"][:2]
+
+
+def test_a_decode_loop_with_growing_keys_stays_on_the_torch_fast_path():
+    """Decode: one query token per step and K/V one token longer each step (views of a preallocated cache, or
+    contiguous), on a split-KV plan: after the first call of the decision's span every step is replayed in C++ --
+    both launches, a fresh workspace, the split count of that length --, bit-identical to the Python path's launch
+    (so with the same split count) and right against the reference."""
+    import sys
+
+    from fmha_dsl.runtime.dispatch import Dispatcher
+
+    fp = fast_path()
+    amod = sys.modules["fmha_dsl.attention"]
+    d = Dispatcher(None, builder=_SplitOnly(), tuned_dir="")
+    q = rnd(2, 8, 1, 128, dtype=torch.bfloat16)
+    kc, vc = rnd(2, 2, 2100, 128, dtype=torch.bfloat16), rnd(2, 2, 2100, 128, dtype=torch.bfloat16)
+    fmha_dsl.attention(q, kc[:, :, :1500], vc[:, :, :1500], registry=d)  # decides the span [1024, 2047] \ 128Z
+    [plan] = d.fast.values()
+    assert plan.splits
+    before = fp.stats()
+    lengths = list(range(1501, 1530)) + [1100, 1700, 2047]
+    for i, sk in enumerate(lengths):
+        k, v = kc[:, :, :sk], vc[:, :, :sk]
+        if i % 2:
+            k, v = k.contiguous(), v.contiguous()
+        fast = fmha_dsl.attention(q, k, v, registry=d)
+        saved, amod._fast_run = amod._fast_run, None
+        try:
+            python = fmha_dsl.attention(q, k, v, registry=d)
+        finally:
+            amod._fast_run = saved
+        assert torch.equal(fast, python), sk
+        if sk in (1501, 2047):
+            close(fast, reference(q, k, v)[0], torch.bfloat16)
+    after = fp.stats()
+    assert after["hits"] == before["hits"] + len(lengths) and after["misses"] == before["misses"]
+    assert list(d.fast.values()) == [plan]  # one decision served them all
 
 
 @pytest.mark.parametrize("sq,causal", [(1, False), (4, "bottom_right"), (37, True)])

@@ -1322,3 +1322,31 @@ def test_first_use_for_an_unknown_arch_is_a_located_usage_error():
     with pytest.raises(UsageError) as ei:
         Builder().candidates(problem(), "sm70")
     assert "one of" in ei.value.hint or "did you mean" in ei.value.hint
+
+
+def test_seq_span_covers_only_lengths_of_the_same_decision_key():
+    """Dispatcher.seq_span (what one torch fast-path recipe serves) against seq_key itself: every length the span
+    admits has the key of the length it was made for, and the span is the whole octave / bucket, not less."""
+    import random
+    from types import SimpleNamespace
+
+    from fmha_dsl.runtime.dispatch import Dispatcher
+
+    rng = random.Random(7)
+    kinds = [SimpleNamespace(builder=object(), lq=1, lk=1, sq_bounds=(), ranking=False),
+             SimpleNamespace(builder=None, lq=64, lk=128, sq_bounds=(16,), ranking=True),
+             SimpleNamespace(builder=None, lq=1, lk=64, sq_bounds=(), ranking=False)]
+    for d in kinds:
+        d.bucket_key = Dispatcher.bucket_key
+        for _ in range(300):
+            sq, sk, bh = rng.choice((1, 4, 100, 4096)), rng.randrange(1, 300000), rng.choice((8, 256))
+            lo, hi, mod, res, eq = Dispatcher.seq_span(d, sq, sk, bh)
+            assert lo <= sk <= hi and (sk % mod == res) == eq
+            key = Dispatcher.seq_key(d, sq, sk, bh)
+            probes = [lo, hi, rng.randint(lo, hi), sk + 1, sk - 1] + [n for n in range(lo, min(hi, lo + 300))]
+            for n in probes:
+                if lo <= n <= hi and (n % mod == res) == eq:
+                    assert Dispatcher.seq_key(d, sq, n, bh) == key, (d, sk, n)
+        if d.builder is not None:  # the octave, split by multiples of 128
+            assert Dispatcher.seq_span(d, 1, 1500, 8) == (1024, 2047, 128, 0, False)
+            assert Dispatcher.seq_span(d, 1, 1536, 8) == (1024, 2047, 128, 0, True)

@@ -1,7 +1,9 @@
 """The torch fast path (runtime/torch_fast.cpp) without a GPU: built against the installed torch, driven with CPU
 tensors and a ctypes stand-in for ``cuLaunchKernel`` that records the parameter slots it is handed.  Every slot
 is checked against :mod:`struct`'s encoding of the arguments the Python path computes for the same call
-(``runtime.plan.fwd_args``): the fast path must launch exactly what the Python path would."""
+(``runtime.plan.fwd_args``, ``fwd_abi.split_args``, ``SplitLaunch.count``): the fast path must launch exactly what
+the Python path would -- for a repeated call, for a call whose key length differs within the recipe's span (a
+decode loop), and for split-KV plans (two launches and a workspace)."""
 
 import gc
 import math
@@ -14,17 +16,24 @@ torch = pytest.importorskip("torch")
 
 from fakes import FakeDriver  # noqa: E402
 
-from fmha_dsl.kernels.fwd_abi import ARGS  # noqa: E402
+from fmha_dsl import costmodel  # noqa: E402
+from fmha_dsl.kernels.fwd_abi import (ARGS, COMBINE_ARGS, aligned_names, replay_patches, split_args,  # noqa: E402
+                                      workspace_strides)
 from fmha_dsl.runtime import native, torch_fast  # noqa: E402
 from fmha_dsl.runtime.abi import code_of  # noqa: E402
-from fmha_dsl.runtime.plan import fwd_args  # noqa: E402
+from fmha_dsl.runtime.plan import SplitLaunch, fwd_args  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch_fast.compiler() is None, reason="no C++ compiler on this machine")
 
 NAMES = [n for n, _ in ARGS]
-SLOTS = tuple(NAMES.index(n) for n in ("Q", "K", "V", "Out", "Lse", "sm_scale"))
+SCALE = NAMES.index("sm_scale")
 TYPES = [t.replace("{dtype}", "fp16") for _, t in ARGS]
 KINDS = native.kinds(TYPES) + b"pp"  # + the two trailing scratch pointers Triton adds
+SPLIT_TYPES = [t.replace("{dtype}", "fp32" if n in ("Out",) else "fp16") for n, t in ARGS]
+COMBINE_TYPES = [t.replace("{dtype}", "fp16") for _, t in COMBINE_ARGS]
+COMBINE_KINDS = native.kinds(COMBINE_TYPES) + b"pp"
+USUAL = tuple(NAMES.index(n) for n in aligned_names("r"))
+EVERY = (1, (1 << 31) - 1, 1, 0, True)  # a span of every key length
 STREAM = 0x5EED
 
 
@@ -78,24 +87,35 @@ def python_args(q, k, v, out, lse, causal, scale):
                     0.0, None, 0, wl, wr, br, 0)
 
 
-def encode(args):
+def encode(args, types=TYPES):
     out = []
-    for t, a in zip(TYPES, args):
+    for t, a in zip(types, args):
         code = "Q" if t.startswith("*") else code_of(t)[0]
         raw = struct.pack("<" + code, a)
         out.append(raw + b"\0" * (8 - len(raw)))
     return out + [b"\0" * 8] * 2
 
 
+def step(drv, args, grid=(3, 4, 2), patches=None, kinds=KINDS, function=0xF00D, splits=False):
+    """A launch as attention() hands it to commit(): the native launcher's fast_spec, then grid, args, patches."""
+    return (drv.address, function, 128, 4096, kinds, 2, grid, args,
+            replay_patches(False)[0] if patches is None else patches, splits)
+
+
+def commit(fp, tok, disp, kern, steps, out, lse, *, span=EVERY, aligned=True, split=None, usual=USUAL):
+    """An aligned class's binary promises the usual arguments 16-divisible, an unaligned one's nothing."""
+    fp.commit(tok, disp, (kern,), steps, span, usual, usual if aligned else (), aligned, split, out, lse)
+
+
 def learn(fp, drv, disp, kern, q, k, v, *, causal=False, scale=None, return_lse=False, grid=(3, 4, 2),
-          aligned=True):
+          aligned=True, span=EVERY):
     """The Python path's side: a miss, then commit what it launched (out allocated like attention() does)."""
     tok = run(fp, q, k, v, causal=causal, scale=scale, return_lse=return_lse, registry=disp)
     assert isinstance(tok, bytes)
     out = torch.empty_like(q) if v.shape[3] == q.shape[3] else q.new_empty(q.shape[:3] + (v.shape[3],))
     lse = q.new_empty(q.shape[:3], dtype=torch.float32) if return_lse else None
     args = python_args(q, k, v, out, lse, causal, scale)
-    fp.commit(tok, disp, kern, drv.address, 0xF00D, 128, 4096, KINDS, 2, grid, args, SLOTS, out, lse, aligned)
+    commit(fp, tok, disp, kern, (step(drv, args, grid),), out, lse, span=span, aligned=aligned)
     return out, lse
 
 
@@ -120,7 +140,7 @@ def test_scale_is_patched_per_call_and_the_default_is_the_python_paths(fp):
     for scale in (0.125, None, -2.5):
         out = run(fp, q, k, v, scale=scale, registry=disp)
         assert drv.calls[-1]["slots"] == encode(python_args(q, k, v, out, None, False, scale))
-    got = struct.unpack("<f", drv.calls[-2]["slots"][SLOTS[5]][:4])[0]
+    got = struct.unpack("<f", drv.calls[-2]["slots"][SCALE][:4])[0]
     assert got == struct.unpack("<f", struct.pack("<f", 1.0 / math.sqrt(80)))[0]
 
 
@@ -179,8 +199,7 @@ def test_the_jit_dispatcher_is_looked_up_per_call(fp):
     q, k, v = qkv()
     tok = run(fp, q, k, v, jit={-1: disp})
     out = torch.empty_like(q)
-    fp.commit(tok, disp, kern, drv.address, 1, 64, 0, KINDS, 2, (1, 1, 1), python_args(q, k, v, out, None, False, None),
-              SLOTS, out, None, True)
+    commit(fp, tok, disp, kern, (step(drv, python_args(q, k, v, out, None, False, None)),), out, None)
     assert isinstance(run(fp, q, k, v, jit={-1: disp}), torch.Tensor)
     assert isinstance(run(fp, q, k, v, jit={-1: Disp()}), bytes)  # another JIT dispatcher (e.g. after a reset)
 
@@ -219,33 +238,42 @@ def test_commit_rejects_what_run_did_not_produce(fp):
     out = torch.empty_like(q)
     args = python_args(q, k, v, out, None, False, None)
     tok = run(fp, q, k, v, registry=disp)
+    main = replay_patches(False)[0]
 
-    def commit(**over):
-        a = dict(tok=tok, disp=disp, fn=drv.address, kinds=KINDS, args=args, slots=SLOTS, out=out, lse=None)
+    def attempt(**over):
+        a = dict(tok=tok, disp=disp, steps=(step(drv, args),), span=EVERY, usual=USUAL, split=None, out=out, lse=None)
         a.update(over)
-        fp.commit(a["tok"], a["disp"], kern, a["fn"], 1, 64, 0, a["kinds"], 2, (1, 1, 1), a["args"], a["slots"],
-                  a["out"], a["lse"], True)
+        fp.commit(a["tok"], a["disp"], (kern,), a["steps"], a["span"], a["usual"], (), True, a["split"], a["out"],
+                  a["lse"])
 
     with pytest.raises(ValueError, match="token"):
-        commit(tok=b"nope")
+        attempt(tok=b"nope")
     with pytest.raises(ValueError, match="dispatcher"):
-        commit(disp=Disp())
+        attempt(disp=Disp())
     with pytest.raises(ValueError, match="non-NULL"):
-        commit(fn=0)
-    with pytest.raises(ValueError, match="slot 5 .* floating-point"):
-        commit(slots=SLOTS[:5] + (0,))
-    with pytest.raises(ValueError, match="slot 0 .* pointer"):
-        commit(slots=(9,) + SLOTS[1:])
+        attempt(steps=((0,) + step(drv, args)[1:],))
+    with pytest.raises(TypeError, match="non-empty"):
+        attempt(steps=())
+    with pytest.raises(ValueError, match=r"patch \(5, 3, 0\)"):  # the scale into a pointer parameter
+        attempt(steps=(step(drv, args, patches=main + ((5, 3, 0),)),))
+    with pytest.raises(ValueError, match=r"patch \(0, 0, 9\)"):  # no tensor 9
+        attempt(steps=(step(drv, args, patches=((0, 0, 9),)),))
+    with pytest.raises(ValueError, match="span"):
+        attempt(span=(10, 5, 1, 0, True))
+    with pytest.raises(ValueError, match="usual index"):
+        attempt(usual=(999,))
+    with pytest.raises(ValueError, match="split"):
+        attempt(split=(0, 64, 1, 132, 32, 4, 2, 40))
     with pytest.raises(TypeError, match="takes 53 arguments"):
-        commit(args=args[:10])
+        attempt(steps=(step(drv, args[:10]),))
     with pytest.raises(OverflowError, match="kernel argument 14"):
-        commit(args=args[:14] + [1 << 40] + args[15:])  # seqlen_q is an int32
+        attempt(steps=(step(drv, args[:14] + [1 << 40] + args[15:]),))  # seqlen_q is an int32
     with pytest.raises(ValueError, match="dtype"):
-        commit(out=out.float())
+        attempt(out=out.float())
     with pytest.raises(TypeError, match="lse"):
-        commit(lse=torch.empty(1))
+        attempt(lse=torch.empty(1))
     assert fp.stats()["recipes"] == 0
-    commit()
+    attempt()
     assert fp.stats()["recipes"] == 1
 
 
@@ -273,9 +301,110 @@ def test_a_declined_call_goes_to_the_python_path_without_a_token(fp):
     q, k, v = qkv()
     tok = run(fp, q, k, v, registry=disp)
     with pytest.raises(ValueError, match="dispatcher"):
-        fp.decline(tok, Disp())
-    fp.decline(tok, disp)
+        fp.decline(tok, Disp(), EVERY)
+    fp.decline(tok, disp, EVERY)
     before = fp.stats()
     assert run(fp, q, k, v, registry=disp) is None
     assert fp.stats()["declined"] == before["declined"] + 1 and fp.stats()["misses"] == before["misses"]
     assert isinstance(run(fp, q, k, v, registry=disp, causal=True), bytes)  # another key is still learnt
+
+
+def test_a_decode_loop_whose_keys_grow_by_one_stays_on_the_fast_path(fp):
+    """One recipe serves every key length of its span: the key length, K's and V's strides (a contiguous K/V's batch
+    and head strides follow the length) are re-read per call; lengths outside the span are misses."""
+    drv, disp, kern = FakeDriver(len(KINDS)), Disp(), Kernel()
+    span = (32, 63, 128, 0, False)  # an octave's lengths that are not multiples of 128 (Dispatcher.seq_span)
+    learn(fp, drv, disp, kern, *qkv(sq=1, sk=40), span=span)
+    q = qkv(sq=1)[0]
+    for sk in range(32, 64):
+        _, k, v = qkv(sq=1, sk=sk)  # contiguous: stride_kb = Hk * sk * D
+        out = run(fp, q, k, v, registry=disp)
+        assert isinstance(out, torch.Tensor), sk
+        assert drv.calls[-1]["slots"] == encode(python_args(q, k, v, out, None, False, None)), sk
+    # the same loop over a preallocated cache (fixed strides, a growing view)
+    kc, vc = torch.randn(2, 2, 64, 32).half(), torch.randn(2, 2, 64, 32).half()
+    for sk in (33, 34, 63):
+        k, v = kc[:, :, :sk], vc[:, :, :sk]
+        out = run(fp, q, k, v, registry=disp)
+        assert drv.calls[-1]["slots"] == encode(python_args(q, k, v, out, None, False, None)), sk
+    assert fp.stats()["hits"] == 32 + 3 and fp.stats()["misses"] == 1
+    for sk in (31, 64, 128):  # another octave
+        assert isinstance(run(fp, q, *qkv(sq=1, sk=sk)[1:], registry=disp), bytes), sk
+    # a K/V whose batch stride breaks the 16-divisibility the recipe's class was planned with: a miss
+    k = torch.randn(2, 2 * 40 * 32 + 8).half()[:, :2 * 40 * 32].view(2, 2, 40, 32)
+    assert k.stride(0) % 16 == 8
+    assert isinstance(run(fp, q, k, qkv(sq=1, sk=40)[2], registry=disp), bytes)
+    # mismatched K/V lengths or an empty key axis: the Python path's answer (an error / zeros)
+    assert run(fp, q, *qkv(sq=1, sk=40)[1:2], qkv(sq=1, sk=41)[2], registry=disp) is None
+    assert run(fp, q, torch.empty(2, 2, 0, 32).half(), torch.empty(2, 2, 0, 32).half(), registry=disp) is None
+
+
+def test_a_span_per_alignment_class_and_residue(fp):
+    """Recipes of one key side by side: multiples of 128 and the rest of an octave, and an unaligned class."""
+    drv, disp = FakeDriver(len(KINDS)), Disp()
+    learn(fp, drv, disp, Kernel(), *qkv(sq=1, sk=100), span=(64, 127, 128, 0, False), grid=(1, 1, 1))
+    learn(fp, drv, disp, Kernel(), *qkv(sq=1, sk=128), span=(128, 255, 128, 0, True), grid=(2, 2, 2))
+    learn(fp, drv, disp, Kernel(), *qkv(sq=1, sk=200), span=(128, 255, 128, 0, False), grid=(3, 3, 3))
+    q = qkv(sq=1)[0]
+    for sk, grid in ((64, (1, 1, 1)), (127, (1, 1, 1)), (128, (2, 2, 2)), (129, (3, 3, 3)), (255, (3, 3, 3))):
+        assert isinstance(run(fp, q, *qkv(sq=1, sk=sk)[1:], registry=disp), torch.Tensor)
+        assert drv.calls[-1]["grid"] == grid, sk
+    assert isinstance(run(fp, q, *qkv(sq=1, sk=256)[1:], registry=disp), bytes)
+    # the unaligned class: q off a 16-byte boundary gets its own recipe, the aligned ones stay
+    qm = torch.empty(2 * 4 * 32 + 1).half()[1:].view(2, 4, 1, 32)
+    tok = run(fp, qm, *qkv(sq=1, sk=100)[1:], registry=disp)
+    out = torch.empty_like(qm)
+    _, k, v = qkv(sq=1, sk=100)
+    commit(fp, tok, disp, Kernel(), (step(drv, python_args(qm, k, v, out, None, False, None), (9, 9, 9)),), out, None,
+           span=(64, 127, 128, 0, False), aligned=False)
+    assert isinstance(run(fp, qm, *qkv(sq=1, sk=70)[1:], registry=disp), torch.Tensor)
+    assert drv.calls[-1]["grid"] == (9, 9, 9)
+    assert isinstance(run(fp, q, *qkv(sq=1, sk=70)[1:], registry=disp), torch.Tensor)
+    assert drv.calls[-1]["grid"] == (1, 1, 1)
+    assert fp.stats()["recipes"] == 4
+
+
+def test_split_kv_plans_replay_both_launches_with_their_workspace(fp):
+    """A split-KV plan: the split kernel into a fresh fp32 workspace with the call's split count, then the combine
+    kernel into out -- slot by slot what runtime/plan.py's SplitLaunch launches for the same call."""
+    d_split, d_comb, disp, kern = FakeDriver(len(KINDS)), FakeDriver(len(COMBINE_KINDS)), Disp(), Kernel()
+    b, hq, hk, sq, dv, n0, cus, limit, block_dv = 2, 4, 2, 1, 32, 16, 8, 64, 32
+    heads, gx = hk, 1  # GQA-packed: one program per K/V head
+    sl = SplitLaunch(None, 16, n0, block_dv, cus)
+    q, k, v = qkv(b=b, hq=hq, hk=hk, sq=sq, sk=1000)
+    tok = run(fp, q, k, v, return_lse=True, registry=disp)
+    out, lse = torch.empty_like(q), q.new_empty((b, hq, sq), dtype=torch.float32)
+
+    def program(k, v, out, lse, ws=0):
+        """SplitLaunch.launch's split count and arguments (the workspace at ``ws``: O, then the LSE)."""
+        s = sl.count(limit, b, hq, sq, k.shape[2], gx * heads * b)
+        wst, lst = workspace_strides(b, hq, s, sq, block_dv)
+        lws = ws + 4 * b * wst[0] if ws else 0
+        return (s,) + tuple(split_args(python_args(q, k, v, out, lse, False, None), ws, lws, wst, lst, hq, s))
+
+    _, a, c = program(k, v, out, lse)
+    main, comb = replay_patches(True)
+    steps = (step(d_split, a, (gx, heads, b), main, splits=True),
+             step(d_comb, c, (sq, hq, b), comb, kinds=COMBINE_KINDS, function=0xC0))
+    commit(fp, tok, disp, kern, steps, out, lse, span=(512, 1023, 128, 0, False),
+           split=(limit, n0, gx * heads * b, cus, block_dv, hq, b, sq))
+    counts = set()
+    for sk in (513, 700, 1000, 1023):
+        _, k, v = qkv(b=b, hq=hq, hk=hk, sq=sq, sk=sk)
+        out, lse = run(fp, q, k, v, return_lse=True, registry=disp)
+        ws = struct.unpack("<Q", d_split.calls[-1]["slots"][NAMES.index("Out")])[0]
+        s, a, c = program(k, v, out, lse, ws)
+        counts.add(s)
+        assert d_split.calls[-1]["grid"] == (gx, heads * s, b), sk
+        assert d_split.calls[-1]["slots"] == encode(a, SPLIT_TYPES), sk
+        assert d_comb.calls[-1]["grid"] == (sq, hq, b) and d_comb.calls[-1]["function"] == 0xC0
+        assert d_comb.calls[-1]["slots"] == encode(c, COMBINE_TYPES), sk
+    assert len(counts) > 1  # the split count follows the key length within the span
+    assert fp.stats()["hits"] == 4
+
+
+def test_the_split_count_is_the_cost_models(mod):
+    cases = [(limit, sk, n0, nprog, cus) for limit in (1, 8, 64, 128) for sk in (1, 63, 64, 65, 1000, 8191, 131072)
+             for n0 in (32, 64, 128) for nprog in (1, 8, 64, 200, 2000) for cus in (1, 8, 132)]
+    assert all(mod.splits_at(*c) == costmodel.splits_at(*c) for c in cases)
+    assert mod.splits_at(0, 8192, 64, 8, 132) == 1  # not a split plan

@@ -154,3 +154,34 @@ def workspace_strides(batch: int, nhead_q: int, splits: int, max_seqlen_q: int, 
     """Element strides of the contiguous split-KV workspaces ``O [B, Hq*S, Sq, Dv]`` and ``LSE [B, Hq*S, Sq]``."""
     hs, sq = int(nhead_q) * int(splits), max(1, int(max_seqlen_q))
     return (hs * sq * dv, sq * dv, dv, 1), (hs * sq, sq, 1)
+
+
+# ---- the torch fast path's replay (runtime/torch_fast.cpp) ------------------------------------------------------
+# A batch-mode call replayed in C++ recomputes these arguments from the call's own tensors (so that one recipe serves
+# every seqlen_k of its dispatcher's bucket: a decode loop that grows K/V by one token per step); every other argument
+# is the recorded call's.  A patch is (argument index, source, operand):
+R_PTR, R_STRIDE, R_SEQLEN_K, R_SCALE, R_SPLITS, R_WS = range(6)
+# R_PTR's operand: the tensor whose address the argument holds
+T_Q, T_K, T_V, T_OUT, T_LSE, T_WS, T_LWS = range(7)
+# R_STRIDE's operand: 4 * (0 q, 1 k, 2 v) + dim.  R_WS's: the split workspaces' strides, 0-2 O's (b, h, m), 3-4 the
+# LSE's (b, h): :func:`workspace_strides` for the replayed call's split count (R_SPLITS: that count).
+
+_STRIDES = tuple((f"stride_{t}{d}", 4 * i + j) for i, t in enumerate("qkv")
+                 for j, d in enumerate(("b", "h", "m" if t == "q" else "n", "d")))
+
+
+def replay_patches(split: bool) -> tuple[tuple, tuple]:
+    """``(main, combine)``: the patches of the forward (or split) kernel's :data:`ARGS` and, for a split plan, of the
+    combine kernel's :data:`COMBINE_ARGS` (``()`` otherwise)."""
+    main = [(_AT["Q"], R_PTR, T_Q), (_AT["K"], R_PTR, T_K), (_AT["V"], R_PTR, T_V),
+            (_AT["Out"], R_PTR, T_WS if split else T_OUT), (_AT["Lse"], R_PTR, T_LWS if split else T_LSE),
+            (_AT["sm_scale"], R_SCALE, 0), (_AT["seqlen_k"], R_SEQLEN_K, 0), (_AT["max_seqlen_k"], R_SEQLEN_K, 0)]
+    main += [(_AT[name], R_STRIDE, operand) for name, operand in _STRIDES]
+    if not split:
+        return tuple(main), ()
+    main += [(_AT[n], R_WS, i) for i, n in enumerate(("stride_ob", "stride_oh", "stride_om", "stride_lb", "stride_lh"))]
+    at = {name: i for i, (name, _) in enumerate(COMBINE_ARGS)}
+    comb = [(at["Ows"], R_PTR, T_WS), (at["Lws"], R_PTR, T_LWS), (at["Out"], R_PTR, T_OUT), (at["Lse"], R_PTR, T_LSE),
+            (at["num_splits"], R_SPLITS, 0)]
+    comb += [(at[n], R_WS, i) for i, n in enumerate(("stride_wb", "stride_wh", "stride_wm", "stride_xb", "stride_xh"))]
+    return tuple(main), tuple(comb)
