@@ -32,37 +32,36 @@ def split_limit(entry) -> int:
     return int(b.get("splits") or 1 << int(entry.alg["max_splits_log2"]))
 
 
-SPLIT_WAVES = 4   # a split-KV launch splits to fill about this many waves of programs (up to twice: see splits_at)
+SPLIT_WAVES = 4   # a split-KV launch takes at most twice the splits that fill this many waves of one program per CU
+SPLIT_SETUP = 1   # key blocks' worth of time a program spends outside its loop (Q, pipeline fill, partial store)
 
 
-def splits_at(limit: int, seqlen_k: int, n0: int, nprog: int, cus: int) -> int:
-    """Splits a split-KV launch uses (1 for other kernels: ``limit`` 0): the kernel's count, but no more than the key
-    blocks ``ceil(seqlen_k / n0)``, and enough for the ``nprog`` programs of one split to fill :data:`SPLIT_WAVES`
-    waves over ``cus`` compute units (a grid that already fills the device gains nothing from splitting and would only
-    grow the workspace) -- then, up to twice that, the count with the shortest critical path: waves x key blocks per
-    split (a split takes ``ceil(blocks / splits)`` blocks, so 9 splits of 64 blocks leave one empty and 10 give the
-    last one block; 576 programs on 132 SMs run 4.4 waves).  The runtime (``fmha_dsl.runtime.plan.SplitLaunch``) and
-    the workspace bounds use this."""
+def splits_at(limit: int, seqlen_k: int, n0: int, nprog: int, cus: int, occupancy: int = 1) -> int:
+    """Splits a split-KV launch uses (1 for other kernels: ``limit`` 0): the count with the shortest critical path
+    -- waves of programs over the device's ``cus x occupancy`` slots (``occupancy``: programs resident per CU) times
+    the key blocks a program runs plus :data:`SPLIT_SETUP` -- and the fewest splits within 5 % of it (each split
+    writes and the combine reads back its partial rows).  At most the kernel's ``limit``, the key blocks
+    ``ceil(seqlen_k / n0)`` and twice the count whose ``nprog`` programs per split fill :data:`SPLIT_WAVES` waves of
+    one program per CU (the workspace bounds rely on that).  So 64 programs of 128 key blocks on 132 SMs with two
+    resident each split 4 ways (one full wave of 32 blocks each, as FlashAttention's heuristic), not 10 (2.4 waves).
+    The runtime (``fmha_dsl.runtime.plan.SplitLaunch``), the torch fast path's replay and the cost model use this."""
     if not limit:
         return 1
     blocks = _cdiv(max(seqlen_k, 1), n0)
-    return _least_path(min(int(limit), blocks), blocks, max(int(nprog), 1), max(int(cus), 1))
+    nprog, cus = max(int(nprog), 1), max(int(cus), 1)
+    most = min(int(limit), blocks, 2 * _cdiv(SPLIT_WAVES * cus, nprog))
+    return _least_path(max(most, 1), blocks, nprog, cus * max(int(occupancy), 1))
 
 
 @functools.lru_cache(maxsize=4096)
-def _least_path(most: int, blocks: int, nprog: int, cus: int) -> int:
-    base = max(1, min(most, _cdiv(SPLIT_WAVES * cus, nprog)))
-
+def _least_path(most: int, blocks: int, nprog: int, slots: int) -> int:
     def path(s: int) -> int:
         per = _cdiv(blocks, s)
-        return _cdiv(nprog * _cdiv(blocks, per), cus) * per  # waves of non-empty programs x blocks each
+        return _cdiv(nprog * _cdiv(blocks, per), slots) * (per + SPLIT_SETUP)  # waves of non-empty programs
 
-    best, best_path = base, path(base)
-    for s in range(base + 1, min(most, 2 * base) + 1):
-        p = path(s)
-        if p * 20 < best_path * 19:  # at least 5 % shorter: more splits cost workspace and combine work
-            best, best_path = s, p
-    return best
+    paths = [path(s) for s in range(1, most + 1)]
+    least = min(paths)
+    return next(s for s, p in enumerate(paths, 1) if p * 20 <= least * 21)
 
 
 def arch_info(arch: str) -> dict:
@@ -145,7 +144,7 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
                                                              "efficiency": round(eff, 4)}
     g = max(1, p.nhead_q // max(p.nhead_k, 1)) if packs_gqa(a.get("pipeline", "")) else 1
     nprog = programs(sq * g, m0, p.nhead_q // g, p.batch)  # GQA-packed rows: one program per K/V head
-    ns = splits_at(split_limit(entry), sk, n0, nprog, cus)
+    ns = splits_at(split_limit(entry), sk, n0, nprog, cus, occ)
     nprog *= ns
     w = waves(nprog, cus * occ)
     sk_pad = _cdiv(_cdiv(sk, n0), ns) * n0   # keys per program (split-KV: per split)
@@ -164,4 +163,4 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
 
 
 __all__ = ["cost", "occupancy", "compute_units", "programs", "waves", "split_limit", "splits_at", "LOAD_COST",
-           "SPLIT_WAVES"]
+           "SPLIT_WAVES", "SPLIT_SETUP"]

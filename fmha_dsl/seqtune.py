@@ -268,7 +268,7 @@ def predict(pts: dict, kernel: str, m0: int, n0: int, p, cus: int, splits: int =
     def work(s_q: int, s_k: int, batch: int, heads: int) -> int:
         """Waves x key blocks per program."""
         nprog = programs(s_q, m0, heads, batch)
-        ns = splits_at(splits, s_k, n0, nprog, cus)
+        ns = splits_at(splits, s_k, n0, nprog, cus, occ)
         return waves(nprog * ns, cus * occ) * _cdiv(_cdiv(max(s_k, 1), n0), ns)
 
     def carried(pt: tuple, t: float, to_sq: int, to_sk: int) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from fmha_dsl.errors import UsageError, error
-from fmha_dsl.costmodel import split_limit, splits_at
+from fmha_dsl.costmodel import occupancy, split_limit, splits_at
 
 from . import abi
 from fmha_dsl.kernels.fwd_abi import (COMBINE_BLOCK_M, aligned_names, block_d, grid_of, packs_gqa, replay_patches,
@@ -23,6 +23,7 @@ class KernelLoader(Protocol):
     below ``dispatch`` and does not import it)."""
 
     compute_units: int
+    arch: str
 
     def load(self, entry: Entry, device: int): ...
 
@@ -97,9 +98,8 @@ class Plan:
         if self.splits:
             if problem.family == "fwd_splitkv" and problem.num_splits > 1:
                 self.splits = int(problem.num_splits)
-            self._split = SplitLaunch(self.stages[1], self.block_m, int(self.entry.alg["tile"][1]),
-                                      int(build.get("block_dv") or block_d(self.entry.sig["hdim_v"])),
-                                      self._stage._dispatcher.compute_units)
+            self._split = SplitLaunch.of(self._stage, self.stages[1], self.block_m,
+                                         int(build.get("block_dv") or block_d(self.entry.sig["hdim_v"])))
 
     @property
     def kernel_id(self) -> str:
@@ -154,7 +154,7 @@ class Plan:
         """What the torch fast path (runtime/torch_fast.cpp) needs to replay this plan's launches for a batch-mode
         call like the one ``args`` describes: ``(steps, split)`` -- per launch ``(kernel, fast_spec, grid, args,
         patches, grid_y_splits)`` (:func:`fmha_dsl.kernels.fwd_abi.replay_patches`) and, for a split plan, ``(limit,
-        n0, programs, compute units, BLOCK_DV, nhead_q, batch, max_seqlen_q)`` from which it derives the split count and the workspaces as
+        n0, programs, compute units, occupancy, BLOCK_DV, nhead_q, batch, max_seqlen_q)`` from which it derives the split count and the workspaces as
         :class:`SplitLaunch` does -- or None when a kernel is not launched natively (no ``fast_spec``)."""
         gx, heads, _ = grid_of(self.packed, batch, nhead_q, args[_NHK], max_seqlen_q, self.block_m)
         kern = self._kernels.get(device) or self._stage.kernel(device)
@@ -172,7 +172,8 @@ class Plan:
         a, cargs = split_args(args, 0, 0, wst, lst, nhead_q, s)  # the workspaces' addresses: patched per call
         cgrid = ((max_seqlen_q + COMBINE_BLOCK_M - 1) // COMBINE_BLOCK_M, nhead_q, batch)
         steps = ((kern, specs[0], (gx, heads, batch), a, main, True), (ckern, specs[1], cgrid, cargs, comb, False))
-        return steps, (self.splits, sp.n0, gx * heads * batch, sp.cus, sp.block_dv, nhead_q, batch, max_seqlen_q)
+        return steps, (self.splits, sp.n0, gx * heads * batch, sp.cus, sp.occupancy, sp.block_dv, nhead_q, batch,
+                       max_seqlen_q)
 
     def run(self, q, k, v, out, lse=None, *, stream=None, **kw):
         """Compute ``out`` (and ``lse``) for tensors of this plan's problem class.  Keywords as :meth:`args`."""
@@ -201,17 +202,26 @@ class SplitLaunch:
     on torch's current stream; a caller's own stream is recorded on them).
     """
 
-    __slots__ = ("combine", "block_m", "n0", "block_dv", "cus")
+    __slots__ = ("combine", "block_m", "n0", "block_dv", "cus", "occupancy")
 
-    def __init__(self, combine: Stage, block_m: int, n0: int, block_dv: int, cus: int):
+    def __init__(self, combine: Stage, block_m: int, n0: int, block_dv: int, cus: int, occupancy: int = 1):
         self.combine, self.block_m, self.n0, self.block_dv, self.cus = combine, block_m, n0, block_dv, cus
+        self.occupancy = occupancy
+
+    @classmethod
+    def of(cls, split: Stage, combine: Stage, block_m: int, block_dv: int) -> SplitLaunch:
+        """The launcher of a split stage and its combine: the device's compute units and the split kernel's
+        occupancy (programs resident per CU, from its build) decide the split count."""
+        d = split._dispatcher
+        return cls(combine, block_m, int(split.entry.alg["tile"][1]), block_dv, d.compute_units,
+                   occupancy(split.entry, d.arch))
 
     def count(self, limit: int, batch: int, nhead_q: int, max_seqlen_q: int, max_seqlen_k: int,
               nprog: int | None = None) -> int:
         """Splits for a launch of ``nprog`` programs before splitting (default: query blocks x heads x batch)."""
         if nprog is None:
             nprog = -(-max(int(max_seqlen_q), 1) // self.block_m) * nhead_q * batch
-        s = splits_at(int(limit), int(max_seqlen_k), self.n0, nprog, self.cus)
+        s = splits_at(int(limit), int(max_seqlen_k), self.n0, nprog, self.cus, self.occupancy)
         while s > 1 and nhead_q * s * max(1, max_seqlen_q) * self.block_dv > _I32_MAX:
             s //= 2
         return s

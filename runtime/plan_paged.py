@@ -78,9 +78,7 @@ class PagedPlan:
         self.splits = split_limit(self.entry)
         self._split = None
         if self.splits:
-            cus = self._stage._dispatcher.compute_units
-            self._split = SplitLaunch(self.stages[1], self.block_m, int(self.entry.alg["tile"][1]),
-                                      block_d(self.entry.sig["hdim_v"]), cus)
+            self._split = SplitLaunch.of(self._stage, self.stages[1], self.block_m, block_d(self.entry.sig["hdim_v"]))
 
     @property
     def kernel_id(self) -> str:

@@ -168,7 +168,8 @@ bool launch_arg(PyObject *o, const char *who, Launch &l)
 
 /* split-KV: the split count and the workspaces per call, as runtime/plan.py's SplitLaunch derives them */
 struct Split {
-    int64_t limit = 0, n0 = 1, nprog = 1, cus = 1, block_dv = 16, nhead_q = 1, batch = 1, max_seqlen_q = 1;
+    int64_t limit = 0, n0 = 1, nprog = 1, cus = 1, occupancy = 1, block_dv = 16, nhead_q = 1, batch = 1,
+            max_seqlen_q = 1;
 };
 
 struct Recipe {
@@ -285,33 +286,34 @@ int64_t slot_int(uint64_t slot, char kind)
     return static_cast<int64_t>(slot);
 }
 
-/* costmodel.splits_at: the kernel's limit, no more than the key blocks, enough programs for SPLIT_WAVES waves,
- * then up to twice that the count with the shortest critical path (tests/test_torch_fast.py compares the two) */
-constexpr int64_t kSplitWaves = 4;
+/* costmodel.splits_at: the count with the shortest critical path -- waves of non-empty programs over cus x occupancy
+ * slots times (key blocks per split + kSplitSetup) -- and the fewest splits within 5 % of it; at most the kernel's
+ * limit, the key blocks and twice the count filling kSplitWaves waves of one program per CU
+ * (tests/test_torch_fast.py compares the two) */
+constexpr int64_t kSplitWaves = 4, kSplitSetup = 1;
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-int64_t splits_at(int64_t limit, int64_t seqlen_k, int64_t n0, int64_t nprog, int64_t cus)
+int64_t splits_at(int64_t limit, int64_t seqlen_k, int64_t n0, int64_t nprog, int64_t cus, int64_t occupancy)
 {
     if (limit <= 0)
         return 1;
     nprog = std::max<int64_t>(nprog, 1);
     cus = std::max<int64_t>(cus, 1);
+    const int64_t slots = cus * std::max<int64_t>(occupancy, 1);
     const int64_t blocks = cdiv(std::max<int64_t>(seqlen_k, 1), n0);
-    const int64_t most = std::min(limit, blocks);
-    const int64_t base = std::max<int64_t>(1, std::min(most, cdiv(kSplitWaves * cus, nprog)));
+    const int64_t most = std::max<int64_t>(1, std::min({limit, blocks, 2 * cdiv(kSplitWaves * cus, nprog)}));
     auto path = [&](int64_t s) {
         const int64_t per = cdiv(blocks, s);
-        return cdiv(nprog * cdiv(blocks, per), cus) * per;
+        return cdiv(nprog * cdiv(blocks, per), slots) * (per + kSplitSetup);
     };
-    int64_t best = base, best_path = path(base);
-    for (int64_t s = base + 1; s <= std::min(most, 2 * base); s++) {
-        const int64_t p = path(s);
-        if (p * 20 < best_path * 19) {
-            best = s;
-            best_path = p;
-        }
+    int64_t least = path(1);
+    for (int64_t s = 2; s <= most; s++)
+        least = std::min(least, path(s));
+    for (int64_t s = 1; s <= most; s++) {
+        if (path(s) * 20 <= least * 21)
+            return s;
     }
-    return best;
+    return most;
 }
 
 /* SplitLaunch.count: splits_at, halved while the workspace's element strides would overflow int32 */
@@ -321,7 +323,7 @@ int64_t split_count(Recipe &r, int64_t seqlen_k)
     const int64_t blocks = cdiv(std::max<int64_t>(seqlen_k, 1), p.n0);
     if (blocks == r.memo_blocks)
         return r.memo_splits;  // a decode loop: the count changes once per n0 tokens
-    int64_t s = splits_at(p.limit, seqlen_k, p.n0, p.nprog, p.cus);
+    int64_t s = splits_at(p.limit, seqlen_k, p.n0, p.nprog, p.cus, p.occupancy);
     while (s > 1 && p.nhead_q * s * std::max<int64_t>(1, p.max_seqlen_q) * p.block_dv > INT32_MAX)
         s /= 2;
     r.memo_blocks = blocks;
@@ -331,14 +333,14 @@ int64_t split_count(Recipe &r, int64_t seqlen_k)
 
 PyObject *splits_at_py(PyObject *, PyObject *args)
 {
-    long long limit, seqlen_k, n0, nprog, cus;
-    if (!PyArg_ParseTuple(args, "LLLLL", &limit, &seqlen_k, &n0, &nprog, &cus))
+    long long limit, seqlen_k, n0, nprog, cus, occupancy = 1;
+    if (!PyArg_ParseTuple(args, "LLLLL|L", &limit, &seqlen_k, &n0, &nprog, &cus, &occupancy))
         return nullptr;
     if (n0 < 1) {
         PyErr_SetString(PyExc_ValueError, "splits_at(): n0 must be >= 1");
         return nullptr;
     }
-    return PyLong_FromLongLong(splits_at(limit, seqlen_k, n0, nprog, cus));
+    return PyLong_FromLongLong(splits_at(limit, seqlen_k, n0, nprog, cus, occupancy));
 }
 
 void fill_key(Key &key, const at::Tensor *const t[3])
@@ -737,14 +739,14 @@ PyObject *FastPath_commit(FastPath *self, PyObject *const *a, Py_ssize_t nargs)
     r->aligned = aligned != 0;
     if (a[C_SPLIT] != Py_None) {
         Split &p = r->split;
-        long long v[8];
-        if (!PyTuple_Check(a[C_SPLIT]) ||
-            !PyArg_ParseTuple(a[C_SPLIT], "LLLLLLLL", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]))
+        long long v[9];
+        if (!PyTuple_Check(a[C_SPLIT]) || !PyArg_ParseTuple(a[C_SPLIT], "LLLLLLLLL", &v[0], &v[1], &v[2], &v[3], &v[4],
+                                                            &v[5], &v[6], &v[7], &v[8]))
             return nullptr;
         for (long long x : v) {
             if (x < 1) {
                 PyErr_SetString(PyExc_ValueError, "FastPath.commit(): split is (limit, n0, programs, compute units, "
-                                "BLOCK_DV, nhead_q, batch, max_seqlen_q), each >= 1");
+                                "occupancy, BLOCK_DV, nhead_q, batch, max_seqlen_q), each >= 1");
                 return nullptr;
             }
         }
@@ -752,10 +754,11 @@ PyObject *FastPath_commit(FastPath *self, PyObject *const *a, Py_ssize_t nargs)
         p.n0 = v[1];
         p.nprog = v[2];
         p.cus = v[3];
-        p.block_dv = v[4];
-        p.nhead_q = v[5];
-        p.batch = v[6];
-        p.max_seqlen_q = v[7];
+        p.occupancy = v[4];
+        p.block_dv = v[5];
+        p.nhead_q = v[6];
+        p.batch = v[7];
+        p.max_seqlen_q = v[8];
         r->has_split = true;
     }
     PyTypeObject *tt = reinterpret_cast<PyTypeObject *>(self->tensor_type);
@@ -894,7 +897,8 @@ PyTypeObject FastPathType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 PyMethodDef module_methods[] = {
     {"splits_at", splits_at_py, METH_VARARGS,
-     "splits_at(limit, seqlen_k, n0, nprog, cus): the split count the replay uses (= fmha_dsl.costmodel.splits_at)"},
+     "splits_at(limit, seqlen_k, n0, nprog, cus, occupancy=1): the split count the replay uses "
+     "(= fmha_dsl.costmodel.splits_at)"},
     {nullptr, nullptr, 0, nullptr},
 };
 

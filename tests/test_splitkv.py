@@ -96,14 +96,15 @@ def test_split_plans_have_two_stages_and_the_problem_can_ask_for_a_count():
     assert [s.family for s in plan.stages] == ["fwd_splitkv", "fwd_splitkv_combine"] and plan.splits == 8
     assert disp.plan(P(family="fwd_splitkv", num_splits=3)).splits == 3
     assert disp.plan(P()) is plan  # cached per class
-    # the count a launch uses: the kernel's, at most the key blocks, at most what fills 4 waves, int32 strides
+    # the count a launch uses (costmodel.splits_at): the shortest critical path over 132 SMs x 4 resident programs
+    # (128 registers x 128 threads), at most the kernel's count and the key blocks, int32 strides
     sl = plan._split
-    assert sl.count(8, 2, 8, 1, 8192) == 8                 # 16 programs on 132 SMs: all 8 splits
+    assert sl.occupancy == 4
+    assert sl.count(8, 2, 8, 1, 8192) == 8                 # 16 programs: all 8 splits, one wave
     assert sl.count(8, 2, 8, 1, 100) == 2                  # two key blocks of 64
-    assert sl.count(8, 64, 16, 1, 8192) == 1               # 1024 programs >= 4 waves x 132: no split
-    # ceil(528 / 64) = 9 splits of 128 blocks: 15 blocks each, 576 programs in 5 waves (a path of 75 blocks); 10
-    # splits: 13 each, 640 programs, still 5 waves (65)
-    assert sl.count(8, 4, 16, 1, 8192) == 8 and sl.count(64, 4, 16, 1, 8192) == 10
+    assert sl.count(8, 64, 16, 1, 8192) == 1               # 1024 programs: splitting only adds waves
+    # 64 programs of 128 blocks: 8 splits fill one wave of 528 (16 + 1 block-times); 9 or more take 2 waves
+    assert sl.count(8, 4, 16, 1, 8192) == 8 and sl.count(64, 4, 16, 1, 8192) == 8
     assert sl.count(8, 1, 1, 2 ** 24, 8192) == 1           # 2**24 rows x 64 x 2 splits would overflow int32
 
 
@@ -195,28 +196,37 @@ def test_build_compiles_one_shared_combine_kernel_per_signature(tmp_path):
     assert len(bad.failures) == 4 and all("combine kernel failed" in f["reason"] for f in bad.failures)
 
 
-def test_the_split_count_shortens_the_critical_path_within_twice_the_base_count():
-    """Checked against the definition on a grid: at least the count that fills SPLIT_WAVES waves (or the limit / key
-    blocks), at most twice it, never a longer critical path (waves of non-empty programs x blocks per split); and the
-    paged workspace bound covers every count a launch of at least batch x nhead_k programs can take."""
-    from fmha_dsl.costmodel import SPLIT_WAVES, splits_at
+def test_the_split_count_takes_the_shortest_critical_path_with_the_fewest_splits():
+    """Checked against the definition by brute force on a grid: the critical path is waves of non-empty programs over
+    cus x occupancy slots times (key blocks per split + SPLIT_SETUP); the count is the fewest splits within 5 % of the
+    shortest path over 1 .. min(limit, blocks, twice what fills SPLIT_WAVES waves of one program per CU); and the
+    paged workspace bound covers every count a launch of at least batch x nhead_k programs can take.  Hand-checked:
+    64 programs of 128 blocks on 132 SMs, two resident each, split 4 ways (one wave of 33 block-times; 10 splits
+    took 3 waves of 14)."""
+    from fmha_dsl.costmodel import SPLIT_SETUP, SPLIT_WAVES, splits_at
     from fmha_dsl.kernels.fwd_abi import block_d
     from fmha_dsl.kernels.paged_abi import workspace_bound
 
-    def path(n, s, blocks, cus):
+    def path(n, s, blocks, slots):
         per = -(-blocks // s)
-        return -(-n * -(-blocks // per) // cus) * per
+        return -(-n * -(-blocks // per) // slots) * (per + SPLIT_SETUP)
 
+    assert splits_at(64, 8192, 64, 64, 132, 2) == 4
+    assert splits_at(64, 8192, 64, 64, 132, 1) == 2  # one resident: 2 x 64 programs still fit one wave of 132
+    assert splits_at(0, 8192, 64, 64, 132, 2) == 1
     for cus in (80, 132, 304):
-        for nprog in range(1, 400, 7):
-            for limit in (2, 8, 16, 32, 64, 128):
-                for blocks in (1, 3, 40, 1000):
-                    s = splits_at(limit, blocks * 64, 64, nprog, cus)
-                    base = max(1, min(limit, blocks, -(-SPLIT_WAVES * cus // nprog)))
-                    assert base <= s <= min(limit, blocks, 2 * base), (cus, nprog, limit, blocks, s)
-                    assert path(nprog, s, blocks, cus) <= path(nprog, base, blocks, cus)
+        for occ in (1, 2, 4):
+            for nprog in range(1, 400, 13):
+                for limit in (2, 8, 32, 128):
+                    for blocks in (1, 3, 40, 1000):
+                        s = splits_at(limit, blocks * 64, 64, nprog, cus, occ)
+                        most = max(1, min(limit, blocks, 2 * -(-SPLIT_WAVES * cus // nprog)))
+                        paths = [path(nprog, t, blocks, cus * occ) for t in range(1, most + 1)]
+                        assert 1 <= s <= most
+                        assert paths[s - 1] * 20 <= min(paths) * 21
+                        assert all(p * 20 > min(paths) * 21 for p in paths[:s - 1]), (cus, occ, nprog, limit, blocks)
     for b, hq, hk, sk in ((1, 32, 8, 131072), (8, 64, 8, 131072), (3, 12, 3, 5000), (64, 32, 4, 8192)):
         ws = workspace_bound(b, hq, hk, 1, sk, 128, 132)
         for limit in (16, 32, 64, 128):
-            s = splits_at(limit, sk, 16, b * hk, 132)
+            s = max(splits_at(limit, sk, 16, b * hk, 132, occ) for occ in (1, 2, 4, 8))
             assert b * hq * s * (block_d(128) + 1) <= ws, (b, hq, hk, sk, limit, s)

@@ -263,7 +263,7 @@ def test_commit_rejects_what_run_did_not_produce(fp):
     with pytest.raises(ValueError, match="usual index"):
         attempt(usual=(999,))
     with pytest.raises(ValueError, match="split"):
-        attempt(split=(0, 64, 1, 132, 32, 4, 2, 40))
+        attempt(split=(0, 64, 1, 132, 1, 32, 4, 2, 40))
     with pytest.raises(TypeError, match="takes 53 arguments"):
         attempt(steps=(step(drv, args[:10]),))
     with pytest.raises(OverflowError, match="kernel argument 14"):
@@ -368,9 +368,9 @@ def test_split_kv_plans_replay_both_launches_with_their_workspace(fp):
     """A split-KV plan: the split kernel into a fresh fp32 workspace with the call's split count, then the combine
     kernel into out -- slot by slot what runtime/plan.py's SplitLaunch launches for the same call."""
     d_split, d_comb, disp, kern = FakeDriver(len(KINDS)), FakeDriver(len(COMBINE_KINDS)), Disp(), Kernel()
-    b, hq, hk, sq, dv, n0, cus, limit, block_dv = 2, 4, 2, 1, 32, 16, 8, 64, 32
+    b, hq, hk, sq, dv, n0, cus, limit, block_dv = 2, 4, 2, 1, 32, 64, 8, 64, 32
     heads, gx = hk, 1  # GQA-packed: one program per K/V head
-    sl = SplitLaunch(None, 16, n0, block_dv, cus)
+    sl = SplitLaunch(None, 16, n0, block_dv, cus, 2)
     q, k, v = qkv(b=b, hq=hq, hk=hk, sq=sq, sk=1000)
     tok = run(fp, q, k, v, return_lse=True, registry=disp)
     out, lse = torch.empty_like(q), q.new_empty((b, hq, sq), dtype=torch.float32)
@@ -387,7 +387,7 @@ def test_split_kv_plans_replay_both_launches_with_their_workspace(fp):
     steps = (step(d_split, a, (gx, heads, b), main, splits=True),
              step(d_comb, c, (sq, hq, b), comb, kinds=COMBINE_KINDS, function=0xC0))
     commit(fp, tok, disp, kern, steps, out, lse, span=(512, 1023, 128, 0, False),
-           split=(limit, n0, gx * heads * b, cus, block_dv, hq, b, sq))
+           split=(limit, n0, gx * heads * b, cus, 2, block_dv, hq, b, sq))
     counts = set()
     for sk in (513, 700, 1000, 1023):
         _, k, v = qkv(b=b, hq=hq, hk=hk, sq=sq, sk=sk)
@@ -404,7 +404,8 @@ def test_split_kv_plans_replay_both_launches_with_their_workspace(fp):
 
 
 def test_the_split_count_is_the_cost_models(mod):
-    cases = [(limit, sk, n0, nprog, cus) for limit in (1, 8, 64, 128) for sk in (1, 63, 64, 65, 1000, 8191, 131072)
-             for n0 in (32, 64, 128) for nprog in (1, 8, 64, 200, 2000) for cus in (1, 8, 132)]
+    cases = [(limit, sk, n0, nprog, cus, occ) for limit in (1, 8, 64, 128)
+             for sk in (1, 63, 64, 65, 1000, 8191, 131072) for n0 in (32, 64, 128) for nprog in (1, 8, 64, 200, 2000)
+             for cus in (1, 8, 132) for occ in (1, 2, 3)]
     assert all(mod.splits_at(*c) == costmodel.splits_at(*c) for c in cases)
     assert mod.splits_at(0, 8192, 64, 8, 132) == 1  # not a split plan

@@ -141,7 +141,7 @@ def workspace_bound(batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, m
     """fp32 elements that suffice for the split-KV workspaces of any ``fwd_pagedkv`` kernel on calls within these
     bounds: splits are at most 128 (``max_splits_log2`` <= 7), the key blocks of 16 keys, and twice what fills
     :data:`fmha_dsl.costmodel.SPLIT_WAVES` waves of at least ``batch x nhead_k`` programs
-    (:func:`fmha_dsl.costmodel.splits_at` fills the last wave with up to twice that)."""
+    (:func:`fmha_dsl.costmodel.splits_at` takes at most that many)."""
     from ..costmodel import SPLIT_WAVES
     from .fwd_abi import block_d
 
