@@ -32,6 +32,9 @@ SPLIT_BELOW_WAVES = 2
 SPLITS_LOG2 = (4, 5, 6)         # 16, 32 and 64 splits at most (fewer when the key axis is short)
 PAGED = ("batch_prefill", "fwd_pagedkv", "fwd_appendkv")   # the serving families
 CANDIDATES_VERSION = 3          # bumped when the candidate rules below change (part of Builder.fingerprint)
+SERVING_CANDIDATES_VERSION = 2  # the same for the serving families' own rules (their fingerprint only)
+DECODE_ROWS = 16                # a paged problem with at most this many query rows per K/V head (decode) also gets the
+#                                 split-KV family's short-tile kernels, however many programs it has (they may run 1 split)
 
 
 def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> list[dict]:
@@ -166,7 +169,9 @@ class Builder:
         if problem.family == "fwd_appendkv":
             return [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "fwd_appendkv", aligned)][:1]
         out = [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, "batch_prefill", aligned)]
-        return _with_splits(problem, arch, aligned, limit, out, "fwd_pagedkv", 2)
+        g = max(1, problem.nhead_q // max(problem.nhead_k, 1))
+        decode = max(problem.max_seqlen_q or problem.seqlen_q, 1) * g <= DECODE_ROWS
+        return _with_splits(problem, arch, aligned, limit, out, "fwd_pagedkv", 2, decode)
 
     def fingerprint(self, family: str = "fwd") -> str:
         """What the candidate space of ``family``'s problems and its kernels depend on: the template's source, the
@@ -199,6 +204,7 @@ class Builder:
                 h.update(json.dumps(load("triton_paged"), sort_keys=True).encode())
                 with open(triton_paged.__file__, "rb") as f:
                     h.update(f.read())
+                h.update(f"serving{SERVING_CANDIDATES_VERSION}".encode())
             h.update(str(CANDIDATES_VERSION).encode())
             got = self._fingerprints[kind] = h.hexdigest()[:16]
         return got
@@ -254,18 +260,18 @@ class Builder:
 
 
 def _with_splits(problem, arch: str, aligned: bool, limit: int | None, out: list, split_family: str,
-                 share: int) -> list[Entry]:
-    """``out`` (a family's candidates) plus -- for a problem of ``split_family`` or one whose grid fills fewer than
-    :data:`SPLIT_BELOW_WAVES` waves of the device -- that split-KV family's, ranked by the cost model (pipelined before
-    single-stage loads, unpadded before padded) and cut to ``FMHA_DSL_TUNE_CANDIDATES``, keeping ``n // share`` split
-    kernels in the cut (the timing decides between the kinds)."""
+                 share: int, always: bool = False) -> list[Entry]:
+    """``out`` (a family's candidates) plus -- for a problem of ``split_family``, one whose grid fills fewer than
+    :data:`SPLIT_BELOW_WAVES` waves of the device, or ``always`` -- that split-KV family's, ranked by the cost model
+    (pipelined before single-stage loads, unpadded before padded) and cut to ``FMHA_DSL_TUNE_CANDIDATES``, keeping
+    ``n // share`` split kernels in the cut (the timing decides between the kinds)."""
     from .costmodel import compute_units, cost
     from .rules.triton_fwd import stages
 
     sq = max(problem.max_seqlen_q or problem.seqlen_q, 1)
     cus = compute_units(arch)
     few = min((_programs(e, problem, sq) for e in out), default=0)
-    if problem.family == split_family or few < SPLIT_BELOW_WAVES * cus:
+    if always or problem.family == split_family or few < SPLIT_BELOW_WAVES * cus:
         out = out + [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, split_family, aligned)]
 
     def rank(e):

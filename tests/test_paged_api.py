@@ -298,3 +298,24 @@ def test_the_torch_path_end_to_end_under_the_interpreter():
     out = subprocess.run([sys.executable, "-c", INTERP], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     assert "append ok" in out.stdout
+
+
+def test_decode_gets_the_short_split_tiles_at_any_batch_and_prefill_only_when_the_grid_is_small():
+    """First use of paged attention: a decode problem (at most 16 query rows per K/V head) is offered the split-KV
+    family's 16-row tiles whatever its batch (a 64-row prefill tile spends its loop on rows decode does not have);
+    a large prefill is not, a small-grid prefill is (split-KV fills the device)."""
+    from fmha_dsl.first_use import Builder
+    from fmha_dsl.keys import Problem
+
+    def fams(batch, sq, hq=64, limit=24):
+        p = Problem(family="batch_prefill", dtype="bf16", mode="group", batch=batch, nhead_q=hq, nhead_k=8,
+                    seqlen_q=sq, seqlen_k=8192, max_seqlen_q=sq, max_seqlen_k=8192, hdim_q=128, hdim_v=128,
+                    paged_kv=True, kv_layout="linear", kv_lookup="vllm", page_size=16)
+        return {e.sig["family"]: e for e in Builder().candidates(p, "sm90", limit=limit)}
+
+    big_decode = fams(128, 1)  # 1,024 GQA-packed programs: more than two waves
+    assert "fwd_pagedkv" in big_decode and big_decode["fwd_pagedkv"].alg["tile"][0] == 16
+    assert "batch_prefill" in big_decode
+    assert "fwd_pagedkv" in fams(128, 2)            # 2 x 8 = 16 rows per K/V head: still decode
+    assert "fwd_pagedkv" not in fams(128, 4)        # 32 rows, 128 x 8 programs: prefill-like
+    assert "fwd_pagedkv" in fams(1, 512)            # a small grid: split-KV candidates as before
