@@ -10,6 +10,11 @@ the bias / slopes / ``cu_seqlens`` it was given, and the scalars (the dropout se
 backward recomputes the forward's keep-mask exactly).  ``torch.are_deterministic_algorithms_enabled()`` selects
 the deterministic backward (dQ summed in a fixed order).
 
+Eager calls (not under ``torch.compile``) take a ``torch.autograd.Function`` around the same forward and backward
+(:class:`_Eager`): a ``torch.library.custom_op`` call costs far more host time than the kernels of a small problem
+(measured on an H200 with torch 2.11: a forward + backward step of 1x2x128x64 spent 890 us on the host through the
+custom ops, docs/benchmarks.md).  Both routes run the same functions, so they give the same gradients.
+
 The ops are registered on first use (:func:`ops`), not at import.
 """
 
@@ -54,16 +59,50 @@ def ops(attention=None):
     return _OPS["fwd"], _OPS["bwd"]
 
 
+def _forward(attention, q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+             window_left, window_right, dropout_p, seed, offset, softcap, sink, scale, registry):
+    """``(out, lse)``: the forward both routes run (``causal``: "no" | "top_left" | "bottom_right"; a plain call --
+    no window, top-left or no mask -- is passed as one, so that repeat calls replay on the torch fast path)."""
+    window = None if window_left < 0 and window_right < 0 else (window_left, window_right)
+    c = True if causal == "top_left" and window is None else _CAUSAL[causal]
+    return attention(q, k, v, causal=c, window=window, bias=bias,
+                     alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, softcap=softcap, sink=sink, scale=scale,
+                     return_lse=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, offset=offset,
+                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, registry=_registry(registry))
+
+
+def _backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+              causal, window_left, window_right, dropout_p, seed, offset, softcap, sink, scale, deterministic,
+              registry):
+    """``(dq, dk, dv, dbias | None)``: the backward both routes run."""
+    from .attention_bwd import attention_backward
+
+    got = attention_backward(q, k, v, out, lse, dout.contiguous() if dout.stride(-1) != 1 else dout,
+                             causal=_CAUSAL[causal], window=(window_left, window_right), bias=bias,
+                             alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, softcap=softcap, sink=sink,
+                             scale=scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, offset=offset,
+                             deterministic=deterministic, registry=_registry(registry))
+    return got[0], got[1], got[2], (got[3] if bias is not None else None)
+
+
+_CAUSAL = {"no": False, "top_left": "top_left", "bottom_right": "bottom_right"}
+
+
+def _no_lse_gradient():
+    from .errors import UsageError, error
+
+    raise error("usage.value", "the LSE that attention(..., return_lse=True) returns has no gradient, and a loss "
+                "used it", None, "use lse.detach() in the loss (the backward propagates through `out` only)",
+                cls=UsageError)
+_NON_TENSOR_INPUTS = 15  # the forward's inputs after q, k, v, bias: no gradient
+
+
 def _register(attention) -> None:
     from typing import Optional
 
     import torch
     from torch import Tensor
-
-    from .attention_bwd import attention_backward
-
-    def _causal(c: str):
-        return {"no": False, "top_left": "top_left", "bottom_right": "bottom_right"}[c]
 
     @torch.library.custom_op("fmha_dsl::attention_fwd", mutates_args=(), device_types=None)
     def fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], alibi_slopes: Optional[Tensor],
@@ -71,12 +110,9 @@ def _register(attention) -> None:
             max_seqlen_k: Optional[int], causal: str, window_left: int, window_right: int, dropout_p: float,
             seed: int, offset: int, softcap: Optional[float], sink: int, scale: Optional[float],
             registry: Optional[str]) -> tuple[Tensor, Tensor]:
-        out, lse = attention(q, k, v, causal=_causal(causal), window=(window_left, window_right), bias=bias,
-                             alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, softcap=softcap, sink=sink,
-                             scale=scale, return_lse=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                             offset=offset, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                             registry=_registry(registry))
-        return out, lse
+        return _forward(attention, q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k, causal, window_left, window_right, dropout_p, seed, offset, softcap, sink, scale,
+                        registry)
 
     @fwd.register_fake
     def _(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window_left,
@@ -97,14 +133,10 @@ def _register(attention) -> None:
             window_right: int, dropout_p: float, seed: int, offset: int, softcap: Optional[float], sink: int,
             scale: Optional[float], deterministic: bool, registry: Optional[str]
             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        got = attention_backward(q, k, v, out, lse, dout.contiguous() if dout.stride(-1) != 1 else dout,
-                                 causal=_causal(causal), window=(window_left, window_right), bias=bias,
-                                 alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, softcap=softcap,
-                                 sink=sink, scale=scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, offset=offset,
-                                 deterministic=deterministic, registry=_registry(registry))
-        dbias = got[3] if bias is not None else q.new_empty((0,))
-        return got[0], got[1], got[2], dbias
+        dq, dk, dv, dbias = _backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                                      max_seqlen_q, max_seqlen_k, causal, window_left, window_right, dropout_p, seed,
+                                      offset, softcap, sink, scale, deterministic, registry)
+        return dq, dk, dv, (dbias if dbias is not None else q.new_empty((0,)))
 
     @bwd.register_fake
     def _(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
@@ -125,10 +157,33 @@ def _register(attention) -> None:
         dq, dk, dv, dbias = bwd(dout, q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k, max_q, max_k, causal, wl,
                                 wr, dropout_p, seed, offset, softcap, sink, scale,
                                 torch.are_deterministic_algorithms_enabled(), registry)
-        return (dq, dk, dv, dbias if bias is not None else None) + (None,) * 15
+        return (dq, dk, dv, dbias if bias is not None else None) + (None,) * _NON_TENSOR_INPUTS
 
     fwd.register_autograd(backward, setup_context=setup_context)
-    _OPS.update(fwd=fwd, bwd=bwd)
+
+    class _Eager(torch.autograd.Function):
+        """The eager route: the same forward and backward without the custom ops' dispatch."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, bias, alibi_slopes, cu_q, cu_k, max_q, max_k, causal, wl, wr, dropout_p, seed,
+                    offset, softcap, sink, scale, registry):
+            out, lse = _forward(attention, q, k, v, bias, alibi_slopes, cu_q, cu_k, max_q, max_k, causal, wl, wr,
+                                dropout_p, seed, offset, softcap, sink, scale, registry)
+            ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k)
+            ctx.scalars = (max_q, max_k, causal, wl, wr, dropout_p, seed, offset, softcap, sink, scale, registry)
+            ctx.set_materialize_grads(False)  # an unused LSE gets no gradient tensor (None below)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, dout, dlse):
+            if dlse is not None:
+                _no_lse_gradient()
+            q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
+            dq, dk, dv, dbias = _backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k, *ctx.scalars[:-1],
+                                          torch.are_deterministic_algorithms_enabled(), ctx.scalars[-1])
+            return (dq, dk, dv, dbias) + (None,) * _NON_TENSOR_INPUTS
+
+    _OPS.update(fwd=fwd, bwd=bwd, eager=_Eager.apply, compiling=torch.compiler.is_compiling)
 
 
 def attention_autograd(attention, q, k, v, *, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink,
@@ -142,7 +197,8 @@ def attention_autograd(attention, q, k, v, *, causal, window, bias, alibi_slopes
     wl, wr = (-1, -1) if window is None else (int(window[0]), int(window[1]))
     seed = _check_dropout(dropout_p, seed, offset) if dropout_p else 0
     fwd, _ = ops(attention)
-    out, lse = fwd(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c, wl, wr,
+    run = fwd if _OPS["compiling"]() else _OPS["eager"]  # torch.compile traces the op; eager skips its dispatch
+    out, lse = run(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c, wl, wr,
                    float(dropout_p or 0.0), int(seed or 0), int(offset), softcap, int(sink or 0), scale,
                    _registry_name(registry))
     return (out, lse) if return_lse else out

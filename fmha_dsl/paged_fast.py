@@ -1,4 +1,5 @@
-"""The serving fast path: a ``paged_attention`` / ``append_kv`` call like one already launched replays its launches.
+"""The replay path: a ``paged_attention`` / ``append_kv`` / ``attention_backward`` call like one already launched
+replays its launches.
 
 A server calls ``paged_attention`` every step with the same shapes and new contents (tables, lengths, new queries).
 "Like" means equal in everything the checks and the plan depend on -- every tensor's shape, strides, dtype and
@@ -97,13 +98,15 @@ def run(tensors: tuple, scalars: tuple):
     torch = _STATE["torch"]
     full = list(tensors)
     made = []
-    for i, shape, stride, dtype, dev in rec.allocs:
+    for i, shape, stride, dtype, dev, zero in rec.allocs:
         full[i] = torch.empty_strided(shape, stride, dtype=dtype, device=dev)
+        if zero:
+            full[i].zero_()
         made.append(full[i])
     if not rec.replay(full):
         return None
     if r is not None:  # recorded before the extension was ready: hand it over
-        _native_record(r, tensors, scalars, rec, tuple((a[0], t) for a, t in zip(rec.allocs, made)))
+        _native_record(r, tensors, scalars, rec, tuple((a[0], t, a[5]) for a, t in zip(rec.allocs, made)))
     return tuple(made)
 
 
@@ -117,10 +120,11 @@ def _native_record(r, view, scalars, rec: Recipe, allocated) -> None:
     r.record(view, scalars, native, rec.checks, allocated, tuple(kern for kern, _, _, _ in rec.steps))
 
 
-def record(tensors, allocated, scalars, plan, steps) -> None:
+def record(tensors, allocated, scalars, plan, steps, zeroed=frozenset()) -> None:
     """Remember the launches ``steps`` (``[(kernel, grid, args)]``, the plan's own, in order) of a call whose tensors
     were ``tensors`` (the order :func:`run` gets them in, with the ones it allocated filled in at the indices
-    ``allocated``)."""
+    ``allocated``; those in ``zeroed`` are zero-filled before the launches, as a workspace that accumulates).  The
+    16-byte promises checked per replay are the plan's ``_aligned_idx`` of its step ``promised_step`` (default 0)."""
     if not steps or any(getattr(kern, "needs_objects", True) for kern, _, _ in steps):
         return
     from .kernels.abis import abi_of
@@ -145,11 +149,12 @@ def record(tensors, allocated, scalars, plan, steps) -> None:
                 return
             slots.append((i, ti, v - spans[ti][0]))
         rec.append((kern, tuple(grid), list(args), tuple(slots)))
-    names = abi_of(families[0]).names
+    at = getattr(plan, "promised_step", 0)
+    names = abi_of(families[at]).names
     promised = {names[i] for i in getattr(plan, "_aligned_idx", ())}
-    checks = tuple((ti, off) for i, ti, off in rec[0][3] if names[i] in promised)
+    checks = tuple((ti, off) for i, ti, off in rec[at][3] if names[i] in promised)
     allocs = tuple((i, tuple(tensors[i].shape), tuple(tensors[i].stride()), tensors[i].dtype,
-                    tensors[i].device) for i in sorted(allocated))
+                    tensors[i].device, i in zeroed) for i in sorted(allocated))
     device = next(t for t in tensors if t is not None).get_device()
     if len(_RECIPES) >= _LIMIT:
         _RECIPES.clear()
@@ -160,7 +165,7 @@ def record(tensors, allocated, scalars, plan, steps) -> None:
         return
     r = replayer()
     if r is not None:
-        _native_record(r, view, scalars, recipe, tuple((i, tensors[i]) for i in sorted(allocated)))
+        _native_record(r, view, scalars, recipe, tuple((i, tensors[i], i in zeroed) for i in sorted(allocated)))
 
 
 def start():

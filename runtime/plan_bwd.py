@@ -28,6 +28,8 @@ class BackwardPlan:
     __slots__ = ("api_family", "problem", "entry", "stages", "block_n", "deterministic", "_group", "_aligned_idx",
                  "_dot", "_main", "_conv")
 
+    promised_step = 1  # the launch (dot, main, convert) whose arguments _aligned_idx indexes
+
     def __init__(self, problem, stages):
         main, dot, conv = stages
         self.api_family = "bwd"
@@ -64,24 +66,43 @@ class BackwardPlan:
         torch's caching allocator)."""
         import torch
 
+        device = q.get_device()
+        stream, explicit = resolve_stream(stream, device)
+        steps, acc_part, _ = self.launches(q, k, v, out, lse, dout, dq, dk, dv, dbias=dbias, bias=bias,
+                                           alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
+                                           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                           max_seqlen_k=max_seqlen_k, scale=scale, softcap=softcap,
+                                           dropout_p=dropout_p, seed=seed, offset=offset, window=window,
+                                           bottom_right=bottom_right, sink=sink, workspace=workspace)
+        if not steps:
+            return
+        if explicit and device >= 0:
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=q.device)):
+                acc_part.zero_()
+        else:
+            acc_part.zero_()
+        for kern, grid, args in steps:
+            kern.launch(grid, args, stream)
+
+    def launches(self, q, k, v, out, lse, dout, dq, dk, dv, *, dbias=None, bias=None, alibi_slopes=None,
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, scale=None,
+                 softcap=None, dropout_p=0.0, seed=0, offset=0, window=None, bottom_right=True, sink=0,
+                 workspace=None):
+        """``([(kernel, grid, arguments)], the dQ accumulator to zero first, the workspace)``: what :meth:`run`
+        enqueues after zeroing the accumulator (the replay path, :mod:`fmha_dsl.paged_fast`, records it); no launch
+        for an empty problem."""
         group = self._group
         batch, nhq, nhk, dq_, dv_, sq, sk, msq, msk = dims(self.entry, group, q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                            max_seqlen_q, max_seqlen_k)
         gd, gm, gc = bwd_abi.grids(batch, nhq, nhk, msq, msk, self.block_n, self.deterministic)
         if not (min(gd) and min(gm)):
-            return
+            return [], None, None
         device = q.get_device()
         ws = bwd_abi.workspace(batch, nhq, msq, msk, dq_, self.block_n, self.deterministic)
         workspace = workspace_buffer(workspace, ws["numel"], q.device, "plan.workspace_numel(batch, nhead_q, "
                                      "max_seqlen_q, max_seqlen_k, head_dim_q)")
         d_part = workspace[ws["d_offset"]:ws["acc_offset"]]
         acc_part = workspace[ws["acc_offset"]:ws["numel"]]
-        stream, explicit = resolve_stream(stream, device)
-        if explicit and device >= 0:
-            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=q.device)):
-                acc_part.zero_()
-        else:
-            acc_part.zero_()
         objects = self._main.kernel(device).needs_objects
         tensors = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dq": dq, "dk": dk, "dv": dv,
                    "dbias": dbias, "bias": bias, "alibi": alibi_slopes, "cu_q": cu_seqlens_q, "cu_k": cu_seqlens_k,
@@ -106,9 +127,9 @@ class BackwardPlan:
                                        br=bottom_right, sink=sink)
         if self._aligned_idx and not objects:
             check_promise(self.entry, self._aligned_idx, _NAMES, main)
-        self._dot.kernel(device).launch(gd, dot, stream)
-        self._main.kernel(device).launch(gm, main, stream)
-        self._conv.kernel(device).launch(gc, conv, stream)
+        steps = [(self._dot.kernel(device), gd, dot), (self._main.kernel(device), gm, main),
+                 (self._conv.kernel(device), gc, conv)]
+        return steps, acc_part, workspace
 
 
 __all__ = ["BackwardPlan"]

@@ -41,6 +41,7 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zero.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>

@@ -15,8 +15,9 @@
  * A recipe is its launches -- per step the driver's launch entry point, the function, block, shared bytes, grid,
  * the packed arguments and the pointer slots ``(argument, tensor index, byte offset)`` patched per call --, the
  * ``checks`` ``(tensor index, byte offset)`` whose address must stay 16-byte aligned (the binary was built for
- * that: a call breaking it returns None), and ``allocs`` ``(tensor index, tensor)``: positions the call leaves
- * None and the recipe allocates (with the recorded tensor's sizes, strides, dtype and device) before launching.
+ * that: a call breaking it returns None), and ``allocs`` ``(tensor index, tensor[, zero])``: positions the call
+ * leaves None and the recipe allocates (with the recorded tensor's sizes, strides, dtype and device; zero-filled on
+ * the current stream with ``zero``) before launching.
  * A recipe holds references to the kernel objects (``steps[i][0]``) that keep the loaded functions alive.
  */
 
@@ -29,6 +30,7 @@ struct ReplayStep : Launch {
 
 struct ReplayAlloc {
     int index = 0;
+    bool zero = false;  // zero-filled before the launches (an accumulating workspace)
     std::vector<int64_t> sizes, strides;
     c10::ScalarType dtype = c10::ScalarType::Float;
     c10::Device device = c10::Device(c10::DeviceType::CPU);
@@ -145,6 +147,8 @@ PyObject *Replayer_run(Replayer *self, PyObject *const *a, Py_ssize_t nargs)
         for (size_t i = 0; i < r.allocs.size(); i++) {
             const ReplayAlloc &al = r.allocs[i];
             at::Tensor t = at::empty_strided(al.sizes, al.strides, at::TensorOptions().dtype(al.dtype).device(al.device));
+            if (al.zero)
+                t.zero_();  // on the current stream, before the launches below
             ptrs[al.index] = reinterpret_cast<uintptr_t>(t.data_ptr());
             PyObject *o = THPVariable_Wrap(std::move(t));
             if (o == nullptr)
@@ -267,7 +271,8 @@ PyObject *Replayer_record(Replayer *self, PyObject *const *a, Py_ssize_t nargs)
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(a[R_ALLOCS]); i++) {
             long long ti;
             PyObject *t;
-            if (!PyArg_ParseTuple(PyTuple_GET_ITEM(a[R_ALLOCS], i), "LO", &ti, &t))
+            int zero = 0;
+            if (!PyArg_ParseTuple(PyTuple_GET_ITEM(a[R_ALLOCS], i), "LO|p", &ti, &t, &zero))
                 return nullptr;
             if (ti < 0 || ti >= nt || PyTuple_GET_ITEM(a[R_TENSORS], ti) != Py_None || Py_TYPE(t) != tt) {
                 PyErr_SetString(PyExc_ValueError, "Replayer.record(): an allocation must fill a None position with "
@@ -277,6 +282,7 @@ PyObject *Replayer_record(Replayer *self, PyObject *const *a, Py_ssize_t nargs)
             const at::Tensor &x = THPVariable_Unpack(t);
             ReplayAlloc al;
             al.index = static_cast<int>(ti);
+            al.zero = zero != 0;
             sizes_of(x, al.sizes, al.strides);
             al.dtype = x.scalar_type();
             al.device = x.device();

@@ -95,6 +95,21 @@ oo, ll = attention_fwd(qn, kn, vn, causal="bottom_right")
 check("autograd-batch-gqa-causal-bshd", (q.grad, k.grad, v.grad), attention_bwd(qn, kn, vn, oo, ll, w.numpy(),
       causal="bottom_right")[:3])
 assert q.grad.transpose(1, 2).is_contiguous()   # the gradient keeps q's memory order
+# the custom-op route (what torch.compile traces) gives the eager route's gradients, bit for bit
+from fmha_dsl.autograd import ops, _registry_name
+q2, k2, v2 = (x.detach().clone().requires_grad_() for x in (q, k, v))
+o2, _ = ops()[0](q2, k2, v2, None, None, None, None, None, None, "bottom_right", -1, -1, 0.0, 0, 0, None, 0, None,
+                 _registry_name(d))
+(o2 * w).sum().backward()
+assert torch.equal(o2, o) and all(torch.equal(a, b) for a, b in ((q2.grad, q.grad), (k2.grad, k.grad), (v2.grad, v.grad)))
+# a loss through the LSE: a clear error, not a gradient silently missing
+o3, l3 = fmha_dsl.attention(q, k, v, causal="bottom_right", registry=d, return_lse=True)
+try:
+    (o3.sum() + l3.sum()).backward()
+    raise SystemExit("a gradient through the LSE was accepted")
+except UsageError as e:
+    assert "lse.detach()" in str(e.hint), e
+print("custom-op-route-and-lse ok")
 plan = next(p for p in d._plans.values() if type(p).__name__ == "BackwardPlan")
 assert [s.family for s in plan.stages] == ["bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq"], plan.stages
 assert plan.workspace_numel(B, Hq, Sq, Sk, D) >= B * Hq * Sq * (1 + D)

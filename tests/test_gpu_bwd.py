@@ -370,3 +370,41 @@ def test_tune_selects_and_reports_backward_kernels(tmp_path):
                           str(tmp_path / "r.html")], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "bwd_dq_dk_dv" in (tmp_path / "r.html").read_text()
+
+
+def test_repeat_backward_calls_replay_their_launches():
+    """A backward call like one already launched (same shapes, strides, dtypes and scalars) replays its three
+    launches with the new addresses (the torch extension's Replayer; the dQ accumulator zeroed first): the same
+    result as the checked path, and a training loop's autograd backward takes it too.  A caller's workspace, dropout
+    or a bias take the checked path."""
+    from fmha_dsl import paged_fast
+    from fmha_dsl.runtime import torch_fast
+
+    assert torch_fast.wait(600), torch_fast.available()
+    shape = (2, 4, 200, 64)
+    q, k, v, do = (_rand(shape, torch.bfloat16, 40 + i) for i in range(4))
+    out, lse = fmha_dsl.attention(q, k, v, causal=True, return_lse=True)
+    kw = dict(causal=True, deterministic=True)
+    first = fmha_dsl.attention_backward(q, k, v, out, lse, do, **kw)          # checked, then recorded
+    r = paged_fast.replayer()
+    assert r is not None
+    hits = r.stats()["hits"]
+    copies = [x.clone() for x in (q, k, v, out, lse, do)]                      # other addresses
+    again = fmha_dsl.attention_backward(*copies, **kw)
+    assert r.stats()["hits"] == hits + 1
+    assert all(torch.equal(a, b) for a, b in zip(first, again))               # deterministic dQ: bit-identical
+    ws = torch.empty(10 ** 7, device="cuda")
+    fmha_dsl.attention_backward(*copies, workspace=ws, **kw)                  # must zero the caller's workspace
+    assert r.stats()["hits"] == hits + 1
+    # the autograd backward of a training loop replays too (after its first step)
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    for step in range(3):
+        before = r.stats()["hits"]
+        o = fmha_dsl.attention(qg, kg, vg, causal=True)
+        grads = torch.autograd.grad(o, (qg, kg, vg), do)
+        if step:
+            assert r.stats()["hits"] == before + 1
+    want = attention_bwd(*(_f64(x) for x in (q, k, v, out, lse, do)), causal=True)
+    for g, w in zip(grads, want):
+        err = np.abs(_f64(g) - w).max() / max(1.0, np.abs(w).max())
+        assert err < 3e-2, err
