@@ -277,7 +277,7 @@ def overhead(args):
         "append_kv": lambda: fmha_dsl.append_kv(kc, vc, kn, vn, block_table=bt, seqlens_k=lens, cu_seqlens_new=cq,
                                                 max_seqlen_new=1),
     }
-    from fmha_dsl import paged_fast
+    from fmha_dsl import replay
     from fmha_dsl.runtime import torch_fast
 
     calls["paged_attention"]()
@@ -285,8 +285,8 @@ def overhead(args):
     res = {"extension_ready": ready}
     for path in ("torch_fast", "python_replay"):
         if path == "python_replay":  # the extension out of the way: what a process without it gets
-            paged_fast._STATE["loaded"] = lambda: None
-            paged_fast._STATE.pop("replayer", None)
+            replay._STATE["loaded"] = lambda: None
+            replay._STATE.pop("replayer", None)
         for name, fn in calls.items():
             for _ in range(50):
                 fn()
@@ -299,7 +299,7 @@ def overhead(args):
             torch.cuda.synchronize()
             res.setdefault(name, {})[path] = round(host, 2)
             print(f"overhead {name} [{path}]: {host:.1f} us per call (host)", flush=True)
-    paged_fast._STATE["loaded"] = torch_fast.loaded  # the later parts as a user gets them
+    replay._STATE["loaded"] = torch_fast.loaded  # the later parts as a user gets them
     return res
 
 

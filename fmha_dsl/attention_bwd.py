@@ -70,11 +70,11 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
                     workspace):
     import torch
 
-    from . import paged_fast as _replay
+    from . import replay as _replay
     from .api_dispatch import dispatcher, timer
     T = torch.Tensor
     # a call like one already launched (same shapes, strides, dtypes, devices and scalars; no dropout, no bias, the
-    # workspace ours, group mode with its maxima given): its recorded launches replayed with this call's addresses (fmha_dsl/paged_fast.py, in C++ by
+    # workspace ours, group mode with its maxima given): its recorded launches replayed with this call's addresses (fmha_dsl/replay.py, in C++ by
     # the torch fast path's Replayer) -- a training loop's backward skips the checks and the packing below
     call = None
     if not dropout_p and bias is None and workspace is None and (

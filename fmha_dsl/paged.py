@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 
 from . import api_dispatch as _api
-from . import paged_fast as _fast
+from . import replay as _fast
 from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _mask, _usage
 from .paged_args import cache_pair, check_tables_on_host, host_values, max_len, rotary_tables, sequences, tables
 
@@ -69,7 +69,7 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     if not _is_torch(q):
         return _numpy_paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal,
                             window, alibi_slopes, softcap, sink, scale, return_lse)
-    # the call for the replay path (fmha_dsl/paged_fast.py): tensors in a fixed order (out, lse and the workspace
+    # the call for the replay path (fmha_dsl/replay.py): tensors in a fixed order (out, lse and the workspace
     # at 3, 4 and 11, allocated by the recipe when the call leaves them None), then the other arguments
     call = None
     if max_seqlen_q is not None and max_seqlen_k is not None:
@@ -232,7 +232,7 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
         return _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
                              cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q)
     call = None
-    if max_seqlen_new is not None:  # the call for the replay path (fmha_dsl/paged_fast.py)
+    if max_seqlen_new is not None:  # the call for the replay path (fmha_dsl/replay.py)
         call = ((q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cu_seqlens_new, seqlens_k, block_table,
                  kv_indptr, kv_indices),
                 ("append", max_seqlen_new, bool(rotary_interleaved),

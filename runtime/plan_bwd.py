@@ -89,7 +89,7 @@ class BackwardPlan:
                  softcap=None, dropout_p=0.0, seed=0, offset=0, window=None, bottom_right=True, sink=0,
                  workspace=None):
         """``([(kernel, grid, arguments)], the dQ accumulator to zero first, the workspace)``: what :meth:`run`
-        enqueues after zeroing the accumulator (the replay path, :mod:`fmha_dsl.paged_fast`, records it); no launch
+        enqueues after zeroing the accumulator (the replay path, :mod:`fmha_dsl.replay`, records it); no launch
         for an empty problem."""
         group = self._group
         batch, nhq, nhk, dq_, dv_, sq, sk, msq, msk = dims(self.entry, group, q, k, v, cu_seqlens_q, cu_seqlens_k,

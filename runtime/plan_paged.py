@@ -126,7 +126,7 @@ class PagedPlan:
 
     def launches(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, workspace=None):
         """``([(kernel, grid, arguments)], workspace buffer | None)``: what :meth:`launch` enqueues, in order (the
-        serving fast path, :mod:`fmha_dsl.paged_fast`, records it and replays it with new pointers)."""
+        serving fast path, :mod:`fmha_dsl.replay`, records it and replays it with new pointers)."""
         nhk = args[paged_abi.NHK]
         gx, heads, _ = grid_of(self.packed, batch, nhead_q, nhk, max_seqlen_q, self.block_m)
         if not (gx and heads and batch):

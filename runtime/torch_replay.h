@@ -7,8 +7,9 @@
  *                                        # the recipe allocates (possibly empty), the launches enqueued
  *     R.record(tensors, scalars, steps, checks, allocs)
  *
- * ``tensors`` is a tuple of torch tensors or None in a fixed order of the caller's (paged_attention's or
- * append_kv's, fmha_dsl/paged_fast.py); ``scalars`` any hashable object holding the call's other arguments.
+ * ``tensors`` is a tuple of torch tensors or None in a fixed order of the caller's (paged_attention's,
+ * append_kv's or attention_backward's, fmha_dsl/replay.py); ``scalars`` any hashable object holding the call's
+ * other arguments.
  * The key is every tensor's sizes, strides, dtype and device (None marked as such), which of them start off a
  * 16-byte boundary, and ``scalars`` (hash, then equality): a hit is a call equal to one the Python path checked and
  * launched in everything but the addresses.

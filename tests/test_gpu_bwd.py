@@ -377,7 +377,7 @@ def test_repeat_backward_calls_replay_their_launches():
     launches with the new addresses (the torch extension's Replayer; the dQ accumulator zeroed first): the same
     result as the checked path, and a training loop's autograd backward takes it too.  A caller's workspace, dropout
     or a bias take the checked path."""
-    from fmha_dsl import paged_fast
+    from fmha_dsl import replay
     from fmha_dsl.runtime import torch_fast
 
     assert torch_fast.wait(600), torch_fast.available()
@@ -386,7 +386,7 @@ def test_repeat_backward_calls_replay_their_launches():
     out, lse = fmha_dsl.attention(q, k, v, causal=True, return_lse=True)
     kw = dict(causal=True, deterministic=True)
     first = fmha_dsl.attention_backward(q, k, v, out, lse, do, **kw)          # checked, then recorded
-    r = paged_fast.replayer()
+    r = replay.replayer()
     assert r is not None
     hits = r.stats()["hits"]
     copies = [x.clone() for x in (q, k, v, out, lse, do)]                      # other addresses

@@ -234,18 +234,18 @@ def test_repeated_calls_replay_with_new_tensors_and_tables(path, monkeypatch):
     addresses -- new queries, caches, tables and lengths must give their own results; a misaligned view takes the
     checked path (its binary has no 16-byte promise).  Through the torch extension's Replayer (C++) and through the
     Python replay it stands in front of."""
-    from fmha_dsl import paged_fast
+    from fmha_dsl import replay
     from fmha_dsl.runtime import torch_fast
 
-    paged_fast.start()
+    replay.start()
     if path == "extension":
         torch_fast.start()
         assert torch_fast.wait(300), torch_fast.available()
-        assert paged_fast.replayer() is not None
+        assert replay.replayer() is not None
     else:
-        monkeypatch.setitem(paged_fast._STATE, "loaded", lambda: None)
-        monkeypatch.delitem(paged_fast._STATE, "replayer", raising=False)
-    hits = paged_fast.replayer().stats()["hits"] if path == "extension" else 0
+        monkeypatch.setitem(replay._STATE, "loaded", lambda: None)
+        monkeypatch.delitem(replay._STATE, "replayer", raising=False)
+    hits = replay.replayer().stats()["hits"] if path == "extension" else 0
     checked = []
     prepare = fmha_dsl.paged._prepare
     monkeypatch.setattr(fmha_dsl.paged, "_prepare", lambda *a: checked.append(1) or prepare(*a))
@@ -269,7 +269,7 @@ def test_repeated_calls_replay_with_new_tensors_and_tables(path, monkeypatch):
         assert np.abs(lse.cpu().numpy() - wlse).max() < 2e-2
     assert len(checked) <= 2, checked       # the first call (unless an earlier test made it) and the misaligned one
     if path == "extension":
-        assert paged_fast.replayer().stats()["hits"] >= hits + 2    # seeds 1 and 2 replayed in C++
+        assert replay.replayer().stats()["hits"] >= hits + 2    # seeds 1 and 2 replayed in C++
     # a server's preallocated out and workspace (unused by a plan without split-KV): replayed as well
     ws = torch.empty(1 << 16, dtype=torch.float32, device="cuda")
     out = torch.empty(3, 8, 128, dtype=torch.float16, device="cuda")

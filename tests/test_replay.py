@@ -1,4 +1,4 @@
-"""The serving replay path (fmha_dsl/paged_fast.py) on the CPU with a recording fake kernel: what a recorded call
+"""The serving replay path (fmha_dsl/replay.py) on the CPU with a recording fake kernel: what a recorded call
 launched is replayed with the new tensors' addresses (offsets inside a tensor kept), a call of another class is not
 replayed, an address that breaks a 16-byte promise is refused; and bench/retune_shipped.py rebuilds every shipped
 decision key from a representative problem."""
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fmha_dsl import paged_fast
+from fmha_dsl import replay
 from fmha_dsl.kernels import paged_abi
 from fmha_dsl.kernels.fwd_abi import COMBINE_ARGS
 
@@ -69,9 +69,9 @@ def _steps(t, kern, ckern):
 def python_only(monkeypatch):
     """The Python replay (the extension's Replayer out of the way)."""
     pytest.importorskip("torch")
-    paged_fast.start()
-    monkeypatch.setitem(paged_fast._STATE, "loaded", lambda: None)
-    monkeypatch.delitem(paged_fast._STATE, "replayer", raising=False)
+    replay.start()
+    monkeypatch.setitem(replay._STATE, "loaded", lambda: None)
+    monkeypatch.delitem(replay._STATE, "replayer", raising=False)
 
 
 SC = ("paged", 1, 32)
@@ -81,37 +81,37 @@ def test_a_recorded_call_replays_with_new_addresses(python_only):
     torch = pytest.importorskip("torch")
     kern, ckern = FakeKernel(), FakeKernel()
     first = _tensors(0)
-    paged_fast.record(first, set(), SC, FakePlan(), _steps(first, kern, ckern))
+    replay.record(first, set(), SC, FakePlan(), _steps(first, kern, ckern))
     second = _tensors(1)
-    assert paged_fast.run(second, SC) == ()
+    assert replay.run(second, SC) == ()
     want = _steps(second, FakeKernel(), FakeKernel())
     assert kern.calls[-1] == (want[0][1], want[0][2]) and ckern.calls[-1] == (want[1][1], want[1][2])
     n = len(kern.calls)
-    assert paged_fast.run(second, ("paged", 1, 64)) is None and len(kern.calls) == n   # another max_seqlen_k
-    assert paged_fast.run(second, ("paged", [1], 32)) is None                          # unhashable: never ...
-    paged_fast.record(second, set(), ("paged", [1], 32), FakePlan(), _steps(second, kern, ckern))
-    assert paged_fast.run(second, ("paged", [1], 32)) is None                          # ... nor recorded
+    assert replay.run(second, ("paged", 1, 64)) is None and len(kern.calls) == n   # another max_seqlen_k
+    assert replay.run(second, ("paged", [1], 32)) is None                          # unhashable: never ...
+    replay.record(second, set(), ("paged", [1], 32), FakePlan(), _steps(second, kern, ckern))
+    assert replay.run(second, ("paged", [1], 32)) is None                          # ... nor recorded
     base = torch.empty(4 * 8 * 64 + 8).half()
     shifted = (base[1:1 + 4 * 8 * 64].view(4, 8, 64),) + second[1:]          # Q 2 bytes past a 16-byte boundary
-    assert paged_fast.run(shifted, SC) is None and len(kern.calls) == n       # refused: nothing launched
+    assert replay.run(shifted, SC) is None and len(kern.calls) == n       # refused: nothing launched
     # the checked path then records the misaligned call (a binary without the promise) under its own key ...
     plain, cplain = FakeKernel(), FakeKernel()
     unpromised = FakePlan()
     unpromised._aligned_idx = ()
-    paged_fast.record(shifted, set(), SC, unpromised, _steps(shifted, plain, cplain))
-    assert paged_fast.run(shifted, SC) == () and len(plain.calls) == 1
-    assert paged_fast.run(second, SC) == () and len(kern.calls) == n + 1 and len(plain.calls) == 1   # ... not ours
+    replay.record(shifted, set(), SC, unpromised, _steps(shifted, plain, cplain))
+    assert replay.run(shifted, SC) == () and len(plain.calls) == 1
+    assert replay.run(second, SC) == () and len(kern.calls) == n + 1 and len(plain.calls) == 1   # ... not ours
 
 
 def test_what_a_recorded_call_allocated_is_allocated_again(python_only):
     kern, ckern = FakeKernel(), FakeKernel()
     first = _tensors(3)
-    paged_fast.record(first, {3}, ("paged", "alloc"), FakePlan(), _steps(first, kern, ckern))
+    replay.record(first, {3}, ("paged", "alloc"), FakePlan(), _steps(first, kern, ckern))
     second = _tensors(4, out=False)                                           # out=None: the recipe allocates it
-    (out,) = paged_fast.run(second, ("paged", "alloc"))
+    (out,) = replay.run(second, ("paged", "alloc"))
     assert out.shape == first[3].shape and out.dtype == first[3].dtype and out.stride() == first[3].stride()
     assert ckern.calls[-1][1][2] == out.data_ptr()                             # the combine writes the new out
-    assert paged_fast.run(_tensors(5), ("paged", "alloc")) is None             # a caller's out is another call
+    assert replay.run(_tensors(5), ("paged", "alloc")) is None             # a caller's out is another call
 
 
 def test_record_declines_what_it_cannot_replay(python_only):
@@ -119,8 +119,8 @@ def test_record_declines_what_it_cannot_replay(python_only):
     t = _tensors(2)
     steps = _steps(t, kern, ckern)
     steps[0][2][0] = 12345678  # an address no tensor of the call holds
-    paged_fast.record(t, set(), ("paged", "decline"), FakePlan(), steps)
-    assert paged_fast.run(t, ("paged", "decline")) is None
+    replay.record(t, set(), ("paged", "decline"), FakePlan(), steps)
+    assert replay.run(t, ("paged", "decline")) is None
 
 
 def test_the_extensions_replayer_launches_what_the_python_path_recorded(monkeypatch):
@@ -137,7 +137,7 @@ def test_the_extensions_replayer_launches_what_the_python_path_recorded(monkeypa
     if torch_fast.compiler() is None:
         pytest.skip("no C++ compiler on this machine")
     mod = torch_fast.load()
-    paged_fast.start()
+    replay.start()
     types = [[t.replace("{dtype}", "fp16") for _, t in abi] for abi in (paged_abi.ARGS, COMBINE_ARGS)]
     kinds = [native.kinds(ts) for ts in types]
     drivers = [FakeDriver(len(k)) for k in kinds]
@@ -147,12 +147,12 @@ def test_the_extensions_replayer_launches_what_the_python_path_recorded(monkeypa
             super().__init__()
             self.fast_spec = (drivers[i].address, 0x1000 + i, 128, 0, kinds[i], 0)
 
-    monkeypatch.setitem(paged_fast._STATE, "replayer", mod.Replayer(torch.Tensor, lambda dev: 0x5EED, 8))
+    monkeypatch.setitem(replay._STATE, "replayer", mod.Replayer(torch.Tensor, lambda dev: 0x5EED, 8))
     kern, ckern = NativeFake(0), NativeFake(1)
     first = _tensors(6)
-    paged_fast.record(first, {3}, ("paged", "native"), FakePlan(), _steps(first, kern, ckern))
+    replay.record(first, {3}, ("paged", "native"), FakePlan(), _steps(first, kern, ckern))
     second = _tensors(7, out=False)
-    (out,) = paged_fast.run(second, ("paged", "native"))
+    (out,) = replay.run(second, ("paged", "native"))
     assert kern.calls == [] and ckern.calls == []            # launched by the extension, not through Python
     full = second[:3] + (out,) + second[4:]
     for drv, ts, (_, grid, args) in zip(drivers, types, _steps(full, FakeKernel(), FakeKernel())):
@@ -161,12 +161,12 @@ def test_the_extensions_replayer_launches_what_the_python_path_recorded(monkeypa
         for slot, ty, value in zip(call["slots"], ts, args):
             fmt = "<" + code_of(ty)[0]
             assert slot[:struct.calcsize(fmt)] == struct.pack(fmt, value), (ty, value)
-    assert paged_fast._STATE["replayer"].stats()["hits"] == 1
-    assert paged_fast.run(second, ("paged", "other")) is None               # another class: not replayed
+    assert replay._STATE["replayer"].stats()["hits"] == 1
+    assert replay.run(second, ("paged", "other")) is None               # another class: not replayed
     base = torch.empty(4 * 8 * 64 + 8).half()
     shifted = (base[1:1 + 4 * 8 * 64].view(4, 8, 64),) + second[1:]          # Q off a 16-byte boundary
     n = len(drivers[0].calls)
-    assert paged_fast.run(shifted, ("paged", "native")) is None and len(drivers[0].calls) == n   # its own class
+    assert replay.run(shifted, ("paged", "native")) is None and len(drivers[0].calls) == n   # its own class
 
 
 def test_retune_rebuilds_every_shipped_decision_key():
