@@ -151,7 +151,7 @@ def _register(attention) -> None:
         ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k)
         ctx.scalars = (max_q, max_k, causal, wl, wr, dropout_p, seed, offset, softcap, sink, scale, registry)
 
-    def backward(ctx, dout, dlse):
+    def backward(ctx, dout, dlse):  # (the traced route gets a materialised dlse: an LSE gradient is dropped here)
         q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
         max_q, max_k, causal, wl, wr, dropout_p, seed, offset, softcap, sink, scale, registry = ctx.scalars
         dq, dk, dv, dbias = bwd(dout, q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k, max_q, max_k, causal, wl,
