@@ -74,15 +74,16 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
     from .api_dispatch import dispatcher, timer
     T = torch.Tensor
     # a call like one already launched (same shapes, strides, dtypes, devices and scalars; no dropout, no bias, the
-    # workspace ours, group mode with its maxima given): its recorded launches replayed with this call's addresses (fmha_dsl/replay.py, in C++ by
-    # the torch fast path's Replayer) -- a training loop's backward skips the checks and the packing below
+    # workspace ours, group mode with its maxima given): its recorded launches replayed with this call's addresses
+    # (fmha_dsl/replay.py; in C++ by the torch fast path's Replayer) -- a training loop's backward skips the checks
+    # and the packing below
     call = None
     if not dropout_p and bias is None and workspace is None and (
             cu_seqlens_q is None and cu_seqlens_k is None or max_seqlen_q is not None and max_seqlen_k is not None):
         _replay.start()
         call = ((q, k, v, out, lse, dout, None, None, None, None, alibi_slopes, cu_seqlens_q, cu_seqlens_k),
                 ("bwd", causal, window, softcap, sink, scale, max_seqlen_q, max_seqlen_k, bool(deterministic),
-                 registry if registry is None or isinstance(registry, str) else id(registry)))
+                 _replay.registry_key(registry)))
         made = _replay.run(*call)
         if made is not None:
             return _result(made[0], made[1], made[2], None, None)
@@ -186,22 +187,11 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
                           dbias=bias is not None, deterministic=deterministic)
         plan = disp.plan(problem, aligned, timer(dev, lambda pl: pl.run(*tensors, **kw)))
         cache[cls + disp.seq_key(sq, sk, b * hq)] = plan  # (a first-use compile may have re-indexed the dispatcher)
-    if call is None or dev < 0:
-        plan.run(*tensors, workspace=workspace, **kw)
-        return _result(dqt, dkt, dvt, dbias, bias)
-    from .runtime.plan import resolve_stream
-
-    steps, acc, buf = plan.launches(*tensors, **kw)
-    if steps:
-        acc.zero_()
-        stream = resolve_stream(None, dev)[0]
-        for kern, grid, a in steps:
-            kern.launch(grid, a, stream)
-        mine = (cu_seqlens_q, cu_seqlens_k)
-        if not group or all(a is b for a, b in zip(call[0][11:], mine)):  # the caller's own tensors: replayable
-            t = list(call[0])
-            t[6:10] = dqt, dkt, dvt, buf
-            _replay.record(tuple(t), {6, 7, 8, 9}, call[1], plan, steps, zeroed={9})
+    steps, buf = plan.run(*tensors, workspace=workspace, **kw)
+    if call is not None and steps and (not group or call[0][11] is cu_seqlens_q and call[0][12] is cu_seqlens_k):
+        t = list(call[0])  # (group mode: only the caller's own cu_seqlens tensors are replayable)
+        t[6:10] = dqt, dkt, dvt, buf
+        _replay.record(tuple(t), {6, 7, 8, 9}, call[1], plan, steps, zeroed={9})
     return _result(dqt, dkt, dvt, dbias, bias)
 
 

@@ -145,19 +145,23 @@ def _register(attention) -> None:
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
 
     def setup_context(ctx, inputs, output):
+        """What both routes save: the tensors the backward reads and the forward's other arguments."""
         (q, k, v, bias, alibi_slopes, cu_q, cu_k, max_q, max_k, causal, wl, wr, dropout_p, seed, offset, softcap,
          sink, scale, registry) = inputs
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k)
         ctx.scalars = (max_q, max_k, causal, wl, wr, dropout_p, seed, offset, softcap, sink, scale, registry)
 
-    def backward(ctx, dout, dlse):  # (the traced route gets a materialised dlse: an LSE gradient is dropped here)
+    def gradients(ctx, dout, run):
+        """``backward``'s result from the saved state, ``run`` being the backward op or :func:`_backward`."""
         q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
-        max_q, max_k, causal, wl, wr, dropout_p, seed, offset, softcap, sink, scale, registry = ctx.scalars
-        dq, dk, dv, dbias = bwd(dout, q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k, max_q, max_k, causal, wl,
-                                wr, dropout_p, seed, offset, softcap, sink, scale,
+        *scalars, registry = ctx.scalars
+        dq, dk, dv, dbias = run(dout, q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k, *scalars,
                                 torch.are_deterministic_algorithms_enabled(), registry)
         return (dq, dk, dv, dbias if bias is not None else None) + (None,) * _NON_TENSOR_INPUTS
+
+    def backward(ctx, dout, dlse):  # (the traced route gets a materialised dlse: an LSE gradient is dropped here)
+        return gradients(ctx, dout, bwd)
 
     fwd.register_autograd(backward, setup_context=setup_context)
 
@@ -165,23 +169,17 @@ def _register(attention) -> None:
         """The eager route: the same forward and backward without the custom ops' dispatch."""
 
         @staticmethod
-        def forward(ctx, q, k, v, bias, alibi_slopes, cu_q, cu_k, max_q, max_k, causal, wl, wr, dropout_p, seed,
-                    offset, softcap, sink, scale, registry):
-            out, lse = _forward(attention, q, k, v, bias, alibi_slopes, cu_q, cu_k, max_q, max_k, causal, wl, wr,
-                                dropout_p, seed, offset, softcap, sink, scale, registry)
-            ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k)
-            ctx.scalars = (max_q, max_k, causal, wl, wr, dropout_p, seed, offset, softcap, sink, scale, registry)
+        def forward(ctx, *inputs):
+            output = _forward(attention, *inputs)
+            setup_context(ctx, inputs, output)
             ctx.set_materialize_grads(False)  # an unused LSE gets no gradient tensor (None below)
-            return out, lse
+            return output
 
         @staticmethod
         def backward(ctx, dout, dlse):
             if dlse is not None:
                 _no_lse_gradient()
-            q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
-            dq, dk, dv, dbias = _backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_q, cu_k, *ctx.scalars[:-1],
-                                          torch.are_deterministic_algorithms_enabled(), ctx.scalars[-1])
-            return (dq, dk, dv, dbias) + (None,) * _NON_TENSOR_INPUTS
+            return gradients(ctx, dout, _backward)
 
     _OPS.update(fwd=fwd, bwd=bwd, eager=_Eager.apply, compiling=torch.compiler.is_compiling)
 

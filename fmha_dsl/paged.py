@@ -76,7 +76,7 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
         call = ((q, k_cache, v_cache, out, None, alibi_slopes, cu_seqlens_q, seqlens_k, block_table, kv_indptr,
                  kv_indices, workspace),
                 ("paged", max_seqlen_q, max_seqlen_k, causal, window, softcap, sink, scale, bool(return_lse),
-                 registry if registry is None or isinstance(registry, str) else id(registry)))
+                 _fast.registry_key(registry)))
         made = _fast.run(*call)
         if made is not None:  # a call like one already launched: replayed with this call's addresses
             o = made[0] if out is None else out
@@ -88,12 +88,7 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
             q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, max_seqlen_q,
             max_seqlen_k, causal, window, alibi_slopes, softcap, sink, scale, return_lse, registry, out)
         if plan is not None:
-            from .runtime.plan import resolve_stream
-
-            steps, buf = plan.launches(dev, b, hq, msq, args, workspace)
-            stream = resolve_stream(None, dev)[0]
-            for kern, grid, a in steps:
-                kern.launch(grid, a, stream)
+            steps, buf = plan.launch(dev, b, hq, msq, args, workspace=workspace)
             mine = (cu_seqlens_q, seqlens_k, block_table if block_table is not None else kv_indices, kv_indptr)
             if call is not None and all(a is b for a, b in zip(used, mine)):  # the caller's own tensors: replayable
                 t = list(call[0])
@@ -235,8 +230,7 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     if max_seqlen_new is not None:  # the call for the replay path (fmha_dsl/replay.py)
         call = ((q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cu_seqlens_new, seqlens_k, block_table,
                  kv_indptr, kv_indices),
-                ("append", max_seqlen_new, bool(rotary_interleaved),
-                 registry if registry is None or isinstance(registry, str) else id(registry)))
+                ("append", max_seqlen_new, bool(rotary_interleaved), _fast.registry_key(registry)))
         if _fast.run(*call) is not None:
             return
     token = CALLER.set("append_kv()")
@@ -268,7 +262,8 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
                      "move the tensors with .cuda(), or pass numpy arrays to run the reference")
     if v_new.dtype is not k_new.dtype or v_new.get_device() != dev or v_new.shape[:2] != k_new.shape[:2]:
         raise _usage("usage.value", f"`v_new` must match k_new's dtype, device and [Tnew, Hk] ({tuple(k_new.shape)}), "
-                     f"got {tuple(v_new.shape)} {v_new.dtype} on {v_new.device}", "k_new and v_new hold the same tokens")
+                     f"got {tuple(v_new.shape)} {v_new.dtype} on {v_new.device}",
+                     "k_new and v_new hold the same tokens")
     layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, k_new.dtype, dev)
     tn = k_new.shape[0]
     if (k_new.shape[1], k_new.shape[2], v_new.shape[2]) != (hk, dk, dv):
@@ -324,13 +319,8 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
                           rope=rope, paged_kv=paged, kv_layout=layout, kv_lookup=lookup,
                           page_size=page if paged else 1)
         plan = disp.fast_paged[key] = disp.plan(problem)
-    from .runtime.plan import resolve_stream
-
-    steps = plan.launches(k_cache, v_cache, k_new, v_new, seqlens_k=lens, cu_seqlens_new=cn, max_seqlen_new=max_new,
-                          block_table=bt, kv_indptr=ip, kv_indices=ix, rotary_cos=cos, rotary_sin=sin, q=q)
-    stream = resolve_stream(None, dev)[0]
-    for kern, grid, args in steps:
-        kern.launch(grid, args, stream)
+    steps = plan.run(k_cache, v_cache, k_new, v_new, seqlens_k=lens, cu_seqlens_new=cn, max_seqlen_new=max_new,
+                     block_table=bt, kv_indptr=ip, kv_indices=ix, rotary_cos=cos, rotary_sin=sin, q=q)
     used = (cos, sin, cn, lens, bt, ip, ix)
     mine = (rotary_cos, rotary_sin, cu_seqlens_new, seqlens_k, block_table, kv_indptr, kv_indices)
     if call is not None and all(a is b for a, b in zip(used, mine)):  # the caller's own tensors: replayable

@@ -1,13 +1,14 @@
 """The replay path: a ``paged_attention`` / ``append_kv`` / ``attention_backward`` call like one already launched
 replays its launches.
 
-A server calls ``paged_attention`` every step with the same shapes and new contents (tables, lengths, new queries).
-"Like" means equal in everything the checks and the plan depend on -- every tensor's shape, strides, dtype and
-device, the maxima, the mask, the scalars, the registry; the addresses may differ.  The first such call takes the
-checked path (:mod:`fmha_dsl.paged`), which hands its launches to :func:`record`; later calls (:func:`run`) allocate
-what the recorded call allocated, patch the new addresses into the recorded arguments and launch.  Only calls that
-synchronise nothing are recorded (the maxima given, torch tensors throughout, none converted); a call whose addresses
-break a 16-byte promise the binary was built with goes the checked path.
+A server calls ``paged_attention`` every step with the same shapes and new contents (tables, lengths, new queries);
+a training loop calls the backward every step with the same shapes. "Like" means equal in everything the checks and
+the plan depend on -- every tensor's shape, strides, dtype and device, the maxima, the mask, the scalars, the
+registry; the addresses may differ. The first such call takes the checked path (:mod:`fmha_dsl.paged`,
+:mod:`fmha_dsl.attention_bwd`), which hands its launches to :func:`record`; later calls (:func:`run`) allocate what
+the recorded call allocated, patch the new addresses into the recorded arguments and launch. Only calls that
+synchronise nothing are recorded (the maxima given, torch tensors throughout, none converted); a call whose
+addresses break a 16-byte promise the binary was built with goes the checked path.
 
 Two implementations of the same protocol: the torch extension's ``Replayer`` (``runtime/torch_replay.h``, built
 with the torch fast path in the background on first use: keying, allocation and launches in C++), and this module's
@@ -22,6 +23,11 @@ _RECIPES: dict = {}
 _LIMIT = 1024               # recipes kept (a server has a handful of shapes; the cache is cleared when full)
 _STATE: dict = {}           # "torch", "tensor": torch.Tensor, "stream": torch._C._cuda_getCurrentRawStream,
 #                             "loaded": runtime.torch_fast.loaded, "replayer": the C++ Replayer once it is loaded
+
+
+def registry_key(registry):
+    """What a call's ``registry`` contributes to its scalars: None, a path as given, or the object's identity."""
+    return registry if registry is None or isinstance(registry, str) else id(registry)
 
 
 def key(tensors, scalars):
@@ -46,7 +52,7 @@ def key(tensors, scalars):
 class Recipe:
     """What one call launched: per kernel its grid, its arguments, and the slots that hold tensor addresses
     (argument index, tensor index, byte offset); the addresses that must stay 16-byte aligned (tensor index, byte
-    offset); and what the call allocated (tensor index, shape, strides, dtype, device)."""
+    offset); and what the call allocated (tensor index, shape, strides, dtype, device, zero-filled first)."""
 
     __slots__ = ("steps", "checks", "allocs", "device")
 
@@ -186,4 +192,4 @@ def start():
         torch_fast.start()
 
 
-__all__ = ["key", "record", "run", "replayer", "start", "Recipe"]
+__all__ = ["key", "record", "registry_key", "run", "replayer", "start", "Recipe"]

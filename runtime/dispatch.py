@@ -61,7 +61,7 @@ from .match import (EXACT, PAGED_FAMILIES, PIPELINE_RANK, _exact_key, _lcm, _max
                     serves_fwd)
 from fmha_dsl.kernels.abis import abi_of
 
-from .plan import (Plan, Stage, _stream_handle, alibi_strides, bias_strides, current_stream,  # noqa: F401
+from .plan import (_I32_MAX, Plan, Stage, _stream_handle, alibi_strides, bias_strides, current_stream,  # noqa: F401
                    fwd_args)
 from .plan_bwd import BackwardPlan
 from .plan_paged import AppendPlan, PagedPlan
@@ -77,7 +77,6 @@ def plan_class(family: str):
 
 
 LAUNCHERS = ("auto", "native", "cuda", "triton", "hip", "interpret")
-_I32_MAX = (1 << 31) - 1
 
 
 # ---------------------------------------------------------------------------------------------------------

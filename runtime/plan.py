@@ -154,10 +154,11 @@ class Plan:
         """What the torch fast path (runtime/torch_fast.cpp) needs to replay this plan's launches for a batch-mode
         call like the one ``args`` describes: ``(steps, split)`` -- per launch ``(kernel, fast_spec, grid, args,
         patches, grid_y_splits)`` (:func:`fmha_dsl.kernels.fwd_abi.replay_patches`) and, for a split plan, ``(limit,
-        n0, programs, compute units, occupancy, BLOCK_DV, nhead_q, batch, max_seqlen_q)`` from which it derives the split count and the workspaces as
-        :class:`SplitLaunch` does -- or None when a kernel is not launched natively (no ``fast_spec``)."""
+        n0, programs, compute units, occupancy, BLOCK_DV, nhead_q, batch, max_seqlen_q)`` from which it derives the
+        split count and the workspaces as :class:`SplitLaunch` does -- or None when a kernel is not launched natively
+        (no ``fast_spec``)."""
         gx, heads, _ = grid_of(self.packed, batch, nhead_q, args[_NHK], max_seqlen_q, self.block_m)
-        kern = self._kernels.get(device) or self._stage.kernel(device)
+        kern = self._stage.kernel(device)
         main, comb = replay_patches(self._split is not None)
         if self._split is None:
             spec = getattr(kern, "fast_spec", None)
@@ -195,11 +196,12 @@ _I32_MAX = (1 << 31) - 1
 class SplitLaunch:
     """Launch a split-KV plan: the split kernel into fp32 workspaces, then the combine kernel into ``out``/``lse``.
 
-    Splits per launch: :func:`fmha_dsl.costmodel.splits_at` (the kernel's count, or the problem's ``num_splits``; no
-    more than the key blocks, nor than fills a few waves of the device), halved while the workspace's element strides would overflow int32.  The
-    workspaces ``[B, Hq * splits, max_seqlen_q, BLOCK_DV]`` / ``[B, Hq * splits, max_seqlen_q]`` come from torch's
-    caching allocator on the launch stream's device (stream-ordered: freed after the launch, reused only behind it
-    on torch's current stream; a caller's own stream is recorded on them).
+    Splits per launch: :func:`fmha_dsl.costmodel.splits_at` (the shortest critical path over the SMs x the split
+    kernel's occupancy, at most the kernel's count or the problem's ``num_splits`` and the key blocks), halved while
+    the workspace's element strides would overflow int32.  The workspaces ``[B, Hq * splits, max_seqlen_q,
+    BLOCK_DV]`` / ``[B, Hq * splits, max_seqlen_q]`` come from torch's caching allocator on the launch stream's device
+    (stream-ordered: freed after the launch, reused only behind it on torch's current stream; a caller's own stream is
+    recorded on them).
     """
 
     __slots__ = ("combine", "block_m", "n0", "block_dv", "cus", "occupancy")

@@ -63,19 +63,20 @@ class BackwardPlan:
         this plan's class.  Layouts as the forward's (batch ``[B, H, S, D]``, group ``[T, H, D]``, head dim
         contiguous); ``lse`` is the forward's (``[B, Hq, Sq]`` / ``[Hq, Tq]`` fp32, rows contiguous).  ``workspace``:
         a float32 tensor of at least :meth:`workspace_numel` elements on q's device (default: allocated here from
-        torch's caching allocator)."""
+        torch's caching allocator).  Returns what it launched, ``([(kernel, grid, arguments)], workspace)`` (no launch
+        for an empty problem), for the replay path (:mod:`fmha_dsl.replay`)."""
         import torch
 
         device = q.get_device()
         stream, explicit = resolve_stream(stream, device)
-        steps, acc_part, _ = self.launches(q, k, v, out, lse, dout, dq, dk, dv, dbias=dbias, bias=bias,
+        steps, acc_part, buf = self.launches(q, k, v, out, lse, dout, dq, dk, dv, dbias=dbias, bias=bias,
                                            alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
                                            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                            max_seqlen_k=max_seqlen_k, scale=scale, softcap=softcap,
                                            dropout_p=dropout_p, seed=seed, offset=offset, window=window,
                                            bottom_right=bottom_right, sink=sink, workspace=workspace)
         if not steps:
-            return
+            return steps, None
         if explicit and device >= 0:
             with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=q.device)):
                 acc_part.zero_()
@@ -83,14 +84,14 @@ class BackwardPlan:
             acc_part.zero_()
         for kern, grid, args in steps:
             kern.launch(grid, args, stream)
+        return steps, buf
 
     def launches(self, q, k, v, out, lse, dout, dq, dk, dv, *, dbias=None, bias=None, alibi_slopes=None,
                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, scale=None,
                  softcap=None, dropout_p=0.0, seed=0, offset=0, window=None, bottom_right=True, sink=0,
                  workspace=None):
         """``([(kernel, grid, arguments)], the dQ accumulator to zero first, the workspace)``: what :meth:`run`
-        enqueues after zeroing the accumulator (the replay path, :mod:`fmha_dsl.replay`, records it); no launch
-        for an empty problem."""
+        enqueues after zeroing the accumulator; no launch for an empty problem."""
         group = self._group
         batch, nhq, nhk, dq_, dv_, sq, sk, msq, msk = dims(self.entry, group, q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                            max_seqlen_q, max_seqlen_k)

@@ -114,7 +114,8 @@ class PagedPlan:
     def launch(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, stream=None,
                workspace=None) -> None:
         """Launch on ``device`` (torch's current stream there, or ``stream``).  Split-KV plans need ``workspace``
-        (:meth:`workspace_numel` elements; default: from torch's caching allocator)."""
+        (:meth:`workspace_numel` elements; default: from torch's caching allocator).  Returns what it launched,
+        ``([(kernel, grid, arguments)], workspace buffer | None)``, for the replay path (:mod:`fmha_dsl.replay`)."""
         stream, explicit = resolve_stream(stream, device)
         steps, buf = self.launches(device, batch, nhead_q, max_seqlen_q, args, workspace)
         if buf is not None and workspace is None and explicit and device >= 0:
@@ -123,10 +124,10 @@ class PagedPlan:
             buf.record_stream(torch.cuda.ExternalStream(stream, device=buf.device))
         for kern, grid, a in steps:
             kern.launch(grid, a, stream)
+        return steps, buf
 
     def launches(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, workspace=None):
-        """``([(kernel, grid, arguments)], workspace buffer | None)``: what :meth:`launch` enqueues, in order (the
-        serving fast path, :mod:`fmha_dsl.replay`, records it and replays it with new pointers)."""
+        """``([(kernel, grid, arguments)], workspace buffer | None)``: what :meth:`launch` enqueues, in order."""
         nhk = args[paged_abi.NHK]
         gx, heads, _ = grid_of(self.packed, batch, nhead_q, nhk, max_seqlen_q, self.block_m)
         if not (gx and heads and batch):
@@ -184,13 +185,16 @@ class AppendPlan:
     def __repr__(self) -> str:
         return f"AppendPlan({self.entry.name})"
 
-    def run(self, k_cache, v_cache, k_new, v_new, *, stream=None, **kw) -> None:
+    def run(self, k_cache, v_cache, k_new, v_new, *, stream=None, **kw) -> list:
         """Write the new rows (and rotate ``q`` in place when given).  Paged caches ``[P, page_size, Hk, D]`` (or the
-        vectorized layout's 5-D pair); a contiguous one is ``[B, capacity, Hk, D]``.  Keywords as :meth:`launches`."""
+        vectorized layout's 5-D pair); a contiguous one is ``[B, capacity, Hk, D]``.  Keywords as :meth:`launches`.
+        Returns what it launched, ``[(kernel, grid, arguments)]``, for the replay path (:mod:`fmha_dsl.replay`)."""
         device = k_new.get_device()
         stream = resolve_stream(stream, device)[0]
-        for kern, grid, args in self.launches(k_cache, v_cache, k_new, v_new, **kw):
+        steps = self.launches(k_cache, v_cache, k_new, v_new, **kw)
+        for kern, grid, args in steps:
             kern.launch(grid, args, stream)
+        return steps
 
     def launches(self, k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seqlens_new, max_seqlen_new,
                  block_table=None, kv_indptr=None, kv_indices=None, rotary_cos=None, rotary_sin=None, q=None):

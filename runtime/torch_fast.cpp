@@ -173,9 +173,23 @@ struct Split {
             max_seqlen_q = 1;
 };
 
+/* a strong reference a recipe holds, released with it (recipes are never copied) */
+struct Held {
+    PyObject *p = nullptr;
+    Held() = default;
+    Held(const Held &) = delete;
+    Held &operator=(const Held &) = delete;
+    ~Held() { Py_XDECREF(p); }
+    void set(PyObject *o)
+    {
+        Py_INCREF(o);
+        Py_XSETREF(p, o);
+    }
+};
+
 struct Recipe {
-    PyObject *disp = nullptr;  // strong references
-    PyObject *keep = nullptr;  // the kernel objects (their loaded modules keep the function handles alive)
+    Held disp;  // keeps the address in the key from being reused by another dispatcher
+    Held keep;  // the kernel objects (their loaded modules keep the function handles alive)
     int64_t lo = 0, hi = 0, mod = 1, res = 0;  // the key lengths n it serves: lo <= n <= hi, (n % mod == res) == eq
     bool eq = true;
     std::vector<Step> steps;   // none: calls of this span take the Python path (declined)
@@ -189,15 +203,6 @@ struct Recipe {
     int scale_arg = -1;
     std::vector<int64_t> out_sizes, out_strides, lse_sizes, lse_strides;
     bool has_lse = false;
-
-    Recipe() = default;
-    Recipe(const Recipe &) = delete;
-    Recipe &operator=(const Recipe &) = delete;
-    ~Recipe()
-    {
-        Py_XDECREF(disp);
-        Py_XDECREF(keep);
-    }
 
     bool serves(int64_t n) const { return lo <= n && n <= hi && ((n % mod == res) == eq); }
 };
@@ -216,6 +221,29 @@ struct Ref {
     ~Ref() { Py_XDECREF(p); }
 };
 
+/* the caller's current stream on a device (``raw_stream(device)``); false with a Python error set */
+bool stream_of(PyObject *raw_stream, PyObject *devobj, void **stream)
+{
+    Ref so(PyObject_CallOneArg(raw_stream, devobj));
+    if (so.p == nullptr)
+        return false;
+    *stream = PyLong_AsVoidPtr(so.p);
+    return !(*stream == nullptr && PyErr_Occurred());
+}
+
+/* one launch of ``l`` with the packed arguments ``buf`` (grid y given), the GIL released: the driver's status */
+int launch(const Launch &l, unsigned int grid_y, void *stream, uint64_t *buf)
+{
+    void *params[kMaxParams];
+    for (size_t j = 0; j < l.storage.size(); j++)
+        params[j] = &buf[j];
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = l.fn(l.function, l.grid[0], grid_y, l.grid[2], l.block, 1, 1, l.shared, stream, params, nullptr);
+    Py_END_ALLOW_THREADS
+    return err;
+}
+
 struct FastPath {
     PyObject_HEAD
     PyObject *tensor_type;
@@ -226,6 +254,37 @@ struct FastPath {
     Map *map;
     unsigned long long hits, misses, declined;
 };
+
+/* What the two types (FastPath, and torch_replay.h's Replayer) share: the tensor type, the stream query and a
+ * bounded map of recipes, set up, cleared and released alike. */
+template <class Map_, class T>
+void hold(T *self, PyObject *tensor_type, PyObject *raw_stream, Py_ssize_t capacity)
+{
+    Py_INCREF(tensor_type);
+    Py_INCREF(raw_stream);
+    Py_XSETREF(self->tensor_type, tensor_type);
+    Py_XSETREF(self->raw_stream, raw_stream);
+    self->capacity = capacity;
+    if (self->map == nullptr)
+        self->map = new Map_();
+}
+
+template <class T>
+void release(T *self)
+{
+    delete self->map;  // drops the recipes' references
+    self->map = nullptr;
+    Py_XDECREF(self->tensor_type);
+    Py_XDECREF(self->raw_stream);
+}
+
+template <class T>
+PyObject *clear_recipes(T *self, PyObject *)
+{
+    if (self->map != nullptr)
+        self->map->clear();
+    Py_RETURN_NONE;
+}
 
 PyObject *decline(FastPath *self)
 {
@@ -267,10 +326,27 @@ bool pack_int(uint64_t *slot, char kind, int64_t v)
 {
     *slot = 0;
     switch (kind) {
-    case 'p': case 'Q': case 'q': std::memcpy(slot, &v, sizeof v); return true;
-    case 'i': if (v < INT32_MIN || v > INT32_MAX) return false; { int32_t y = static_cast<int32_t>(v); std::memcpy(slot, &y, sizeof y); return true; }
-    case 'I': if (v < 0 || v > static_cast<int64_t>(UINT32_MAX)) return false; { uint32_t y = static_cast<uint32_t>(v); std::memcpy(slot, &y, sizeof y); return true; }
-    default: return false;
+    case 'p':
+    case 'Q':
+    case 'q':
+        std::memcpy(slot, &v, sizeof v);
+        return true;
+    case 'i': {
+        if (v < INT32_MIN || v > INT32_MAX)
+            return false;
+        const int32_t y = static_cast<int32_t>(v);
+        std::memcpy(slot, &y, sizeof y);
+        return true;
+    }
+    case 'I': {
+        if (v < 0 || v > static_cast<int64_t>(UINT32_MAX))
+            return false;
+        const uint32_t y = static_cast<uint32_t>(v);
+        std::memcpy(slot, &y, sizeof y);
+        return true;
+    }
+    default:
+        return false;
     }
 }
 
@@ -546,25 +622,15 @@ PyObject *FastPath_run(FastPath *self, PyObject *const *a, Py_ssize_t nargs)
             c.ptr[T_WS] = reinterpret_cast<uintptr_t>(ws.data_ptr());
             c.ptr[T_LWS] = c.ptr[T_WS] + 4 * static_cast<uintptr_t>(n_o);
         }
-        Ref so(PyObject_CallOneArg(self->raw_stream, devobj.p));
-        if (so.p == nullptr)
+        void *stream;
+        if (!stream_of(self->raw_stream, devobj.p, &stream))
             return nullptr;
-        void *stream = PyLong_AsVoidPtr(so.p);
-        if (stream == nullptr && PyErr_Occurred())
-            return nullptr;
-        void *params[kMaxParams];
         for (size_t i = 0; i < r.steps.size(); i++) {
             const Step &s = r.steps[i];
             if (!patch(s, r, c, buf) || (i == 0 && !keeps_alignment(r, s, buf)))
                 return miss(self, key);  // an output off a 16-byte boundary: the Python path decides
-            for (size_t j = 0; j < s.storage.size(); j++)
-                params[j] = &buf[j];
             const unsigned int gy = s.grid_y_splits ? s.grid[1] * static_cast<unsigned int>(c.splits) : s.grid[1];
-            int err;
-            Py_BEGIN_ALLOW_THREADS
-            err = s.fn(s.function, s.grid[0], gy, s.grid[2], s.block, 1, 1, s.shared, stream, params, nullptr);
-            Py_END_ALLOW_THREADS
-            if (err != 0)
+            if (launch(s, gy, stream, buf) != 0)
                 return miss(self, key);  // the Python path launches again and reports what the driver said
         }
         self->hits++;
@@ -783,10 +849,8 @@ PyObject *FastPath_commit(FastPath *self, PyObject *const *a, Py_ssize_t nargs)
         return nullptr;
     }
     r->has_lse = want_lse;
-    Py_INCREF(a[C_DISP]);
-    r->disp = a[C_DISP];
-    Py_INCREF(a[C_KEEP]);
-    r->keep = a[C_KEEP];
+    r->disp.set(a[C_DISP]);
+    r->keep.set(a[C_KEEP]);
     remember(self, key, std::move(r));
     Py_RETURN_NONE;
 }
@@ -807,16 +871,8 @@ PyObject *FastPath_decline(FastPath *self, PyObject *const *a, Py_ssize_t nargs)
     auto r = std::make_shared<Recipe>();  // no steps: run() hands such calls to the Python path at once
     if (!span_arg(a[2], *r))
         return nullptr;
-    Py_INCREF(a[1]);
-    r->disp = a[1];  // keeps the address in the key from being reused by another dispatcher
+    r->disp.set(a[1]);
     remember(self, key, std::move(r));
-    Py_RETURN_NONE;
-}
-
-PyObject *FastPath_clear(FastPath *self, PyObject *)
-{
-    if (self->map != nullptr)
-        self->map->clear();
     Py_RETURN_NONE;
 }
 
@@ -856,25 +912,16 @@ int FastPath_init(FastPath *self, PyObject *args, PyObject *kwargs)
         PyErr_Format(PyExc_ValueError, "FastPath(): device_type '%s': %s", device_type, exc.what());
         return -1;
     }
-    Py_INCREF(tensor_type);
     Py_INCREF(dispatcher_type);
-    Py_INCREF(raw_stream);
-    Py_XSETREF(self->tensor_type, tensor_type);
     Py_XSETREF(self->dispatcher_type, dispatcher_type);
-    Py_XSETREF(self->raw_stream, raw_stream);
-    self->capacity = capacity;
-    if (self->map == nullptr)
-        self->map = new Map();
+    hold<Map>(self, tensor_type, raw_stream, capacity);
     return 0;
 }
 
 void FastPath_dealloc(FastPath *self)
 {
-    delete self->map;  // drops the recipes' references
-    self->map = nullptr;
-    Py_XDECREF(self->tensor_type);
+    release(self);
     Py_XDECREF(self->dispatcher_type);
-    Py_XDECREF(self->raw_stream);
     Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
 }
 
@@ -888,7 +935,7 @@ PyMethodDef FastPath_methods[] = {
      "Python path launched for the token's call, to replay for every key length of its span"},
     {"decline", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(FastPath_decline)), METH_FASTCALL,
      "decline(token, dispatcher, span): calls like the token's, of a key length in span, take the Python path"},
-    {"clear", reinterpret_cast<PyCFunction>(FastPath_clear), METH_NOARGS, "forget every recipe"},
+    {"clear", reinterpret_cast<PyCFunction>(clear_recipes<FastPath>), METH_NOARGS, "forget every recipe"},
     {"stats", reinterpret_cast<PyCFunction>(FastPath_stats), METH_NOARGS,
      "{'hits', 'misses', 'declined', 'recipes'}"},
     {nullptr, nullptr, 0, nullptr},

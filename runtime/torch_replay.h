@@ -38,21 +38,12 @@ struct ReplayAlloc {
 };
 
 struct ReplayRecipe {
-    PyObject *scalars = nullptr;  // strong references
-    PyObject *keep = nullptr;     // the kernel objects
+    Held scalars;  // compared on a hit (the key holds their hash)
+    Held keep;     // the kernel objects
     std::vector<ReplayStep> steps;
     std::vector<std::pair<int, int64_t>> checks;
     std::vector<ReplayAlloc> allocs;
     int device = -1;
-
-    ReplayRecipe() = default;
-    ReplayRecipe(const ReplayRecipe &) = delete;
-    ReplayRecipe &operator=(const ReplayRecipe &) = delete;
-    ~ReplayRecipe()
-    {
-        Py_XDECREF(scalars);
-        Py_XDECREF(keep);
-    }
 };
 
 using ReplayMap = std::unordered_map<std::string, std::shared_ptr<ReplayRecipe>>;
@@ -135,7 +126,7 @@ PyObject *Replayer_run(Replayer *self, PyObject *const *a, Py_ssize_t nargs)
         }
         const std::shared_ptr<ReplayRecipe> held = it->second;  // record() may drop it from the map meanwhile
         const ReplayRecipe &r = *held;
-        int eq = PyObject_RichCompareBool(r.scalars, a[1], Py_EQ);
+        int eq = PyObject_RichCompareBool(r.scalars.p, a[1], Py_EQ);
         if (eq < 0)
             return nullptr;
         if (eq == 0) {  // a hash collision
@@ -147,7 +138,8 @@ PyObject *Replayer_run(Replayer *self, PyObject *const *a, Py_ssize_t nargs)
             return nullptr;
         for (size_t i = 0; i < r.allocs.size(); i++) {
             const ReplayAlloc &al = r.allocs[i];
-            at::Tensor t = at::empty_strided(al.sizes, al.strides, at::TensorOptions().dtype(al.dtype).device(al.device));
+            at::Tensor t = at::empty_strided(al.sizes, al.strides,
+                                             at::TensorOptions().dtype(al.dtype).device(al.device));
             if (al.zero)
                 t.zero_();  // on the current stream, before the launches below
             ptrs[al.index] = reinterpret_cast<uintptr_t>(t.data_ptr());
@@ -165,26 +157,16 @@ PyObject *Replayer_run(Replayer *self, PyObject *const *a, Py_ssize_t nargs)
         Ref devobj(PyLong_FromLong(r.device));
         if (devobj.p == nullptr)
             return nullptr;
-        Ref so(PyObject_CallOneArg(self->raw_stream, devobj.p));
-        if (so.p == nullptr)
-            return nullptr;
-        void *stream = PyLong_AsVoidPtr(so.p);
-        if (stream == nullptr && PyErr_Occurred())
+        void *stream;
+        if (!stream_of(self->raw_stream, devobj.p, &stream))
             return nullptr;
         uint64_t buf[kMaxParams];
-        void *params[kMaxParams];
         for (const ReplayStep &s : r.steps) {
-            const size_t np = s.storage.size();
-            std::memcpy(buf, s.storage.data(), np * sizeof(uint64_t));
+            std::memcpy(buf, s.storage.data(), s.storage.size() * sizeof(uint64_t));
             for (size_t j = 0; j < s.slot_arg.size(); j++)
                 buf[s.slot_arg[j]] = ptrs[s.slot_tensor[j]] + static_cast<uintptr_t>(s.slot_offset[j]);
-            for (size_t j = 0; j < np; j++)
-                params[j] = &buf[j];
-            int err;
-            Py_BEGIN_ALLOW_THREADS
-            err = s.fn(s.function, s.grid[0], s.grid[1], s.grid[2], s.block, 1, 1, s.shared, stream, params, nullptr);
-            Py_END_ALLOW_THREADS
-            if (err != 0) {  // the Python path launches again (every step: they only write) and reports the error
+            if (launch(s, s.grid[1], stream, buf) != 0) {  // the Python path launches again (every step: they only
+                // write) and reports the error
                 self->misses++;
                 Py_RETURN_NONE;
             }
@@ -299,10 +281,8 @@ PyObject *Replayer_record(Replayer *self, PyObject *const *a, Py_ssize_t nargs)
             }
         }
         r->device = dev;
-        Py_INCREF(a[R_SCALARS]);
-        r->scalars = a[R_SCALARS];
-        Py_INCREF(a[R_KEEP]);
-        r->keep = a[R_KEEP];
+        r->scalars.set(a[R_SCALARS]);
+        r->keep.set(a[R_KEEP]);
         if (static_cast<Py_ssize_t>(self->map->size()) >= self->capacity && self->map->find(key) == self->map->end())
             self->map->clear();  // bounded: start over rather than track recency on the hot path
         (*self->map)[key] = std::move(r);
@@ -319,13 +299,6 @@ PyObject *Replayer_stats(Replayer *self, PyObject *)
                          static_cast<Py_ssize_t>(self->map ? self->map->size() : 0));
 }
 
-PyObject *Replayer_clear(Replayer *self, PyObject *)
-{
-    if (self->map != nullptr)
-        self->map->clear();
-    Py_RETURN_NONE;
-}
-
 int Replayer_init(Replayer *self, PyObject *args, PyObject *kwargs)
 {
     PyObject *tensor_type, *raw_stream;
@@ -339,22 +312,13 @@ int Replayer_init(Replayer *self, PyObject *args, PyObject *kwargs)
                         "capacity >= 1");
         return -1;
     }
-    Py_INCREF(tensor_type);
-    Py_INCREF(raw_stream);
-    Py_XSETREF(self->tensor_type, tensor_type);
-    Py_XSETREF(self->raw_stream, raw_stream);
-    self->capacity = capacity;
-    if (self->map == nullptr)
-        self->map = new ReplayMap();
+    hold<ReplayMap>(self, tensor_type, raw_stream, capacity);
     return 0;
 }
 
 void Replayer_dealloc(Replayer *self)
 {
-    delete self->map;
-    self->map = nullptr;
-    Py_XDECREF(self->tensor_type);
-    Py_XDECREF(self->raw_stream);
+    release(self);
     Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
 }
 
@@ -363,7 +327,7 @@ PyMethodDef Replayer_methods[] = {
      "run(tensors, scalars) -> None (no recipe: take the Python path) | tuple of the tensors it allocated"},
     {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Replayer_record)), METH_FASTCALL,
      "record(tensors, scalars, steps, checks, allocs, keep): what the Python path launched for this call"},
-    {"clear", reinterpret_cast<PyCFunction>(Replayer_clear), METH_NOARGS, "forget every recipe"},
+    {"clear", reinterpret_cast<PyCFunction>(clear_recipes<Replayer>), METH_NOARGS, "forget every recipe"},
     {"stats", reinterpret_cast<PyCFunction>(Replayer_stats), METH_NOARGS, "{'hits', 'misses', 'recipes'}"},
     {nullptr, nullptr, 0, nullptr},
 };
