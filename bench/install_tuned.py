@@ -1,12 +1,15 @@
 """Write the shipped first-use table of a device from a measured cache table (bench/retune_shipped.py's ``--out``, or
 ``$FMHA_DSL_CACHE_DIR/tuned/<arch>__<device>.json`` copied from a device run).
 
-    python bench/install_tuned.py MEASURED.json [--into fmha_dsl/data/tuned/sm90_nvidia-h200.json]
-                                  [--keys-of OLD.json] --provenance TEXT
+    python bench/install_tuned.py MEASURED.json [MEASURED2.json ...] [--into fmha_dsl/data/tuned/sm90_nvidia-h200.json]
+                                  [--keys-of OLD.json] [--family FAMILY] --provenance TEXT
     python bench/install_tuned.py --restamp --measured-at REV [--into TABLE] --provenance TEXT
 
 Keeps the decisions that were timed over at least ``--min-timed`` candidates (a GPU test's reduced candidate list
 must not ship) and, with ``--keys-of``, only the keys that table has; records device, date, torch and Triton.
+Several measured tables (one device run each) are merged.  ``--family F`` replaces only family F's decisions of
+``--into`` (the measured tables' other decisions are ignored, the table's other families kept as they are) and
+appends ``--provenance`` to the table's provenance.
 
 ``--restamp`` measures nothing: it carries a table's decisions over to the current candidate space (each decision's
 ``space`` becomes this checkout's ``Builder.fingerprint`` of its family) when a change moved template code without
@@ -64,7 +67,8 @@ def restamp(path: str, rev: str, text: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("measured", nargs="?")
+    ap.add_argument("measured", nargs="*")
+    ap.add_argument("--family", default=None, help="replace only this family's decisions of --into")
     ap.add_argument("--into", default="fmha_dsl/data/tuned/sm90_nvidia-h200.json")
     ap.add_argument("--keys-of", default=None)
     ap.add_argument("--min-timed", type=int, default=5)
@@ -85,17 +89,33 @@ def main() -> None:
         return
     if not args.measured:
         ap.error("a measured table is needed (or --restamp)")
-    with open(args.measured) as f:
-        got = json.load(f)
-    dec = got["decisions"]
+    dec = {}
+    for path in args.measured:
+        with open(path) as f:
+            got = json.load(f)
+        dec.update(got["decisions"])
+    if args.family:
+        dec = {k: v for k, v in dec.items() if k.split(".")[0] == args.family}
     if args.keys_of:
         with open(args.keys_of) as f:
-            want = set(json.load(f)["decisions"])
+            want = {k for k in json.load(f)["decisions"] if not args.family or k.split(".")[0] == args.family}
         dec = {k: v for k, v in dec.items() if k in want}
         missing = sorted(want - set(dec))
         if missing:
             print(f"{len(missing)} keys of {args.keys_of} were not measured, e.g. {missing[0]}")
     dec = {k: v for k, v in sorted(dec.items()) if len(v.get("times_us", {})) >= args.min_timed}
+    if args.family:
+        with open(args.into) as f:
+            doc = json.load(f)
+        kept = {k: v for k, v in doc["decisions"].items() if k.split(".")[0] != args.family}
+        doc["decisions"] = dict(sorted({**kept, **dec}.items()))
+        end = "" if doc["provenance"].rstrip().endswith(".") else "."
+        doc["provenance"] += f"{end} {time.strftime('%Y-%m-%d')}, {args.family} decisions measured again: " \
+                             f"{args.provenance}"
+        doc["date"] = time.strftime("%Y-%m-%d")
+        write_atomic(args.into, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {args.into}: {len(dec)} {args.family} decisions replaced, {len(kept)} others kept")
+        return
     doc = {"arch": got["arch"], "date": time.strftime("%Y-%m-%d"), "device": got["device"],
            "provenance": args.provenance, "torch": args.torch, "triton": args.triton, "version": got["version"],
            "decisions": dec}

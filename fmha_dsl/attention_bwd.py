@@ -191,7 +191,7 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
     if call is not None and steps and (not group or call[0][11] is cu_seqlens_q and call[0][12] is cu_seqlens_k):
         t = list(call[0])  # (group mode: only the caller's own cu_seqlens tensors are replayable)
         t[6:10] = dqt, dkt, dvt, buf
-        _replay.record(tuple(t), {6, 7, 8, 9}, call[1], plan, steps, zeroed={9})
+        _replay.record(tuple(t), {6, 7, 8, 9}, call[1], plan, steps, zeroed={9} if plan.accumulates else ())
     return _result(dqt, dkt, dvt, dbias, bias)
 
 

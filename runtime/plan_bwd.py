@@ -5,10 +5,11 @@
     plan.run(q, k, v, out, lse, dout, dq, dk, dv, workspace=ws, ...)                    # torch tensors
 
 Stages (:mod:`fmha_dsl.kernels.bwd_abi`): ``bwd_dot_do_o`` (D = rowsum(dO * O)), ``bwd_dq_dk_dv`` (dK, dV and the
-fp32 dQ accumulator), ``bwd_convert_dq`` (dQ in the input dtype).  The workspace is sized from upper bounds alone
-(batch, heads, max seqlens, head dim; never from ``cu_seqlens``), so a caller can allocate it once and reuse it;
-its accumulator part is zeroed on the launch stream before the main stage, and nothing here reads device memory
-on the host: a group-mode backward given ``max_seqlen_q/k`` is CUDA-graph capturable.
+fp32 dQ accumulator), ``bwd_convert_dq`` (dQ in the input dtype); a deterministic plan runs the first two only (its
+dQ programs store dQ itself).  The workspace is sized from upper bounds alone (batch, heads, max seqlens, head dim;
+never from ``cu_seqlens``), so a caller can allocate it once and reuse it; its accumulator part is zeroed on the
+launch stream before the main stage, and nothing here reads device memory on the host: a group-mode backward given
+``max_seqlen_q/k`` is CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ _NAMES = tuple(n for n, _ in bwd_abi.ARGS)
 
 class BackwardPlan:
     """Runs a backward problem class: ``stages`` as the dispatcher made them (``[dq_dk_dv, dot_do_o, convert_dq]``),
-    launched dot -> main -> convert."""
+    launched dot -> main -> convert (convert only for atomic dQ: :func:`fmha_dsl.kernels.bwd_abi.converts`)."""
 
     __slots__ = ("api_family", "problem", "entry", "stages", "block_n", "deterministic", "_group", "_aligned_idx",
                  "_dot", "_main", "_conv")
@@ -42,6 +43,11 @@ class BackwardPlan:
         self.deterministic = bool(self.entry.sig.get("deterministic"))
         self._group = self.entry.sig["mode"] == "group"
         self._aligned_idx = tuple(_NAMES.index(n) for n in promised_aligned(build) if n in _NAMES)
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether dQ goes through the zeroed fp32 accumulator and the convert stage (atomic dQ)."""
+        return bwd_abi.converts(self.deterministic)
 
     @property
     def kernel_id(self) -> str:
@@ -77,7 +83,9 @@ class BackwardPlan:
                                            bottom_right=bottom_right, sink=sink, workspace=workspace)
         if not steps:
             return steps, None
-        if explicit and device >= 0:
+        if acc_part is None:
+            pass
+        elif explicit and device >= 0:
             with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=q.device)):
                 acc_part.zero_()
         else:
@@ -90,8 +98,8 @@ class BackwardPlan:
                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, scale=None,
                  softcap=None, dropout_p=0.0, seed=0, offset=0, window=None, bottom_right=True, sink=0,
                  workspace=None):
-        """``([(kernel, grid, arguments)], the dQ accumulator to zero first, the workspace)``: what :meth:`run`
-        enqueues after zeroing the accumulator; no launch for an empty problem."""
+        """``([(kernel, grid, arguments)], the dQ accumulator to zero first or None, the workspace)``: what
+        :meth:`run` enqueues after zeroing the accumulator; no launch for an empty problem."""
         group = self._group
         batch, nhq, nhk, dq_, dv_, sq, sk, msq, msk = dims(self.entry, group, q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                            max_seqlen_q, max_seqlen_k)
@@ -103,7 +111,7 @@ class BackwardPlan:
         workspace = workspace_buffer(workspace, ws["numel"], q.device, "plan.workspace_numel(batch, nhead_q, "
                                      "max_seqlen_q, max_seqlen_k, head_dim_q)")
         d_part = workspace[ws["d_offset"]:ws["acc_offset"]]
-        acc_part = workspace[ws["acc_offset"]:ws["numel"]]
+        acc_part = workspace[ws["acc_offset"]:ws["numel"]] if self.accumulates else None
         objects = self._main.kernel(device).needs_objects
         tensors = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dq": dq, "dk": dk, "dv": dv,
                    "dbias": dbias, "bias": bias, "alibi": alibi_slopes, "cu_q": cu_seqlens_q, "cu_k": cu_seqlens_k,
@@ -128,8 +136,9 @@ class BackwardPlan:
                                        br=bottom_right, sink=sink)
         if self._aligned_idx and not objects:
             check_promise(self.entry, self._aligned_idx, _NAMES, main)
-        steps = [(self._dot.kernel(device), gd, dot), (self._main.kernel(device), gm, main),
-                 (self._conv.kernel(device), gc, conv)]
+        steps = [(self._dot.kernel(device), gd, dot), (self._main.kernel(device), gm, main)]
+        if self.accumulates:
+            steps.append((self._conv.kernel(device), gc, conv))
         return steps, acc_part, workspace
 
 

@@ -205,6 +205,19 @@ def test_deterministic_group_mode_with_bias(interp):
     check(interp, "fp32", q, k, v, do, cu_seqlens_q=cq, cu_seqlens_k=ck, bias=bias, causal=True, deterministic=True)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_deterministic_dq_is_stored_in_the_input_dtype(interp, dtype):
+    # the deterministic dQ programs store dQ itself (no fp32 accumulator, no convert stage): every row written,
+    # including a group-mode sequence with no keys (dQ = 0) and a partial last block
+    lens_q, lens_k = [17, 9, 70], [33, 0, 64]
+    q, k, v, do = make(dtype, group=(lens_q, lens_k), Hq=4, Hk=2)
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    got = check(interp, dtype, q, k, v, do, cu_seqlens_q=cq, cu_seqlens_k=ck, causal="bottom_right",
+                deterministic=True)
+    assert not np.asarray(got[0], np.float64)[17:26].any()  # the sequence without keys
+
+
 @pytest.mark.parametrize("kw", [{}, {"causal": "bottom_right", "Sq": 45, "Sk": 64},
                                 {"Hq": 4, "Hk": 2, "window": (9, 3)}],
                          ids=["plain", "causal", "gqa-window"])

@@ -7,13 +7,15 @@ Kept free of Triton (the runtime imports it).  The backward runs as CK's three s
                       heads of a GQA group) and dQ accumulated by atomics in the fp32 workspace ``dq_acc``
                       ``[B, Hq, Sq, Dq]``.  ``deterministic``: no atomics; the grid gets ``cdiv(Sq, BLOCK_N)``
                       more programs, each computing dQ for BLOCK_N query rows over its keys in a fixed order
-                      (a fixed-order reduction: bit-identical run to run), stored into ``dq_acc``
+                      (a fixed-order reduction: bit-identical run to run) and storing it as dQ itself, in the
+                      input dtype: no accumulator, no third stage
                       grid ``(cdiv(Sk, BLOCK_N) [+ cdiv(Sq, BLOCK_N)], Hk, B)``
-3. ``bwd_convert_dq`` ``dQ = dq_acc`` in the input dtype                 grid ``(cdiv(Sq, CONVERT_BLOCK_M), Hq, B)``
+3. ``bwd_convert_dq`` ``dQ = dq_acc`` in the input dtype (atomic dQ only: :func:`converts`)
+                      grid ``(cdiv(Sq, CONVERT_BLOCK_M), Hq, B)``
 
 The workspace (one fp32 buffer, sized from upper bounds alone: batch, heads, max seqlens, head dim -- never from
-``cu_seqlens``): ``D`` ``[B, Hq, Sq_max]`` then ``dq_acc`` ``[B, Hq, Sq_max, Dq]``; ``dq_acc`` must be zero before
-stage 2 (:func:`workspace`).  Group mode indexes both by each sequence's local row.
+``cu_seqlens``): ``D`` ``[B, Hq, Sq_max]`` then, for atomic dQ, ``dq_acc`` ``[B, Hq, Sq_max, Dq]``, which must be
+zero before stage 2 (:func:`workspace`).  Group mode indexes both by each sequence's local row.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ DOT_ARGS: tuple[tuple[str, str], ...] = (
 
 ARGS: tuple[tuple[str, str], ...] = (
     ("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("dO", "*{dtype}"), ("Lse", "*fp32"), ("D", "*fp32"),
-    ("DQacc", "*fp32"), ("dK", "*{dtype}"), ("dV", "*{dtype}"), ("dBias", "*{dtype}"), ("Bias", "*{dtype}"),
-    ("Alibi", "*fp32"), ("cu_seqlens_q", "*i32"), ("cu_seqlens_k", "*i32"),
+    ("DQacc", "*fp32"), ("dQ", "*{dtype}"), ("dK", "*{dtype}"), ("dV", "*{dtype}"), ("dBias", "*{dtype}"),
+    ("Bias", "*{dtype}"), ("Alibi", "*fp32"), ("cu_seqlens_q", "*i32"), ("cu_seqlens_k", "*i32"),
     ("sm_scale", "fp32"), ("softcap", "fp32"), ("dropout_p", "fp32"), ("seed", "i64"), ("philox_offset", "i64"),
     ("seqlen_q", "i32"), ("seqlen_k", "i32"), ("max_seqlen_q", "i32"), ("max_seqlen_k", "i32"),
     ("nhead_q", "i32"), ("nhead_k", "i32"), ("head_dim_q", "i32"), ("head_dim_v", "i32"),
@@ -43,6 +45,7 @@ ARGS: tuple[tuple[str, str], ...] = (
     ("stride_lb", "i32"), ("stride_lh", "i32"),
     ("stride_db", "i32"), ("stride_dh", "i32"),
     ("stride_as", "i64"), ("stride_ab", "i32"), ("stride_ah", "i32"), ("stride_am", "i32"),
+    ("stride_dqb", "i32"), ("stride_dqh", "i32"), ("stride_dqm", "i32"),
     ("stride_dkb", "i32"), ("stride_dkh", "i32"), ("stride_dkn", "i32"),
     ("stride_dvb", "i32"), ("stride_dvh", "i32"), ("stride_dvn", "i32"),
     ("stride_bb", "i32"), ("stride_bh", "i32"), ("stride_bm", "i32"), ("stride_bn", "i32"),
@@ -60,10 +63,10 @@ CONVERT_ARGS: tuple[tuple[str, str], ...] = (
 # pointers and strides that are multiples of 16 in the usual case (16-byte aligned tensors, head dims % 16 == 0):
 # promised to the compiler by an aligned build, checked before every launch of one
 ALIGNED: tuple[str, ...] = (
-    "Q", "K", "V", "dO", "dK", "dV", "DQacc",
+    "Q", "K", "V", "dO", "dQ", "dK", "dV", "DQacc",
     "stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn", "stride_vb", "stride_vh",
     "stride_vn", "stride_dob", "stride_doh", "stride_dom", "stride_dkb", "stride_dkh", "stride_dkn",
-    "stride_dvb", "stride_dvh", "stride_dvn", "stride_am",
+    "stride_dvb", "stride_dvh", "stride_dvn", "stride_am", "stride_dqb", "stride_dqh", "stride_dqm",
 )
 
 DOT_BLOCK_M = 64       # rows per program of the 1-d stages (CK's M0_1D)
@@ -78,20 +81,28 @@ def block_d(hdim: int) -> int:
     return max(16, 1 << max(0, (int(hdim) - 1).bit_length()))
 
 
+def converts(deterministic: bool) -> bool:
+    """Whether dQ goes through the fp32 accumulator and the convert stage: atomic dQ does; the deterministic dQ
+    programs own their rows and store dQ in the input dtype (two stages, no accumulator)."""
+    return not deterministic
+
+
 def splits(deterministic: bool, max_seqlen_k: int, block_n: int) -> int:
-    """How many dQ partial sums ``dq_acc`` holds: 1 (atomics, or the deterministic dQ programs' one store).  The
-    convert stage's ``num_splits`` argument keeps CK's split-reduction contract for a template that needs more."""
-    return 1
+    """How many dQ partial sums ``dq_acc`` holds: 1 with atomics, 0 (no accumulator) for the deterministic dQ
+    programs.  The convert stage's ``num_splits`` argument keeps CK's split-reduction contract for a template that
+    needs more."""
+    return 1 if converts(deterministic) else 0
 
 
 def workspace(batch: int, nhead_q: int, max_seqlen_q: int, max_seqlen_k: int, head_dim_q: int, block_n: int,
               deterministic: bool) -> dict:
     """The backward's fp32 workspace from upper bounds only: ``{"numel", "d_offset", "acc_offset", "splits",
-    "d_strides", "acc_strides"}`` (element offsets and strides; the whole buffer is zeroed before stage 2)."""
+    "d_strides", "acc_strides"}`` (element offsets and strides; ``dq_acc``, from ``acc_offset`` to ``numel`` and
+    empty without atomic dQ, is zeroed before stage 2)."""
     b, h, sq, dq = int(batch), int(nhead_q), max(1, int(max_seqlen_q)), int(head_dim_q)
     s = splits(deterministic, max_seqlen_k, block_n)
     n_d = b * h * sq
-    acc_off = -(-n_d // 16) * 16          # dq_acc starts 64-byte aligned
+    acc_off = -(-n_d // 16) * 16 if s else n_d  # dq_acc starts 64-byte aligned
     acc_strides = (b * h * sq * dq, h * sq * dq, sq * dq, dq)
     return {"numel": acc_off + s * acc_strides[0], "d_offset": 0, "acc_offset": acc_off, "splits": s,
             "d_strides": (h * sq, sq), "acc_strides": acc_strides}
@@ -99,7 +110,7 @@ def workspace(batch: int, nhead_q: int, max_seqlen_q: int, max_seqlen_k: int, he
 
 def grids(batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, max_seqlen_k: int, block_n: int,
           deterministic: bool = False):
-    """The three stages' launch grids (any zero: nothing to launch)."""
+    """The three stages' launch grids (any zero: nothing to launch; the third is launched when :func:`converts`)."""
     sq, sk, bn = int(max_seqlen_q), int(max_seqlen_k), int(block_n)
     main = -(-sk // bn) + (-(-sq // bn) if deterministic and sk > 0 else 0)
     return ((-(-sq // DOT_BLOCK_M), int(nhead_q), int(batch)), (main, int(nhead_k), int(batch)),
@@ -121,7 +132,8 @@ def pack(ptrs, group: bool, qs, ks, vs, os_, dos, dqs, dks, dvs, ls, bs, gs, as_
     :data:`CONVERT_ARGS` order -- the one packer of this ABI (the Python path, the interpreter harness and tests).
 
     ``ptrs``: ``{"q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv", "dbias", "bias", "alibi", "cu_q", "cu_k",
-    "d", "acc"}`` pointer values (0/None for absent ones; ``d``/``acc``: the workspace parts).  Strides are the
+    "d", "acc"}`` pointer values (0/None for absent ones; ``d``/``acc``: the workspace parts, ``acc`` absent
+    without atomic dQ).  Strides are the
     tensors' own (``q``, ``k``, ``v``, ``out``, ``dout``, ``dq``, ``dk``, ``dv``; batch ``[B, H, S, D]``, group
     ``[T, H, D]``, turned into batch form here); ``ls``: the LSE's
     (``[B, Hq, Sq]`` or ``[Hq, Tq]``); ``bs``/``gs``: bias / dbias strides over ``[B, Hq, Sq, Sk]`` (0 for
@@ -135,11 +147,11 @@ def pack(ptrs, group: bool, qs, ks, vs, os_, dos, dqs, dks, dvs, ls, bs, gs, as_
     p = ptrs.get
     scale = 1.0 / math.sqrt(dq) if scale is None else float(scale)
     dot = [p("out"), p("dout"), p("d"), p("cu_q"), sq, dv, *bhm(os_), *bhm(dos), *d_st]
-    main = [p("q"), p("k"), p("v"), p("dout"), p("lse"), p("d"), p("acc"), p("dk"), p("dv"), p("dbias"),
+    main = [p("q"), p("k"), p("v"), p("dout"), p("lse"), p("d"), p("acc"), p("dq"), p("dk"), p("dv"), p("dbias"),
             p("bias"), p("alibi"), p("cu_q"), p("cu_k"), scale, 0.0 if softcap is None else float(softcap),
             float(dropout_p or 0.0), _seed_i64(seed) if dropout_p else 0, int(offset) if dropout_p else 0,
             sq, sk, msq, msk, nhq, nhk, dq, dv, wl, wr, int(bool(br)), int(sink),
-            *bhm(qs), *bhm(ks), *bhm(vs), *bhm(dos), lb, lh, *d_st, *a_st, *bhm(dks), *bhm(dvs),
+            *bhm(qs), *bhm(ks), *bhm(vs), *bhm(dos), lb, lh, *d_st, *a_st, *bhm(dqs), *bhm(dks), *bhm(dvs),
             *((0, 0, 0, 1) if bs is None else bs), *((0, 0, 0, 1) if gs is None else gs),
             *((0, 1) if as_ is None else as_)]
     conv = [p("acc"), p("dq"), p("cu_q"), sq, dq, ws["splits"], *a_st, *bhm(dqs)]
@@ -152,4 +164,4 @@ def bias_strides(shape, strides) -> tuple:
 
 
 __all__ = ["ARGS", "DOT_ARGS", "CONVERT_ARGS", "ALIGNED", "DOT_BLOCK_M", "CONVERT_BLOCK_M", "ONE_D_WARPS",
-           "block_d", "splits", "workspace", "grids", "pack", "bias_strides"]
+           "block_d", "converts", "splits", "workspace", "grids", "pack", "bias_strides"]

@@ -100,7 +100,7 @@ def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bi
             "dout": s32(doa, tname), "lse": s32(la, "float32"), "dq": s32(dq, tname), "dk": s32(dk, tname),
             "dv": s32(dv, tname), "dbias": s32(g_arr, tname), "bias": s32(b_arr, tname),
             "alibi": s32(a_arr, "float32"), "cu_q": s32(cq, "int32"), "cu_k": s32(ckk, "int32"),
-            "d": s32(d_part, "float32"), "acc": s32(acc_part, "float32")}
+            "d": s32(d_part, "float32"), "acc": s32(acc_part if acc_part.size else np.zeros(1, np.float32), "float32")}
     bs = bwd_abi.bias_strides(b_arr.shape, el(b_arr)) if bias is not None else None
     gs = el(g_arr) if want_dbias else None
     as_ = el(a_arr) if alibi_slopes is not None else None
@@ -116,7 +116,8 @@ def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bi
     else:
         T.fmha_bwd_dot_do_o[g1](*dot, **consts["bwd_dot_do_o"])
         T.fmha_bwd_dq_dk_dv[g2](*main, **consts["bwd_dq_dk_dv"])
-        T.fmha_bwd_convert_dq[g3](*conv, **consts["bwd_convert_dq"])
+        if bwd_abi.converts(deterministic):
+            T.fmha_bwd_convert_dq[g3](*conv, **consts["bwd_convert_dq"])
     res = [dq, dk, dv, g_arr if want_dbias else None]
     if dtype == "bf16":
         res = [None if x is None else _bf16_decode(x) for x in res]

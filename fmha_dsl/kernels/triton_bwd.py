@@ -206,14 +206,14 @@ def _key_block(dq, q, do, lse, delta, K, V, k_base, v_base, b_ptr, start_m, star
 
 
 @triton.jit
-def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dK, dV, dBias, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
+def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
                       sm_scale, softcap, dropout_p, seed, philox_offset,
                       seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nhead_q, nhead_k, head_dim_q, head_dim_v,
                       window_left, window_right, mask_bottom_right, sink,
                       stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                       stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                       stride_lb, stride_lh, stride_db, stride_dh,
-                      stride_as, stride_ab, stride_ah, stride_am,
+                      stride_as, stride_ab, stride_ah, stride_am, stride_dqb, stride_dqh, stride_dqm,
                       stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                       stride_bb, stride_bh, stride_bm, stride_bn, stride_gb, stride_gh, stride_gm, stride_gn,
                       stride_alb, stride_alh,
@@ -241,6 +241,7 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dK, dV, dBias, Bias, Alibi, cu
         bv = zero
         bdo = zero
         bl = zero
+        bdq = zero
         bdk = zero
         bdv = zero
     else:
@@ -253,6 +254,7 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dK, dV, dBias, Bias, Alibi, cu
         bv = off_b.to(tl.int64) * stride_vb
         bdo = off_b.to(tl.int64) * stride_dob
         bl = off_b.to(tl.int64) * stride_lb
+        bdq = off_b.to(tl.int64) * stride_dqb
         bdk = off_b.to(tl.int64) * stride_dkb
         bdv = off_b.to(tl.int64) * stride_dvb
     if PAD_D:
@@ -342,9 +344,13 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dK, dV, dBias, Bias, Alibi, cu
                                     cap_scale, softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim,
                                     MASK, SINK, PAD_M, True, CHECK_D, CHECK_DV, BIAS_TYPE, SOFTCAP, DROPOUT, IEEE,
                                     UPCAST_DOT)
-                a_ptrs = DQacc + off_b.to(tl.int64) * stride_ab + off_h.to(tl.int64) * stride_ah + \
-                    offs_m[:, None].to(tl.int64) * stride_am + offs_d[None, :]
-                tl.store(a_ptrs, dq * sm_scale, mask=m_ok[:, None] & (offs_d[None, :] < dq_lim))
+                # these rows' dQ is complete: stored as dQ itself (no accumulator, no convert stage)
+                dq_ptrs = dQ + bdq + off_h.to(tl.int64) * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :]
+                dq = (dq * sm_scale).to(dQ.dtype.element_ty)
+                if PAD_M or CHECK_D:
+                    tl.store(dq_ptrs, dq, mask=m_ok[:, None] & (offs_d[None, :] < dq_lim))
+                else:
+                    tl.store(dq_ptrs, dq)
             return
     start_n = pid_n * BLOCK_N
     if start_n >= seqlen_k:
@@ -409,8 +415,9 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dK, dV, dBias, Bias, Alibi, cu
                                               block_shape=[BLOCK_M, BLOCK_DMODEL])
             do_src = tl.make_tensor_descriptor(do_base, shape=[rows_d, dv_lim], strides=[stride_dom, 1],
                                                block_shape=[BLOCK_M, BLOCK_DV])
-            acc_src = tl.make_tensor_descriptor(acc_base, shape=[rows_d, dq_lim], strides=[stride_am, 1],
-                                                block_shape=[BLOCK_M, BLOCK_DMODEL])
+            if not DETERMINISTIC:  # (the deterministic dQ programs have no accumulator)
+                acc_src = tl.make_tensor_descriptor(acc_base, shape=[rows_d, dq_lim], strides=[stride_am, 1],
+                                                    block_shape=[BLOCK_M, BLOCK_DMODEL])
         if MASK:  # the unmasked blocks, then the masked ones on both sides of them in one loop
             for start_m in range(f_lo, f_hi, BLOCK_M):
                 start_m = tl.multiple_of(start_m, BLOCK_M)
