@@ -20,11 +20,13 @@
  *   - a ``bytes`` token on a miss: the call is one the fast path can serve but has not seen.  attention()'s
  *     Python path then checks, plans and launches as always and hands the token back to ``commit`` with what it
  *     launched;
- *   - ``None`` when the call is not for this path (numpy, a subclass, group mode, bias, dropout, window, ...).
+ *   - ``None`` when the call is not for this path (numpy, a subclass, group mode, bias, ALiBi, dropout, a value
+ *     of another type than attention() documents, ...).
  *
  * The key (the call's class) is everything that decides the plan and its arguments other than the addresses, the
  * scale and the key length: the dispatcher's identity, dtype, device, q's sizes and strides, K's and V's but for the
- * key length and the batch and head strides that follow from it, causal and return_lse.  Under a key, each recipe
+ * key length and the batch and head strides that follow from it, the mask (causal as given: True and "top_left"
+ * are one; the window pair), the soft-cap, the sink count and return_lse.  Under a key, each recipe
  * serves a span of key lengths -- those the dispatcher's decision key maps to the same plan (Dispatcher.seq_span:
  * an octave, split by whether the length is a multiple of 128) -- and one alignment class (attention()'s `aligned`).
  * Per call a recipe re-reads what the Python path's packer (fmha_dsl/kernels/fwd_abi.py) derives from the call --
@@ -46,6 +48,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -64,13 +67,14 @@ enum RunArg {
     A_Q, A_K, A_V, A_CAUSAL, A_WINDOW, A_BIAS, A_ALIBI, A_DROPOUT, A_SEED, A_SOFTCAP, A_SINK, A_SCALE, A_LSE,
     A_CU_Q, A_CU_K, A_REGISTRY, A_OFFSET, A_MAX_Q, A_MAX_K, A_JIT
 };
-enum Flag { F_CAUSAL = 1, F_LSE = 2 };
+enum Flag { F_CAUSAL = 1, F_LSE = 2, F_BOTTOM_RIGHT = 4, F_WINDOW = 8, F_SOFTCAP = 16 };
 // fmha_dsl/kernels/fwd_abi.py: replay_patches' sources and tensors
 enum Source { R_PTR, R_STRIDE, R_SEQLEN_K, R_SCALE, R_SPLITS, R_WS, N_SOURCES };
 enum Tensor { T_Q, T_K, T_V, T_OUT, T_LSE, T_WS, T_LWS, N_TENSORS };
 
 /* The class of a call: q's sizes and strides, and K's and V's but for what a growing key axis changes (the key
- * length and the batch and head strides: a recipe serves a span of key lengths and re-reads those per call). */
+ * length and the batch and head strides: a recipe serves a span of key lengths and re-reads those per call); the
+ * scalars the recorded arguments hold as they were given (the window pair, the sink count, the soft-cap's bits). */
 struct Key {
     uint64_t disp;
     int64_t sizes[12];
@@ -78,8 +82,11 @@ struct Key {
     int32_t device;
     int16_t dtype;
     uint16_t flags;
+    int32_t window_left, window_right;
+    int64_t sink;
+    uint64_t softcap;
 };
-static_assert(sizeof(Key) == 8 + 2 * 12 * 8 + 8, "Key must have no padding (it is hashed and compared as bytes)");
+static_assert(sizeof(Key) == 8 + 2 * 12 * 8 + 8 + 24, "Key must have no padding (it is hashed and compared as bytes)");
 
 struct KeyHash {
     size_t operator()(const Key &k) const noexcept
@@ -298,7 +305,67 @@ PyObject *miss(FastPath *self, const Key &key)
     return PyBytes_FromStringAndSize(reinterpret_cast<const char *>(&key), sizeof key);
 }
 
-/* None, 0 or 0.0 (exact int / float): what attention() treats as "no dropout" / "no sink" */
+/* An exact int within [lo, hi] (bool and int subclasses are not: the Python path decides about those) */
+bool exact_int(PyObject *o, long long lo, long long hi, long long *value)
+{
+    if (!PyLong_CheckExact(o))
+        return false;
+    int overflow = 0;
+    const long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return false;
+    }
+    *value = x;
+    return lo <= x && x <= hi;
+}
+
+/* causal, window, softcap and sink as the key holds them; false: not a value for this path (the Python path
+ * checks it, and raises where attention() does) */
+bool mask_key(PyObject *const *a, Key &key)
+{
+    PyObject *causal = a[A_CAUSAL];
+    if (causal == Py_True) {
+        key.flags |= F_CAUSAL;
+    } else if (causal != Py_False && causal != Py_None) {
+        if (!PyUnicode_CheckExact(causal))
+            return false;
+        if (PyUnicode_CompareWithASCIIString(causal, "top_left") == 0)
+            key.flags |= F_CAUSAL;  // what True means
+        else if (PyUnicode_CompareWithASCIIString(causal, "bottom_right") == 0)
+            key.flags |= F_BOTTOM_RIGHT;
+        else
+            return false;
+    }
+    PyObject *window = a[A_WINDOW];
+    if (window != Py_None) {
+        long long left, right;
+        if (!PyTuple_CheckExact(window) || PyTuple_GET_SIZE(window) != 2 ||
+            !exact_int(PyTuple_GET_ITEM(window, 0), INT32_MIN, INT32_MAX, &left) ||
+            !exact_int(PyTuple_GET_ITEM(window, 1), INT32_MIN, INT32_MAX, &right))
+            return false;
+        key.flags |= F_WINDOW;
+        key.window_left = static_cast<int32_t>(left);
+        key.window_right = static_cast<int32_t>(right);
+    }
+    PyObject *softcap = a[A_SOFTCAP];
+    if (softcap != Py_None) {
+        if (!PyFloat_CheckExact(softcap))
+            return false;
+        const double cap = PyFloat_AS_DOUBLE(softcap);
+        if (!(cap > 0.0 && std::isfinite(cap)))
+            return false;
+        key.flags |= F_SOFTCAP;
+        std::memcpy(&key.softcap, &cap, sizeof cap);
+    }
+    long long sink = 0;
+    if (a[A_SINK] != Py_None && !exact_int(a[A_SINK], 0, INT32_MAX, &sink))
+        return false;
+    key.sink = sink;
+    return true;
+}
+
+/* None, 0 or 0.0 (exact int / float): what attention() treats as "no dropout" */
 bool is_zero(PyObject *o, bool allow_float)
 {
     if (o == Py_None)
@@ -509,18 +576,14 @@ PyObject *FastPath_run(FastPath *self, PyObject *const *a, Py_ssize_t nargs)
     PyTypeObject *tt = reinterpret_cast<PyTypeObject *>(self->tensor_type);
     if (Py_TYPE(a[A_Q]) != tt || Py_TYPE(a[A_K]) != tt || Py_TYPE(a[A_V]) != tt)
         return decline(self);
-    uint16_t flags = 0;
-    if (a[A_CAUSAL] == Py_True)
-        flags |= F_CAUSAL;
-    else if (a[A_CAUSAL] != Py_False && a[A_CAUSAL] != Py_None)
-        return decline(self);
+    Key key;
+    std::memset(&key, 0, sizeof key);
     if (a[A_LSE] == Py_True)
-        flags |= F_LSE;
+        key.flags |= F_LSE;
     else if (a[A_LSE] != Py_False)
         return decline(self);
-    if (a[A_WINDOW] != Py_None || a[A_BIAS] != Py_None || a[A_ALIBI] != Py_None || a[A_SEED] != Py_None ||
-        a[A_SOFTCAP] != Py_None || a[A_CU_Q] != Py_None || a[A_CU_K] != Py_None || !is_zero(a[A_DROPOUT], true) ||
-        !is_zero(a[A_SINK], false))
+    if (!mask_key(a, key) || a[A_BIAS] != Py_None || a[A_ALIBI] != Py_None || a[A_SEED] != Py_None ||
+        a[A_CU_Q] != Py_None || a[A_CU_K] != Py_None || !is_zero(a[A_DROPOUT], true))
         return decline(self);
     bool has_scale = a[A_SCALE] != Py_None;
     double scale = 0.0;
@@ -563,12 +626,9 @@ PyObject *FastPath_run(FastPath *self, PyObject *const *a, Py_ssize_t nargs)
             if (disp == nullptr)
                 return PyErr_Occurred() ? nullptr : decline(self);
         }
-        Key key;
-        std::memset(&key, 0, sizeof key);
         key.disp = reinterpret_cast<uintptr_t>(disp);
         key.device = dev;
         key.dtype = static_cast<int16_t>(dtype);
-        key.flags = flags;
         fill_key(key, t);
 
         auto it = self->map->find(key);

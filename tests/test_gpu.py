@@ -383,6 +383,9 @@ def fast_path():
     (dict(), dict()), (dict(causal=True, return_lse=True), dict()), (dict(scale=0.3), dict(hk=1)),
     (dict(causal=True), dict(layout="bshd", d=128)), (dict(return_lse=True), dict(d=40, sq=77, sk=131)),
     (dict(), dict(dtype=torch.bfloat16, d=96, dv=64)),
+    (dict(causal="bottom_right"), dict(sq=64, sk=200)), (dict(causal=True, window=(32, 0)), dict()),
+    (dict(softcap=20.0, window=(16, 16)), dict()), (dict(causal="bottom_right", sink=4, window=(24, 0)),
+                                                     dict(sq=48, sk=160, dtype=torch.bfloat16)),
 ])
 def test_the_torch_fast_path_replays_the_python_path(kw, shape):
     """A repeat call (same shapes and strides, new tensors) runs in C++: bit-identical to the Python path's launch
@@ -415,7 +418,7 @@ def test_the_torch_fast_path_replays_the_python_path(kw, shape):
     pairs = list(zip(*(r if isinstance(r, tuple) else (r,) for r in (python, other, fast))))
     for p, o, f in pairs:
         assert torch.equal(p, o) and torch.equal(p, f) and p.stride() == f.stride()
-    ref = reference(q, k, v, causal=kw.get("causal", False), scale=kw.get("scale"))
+    ref = reference(q, k, v, **{key: val for key, val in kw.items() if key != "return_lse"})
     close(pairs[0][2], ref[0], dt)
     if kw.get("return_lse"):
         close(pairs[1][2], ref[1], dt, "lse")

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 from fakes import FakeDriver  # noqa: E402
 
 from fmha_dsl import costmodel  # noqa: E402
+from fmha_dsl.attention_args import _mask  # noqa: E402
 from fmha_dsl.kernels.fwd_abi import (ARGS, COMBINE_ARGS, aligned_names, replay_patches, split_args,  # noqa: E402
                                       workspace_strides)
 from fmha_dsl.runtime import native, torch_fast  # noqa: E402
@@ -75,16 +76,17 @@ def run(fp, q, k, v, *, causal=False, scale=None, return_lse=False, registry=Non
                   a["offset"], a["max_seqlen_q"], a["max_seqlen_k"], {} if jit is None else jit)
 
 
-def python_args(q, k, v, out, lse, causal, scale):
+def python_args(q, k, v, out, lse, causal, scale, window=None, softcap=None, sink=None):
     """What attention()'s Python path passes for this batch-mode call."""
     b, hq, sq, dq = q.shape
     hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
     ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), 0, 0,
             0, 0]
-    wl, wr, br = (-1, 0, 1) if causal else (-1, -1, 1)
+    mask, wl, wr, br = _mask(causal, window)
+    sink = 0 if not sink or mask == "no" else sink
     return fwd_args(ptrs, False, q.stride(), k.stride(), v.stride(), out.stride(),
-                    None if lse is None else lse.stride(), None, None, hq, hk, dq, dv, sq, sk, sq, sk, scale, None,
-                    0.0, None, 0, wl, wr, br, 0)
+                    None if lse is None else lse.stride(), None, None, hq, hk, dq, dv, sq, sk, sq, sk, scale, softcap,
+                    0.0, None, 0, wl, wr, br, sink)
 
 
 def encode(args, types=TYPES):
@@ -108,13 +110,14 @@ def commit(fp, tok, disp, kern, steps, out, lse, *, span=EVERY, aligned=True, sp
 
 
 def learn(fp, drv, disp, kern, q, k, v, *, causal=False, scale=None, return_lse=False, grid=(3, 4, 2),
-          aligned=True, span=EVERY):
-    """The Python path's side: a miss, then commit what it launched (out allocated like attention() does)."""
-    tok = run(fp, q, k, v, causal=causal, scale=scale, return_lse=return_lse, registry=disp)
+          aligned=True, span=EVERY, **mask):
+    """The Python path's side: a miss, then commit what it launched (out allocated like attention() does).
+    ``mask``: window, softcap, sink."""
+    tok = run(fp, q, k, v, causal=causal, scale=scale, return_lse=return_lse, registry=disp, **mask)
     assert isinstance(tok, bytes)
     out = torch.empty_like(q) if v.shape[3] == q.shape[3] else q.new_empty(q.shape[:3] + (v.shape[3],))
     lse = q.new_empty(q.shape[:3], dtype=torch.float32) if return_lse else None
-    args = python_args(q, k, v, out, lse, causal, scale)
+    args = python_args(q, k, v, out, lse, causal, scale, **mask)
     commit(fp, tok, disp, kern, (step(drv, args, grid),), out, lse, span=span, aligned=aligned)
     return out, lse
 
@@ -179,9 +182,14 @@ def test_calls_that_are_not_for_the_fast_path_are_declined(fp):
     disp = Disp()
     q, k, v = qkv()
     declined = [
-        dict(causal="bottom_right"), dict(window=(4, 0)), dict(bias=torch.zeros(1)), dict(alibi_slopes=torch.ones(4)),
-        dict(dropout_p=0.1), dict(seed=1), dict(softcap=30.0), dict(sink=2), dict(scale=1), dict(scale=math.inf),
-        dict(return_lse=1), dict(cu_seqlens_q=torch.zeros(3, dtype=torch.int32)), dict(registry="build/x"),
+        dict(bias=torch.zeros(1)), dict(alibi_slopes=torch.ones(4)), dict(dropout_p=0.1), dict(seed=1),
+        dict(scale=1), dict(scale=math.inf), dict(return_lse=1), dict(cu_seqlens_q=torch.zeros(3, dtype=torch.int32)),
+        dict(registry="build/x"),
+        # values the Python path checks (and raises on, or accepts in another type): never keyed here
+        dict(causal="diagonal"), dict(causal=1), dict(window=[4, 0]), dict(window=(4,)), dict(window=(4, 0, 1)),
+        dict(window=(1 << 40, 0)), dict(window=(4.0, 0)), dict(window=(True, 0)), dict(softcap=30),
+        dict(softcap=-1.0), dict(softcap=math.nan), dict(softcap=math.inf), dict(sink=-1), dict(sink=2.0),
+        dict(sink=True), dict(sink=1 << 40),
     ]
     for extra in declined:
         assert run(fp, q, k, v, **{"registry": disp, **extra}) is None, extra
@@ -192,6 +200,38 @@ def test_calls_that_are_not_for_the_fast_path_are_declined(fp):
     assert run(fp, q, k, v) is None  # no registry and no JIT dispatcher for this device yet
     assert isinstance(run(fp, q, k, v, jit={-1: disp}), bytes)  # CPU tensors: device index -1
     assert fp.stats()["declined"] == len(declined) + 5
+
+
+MASKED = [dict(causal="bottom_right"), dict(causal="top_left"), dict(window=(16, 0)), dict(window=(-1, 8)),
+          dict(causal=True, window=(32, 5)), dict(causal="bottom_right", sink=4), dict(softcap=30.0),
+          dict(causal=True, softcap=2.5, sink=3, window=(7, 0)), dict(sink=5)]
+
+
+@pytest.mark.parametrize("mask", MASKED, ids=lambda m: ",".join(f"{k}={v}" for k, v in m.items()))
+def test_masks_windows_softcaps_and_sinks_replay_what_the_python_path_would(fp, mask):
+    drv, disp, kern = FakeDriver(len(KINDS)), Disp(), Kernel()
+    learn(fp, drv, disp, kern, *qkv(), **mask)
+    q, k, v = qkv()
+    out = run(fp, q, k, v, registry=disp, **mask)
+    assert isinstance(out, torch.Tensor), mask
+    assert drv.calls[-1]["slots"] == encode(python_args(q, k, v, out, None, scale=None, **{"causal": False, **mask}))
+    assert fp.stats()["hits"] == 1
+    # any other value of these is another class: a miss (the recorded arguments hold them)
+    causal, (left, right) = mask.get("causal", False), mask.get("window", (3, 3))
+    others = [dict(mask, causal="bottom_right" if causal in (True, "top_left") else True),
+              dict(mask, window=(left + 1, right)), dict(mask, window=(left, right + 1)),
+              dict(mask, softcap=mask.get("softcap", 1.0) * 2), dict(mask, sink=mask.get("sink", 0) + 1)]
+    for other in others:
+        assert isinstance(run(fp, q, k, v, registry=disp, **other), bytes), other
+
+
+def test_true_and_top_left_are_one_class(fp):
+    drv, disp, kern = FakeDriver(len(KINDS)), Disp(), Kernel()
+    learn(fp, drv, disp, kern, *qkv(), causal=True)
+    q, k, v = qkv()
+    out = run(fp, q, k, v, registry=disp, causal="top_left")
+    assert isinstance(out, torch.Tensor)
+    assert drv.calls[-1]["slots"] == encode(python_args(q, k, v, out, None, True, None))
 
 
 def test_the_jit_dispatcher_is_looked_up_per_call(fp):
