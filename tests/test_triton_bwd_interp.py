@@ -165,6 +165,19 @@ def test_group_mode_bias_gradient(interp):
     check(interp, "fp32", q, k, v, do, cu_seqlens_q=cq, cu_seqlens_k=ck, bias=bias)
 
 
+@pytest.mark.parametrize("pipeline", ["bwd_async", "bwd_trload"])
+def test_group_mode_without_a_mask_checks_only_the_partial_blocks(interp, pipeline):
+    # whole query blocks run unchecked, the partial ones (and every block of a partial key block) checked: lengths
+    # that are multiples of the tile, partial ones, and empty sequences on either side
+    lens_q, lens_k = [40, 0, 33, 64, 16], [50, 17, 0, 64, 31]
+    q, k, v, do = make("fp16", Hq=4, Hk=2, group=(lens_q, lens_k))
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    got = check(interp, "fp16", q, k, v, do, cu_seqlens_q=cq, cu_seqlens_k=ck, pipeline=pipeline, block_m=16,
+                block_n=32)
+    assert not np.asarray(got[0], np.float64)[cq[2]:cq[3]].any()  # the sequence without keys: zero dQ
+
+
 @pytest.mark.parametrize("tile", [(16, 32), (32, 16)])
 def test_other_tiles_and_unpadded_lengths(interp, tile):
     q, k, v, do = make("fp16", Sq=64, Sk=64)

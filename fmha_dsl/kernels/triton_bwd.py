@@ -439,16 +439,32 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
                                       softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim, True,
                                       SINK, PAD_M, PAD_N, CHECK_D, CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT,
                                       not DETERMINISTIC, IEEE, UPCAST_DOT, TMA)
-        else:
-            for start_m in range(0, seqlen_q, BLOCK_M):
+        else:  # the whole query blocks with no bounds to check (none for a partial key block), then the rest
+            f_hi = seqlen_q
+            if PAD_M:
+                f_hi = (seqlen_q // BLOCK_M) * BLOCK_M
+            if PAD_N:
+                f_hi = tl.where(start_n + BLOCK_N > seqlen_k, 0, f_hi)
+            for start_m in range(0, f_hi, BLOCK_M):
                 start_m = tl.multiple_of(start_m, BLOCK_M)
                 dk, dv = _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base, g_base,
                                       q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                       mask_off, window_left, window_right, sink, stride_qm, stride_dom, stride_am,
                                       stride_bm, stride_bn, stride_gm, stride_gn, sm_scale, qk_scale, cap_scale,
                                       softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim, False,
-                                      SINK, PAD_M, PAD_N, CHECK_D, CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT,
+                                      SINK, False, False, CHECK_D, CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT,
                                       not DETERMINISTIC, IEEE, UPCAST_DOT, TMA)
+            if PAD_M or PAD_N:
+                for start_m in range(f_hi, seqlen_q, BLOCK_M):
+                    start_m = tl.multiple_of(start_m, BLOCK_M)
+                    dk, dv = _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base,
+                                          g_base, q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d,
+                                          offs_dv, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
+                                          stride_qm, stride_dom, stride_am, stride_bm, stride_bn, stride_gm,
+                                          stride_gn, sm_scale, qk_scale, cap_scale, softcap, slope, dropout_p, seed,
+                                          rng_base, sk_max, dq_lim, dv_lim, False, SINK, PAD_M, PAD_N, CHECK_D,
+                                          CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT, not DETERMINISTIC, IEEE,
+                                          UPCAST_DOT, TMA)
     dk = dk * sm_scale
     dk_ptrs = dK + bdk + off_hk.to(tl.int64) * stride_dkh + krow[:, None] * stride_dkn + offs_d[None, :]
     dv_ptrs = dV + bdv + off_hk.to(tl.int64) * stride_dvh + krow[:, None] * stride_dvn + offs_dv[None, :]
