@@ -53,6 +53,11 @@ def compile_options(sig: dict, alg: dict, arch: str) -> dict:
         from .rules.triton_bwd import stages as bwd_stages
 
         opts = {"num_warps": int(alg["wave"][0]), "num_stages": bwd_stages(arch, alg)}
+    elif sig.get("family") in ("batch_prefill", "fwd_pagedkv"):  # K/V addressed through the page table
+        from .rules.triton_paged import compile_stages
+
+        opts = {"num_warps": int(alg["wave"][0]),
+                "num_stages": compile_stages({"arch": arch, "pipeline": alg["pipeline"]})}
     else:
         from .rules.triton_fwd import stages
 

@@ -148,7 +148,8 @@ SERVING_SET = """kernel_set serving_ci {
     hdim(128)
     kernel prefill {
         signature { family(batch_prefill) mask(causal) kv_cache(linear, vllm, 16) }
-        algorithm { pipeline(qr_async) tile_m0(64) tile_n0(64) tile_k0(128) tile_n1(128) tile_k0max(128) wave_m0(4) }
+        algorithm { pipeline(qr_async) tile_m0(64) tile_n0(64) tile_k0(128) tile_n1(128) tile_k0max(128) wave_m0(4)
+                    padding(true, true, false, false) }
     }
     kernel decode {
         signature { family(fwd_pagedkv) mask(no) kv_cache(linear, sglang, 1) }
@@ -176,6 +177,11 @@ def test_a_serving_set_builds_for_amd_and_nvidia_without_a_gpu(tmp_path):
         assert k["build"]["binary_kind"] == ("cubin" if k["gfx_arch"] == "sm90" else "hsaco")
         if k["signature"]["family"] == "fwd_pagedkv":
             assert k["build"]["combine"]["entry"] == "fmha_fwd_combine"
+        if k["gfx_arch"] == "sm90" and k["signature"]["family"] == "batch_prefill":
+            # K/V behind a page-table load are staged as deep as the forward's: three 64 x (128 + 128) bf16 buffers
+            # (the compiler's default for 3 stages gave such loads two)
+            assert k["build"]["num_stages"] == 5
+            assert k["build"]["shared"] >= 3 * 64 * (128 + 128) * 2
 
 
 def test_the_shipped_serving_set_checks_on_every_arch_it_names():
