@@ -40,28 +40,38 @@ def fingerprints(families, tree: str = REPO) -> dict:
     return json.loads(out.stdout)
 
 
+def family(key: str) -> str:
+    """The family a decision key is for (its first field)."""
+    return key.split(".")[0]
+
+
+def add_provenance(doc: dict, sentence: str) -> None:
+    """Append ``sentence`` to ``doc``'s provenance as a sentence of its own."""
+    end = "" if doc["provenance"].rstrip().endswith(".") else "."
+    doc["provenance"] += f"{end} {sentence}"
+
+
 def restamp(path: str, rev: str, text: str) -> dict:
     """The table at ``path`` with its decisions' ``space`` moved from commit ``rev``'s fingerprints to this
     checkout's, ``text`` appended to its provenance; refuses decisions that were not current at ``rev``."""
     with open(path) as f:
         doc = json.load(f)
-    fams = sorted({k.split(".")[0] for k in doc["decisions"]})
+    fams = sorted({family(k) for k in doc["decisions"]})
     sha = subprocess.run(["git", "-C", REPO, "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True,
                          text=True, check=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tree:
         subprocess.run(f"git -C '{REPO}' archive {sha} | tar -x -C '{tree}'", shell=True, check=True)
         old = fingerprints(fams, tree)
     new = fingerprints(fams)
-    stale = sorted(k for k, r in doc["decisions"].items() if r.get("space") != old[k.split(".")[0]])
+    stale = sorted(k for k, r in doc["decisions"].items() if r.get("space") != old[family(k)])
     if stale:
         raise SystemExit(f"{len(stale)} decisions were not measured under the candidate space of {sha[:12]} "
                          f"(e.g. {stale[0]}): measure them again instead")
     for k, r in doc["decisions"].items():
-        r["space"] = new[k.split(".")[0]]
+        r["space"] = new[family(k)]
     moved = ", ".join(f"{f} {old[f]} -> {new[f]}" for f in fams)
-    end = "" if doc["provenance"].rstrip().endswith(".") else "."
-    doc["provenance"] += (f"{end} Carried over on {time.strftime('%Y-%m-%d')} from the candidate space of commit {sha}"
-                          f" ({moved}) without measuring: {text}")
+    add_provenance(doc, f"Carried over on {time.strftime('%Y-%m-%d')} from the candidate space of commit {sha} "
+                        f"({moved}) without measuring: {text}")
     return doc
 
 
@@ -95,10 +105,10 @@ def main() -> None:
             got = json.load(f)
         dec.update(got["decisions"])
     if args.family:
-        dec = {k: v for k, v in dec.items() if k.split(".")[0] == args.family}
+        dec = {k: v for k, v in dec.items() if family(k) == args.family}
     if args.keys_of:
         with open(args.keys_of) as f:
-            want = {k for k in json.load(f)["decisions"] if not args.family or k.split(".")[0] == args.family}
+            want = {k for k in json.load(f)["decisions"] if not args.family or family(k) == args.family}
         dec = {k: v for k, v in dec.items() if k in want}
         missing = sorted(want - set(dec))
         if missing:
@@ -107,11 +117,9 @@ def main() -> None:
     if args.family:
         with open(args.into) as f:
             doc = json.load(f)
-        kept = {k: v for k, v in doc["decisions"].items() if k.split(".")[0] != args.family}
+        kept = {k: v for k, v in doc["decisions"].items() if family(k) != args.family}
         doc["decisions"] = dict(sorted({**kept, **dec}.items()))
-        end = "" if doc["provenance"].rstrip().endswith(".") else "."
-        doc["provenance"] += f"{end} {time.strftime('%Y-%m-%d')}, {args.family} decisions measured again: " \
-                             f"{args.provenance}"
+        add_provenance(doc, f"{time.strftime('%Y-%m-%d')}, {args.family} decisions measured again: {args.provenance}")
         doc["date"] = time.strftime("%Y-%m-%d")
         write_atomic(args.into, json.dumps(doc, indent=1, sort_keys=True) + "\n")
         print(f"wrote {args.into}: {len(dec)} {args.family} decisions replaced, {len(kept)} others kept")

@@ -83,13 +83,12 @@ class BackwardPlan:
                                            bottom_right=bottom_right, sink=sink, workspace=workspace)
         if not steps:
             return steps, None
-        if acc_part is None:
-            pass
-        elif explicit and device >= 0:
-            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=q.device)):
+        if acc_part is not None:  # atomic dQ: its accumulator zeroed on the launch stream
+            if explicit and device >= 0:
+                with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=q.device)):
+                    acc_part.zero_()
+            else:
                 acc_part.zero_()
-        else:
-            acc_part.zero_()
         for kern, grid, args in steps:
             kern.launch(grid, args, stream)
         return steps, buf

@@ -366,15 +366,10 @@ bool mask_key(PyObject *const *a, Key &key)
 }
 
 /* None, 0 or 0.0 (exact int / float): what attention() treats as "no dropout" */
-bool is_zero(PyObject *o, bool allow_float)
+bool no_dropout(PyObject *o)
 {
-    if (o == Py_None)
-        return true;
-    if (PyLong_CheckExact(o)) {
-        int overflow = 0;
-        return PyLong_AsLongAndOverflow(o, &overflow) == 0 && !overflow;
-    }
-    return allow_float && PyFloat_CheckExact(o) && PyFloat_AS_DOUBLE(o) == 0.0;
+    long long zero;
+    return o == Py_None || exact_int(o, 0, 0, &zero) || (PyFloat_CheckExact(o) && PyFloat_AS_DOUBLE(o) == 0.0);
 }
 
 void pack_scale(uint64_t *slot, char kind, double value)
@@ -583,7 +578,7 @@ PyObject *FastPath_run(FastPath *self, PyObject *const *a, Py_ssize_t nargs)
     else if (a[A_LSE] != Py_False)
         return decline(self);
     if (!mask_key(a, key) || a[A_BIAS] != Py_None || a[A_ALIBI] != Py_None || a[A_SEED] != Py_None ||
-        a[A_CU_Q] != Py_None || a[A_CU_K] != Py_None || !is_zero(a[A_DROPOUT], true))
+        a[A_CU_Q] != Py_None || a[A_CU_K] != Py_None || !no_dropout(a[A_DROPOUT]))
         return decline(self);
     bool has_scale = a[A_SCALE] != Py_None;
     double scale = 0.0;
