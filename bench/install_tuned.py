@@ -115,6 +115,8 @@ def main() -> None:
             print(f"{len(missing)} keys of {args.keys_of} were not measured, e.g. {missing[0]}")
     dec = {k: v for k, v in sorted(dec.items()) if len(v.get("times_us", {})) >= args.min_timed}
     if args.family:
+        if not dec:  # replacing a family by nothing would drop its shipped decisions
+            ap.error(f"no {args.family} decisions timed over >= {args.min_timed} candidates in {args.measured}")
         with open(args.into) as f:
             doc = json.load(f)
         kept = {k: v for k, v in doc["decisions"].items() if family(k) != args.family}
