@@ -210,10 +210,11 @@ def _result(dq, dk, dv, dbias, bias):
 
 
 def _aligned(tensors) -> bool:
-    """The backward's 16-divisibility promise (:data:`fmha_dsl.kernels.bwd_abi.ALIGNED`): 16-byte aligned bases and
-    every non-unit stride a multiple of 16 elements, for q, k, v, dO and the gradients."""
+    """The backward's 16-divisibility promise (:data:`fmha_dsl.kernels.bwd_abi.ALIGNED` and the 1-d stages'
+    ``DOT_ALIGNED`` / ``CONVERT_ALIGNED``): 16-byte aligned bases and every non-unit stride a multiple of 16
+    elements, for q, k, v, the output, dO and the gradients."""
     q, k, v, out, lse, dout, dq, dk, dv = tensors
-    for x in (q, k, v, dout, dq, dk, dv):
+    for x in (q, k, v, out, dout, dq, dk, dv):
         if x.data_ptr() & 15 or any(s & 15 for s in x.stride()[:-1]):
             return False
     return True

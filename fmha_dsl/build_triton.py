@@ -38,17 +38,19 @@ def kernel_job(sig: dict, alg: dict, arch: str, aligned: bool = True) -> tuple[s
     return content_key(cache_parts(sig, alg, arch, aligned)), ("kernel", sig, alg, arch) + (() if aligned else (False,))
 
 
-def companion_jobs(sig: dict, arch: str) -> list[tuple[str, str, str, tuple]]:
+def companion_jobs(sig: dict, arch: str, aligned: bool = True, alg: dict | None = None
+                   ) -> list[tuple[str, str, str, tuple]]:
     """``[(role, name, cache key, job)]`` of the companion kernels a key of ``sig``'s family is built with (the
     split-KV combine kernel, the backward's dot_do_o and convert_dq; :mod:`fmha_dsl.kernels.abis`), each shared
-    by every key that projects onto the same companion signature."""
+    by every key that projects onto the same companion signature; a companion with promises of its own keeps them
+    only in an ``aligned`` key's build."""
     from .compile_triton import companion_parts
     from .kernels.abis import abi_of, companion_name, companion_sig
 
     abi = abi_of(sig.get("family", "fwd"))
     out = []
     for role, family in (abi.companions if abi is not None else ()):
-        csig = companion_sig(sig, family)
+        csig = companion_sig(sig, family, aligned, alg)
         out.append((role, companion_name(csig, arch), content_key(companion_parts(csig, arch)),
                     ("companion", csig, None, arch)))
     return out
@@ -131,7 +133,7 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
         key_of[e.identifier] = key
         wanted[key] = job
         kernel_of[key] = (e.name, e.arch)
-        comps = companion_jobs(e.sig, e.arch)
+        comps = companion_jobs(e.sig, e.arch, alg=e.alg)
         if comps:
             companions_of[e.identifier] = [(role, name, ckey) for role, name, ckey, _ in comps]
             for _, _, ckey, cjob in comps:

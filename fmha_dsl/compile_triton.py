@@ -174,13 +174,14 @@ def compile_companion(csig: dict, arch: str) -> tuple[dict | None, object]:
 
     abi = abi_of(csig["family"])
     tmpl = import_module(f"fmha_dsl.kernels.{abi.template}")
+    promised = () if csig.get("unaligned") else abi.promised(csig)
     try:
-        const = tmpl.constexprs(csig, {})
-        src = _source(csig["family"], csig["dtype"], const)
+        const = tmpl.constexprs(csig, {f: csig[f] for f in abi.project_alg if f in csig})
+        src = _source(csig["family"], csig["dtype"], const, promised)
     except Exception as exc:  # noqa: BLE001
         return None, _reason(exc)
     return _compile(src, arch, _companion_options(), csig["family"], "[cdiv(max_seqlen_q, BLOCK_M), nhead_q, batch]",
-                    {"block_m": int(const["BLOCK_M"]), "aligned": []})
+                    {"block_m": int(const["BLOCK_M"]), "aligned": list(promised)})
 
 
 def _reason(exc: Exception) -> str:

@@ -231,7 +231,7 @@ class Builder:
         for e in entries:
             k, job = kernel_job(e.sig, e.alg, e.arch, aligned)
             wanted[k] = job
-            comps = companion_jobs(e.sig, e.arch)
+            comps = companion_jobs(e.sig, e.arch, aligned, e.alg)
             for _, _, ck, cjob in comps:
                 wanted[ck] = cjob
             keys.append((k, [(role, name, ck) for role, name, ck, _ in comps]))

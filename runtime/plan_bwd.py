@@ -20,6 +20,12 @@ from .match import promised_aligned
 from .plan import check_promise, dims, resolve_stream, workspace_buffer
 
 _NAMES = tuple(n for n, _ in bwd_abi.ARGS)
+_DOT_NAMES = tuple(n for n, _ in bwd_abi.DOT_ARGS)
+_CONVERT_NAMES = tuple(n for n, _ in bwd_abi.CONVERT_ARGS)
+
+
+def _promised_idx(stage, names) -> tuple[int, ...]:
+    return tuple(names.index(n) for n in promised_aligned(stage.entry.build) if n in names)
 
 
 class BackwardPlan:
@@ -27,7 +33,7 @@ class BackwardPlan:
     launched dot -> main -> convert (convert only for atomic dQ: :func:`fmha_dsl.kernels.bwd_abi.converts`)."""
 
     __slots__ = ("api_family", "problem", "entry", "stages", "block_n", "deterministic", "_group", "_aligned_idx",
-                 "_dot", "_main", "_conv")
+                 "_dot_idx", "_conv_idx", "_dot", "_main", "_conv")
 
     promised_step = 1  # the launch (dot, main, convert) whose arguments _aligned_idx indexes
 
@@ -42,7 +48,9 @@ class BackwardPlan:
         self.block_n = int(build.get("block_n") or self.entry.alg["tile"][1])
         self.deterministic = bool(self.entry.sig.get("deterministic"))
         self._group = self.entry.sig["mode"] == "group"
-        self._aligned_idx = tuple(_NAMES.index(n) for n in promised_aligned(build) if n in _NAMES)
+        self._aligned_idx = _promised_idx(main, _NAMES)
+        self._dot_idx = _promised_idx(dot, _DOT_NAMES)      # the 1-d stages' own promises (an aligned build's)
+        self._conv_idx = _promised_idx(conv, _CONVERT_NAMES)
 
     @property
     def accumulates(self) -> bool:
@@ -133,8 +141,11 @@ class BackwardPlan:
                                        dq=dq_, dv=dv_, sq=sq, sk=sk, msq=msq, msk=msk, scale=scale,
                                        softcap=softcap, dropout_p=dropout_p, seed=seed, offset=offset, wl=wl, wr=wr,
                                        br=bottom_right, sink=sink)
-        if self._aligned_idx and not objects:
+        if not objects:
             check_promise(self.entry, self._aligned_idx, _NAMES, main)
+            check_promise(self._dot.entry, self._dot_idx, _DOT_NAMES, dot)
+            if self.accumulates:
+                check_promise(self._conv.entry, self._conv_idx, _CONVERT_NAMES, conv)
         steps = [(self._dot.kernel(device), gd, dot), (self._main.kernel(device), gm, main)]
         if self.accumulates:
             steps.append((self._conv.kernel(device), gc, conv))

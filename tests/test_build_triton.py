@@ -201,3 +201,47 @@ kernel_set t {
     assert "K" in meta["aligned"] and "stride_kn" in meta["aligned"]
     none, why = compile_key(e.sig, e.alg, "sm90", aligned=False)
     assert none is None and "aligned" in why
+
+
+def test_backward_companions_follow_their_key_alignment_and_padding():
+    """The dot_do_o and convert_dq stages of an aligned, unpadded backward key promise their ABI's 16-divisible
+    arguments and mask the head dim against the key's constant: their whole-row accesses compile to 16-byte
+    vectors.  An unaligned key's companions promise nothing (2-byte accesses) and are other binaries."""
+    import subprocess
+    import tempfile
+
+    from fmha_dsl.build_triton import companion_jobs
+    from fmha_dsl.compile_triton import _cuobjdump, compile_companion
+    from fmha_dsl.kernels import bwd_abi
+
+    sig = {"family": "bwd_dq_dk_dv", "dtype": "bf16", "hdim_q": 128, "hdim_v": 128, "mode": "batch",
+           "deterministic": False}
+    alg = {"pad_d": 0, "pad_dv": 0}
+    aligned = {role: (name, key, job) for role, name, key, job in companion_jobs(sig, "sm90", True, alg)}
+    plain = {role: (name, key, job) for role, name, key, job in companion_jobs(sig, "sm90", False, alg)}
+    padded = {role: (name, key, job) for role, name, key, job in companion_jobs(sig, "sm90", True, {})}
+    assert aligned["dot_do_o"][0] == "fmha_bwd_dot_do_o_d128_bf16_batch_npdv_triton_sm90"
+    assert plain["convert_dq"][0] == "fmha_bwd_convert_dq_d128_bf16_batch_ndeterministic_npd_unaligned_triton_sm90"
+    assert padded["dot_do_o"][0] == "fmha_bwd_dot_do_o_d128_bf16_batch_pdv_triton_sm90"
+    for role in ("dot_do_o", "convert_dq"):
+        assert len({aligned[role][1], plain[role][1], padded[role][1]}) == 3  # three binaries, three cache keys
+
+    def vectors(job):
+        meta, data = compile_companion(job[1], "sm90")
+        assert meta is not None, data
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(data)
+            f.flush()
+            sass = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True).stdout
+        return meta["aligned"], sass.count("LDG.E.128"), sass.count("LDG.E.U16") + sass.count("LDG.E ")
+
+    if _cuobjdump() is None:
+        pytest.skip("Triton's bundled cuobjdump is missing")
+    got, wide, narrow = vectors(aligned["dot_do_o"][2])
+    assert tuple(got) == bwd_abi.DOT_ALIGNED and wide > 0 and narrow == 0
+    got, wide, narrow = vectors(aligned["convert_dq"][2])
+    assert tuple(got) == bwd_abi.CONVERT_ALIGNED and wide > 0 and narrow == 0
+    for job in (plain["dot_do_o"][2], padded["dot_do_o"][2]):
+        got, wide, narrow = vectors(job)
+        assert wide == 0 and narrow > 0
+        assert not got or job is padded["dot_do_o"][2]

@@ -98,6 +98,8 @@ MASKS = {
     "window_left_only_top_left": {"window": (9, -1), "causal": "top_left"},
     "window_sink": {"window": (5, 0), "sink": 4},
     "causal_sink_wide": {"causal": True, "sink": 20},
+    # window sides as wide as int32 allows: unbounded, with no overflow in the offsets from the diagonal
+    "window_wider_than_int32_room": {"window": (2**31 - 2, 2**31 - 2), "causal": "bottom_right", "Sq": 20},
 }
 
 
@@ -197,6 +199,7 @@ DETERMINISTIC = {
     "dropout_softcap_alibi": {"dropout_p": 0.25, "seed": 77, "softcap": 3.0, "alibi": True, "causal": True},
     "bottom_right_long_q": {"causal": "bottom_right", "Sq": 61, "Sk": 29},
     "no_mask_odd_dims": {"Dq": 24, "Dv": 40, "Sq": 33, "Sk": 47},
+    "window_wider_than_int32_room": {"window": (2**31 - 2, 5), "Sq": 45},
 }
 
 

@@ -30,6 +30,7 @@ class KernelABI:
     v_stride: bool = False                       # add V's non-unit stride (vlayout) to `aligned`
     companions: tuple[tuple[str, str], ...] = () # (role, family) of the kernels built with a key of this family
     project: tuple[str, ...] = ()                # as a companion: the signature fields its binary depends on
+    project_alg: tuple[str, ...] = ()            # ... and the algorithm fields (CK's default when absent: 1)
     overrides: tuple[tuple[str, str], ...] = field(default=())  # (name, type) replacing a declared type
     sources: tuple[str, ...] = ()                # modules under fmha_dsl.kernels whose text shapes the binary
 
@@ -65,10 +66,10 @@ ABIS: dict[str, KernelABI] = {a.family: a for a in (
               project=("dtype", "hdim_v", "mode", "lse"), sources=_FWD),
     KernelABI("bwd_dq_dk_dv", "triton_bwd", "fmha_bwd_dq_dk_dv", bwd_abi.ARGS, bwd_abi.ALIGNED,
               companions=(("dot_do_o", "bwd_dot_do_o"), ("convert_dq", "bwd_convert_dq")), sources=_BWD),
-    KernelABI("bwd_dot_do_o", "triton_bwd", "fmha_bwd_dot_do_o", bwd_abi.DOT_ARGS,
-              project=("dtype", "hdim_v", "mode"), sources=_BWD),
-    KernelABI("bwd_convert_dq", "triton_bwd", "fmha_bwd_convert_dq", bwd_abi.CONVERT_ARGS,
-              project=("dtype", "hdim_q", "mode", "deterministic"), sources=_BWD),
+    KernelABI("bwd_dot_do_o", "triton_bwd", "fmha_bwd_dot_do_o", bwd_abi.DOT_ARGS, bwd_abi.DOT_ALIGNED,
+              project=("dtype", "hdim_v", "mode"), project_alg=("pad_dv",), sources=_BWD),
+    KernelABI("bwd_convert_dq", "triton_bwd", "fmha_bwd_convert_dq", bwd_abi.CONVERT_ARGS, bwd_abi.CONVERT_ALIGNED,
+              project=("dtype", "hdim_q", "mode", "deterministic"), project_alg=("pad_d",), sources=_BWD),
     KernelABI("batch_prefill", "triton_paged", "fmha_paged", paged_abi.ARGS, paged_abi.ALIGNED, sources=_PAGED),
     KernelABI("fwd_pagedkv", "triton_paged", "fmha_paged", paged_abi.ARGS, paged_abi.ALIGNED,
               companions=(("combine", "fwd_splitkv_combine"),), overrides=(("Out", "*fp32"),), sources=_PAGED),
@@ -82,10 +83,16 @@ def abi_of(family: str) -> KernelABI | None:
     return ABIS.get(family)
 
 
-def companion_sig(sig: dict, family: str) -> dict:
-    """The signature of companion family ``family`` built with a key of signature ``sig`` (its projected fields)."""
+def companion_sig(sig: dict, family: str, aligned: bool = True, alg: dict | None = None) -> dict:
+    """The signature of companion family ``family`` built with a key ``(sig, alg)``: its projected fields (those of
+    ``alg`` as ints; without ``alg``, CK's default 1); ``"unaligned": True`` when the key's binary is built without
+    the 16-divisibility promise and the companion has promises of its own (``aligned``), which it then drops too."""
     a = ABIS[family]
-    return {"family": family, **{f: sig[f] for f in a.project if f in sig}}
+    csig = {"family": family, **{f: sig[f] for f in a.project if f in sig}}
+    csig.update({f: int((alg or {}).get(f, 1)) for f in a.project_alg})
+    if a.aligned and not aligned:
+        csig["unaligned"] = True
+    return csig
 
 
 def companion_name(csig: dict, arch: str) -> str:
@@ -97,6 +104,11 @@ def companion_name(csig: dict, arch: str) -> str:
     parts = [f"fmha_{f}", f"d{csig.get('hdim_q', csig.get('hdim_v'))}", csig["dtype"], csig["mode"]]
     if "deterministic" in csig:
         parts.append("deterministic" if csig["deterministic"] else "ndeterministic")
+    for f in ("pad_d", "pad_dv"):  # (CK's name parts: pdv / npdv)
+        if f in csig:
+            parts.append(("p" if csig[f] else "np") + f[4:])
+    if csig.get("unaligned"):
+        parts.append("unaligned")
     return "_".join(parts) + f"_triton_{arch}"
 
 

@@ -69,6 +69,14 @@ ALIGNED: tuple[str, ...] = (
     "stride_dvb", "stride_dvh", "stride_dvn", "stride_am", "stride_dqb", "stride_dqh", "stride_dqm",
 )
 
+# the 1-d stages' promises: the main stage's tensors and strides, the forward's output and the dQ accumulator's
+# strides (multiples of its row stride, which the main stage promises).  An aligned key gets aligned companions,
+# whose whole-row accesses are 16-byte vectors (2 bytes at a time without the promise)
+DOT_ALIGNED: tuple[str, ...] = ("O", "dO", "stride_ob", "stride_oh", "stride_om", "stride_dob", "stride_doh",
+                                "stride_dom")
+CONVERT_ALIGNED: tuple[str, ...] = ("DQacc", "dQ", "stride_ab", "stride_ah", "stride_am", "stride_qb", "stride_qh",
+                                    "stride_qm")
+
 DOT_BLOCK_M = 64       # rows per program of the 1-d stages (CK's M0_1D)
 CONVERT_BLOCK_M = 64
 ONE_D_WARPS = 4
@@ -163,5 +171,5 @@ def bias_strides(shape, strides) -> tuple:
     return tuple(0 if shape[i] == 1 else strides[i] for i in range(4))
 
 
-__all__ = ["ARGS", "DOT_ARGS", "CONVERT_ARGS", "ALIGNED", "DOT_BLOCK_M", "CONVERT_BLOCK_M", "ONE_D_WARPS",
+__all__ = ["ARGS", "DOT_ARGS", "CONVERT_ARGS", "ALIGNED", "DOT_ALIGNED", "CONVERT_ALIGNED", "DOT_BLOCK_M", "CONVERT_BLOCK_M", "ONE_D_WARPS",
            "block_d", "converts", "splits", "workspace", "grids", "pack", "bias_strides"]

@@ -27,7 +27,7 @@ LOG2E = 1.4426950408889634
 def fmha_bwd_dot_do_o(O, dO, D, cu_seqlens_q, seqlen_q, head_dim_v,
                       stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom, stride_db, stride_dh,
                       BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, IS_GROUP: tl.constexpr,
-                      CHECK_DV: tl.constexpr):
+                      CHECK_DV: tl.constexpr, PAD_DV: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -46,7 +46,10 @@ def fmha_bwd_dot_do_o(O, dO, D, cu_seqlens_q, seqlen_q, head_dim_v,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_DV)
     m_ok = offs_m < seqlen_q
-    d_ok = offs_d < head_dim_v
+    if PAD_DV:  # the run-time head dim; else the key's, a constant (16-byte vector loads of whole rows)
+        d_ok = offs_d < head_dim_v
+    else:
+        d_ok = offs_d < HEAD_DIM_V
     rows = (q_start + offs_m).to(tl.int64)
     o = _load(O + bo + off_h.to(tl.int64) * stride_oh + rows[:, None] * stride_om + offs_d[None, :],
               m_ok[:, None], d_ok[None, :], True, CHECK_DV)
@@ -71,8 +74,8 @@ def _keep(seed, rng_base, rows, cols, sk_max, dropout_p):
 
 
 @triton.jit
-def _probs(qk, rows, cols, m_ok, n_ok, lse, b_ptr, stride_bm, stride_bn, seqlen_q, seqlen_k, mask_off,
-           window_left, window_right, sink, qk_scale, cap_scale, softcap, slope,
+def _probs(qk, rows, cols, m_ok, n_ok, lse, b_ptr, stride_bm, stride_bn, seqlen_q, seqlen_k, lo_off, hi_off,
+           sink, qk_scale, cap_scale, softcap, slope,
            MASK: tl.constexpr, SINK: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
            BIAS_TYPE: tl.constexpr, SOFTCAP: tl.constexpr):
     """``P = exp(S - lse)`` of raw scores ``qk`` in either orientation: ``rows``/``cols`` (and ``m_ok``/``n_ok``,
@@ -94,8 +97,8 @@ def _probs(qk, rows, cols, m_ok, n_ok, lse, b_ptr, stride_bm, stride_bn, seqlen_
         rel = rows + (seqlen_k - seqlen_q) - cols
         s -= (slope * 1.4426950408889634) * tl.abs(rel).to(tl.float32)
     if MASK:
-        diag = rows + mask_off
-        ok = ((window_left < 0) | (cols >= diag - window_left)) & ((window_right < 0) | (cols <= diag + window_right))
+        diag = cols - rows
+        ok = (diag >= lo_off) & (diag <= hi_off)
         if SINK:
             ok = ok | (cols < sink)
         if CHECK_N:
@@ -108,14 +111,14 @@ def _probs(qk, rows, cols, m_ok, n_ok, lse, b_ptr, stride_bm, stride_bn, seqlen_
 
 @triton.jit
 def _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base,
-                 g_base, q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k, mask_off,
-                 window_left, window_right, sink, stride_qm, stride_dom, stride_am, stride_bm, stride_bn,
+                 g_base, q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k, lo_off,
+                 hi_off, sink, stride_qm, stride_dom, stride_am, stride_bm, stride_bn,
                  stride_gm, stride_gn, sm_scale, qk_scale, cap_scale, softcap, slope, dropout_p, seed, rng_base,
                  sk_max, dq_lim, dv_lim,
                  MASK: tl.constexpr, SINK: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
                  CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, BIAS_TYPE: tl.constexpr, DBIAS: tl.constexpr,
                  SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, WITH_DQ: tl.constexpr, IEEE: tl.constexpr,
-                 UPCAST: tl.constexpr, TMA: tl.constexpr):
+                 UPCAST: tl.constexpr, TMA: tl.constexpr, MASK_LOOP: tl.constexpr):
     """One query block against this program's key block, with keys along the rows (``S^T = K Q^T``): ``dk``/``dv``
     accumulated (raw: dK is scaled at the end) and, ``WITH_DQ``, this block's dQ contribution added to ``dq_acc``.
     TMA: Q and dO come through tensor descriptors (zero-filled past the sequence); TMA == 2: dQ is added by the copy
@@ -128,22 +131,27 @@ def _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, ac
     if TMA:
         q = q_src.load([start_m, 0])
         do = do_src.load([start_m, 0])
-    else:
+    elif MASK_LOOP:  # the block's first row advances the base pointers (measured faster in the masked kernels)
+        q = _load(q_base + start_m.to(tl.int64) * stride_qm + offs_m0[:, None] * stride_qm + offs_d[None, :],
+                  m_ok[:, None], d_ok[None, :], CHECK_M, CHECK_D)
+        do = _load(do_base + start_m.to(tl.int64) * stride_dom + offs_m0[:, None] * stride_dom + offs_dv[None, :],
+                   m_ok[:, None], dv_ok[None, :], CHECK_M, CHECK_DV)
+    else:  # 64-bit row offsets per element (measured faster without a mask)
         q = _load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :], m_ok[:, None],
                   d_ok[None, :], CHECK_M, CHECK_D)
         do = _load(do_base + offs_m[:, None].to(tl.int64) * stride_dom + offs_dv[None, :], m_ok[:, None],
                    dv_ok[None, :], CHECK_M, CHECK_DV)
-    if CHECK_M:
-        lse = tl.load(l_base + offs_m, mask=m_ok, other=float("inf"))
-        delta = tl.load(d_base + offs_m, mask=m_ok, other=0.0)
+    if CHECK_M:  # (LSE and D through the block's first row: no 64-bit address arithmetic per element in the loop)
+        lse = tl.load(l_base + start_m + offs_m0, mask=m_ok, other=float("inf"))
+        delta = tl.load(d_base + start_m + offs_m0, mask=m_ok, other=0.0)
     else:
-        lse = tl.load(l_base + offs_m)
-        delta = tl.load(d_base + offs_m)
+        lse = tl.load(l_base + start_m + offs_m0)
+        delta = tl.load(d_base + start_m + offs_m0)
     lse = tl.where(lse == float("-inf"), float("inf"), lse)   # a row that saw no key: P = 0
     cols = start_n + offs_n
     qk = _dot(k, tl.trans(q), None, IEEE, UPCAST)              # S^T [BLOCK_N, BLOCK_M]
     pt, t = _probs(qk, offs_m[None, :], cols[:, None], m_ok[None, :], n_ok[:, None], lse[None, :], b_ptr,
-                   stride_bm, stride_bn, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink, qk_scale,
+                   stride_bm, stride_bn, seqlen_q, seqlen_k, lo_off, hi_off, sink, qk_scale,
                    cap_scale, softcap, slope, MASK, SINK, CHECK_M, CHECK_N, BIAS_TYPE, SOFTCAP)
     dpt = _dot(v, tl.trans(do), None, IEEE, UPCAST)             # (dO V^T)^T [BLOCK_N, BLOCK_M]
     if DROPOUT:
@@ -178,7 +186,7 @@ def _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, ac
 
 @triton.jit
 def _key_block(dq, q, do, lse, delta, K, V, k_base, v_base, b_ptr, start_m, start_n, offs_m, offs_n0, offs_d,
-               offs_dv, m_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink, stride_kn, stride_vn,
+               offs_dv, m_ok, seqlen_q, seqlen_k, lo_off, hi_off, sink, stride_kn, stride_vn,
                stride_bm, stride_bn, qk_scale, cap_scale, softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim,
                dv_lim, MASK: tl.constexpr, SINK: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
                CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, BIAS_TYPE: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -187,13 +195,13 @@ def _key_block(dq, q, do, lse, delta, K, V, k_base, v_base, b_ptr, start_m, star
     rows, its key blocks in a fixed order: the unmasked ones, then the masked ones)."""
     cols = start_n + offs_n0
     n_ok = cols < seqlen_k
-    k = _load(k_base + cols[:, None].to(tl.int64) * stride_kn + offs_d[None, :], n_ok[:, None],
-              offs_d[None, :] < dq_lim, CHECK_N, CHECK_D)
-    v = _load(v_base + cols[:, None].to(tl.int64) * stride_vn + offs_dv[None, :], n_ok[:, None],
-              offs_dv[None, :] < dv_lim, CHECK_N, CHECK_DV)
+    k = _load(k_base + start_n.to(tl.int64) * stride_kn + offs_n0[:, None] * stride_kn + offs_d[None, :],
+              n_ok[:, None], offs_d[None, :] < dq_lim, CHECK_N, CHECK_D)
+    v = _load(v_base + start_n.to(tl.int64) * stride_vn + offs_n0[:, None] * stride_vn + offs_dv[None, :],
+              n_ok[:, None], offs_dv[None, :] < dv_lim, CHECK_N, CHECK_DV)
     qk = _dot(q, tl.trans(k), None, IEEE, UPCAST)              # S [rows, keys]
     p, t = _probs(qk, offs_m[:, None], cols[None, :], m_ok[:, None], n_ok[None, :], lse[:, None], b_ptr,
-                  stride_bm, stride_bn, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink, qk_scale,
+                  stride_bm, stride_bn, seqlen_q, seqlen_k, lo_off, hi_off, sink, qk_scale,
                   cap_scale, softcap, slope, MASK, SINK, CHECK_M, CHECK_N, BIAS_TYPE, SOFTCAP)
     dp = _dot(do, tl.trans(v), None, IEEE, UPCAST)
     if DROPOUT:
@@ -271,15 +279,23 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
     cap_scale = sm_scale
     if SOFTCAP:
         cap_scale = sm_scale / softcap
-    mask_off = (seqlen_k - seqlen_q) * mask_bottom_right
+    # row i sees column j when lo_off <= j - i <= hi_off (or j < sink): two offsets from the diagonal hold the
+    # whole mask; a window side as wide as both sequences is unbounded (an offset no row and column reach)
+    lo_off = seqlen_q * 0
+    hi_off = lo_off
     if MASK:
-        window_left = tl.where(window_left >= seqlen_q + seqlen_k, -1, window_left)
-        window_right = tl.where(window_right >= seqlen_q + seqlen_k, -1, window_right)
+        mask_off = (seqlen_k - seqlen_q) * mask_bottom_right
+        unbounded = seqlen_q + seqlen_k
+        lo_off = tl.where((window_left >= 0) & (window_left < unbounded), mask_off - window_left, -unbounded)
+        hi_off = tl.where((window_right >= 0) & (window_right < unbounded), mask_off + window_right, unbounded)
         sink = tl.maximum(tl.minimum(sink, seqlen_k), 0)
     n_kb = tl.cdiv(max_seqlen_k, BLOCK_N)
     if DETERMINISTIC:
         if pid_n >= n_kb:  # the dQ programs (after the dK/dV ones): BLOCK_N query rows each, every key in order
-            start_m = (pid_n - n_kb) * BLOCK_N
+            m_blk = pid_n - n_kb
+            if MASK:  # the longest rows (the last query blocks under a causal mask) start first
+                m_blk = tl.num_programs(0) - 1 - pid_n
+            start_m = m_blk * BLOCK_N
             if start_m >= seqlen_q:
                 return
             offs_m = start_m + tl.arange(0, BLOCK_N)
@@ -292,12 +308,10 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
             g_lo = k_lo
             g_hi = (seqlen_k // BLOCK_M) * BLOCK_M
             if MASK:
-                k_lo = tl.where(window_left >= 0, tl.maximum(start_m + mask_off - window_left, 0), 0)
-                k_hi = tl.where(window_right >= 0,
-                                tl.minimum(start_m + BLOCK_N - 1 + mask_off + window_right + 1, seqlen_k), seqlen_k)
-                g_lo = tl.where(window_left >= 0, tl.maximum(start_m + BLOCK_N - 1 + mask_off - window_left, 0), 0)
-                g_hi = tl.where(window_right >= 0, tl.minimum(start_m + mask_off + window_right + 1, seqlen_k),
-                                seqlen_k)
+                k_lo = tl.maximum(start_m + lo_off, 0)
+                k_hi = tl.minimum(start_m + BLOCK_N + hi_off, seqlen_k)
+                g_lo = tl.maximum(start_m + BLOCK_N - 1 + lo_off, 0)
+                g_hi = tl.minimum(start_m + hi_off + 1, seqlen_k)
                 if SINK:
                     k_lo = tl.where(sink > 0, 0, k_lo)
                 k_lo = (k_lo // BLOCK_M) * BLOCK_M
@@ -330,8 +344,8 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
                 for start_n in range(g_lo, g_hi, BLOCK_M):  # the key blocks every row sees in full
                     start_n = tl.multiple_of(start_n, BLOCK_M)
                     dq = _key_block(dq, q, do, lse, delta, K, V, k_base, v_base, b_ptr, start_m, start_n, offs_m,
-                                    offs_n0, offs_d, offs_dv, m_ok, seqlen_q, seqlen_k, mask_off, window_left,
-                                    window_right, sink, stride_kn, stride_vn, stride_bm, stride_bn, qk_scale,
+                                    offs_n0, offs_d, offs_dv, m_ok, seqlen_q, seqlen_k, lo_off, hi_off, sink, stride_kn,
+                                    stride_vn, stride_bm, stride_bn, qk_scale,
                                     cap_scale, softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim,
                                     False, SINK, PAD_M, False, CHECK_D, CHECK_DV, BIAS_TYPE, SOFTCAP, DROPOUT, IEEE,
                                     UPCAST_DOT)
@@ -339,8 +353,8 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
                     start_n = tl.where(j < n_a, k_lo + j * BLOCK_M, g_hi + (j - n_a) * BLOCK_M)
                     start_n = tl.multiple_of(start_n, BLOCK_M)
                     dq = _key_block(dq, q, do, lse, delta, K, V, k_base, v_base, b_ptr, start_m, start_n, offs_m,
-                                    offs_n0, offs_d, offs_dv, m_ok, seqlen_q, seqlen_k, mask_off, window_left,
-                                    window_right, sink, stride_kn, stride_vn, stride_bm, stride_bn, qk_scale,
+                                    offs_n0, offs_d, offs_dv, m_ok, seqlen_q, seqlen_k, lo_off, hi_off, sink, stride_kn,
+                                    stride_vn, stride_bm, stride_bn, qk_scale,
                                     cap_scale, softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim,
                                     MASK, SINK, PAD_M, True, CHECK_D, CHECK_DV, BIAS_TYPE, SOFTCAP, DROPOUT, IEEE,
                                     UPCAST_DOT)
@@ -373,12 +387,10 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
     f_lo = q_lo
     f_hi = q_lo
     if MASK:
-        # row i sees column j when i + mask_off - left <= j <= i + mask_off + right (or j < sink)
-        q_lo = tl.where(window_right >= 0, tl.maximum(start_n - mask_off - window_right, 0), 0)
-        q_hi = tl.where(window_left >= 0, tl.minimum(start_n + BLOCK_N - mask_off + window_left, seqlen_q),
-                        seqlen_q)
-        f_lo = tl.where(window_right >= 0, tl.maximum(start_n + BLOCK_N - 1 - mask_off - window_right, 0), 0)
-        f_hi = tl.where(window_left >= 0, tl.minimum(start_n - mask_off + window_left + 1, seqlen_q), seqlen_q)
+        q_lo = tl.maximum(start_n - hi_off, 0)
+        q_hi = tl.minimum(start_n + BLOCK_N - lo_off, seqlen_q)
+        f_lo = tl.maximum(start_n + BLOCK_N - 1 - hi_off, 0)
+        f_hi = tl.minimum(start_n - lo_off + 1, seqlen_q)
         if SINK:  # a key block holding sink columns is seen by every row
             q_lo = tl.where(start_n < sink, 0, q_lo)
             q_hi = tl.where(start_n < sink, seqlen_q, q_hi)
@@ -423,22 +435,22 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
                 start_m = tl.multiple_of(start_m, BLOCK_M)
                 dk, dv = _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base, g_base,
                                       q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
-                                      mask_off, window_left, window_right, sink, stride_qm, stride_dom, stride_am,
+                                      lo_off, hi_off, sink, stride_qm, stride_dom, stride_am,
                                       stride_bm, stride_bn, stride_gm, stride_gn, sm_scale, qk_scale, cap_scale,
                                       softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim, False,
                                       SINK, False, False, CHECK_D, CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT,
-                                      not DETERMINISTIC, IEEE, UPCAST_DOT, TMA)
+                                      not DETERMINISTIC, IEEE, UPCAST_DOT, TMA, MASK)
             n_a = (f_lo - q_lo) // BLOCK_M
             for j in range(0, n_a + (q_hi - f_hi + BLOCK_M - 1) // BLOCK_M):
                 start_m = tl.where(j < n_a, q_lo + j * BLOCK_M, f_hi + (j - n_a) * BLOCK_M)
                 start_m = tl.multiple_of(start_m, BLOCK_M)
                 dk, dv = _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base, g_base,
                                       q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
-                                      mask_off, window_left, window_right, sink, stride_qm, stride_dom, stride_am,
+                                      lo_off, hi_off, sink, stride_qm, stride_dom, stride_am,
                                       stride_bm, stride_bn, stride_gm, stride_gn, sm_scale, qk_scale, cap_scale,
                                       softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim, True,
                                       SINK, PAD_M, PAD_N, CHECK_D, CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT,
-                                      not DETERMINISTIC, IEEE, UPCAST_DOT, TMA)
+                                      not DETERMINISTIC, IEEE, UPCAST_DOT, TMA, MASK)
         else:  # the whole query blocks with no bounds to check (none for a partial key block), then the rest
             f_hi = seqlen_q
             if PAD_M:
@@ -449,22 +461,22 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
                 start_m = tl.multiple_of(start_m, BLOCK_M)
                 dk, dv = _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base, g_base,
                                       q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
-                                      mask_off, window_left, window_right, sink, stride_qm, stride_dom, stride_am,
+                                      lo_off, hi_off, sink, stride_qm, stride_dom, stride_am,
                                       stride_bm, stride_bn, stride_gm, stride_gn, sm_scale, qk_scale, cap_scale,
                                       softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim, False,
                                       SINK, False, False, CHECK_D, CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT,
-                                      not DETERMINISTIC, IEEE, UPCAST_DOT, TMA)
+                                      not DETERMINISTIC, IEEE, UPCAST_DOT, TMA, MASK)
             if PAD_M or PAD_N:
                 for start_m in range(f_hi, seqlen_q, BLOCK_M):
                     start_m = tl.multiple_of(start_m, BLOCK_M)
                     dk, dv = _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base,
                                           g_base, q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d,
-                                          offs_dv, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
+                                          offs_dv, seqlen_q, seqlen_k, lo_off, hi_off, sink,
                                           stride_qm, stride_dom, stride_am, stride_bm, stride_bn, stride_gm,
                                           stride_gn, sm_scale, qk_scale, cap_scale, softcap, slope, dropout_p, seed,
                                           rng_base, sk_max, dq_lim, dv_lim, False, SINK, PAD_M, PAD_N, CHECK_D,
                                           CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT, not DETERMINISTIC, IEEE,
-                                          UPCAST_DOT, TMA)
+                                          UPCAST_DOT, TMA, MASK)
     dk = dk * sm_scale
     dk_ptrs = dK + bdk + off_hk.to(tl.int64) * stride_dkh + krow[:, None] * stride_dkn + offs_d[None, :]
     dv_ptrs = dV + bdv + off_hk.to(tl.int64) * stride_dvh + krow[:, None] * stride_dvn + offs_dv[None, :]
@@ -482,7 +494,8 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
 def fmha_bwd_convert_dq(DQacc, dQ, cu_seqlens_q, seqlen_q, head_dim_q, num_splits,
                         stride_as, stride_ab, stride_ah, stride_am, stride_qb, stride_qh, stride_qm,
                         BLOCK_M: tl.constexpr, BLOCK_DMODEL: tl.constexpr, IS_GROUP: tl.constexpr,
-                        CHECK_D: tl.constexpr, DETERMINISTIC: tl.constexpr):
+                        CHECK_D: tl.constexpr, DETERMINISTIC: tl.constexpr, PAD_D: tl.constexpr,
+                        HEAD_DIM_Q: tl.constexpr):
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -498,7 +511,12 @@ def fmha_bwd_convert_dq(DQacc, dQ, cu_seqlens_q, seqlen_q, head_dim_q, num_split
         return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_DMODEL)
-    ok = (offs_m < seqlen_q)[:, None] & (offs_d < head_dim_q)[None, :]
+    if not CHECK_D:  # whole rows (16-byte vector accesses)
+        ok = (offs_m < seqlen_q)[:, None]
+    elif PAD_D:
+        ok = (offs_m < seqlen_q)[:, None] & (offs_d < head_dim_q)[None, :]
+    else:
+        ok = (offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM_Q)[None, :]
     a_ptrs = DQacc + off_b.to(tl.int64) * stride_ab + off_h.to(tl.int64) * stride_ah + \
         offs_m[:, None].to(tl.int64) * stride_am + offs_d[None, :]
     dq = tl.load(a_ptrs, mask=ok, other=0.0)
@@ -516,11 +534,11 @@ def fmha_bwd_convert_dq(DQacc, dQ, cu_seqlens_q, seqlen_q, head_dim_q, num_split
 
 DTYPES = ("fp16", "bf16", "fp32")
 
-DOT_CONSTEXPRS = ("BLOCK_M", "BLOCK_DV", "IS_GROUP", "CHECK_DV")
+DOT_CONSTEXPRS = ("BLOCK_M", "BLOCK_DV", "IS_GROUP", "CHECK_DV", "PAD_DV", "HEAD_DIM_V")
 CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DV", "HEAD_DIM_Q", "HEAD_DIM_V",
               "PAD_M", "PAD_N", "PAD_D", "PAD_DV", "CHECK_D", "CHECK_DV", "IS_GROUP", "MASK", "SINK", "BIAS_TYPE",
               "DBIAS", "DROPOUT", "SOFTCAP", "DETERMINISTIC", "IEEE", "UPCAST_DOT", "TMA")
-CONVERT_CONSTEXPRS = ("BLOCK_M", "BLOCK_DMODEL", "IS_GROUP", "CHECK_D", "DETERMINISTIC")
+CONVERT_CONSTEXPRS = ("BLOCK_M", "BLOCK_DMODEL", "IS_GROUP", "CHECK_D", "DETERMINISTIC", "PAD_D", "HEAD_DIM_Q")
 
 KERNELS = {"bwd_dot_do_o": (fmha_bwd_dot_do_o, DOT_ARGS, DOT_CONSTEXPRS),
            "bwd_dq_dk_dv": (fmha_bwd_dq_dk_dv, ARGS, CONSTEXPRS),
@@ -570,10 +588,11 @@ def constexprs(sig: dict, alg: dict) -> dict:
     from .bwd_abi import CONVERT_BLOCK_M, DOT_BLOCK_M
 
     if family == "bwd_dot_do_o":
-        return {"BLOCK_M": DOT_BLOCK_M, "BLOCK_DV": bdv, "IS_GROUP": group, "CHECK_DV": pad_dv or hv != bdv}
+        return {"BLOCK_M": DOT_BLOCK_M, "BLOCK_DV": bdv, "IS_GROUP": group, "CHECK_DV": pad_dv or hv != bdv,
+                "PAD_DV": pad_dv, "HEAD_DIM_V": hv}
     if family == "bwd_convert_dq":
         return {"BLOCK_M": CONVERT_BLOCK_M, "BLOCK_DMODEL": bd, "IS_GROUP": group, "CHECK_D": pad_d or hq != bd,
-                "DETERMINISTIC": det}
+                "DETERMINISTIC": det, "PAD_D": pad_d, "HEAD_DIM_Q": hq}
     m0, n0 = int(alg["tile"][0]), int(alg["tile"][1])
     for name, val in (("m0", m0), ("n0", n0)):
         if val < 16 or val & (val - 1):
