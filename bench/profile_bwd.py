@@ -1,37 +1,89 @@
-"""Backward calls for Nsight Compute: ``fmha_dsl.attention``'s and FlexAttention's, after a warm-up process.
+"""Backward calls to profile: ``fmha_dsl.attention``'s, FlexAttention's (and cuDNN's), after a warm-up.
 
     python3 -P bench/profile_bwd.py warm [SEQLEN]      # first use: compile, time and record the decisions
     ncu --clock-control none -k regex:"fmha_bwd_dq|triton_tem" --section SpeedOfLight --section Occupancy \\
         --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \\
         python3 -P bench/profile_bwd.py one [SEQLEN]
+    python3 -P bench/profile_bwd.py kernels            # every kernel's time per backward, by torch.profiler
 
-Shape: bf16, d128, causal, 4 x 16 heads x SEQLEN (default 4096) -- default arguments, as a user calls them
-(``torch.autograd.grad`` of a forward through the public API; FlexAttention through ``torch.compile`` with a causal
-block mask).  A diagnostic (registers, occupancy, pipe utilisation per kernel), not a benchmark:
-bench/results/2026-11-24_h200_ncu_bwd_s12run2.txt is its output.
+``warm`` / ``one`` (for Nsight Compute): bf16, d128, causal, 4 x 16 heads x SEQLEN (default 4096);
+bench/results/2026-11-24_h200_ncu_bwd_s12run2.txt is their output.  ``kernels``: bf16, 16 heads, 16k tokens, the
+small-S shapes where the 1-d stages (``bwd_dot_do_o``) weigh most (d128 S=512 non-causal, S=1024 causal and not,
+d64 S=512), ours next to FlexAttention's and cuDNN's; warmed up, then five backwards profiled.  Every backward is
+``torch.autograd.grad`` of a forward through the public API with default arguments (FlexAttention through
+``torch.compile`` with a block mask).  Diagnostics, not benchmarks (bench_bwd.py is the benchmark).
 """
 
 from __future__ import annotations
 
 import sys
 
+KERNEL_SHAPES = ((128, 512, False), (128, 1024, True), (128, 1024, False), (64, 512, False))
 
-def main() -> None:
-    if len(sys.argv) not in (2, 3) or sys.argv[1] not in ("warm", "one"):
-        sys.exit("usage: python3 -P bench/profile_bwd.py warm|one [SEQLEN]")
+
+def _calls(flex, b: int, h: int, s: int, d: int, causal: bool, cudnn: bool):
+    """The inputs of one shape and its ``[(name, forward)]``: ours, FlexAttention's (``flex``: the compiled
+    ``flex_attention``) and, if asked, cuDNN's."""
     import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask
 
     import fmha_dsl
 
-    b, h, s, d = 4, 16, int(sys.argv[2]) if len(sys.argv) == 3 else 4096, 128
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(b, h, s, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
+    mask = create_block_mask((lambda b, h, i, j: i >= j) if causal else (lambda b, h, i, j: i >= 0), None, None, s, s)
+
+    def sdpa_cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    calls = [("fmha_dsl", lambda: fmha_dsl.attention(q, k, v, causal=causal)),
+             ("flex", lambda: flex(q, k, v, block_mask=mask))]
+    if cudnn:
+        calls.append(("cudnn", sdpa_cudnn))
+    return (q, k, v, do), calls
+
+
+def _kernel_times(flex) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for d, s, causal in KERNEL_SHAPES:
+        (q, k, v, do), calls = _calls(flex, 16384 // s, 16, s, d, causal, cudnn=True)
+        for name, forward in calls:
+            out = forward()
+            for _ in range(3):
+                torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+                torch.cuda.synchronize()
+            per = {}
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA:
+                    per[e.name] = per.get(e.name, 0.0) + e.device_time / 5
+            print(f"d{d} S={s} causal={causal} {name}: {sum(per.values()):.1f} us of kernels per backward", flush=True)
+            for kname, t in sorted(per.items(), key=lambda x: -x[1])[:6]:
+                print(f"    {t:8.1f} us  {kname[:110]}", flush=True)
+
+
+def main() -> None:
+    if not (len(sys.argv) in (2, 3) and sys.argv[1] in ("warm", "one") or sys.argv[1:] == ["kernels"]):
+        sys.exit("usage: python3 -P bench/profile_bwd.py warm|one [SEQLEN] | kernels")
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
     flex = torch.compile(flex_attention, dynamic=False)
-    mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, s, s)
-    calls = (("fmha_dsl", lambda: fmha_dsl.attention(q, k, v, causal=True)),
-             ("flex", lambda: flex(q, k, v, block_mask=mask)))
+    if sys.argv[1] == "kernels":
+        _kernel_times(flex)
+        return
+
+    s = int(sys.argv[2]) if len(sys.argv) == 3 else 4096
+    (q, k, v, do), calls = _calls(flex, 4, 16, s, 128, True, cudnn=False)
     for name, forward in calls:
         out = forward()
         for _ in range(3 if sys.argv[1] == "warm" else 1):

@@ -295,3 +295,21 @@ def test_torch_backward_arguments_get_located_errors():
         with pytest.raises(UsageError) as e:
             fmha_dsl.attention_backward(a["q"], a["k"], a["v"], a["out"], a["lse"], a["dout"])
         assert e.value.rule == rule and words in str(e.value) and "attention_backward()" in str(e.value), e.value
+
+
+def test_a_misaligned_forward_output_takes_the_unaligned_plan():
+    """The dot_do_o stage of an aligned build promises 16-byte aligned ``out`` rows (``bwd_abi.DOT_ALIGNED``): a call
+    whose ``out`` breaks that -- here a view one element into its buffer -- must plan unaligned kernels, not launch
+    aligned ones on it (the other tensors alone would allow the aligned build)."""
+    torch = pytest.importorskip("torch")
+    from fmha_dsl.attention_bwd import _aligned
+
+    def t():
+        return torch.zeros(1, 2, 8, 16)
+    q, k, v, lse, dout, dq, dk, dv = (t() for _ in range(8))
+    out = t()
+    assert _aligned((q, k, v, out, lse, dout, dq, dk, dv))
+    shifted = torch.zeros(1 * 2 * 8 * 16 + 1)[1:].view(1, 2, 8, 16)
+    assert not _aligned((q, k, v, shifted, lse, dout, dq, dk, dv))
+    odd_rows = torch.zeros(1, 2, 8, 24)[..., :16]  # row stride 24: not a multiple of 16 elements
+    assert not _aligned((q, k, v, odd_rows, lse, dout, dq, dk, dv))

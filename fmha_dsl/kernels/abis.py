@@ -104,9 +104,8 @@ def companion_name(csig: dict, arch: str) -> str:
     parts = [f"fmha_{f}", f"d{csig.get('hdim_q', csig.get('hdim_v'))}", csig["dtype"], csig["mode"]]
     if "deterministic" in csig:
         parts.append("deterministic" if csig["deterministic"] else "ndeterministic")
-    for f in ("pad_d", "pad_dv"):  # (CK's name parts: pdv / npdv)
-        if f in csig:
-            parts.append(("p" if csig[f] else "np") + f[4:])
+    for fld in ABIS[f].project_alg:  # pad_dv -> pdv / npdv, as CK's names spell padding
+        parts.append(("p" if csig.get(fld, 1) else "np") + fld[len("pad_"):])
     if csig.get("unaligned"):
         parts.append("unaligned")
     return "_".join(parts) + f"_triton_{arch}"
