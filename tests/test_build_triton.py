@@ -245,3 +245,52 @@ def test_backward_companions_follow_their_key_alignment_and_padding():
         got, wide, narrow = vectors(job)
         assert wide == 0 and narrow > 0
         assert not got or job is padded["dot_do_o"][2]
+
+
+def _hot_loop(sass: str) -> int:
+    """Instructions of the longest backward-branching loop of a cuobjdump listing (a kernel's key-block loop)."""
+    import re
+
+    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    best = 0
+    for at, text in ins:
+        m = re.search(r"BRA\b.*?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < at:
+            best = max(best, sum(1 for a, _ in ins if int(m.group(1), 16) <= a <= at))
+    return best
+
+
+def test_a_page_of_16_costs_the_decode_loop_no_more_than_a_page_of_1():
+    """sm90 decode over a paged cache: pages smaller than a key block gather the block row by row, pages of a block
+    or more read it at one base.  A 16-token page's table index and slot come from the block's row offsets
+    (compile-time constants per thread): its loop is no longer than a 1-token page's, which has no slot at all
+    (Triton 3.6: 589 / 587 instructions; computed from ``start_n + offs_n`` it was 803 / 588), nor is a 1024-token
+    page's (one scalar base plus loop-invariant row offsets: 430 on 3.6, 426 / 419 on 3.9; per row it was 500 on
+    3.6, 492 / 420 on 3.9)."""
+    import subprocess
+    import tempfile
+
+    from fmha_dsl.compile_triton import _cuobjdump, compile_key
+
+    if _cuobjdump() is None:
+        pytest.skip("Triton's bundled cuobjdump is missing")
+    ks = fmha_dsl.loads("""
+kernel_set d {
+    backend(triton) arch(sm90)
+    kernel decode {
+        signature { family(fwd_pagedkv) dtype(bf16) hdim(128) kv_cache(linear, vllm, 1 | 16 | 1024) }
+        algorithm { pipeline(qr_nwarp_sshuffle) tile(16, 128, *, *, *, *) wave(4, *, *, *, *, *, *, *, *)
+                    padding(true, true, false, false) max_splits_log2(4) }
+    }
+}""", path="d.fmha")
+    loops = {}
+    for e in ks.registry(arch="sm90"):
+        meta, data = compile_key(e.sig, e.alg, "sm90")
+        assert meta is not None, data
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(data)
+            f.flush()
+            loops[e.sig["page_size"]] = _hot_loop(subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True,
+                                                                 text=True).stdout)
+    assert set(loops) == {1, 16, 1024} and loops[1024] > 200
+    assert loops[16] <= 1.03 * loops[1] and loops[1024] <= 1.03 * loops[1], loops

@@ -50,19 +50,24 @@ def _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_p, stride_s,
           CHECK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr):
     """Element offsets (int64) of the cache rows holding keys ``start_n + offs_n`` of a sequence whose table starts at
     ``Table + tb``: ``page * stride_p`` + the slot's offset (:func:`_slots`), each page id clamped into
-    ``[0, num_pages)``."""
+    ``[0, num_pages)``.  ``start_n`` is a multiple of ``BLOCK_N``: with smaller pages the table index and the slot
+    are taken from ``offs_n`` alone (each thread's rows are compile-time constants there, so its slots fold to one
+    offset; from ``start_n + offs_n`` the sm90 decode loop had 803 instructions per key block instead of 589, the
+    prefill loop spilled)."""
     if PAGE_SIZE >= BLOCK_N:  # the block lies in one page (PAGE_SIZE and BLOCK_N are powers of two)
         page = tl.load(Table + tb + start_n // PAGE_SIZE)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-        rows = page.to(tl.int64) * stride_p + _slots((start_n % PAGE_SIZE) + offs_n, stride_s, VEC)
-    else:  # one page per row (or per PAGE_SIZE rows)
-        cols = start_n + offs_n
+        # one scalar base (the block's first slot is a multiple of BLOCK_N, so of VEC) + loop-invariant row offsets
+        base = page.to(tl.int64) * stride_p + _slots(start_n % PAGE_SIZE, stride_s, VEC)
+        rows = base + _slots(offs_n, stride_s, VEC)
+    else:  # one page per row (or per PAGE_SIZE rows); start_n is a multiple of BLOCK_N, so of PAGE_SIZE
+        tab = Table + tb + start_n // PAGE_SIZE
         if CHECK_N:
-            page = tl.load(Table + tb + cols // PAGE_SIZE, mask=cols < seqlen_k, other=0)
+            page = tl.load(tab + offs_n // PAGE_SIZE, mask=(start_n + offs_n) < seqlen_k, other=0)
         else:
-            page = tl.load(Table + tb + cols // PAGE_SIZE)
+            page = tl.load(tab + offs_n // PAGE_SIZE)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-        rows = page.to(tl.int64) * stride_p + _slots(cols % PAGE_SIZE, stride_s, VEC)
+        rows = page.to(tl.int64) * stride_p + _slots(offs_n % PAGE_SIZE, stride_s, VEC)
     return rows
 
 
