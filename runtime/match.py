@@ -40,6 +40,12 @@ def promised_aligned(build) -> tuple[str, ...]:
     return tuple(build.get("aligned") or ())
 
 
+def promised_indices(build, names) -> tuple[int, ...]:
+    """Positions in the argument list ``names`` of the arguments a binary was compiled to assume 16-divisible (what
+    :func:`fmha_dsl.runtime.plan.check_promise` checks before a launch)."""
+    return tuple(names.index(n) for n in promised_aligned(build) if n in names)
+
+
 def mismatches(e: Entry, p, aligned: bool = True) -> list[tuple[str, str]]:
     """Why entry ``e`` cannot serve problem ``p``: ``[(field, explanation), ...]``; empty = it can."""
     s, a = e.sig, e.alg

@@ -12,7 +12,7 @@ from fmha_dsl.kernels.fwd_abi import (COMBINE_BLOCK_M, aligned_names, block_d, g
                                       split_args, workspace_strides)
 from fmha_dsl.kernels.fwd_abi import pack as fwd_args
 
-from .match import promised_aligned
+from .match import promised_indices
 
 if TYPE_CHECKING:
     from fmha_dsl.registry import Entry
@@ -86,7 +86,7 @@ class Plan:
         self._group = self.entry.sig["mode"] == "group"
         self._lse = bool(self.entry.sig["lse"])
         names = abi.FWD_NAMES
-        self._aligned_idx = tuple(names.index(n) for n in promised_aligned(build) if n in names)
+        self._aligned_idx = promised_indices(build, names)
         # what fmha_dsl.attention's `aligned` class key does not already guarantee (it checks aligned_names)
         usual = set(aligned_names(self.entry.sig.get("vlayout", "r")))
         self._extra_aligned_idx = tuple(i for i in self._aligned_idx if names[i] not in usual)

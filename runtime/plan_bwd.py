@@ -16,16 +16,12 @@ from __future__ import annotations
 
 from fmha_dsl.kernels import bwd_abi
 
-from .match import promised_aligned
+from .match import promised_indices
 from .plan import check_promise, dims, resolve_stream, workspace_buffer
 
 _NAMES = tuple(n for n, _ in bwd_abi.ARGS)
 _DOT_NAMES = tuple(n for n, _ in bwd_abi.DOT_ARGS)
 _CONVERT_NAMES = tuple(n for n, _ in bwd_abi.CONVERT_ARGS)
-
-
-def _promised_idx(stage, names) -> tuple[int, ...]:
-    return tuple(names.index(n) for n in promised_aligned(stage.entry.build) if n in names)
 
 
 class BackwardPlan:
@@ -48,9 +44,9 @@ class BackwardPlan:
         self.block_n = int(build.get("block_n") or self.entry.alg["tile"][1])
         self.deterministic = bool(self.entry.sig.get("deterministic"))
         self._group = self.entry.sig["mode"] == "group"
-        self._aligned_idx = _promised_idx(main, _NAMES)
-        self._dot_idx = _promised_idx(dot, _DOT_NAMES)      # the 1-d stages' own promises (an aligned build's)
-        self._conv_idx = _promised_idx(conv, _CONVERT_NAMES)
+        self._aligned_idx = promised_indices(build, _NAMES)
+        self._dot_idx = promised_indices(dot.entry.build, _DOT_NAMES)  # the 1-d stages' own (an aligned build's)
+        self._conv_idx = promised_indices(conv.entry.build, _CONVERT_NAMES)
 
     @property
     def accumulates(self) -> bool:

@@ -17,7 +17,7 @@ from fmha_dsl.costmodel import split_limit
 from fmha_dsl.kernels import paged_abi
 from fmha_dsl.kernels.fwd_abi import COMBINE_BLOCK_M, block_d, grid_of, packs_gqa, workspace_strides
 
-from .match import promised_aligned
+from .match import promised_indices
 from .plan import SplitLaunch, alibi_strides, check_promise, resolve_stream, workspace_buffer
 
 _NAMES = tuple(n for n, _ in paged_abi.ARGS)
@@ -74,7 +74,7 @@ class PagedPlan:
         self.block_m = int(build.get("block_m") or self.entry.alg["tile"][0])
         self.packed = packs_gqa(self.entry.alg.get("pipeline", ""))
         self.lookup = self.entry.sig["kv_lookup"]
-        self._aligned_idx = tuple(_NAMES.index(n) for n in promised_aligned(build) if n in _NAMES)
+        self._aligned_idx = promised_indices(build, _NAMES)
         self.splits = split_limit(self.entry)
         self._split = None
         if self.splits:
