@@ -132,7 +132,10 @@ def _kernel_name(q) -> str:
 
     disp = api.dispatcher(None, q.get_device())   # the default path's (no registry)
     plans = list(disp.fast_paged.values())
-    return plans[-1].entry.name if plans else ""
+    if not plans:
+        return ""
+    gathered = type(plans[-1]).__name__ == "GatheredPlan"   # the copy kernel, then this forward kernel
+    return ("gather+" if gathered else "") + plans[-1].entry.name
 
 
 def decode(args):

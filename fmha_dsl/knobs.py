@@ -30,6 +30,7 @@ class Knob:
     default: object
     doc: str
     choices: tuple[str, ...] = ()
+    minimum: int = 1  # an "int" knob's least value
 
     def raw(self) -> str | None:
         """The variable's text, None when unset or empty."""
@@ -45,10 +46,11 @@ class Knob:
                 value = int(text.strip())
             except ValueError:
                 value = 0
-            if value < 1:
+            if value < self.minimum:
                 from .errors import UsageError, error
 
-                raise error("usage.env", f"unable to use {self.name}={text}: expected a whole number >= 1", None,
+                raise error("usage.env", f"unable to use {self.name}={text}: expected a whole number >= {self.minimum}",
+                            None,
                             f"unset it for the default ({self.default or 'the CPU count'})", cls=UsageError)
             return value
         if self.kind == "bool":
@@ -90,11 +92,15 @@ TUNE_CANDIDATES = Knob("FMHA_DSL_TUNE_CANDIDATES", "int", 24,
 TUNED_SHIPPED = Knob("FMHA_DSL_TUNED_SHIPPED", "bool", True,
                      "`0` ignores the first-use decisions shipped with the package (`fmha_dsl/data/tuned/`): every "
                      "decision is measured on this machine (benchmarks of the first call use it).")
+GATHER_MIB = Knob("FMHA_DSL_GATHER_MIB", "int", 1024,
+                  "The most MiB of workspace `paged_attention()` may use to copy a prefill batch's cached K/V into "
+                  "contiguous rows for the forward kernels (the gathered route, timed against the paged kernels on "
+                  "first use); `0` turns the route off.", minimum=0)
 JOBS = Knob("FMHA_DSL_JOBS", "int", None,
             "Compile worker processes for first-use compiles (default: the CPU count).")
 
 KNOBS: tuple[Knob, ...] = (CACHE_DIR, LAUNCHER, NO_BUILD, NATIVE_LAUNCH, TORCH_FAST, AUTOTUNE, TUNE_CANDIDATES,
-                           TUNED_SHIPPED, JOBS)
+                           TUNED_SHIPPED, GATHER_MIB, JOBS)
 
 
 def cache_dir() -> str | None:
@@ -129,6 +135,10 @@ def tuned_shipped() -> bool:
     return TUNED_SHIPPED.get()
 
 
+def gather_bytes() -> int:
+    return GATHER_MIB.get() << 20
+
+
 def jobs() -> int:
     return JOBS.get() or max(1, os.cpu_count() or 1)
 
@@ -153,4 +163,5 @@ def markdown_table() -> str:
 
 __all__ = ["Knob", "KNOBS", "CACHE_DIR", "LAUNCHER", "NO_BUILD", "NATIVE_LAUNCH", "TORCH_FAST", "cache_dir",
            "launcher", "no_build", "native_launch", "torch_fast", "AUTOTUNE", "TUNE_CANDIDATES", "JOBS", "TUNED_SHIPPED",
-           "autotune", "tune_candidates", "tuned_shipped", "jobs", "by_name", "markdown_table"]
+           "autotune", "tune_candidates", "tuned_shipped", "jobs", "by_name", "markdown_table", "GATHER_MIB",
+           "gather_bytes"]

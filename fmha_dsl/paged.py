@@ -18,6 +18,9 @@ What they compute is docs/semantics.md ("Paged KV cache and append-KV"), the Num
 * torch tensors on a GPU run the Triton serving kernels, compiled and chosen on first use per problem class
   (:mod:`fmha_dsl.first_use`): decode-sized problems (few query blocks) also get the split-KV kernels
   (``fwd_pagedkv``, with the forward family's combine kernel), and the timing decides.
+* A prefill-sized call (at least 128 query rows per K/V head) also has the gathered route timed on first use: its
+  cached K/V copied into contiguous rows (a workspace of ``B x max_seqlen_k`` rows, at most ``FMHA_DSL_GATHER_MIB``),
+  then the forward family's kernels (:mod:`fmha_dsl.runtime.plan_gather`); the faster route is kept.
 * A server step: pass ``max_seqlen_q``/``max_seqlen_k`` (``max_seqlen_new`` for ``append_kv``) and, for split-KV
   plans, a ``workspace`` (``fmha_dsl.paged.workspace_numel``): then nothing reads device memory on the host and
   nothing is allocated, and the call is CUDA-graph capturable.  Without the maxima the lengths and tables are read
@@ -105,15 +108,22 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
 
 def workspace_numel(q, k_cache, v_cache, *, batch: int, max_seqlen_q: int, max_seqlen_k: int, registry=None) -> int:
     """fp32 elements of a workspace that serves every :func:`paged_attention` call of these tensors' shapes within
-    these bounds, whichever kernel its first use selects (a split-KV plan needs at most this much; others none).
-    Allocate it once and pass it as ``workspace=`` each step."""
-    from .kernels.paged_abi import workspace_bound
+    these bounds, whichever plan its first use selects (a split-KV plan needs at most this much; a prefill that may
+    take the gathered route -- its K/V copied contiguous, ``batch x max_seqlen_k`` rows, at most
+    ``FMHA_DSL_GATHER_MIB`` -- that copy's size).  Allocate it once and pass it as ``workspace=`` each step."""
+    from .kernels.paged_abi import gather_numel, workspace_bound
 
     from .runtime.plan_paged import geometry
 
+    from .runtime.plan_gather import fits
+
     disp = _api.dispatcher(registry, q.get_device())
-    _, _, hk, _, dv, _, _ = geometry(k_cache, v_cache)
-    return workspace_bound(batch, q.shape[1], hk, max_seqlen_q, max_seqlen_k, dv, disp.compute_units)
+    _, _, hk, dk, dv, _, _ = geometry(k_cache, v_cache)
+    n = workspace_bound(batch, q.shape[1], hk, max_seqlen_q, max_seqlen_k, dv, disp.compute_units)
+    dname = _dtype_name(q)
+    if fits(dname, dk, dv, batch, q.shape[1], hk, max_seqlen_q, max_seqlen_k):  # the gathered route's copy
+        n = max(n, gather_numel(batch, hk, max_seqlen_k, dk, dv, dname))
+    return n
 
 
 def _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi, lse, softcap, sink, layout, lookup,
@@ -211,7 +221,13 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
         problem = _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi_slopes is not None,
                            return_lse, softcap is not None, sink, layout, lookup, page)
         measure = _api.timer(dev, lambda p: p.launch(dev, b, hq, msq, args))
-        plan = disp.fast_paged[key] = disp.plan(problem, aligned, measure)
+        plan = disp.plan(problem, aligned, measure)
+        if plan.api_family == "batch_prefill":  # a prefill may run faster on its K/V copied contiguous
+            from .runtime.plan_gather import with_gathered
+
+            plan = with_gathered(disp, plan, problem, aligned, dev, b, hq, msq, args,
+                                 lambda launch: _api.timer(dev, launch))
+        disp.fast_paged[key] = plan
     return plan, dev, b, hq, msq, args, out, lse, (cq, lens, ix if lookup == "sglang" else bt, ip)
 
 

@@ -340,16 +340,11 @@ class MeasuredSelection:
             return self._cheapest(p, cands)
         rounds = int(min(8, max(2, TUNE_SECONDS * 1e6 / max(3 * once, 1.0))))
 
-        def run(ids, n):
-            for _ in range(n):
-                for i in ids:
-                    samples[i] += _time_n(measure, plans[i], 3)
-
-        run(list(samples), rounds)
+        _rounds(measure, plans, list(samples), rounds, samples)
         med = {i: _median(v) for i, v in samples.items() if v}
         top = sorted(med, key=med.get)[:3]
         if len(top) > 1:
-            run(top, rounds)
+            _rounds(measure, plans, top, rounds, samples)
             med.update({i: _median(samples[i]) for i in top})
         win = by_id[min(med, key=lambda i: (med[i], i))]
         if self.tuned is not None:
@@ -372,6 +367,22 @@ _UNTIMED = 4   # candidates compiled when the choice is the cost model's (it wei
 
 TUNE_SECONDS = 0.5   # the timing budget of one first-use decision (more rounds for short kernels)
 MAX_TIMED = 16       # registry candidates a first-use measurement times at most (the static order's first)
+
+
+def _rounds(measure, plans: dict, ids, n: int, samples: dict) -> None:
+    """``n`` rounds of three timed launches of each plan ``plans[i]`` (``i`` in ``ids``) into ``samples[i]``."""
+    for _ in range(n):
+        for i in ids:
+            samples[i] += _time_n(measure, plans[i], 3)
+
+
+def fastest(measure, plans: dict, rounds: int = 4) -> tuple:
+    """``(key of the fastest of plans, {key: median microseconds})`` by ``measure`` (round-robin: :func:`_rounds`);
+    ``(None, {})`` when none could be timed."""
+    samples: dict = {k: [] for k in plans}
+    _rounds(measure, plans, list(plans), rounds, samples)
+    med = {k: _median(v) for k, v in samples.items() if v}
+    return (min(med, key=lambda k: (med[k], str(k))) if med else None), med
 
 
 def _median(xs: list) -> float:
@@ -403,4 +414,4 @@ def _time_n(measure, plan, n: int) -> list:
 
 
 __all__ = ["enabled", "octave", "buckets", "key", "TunedTable", "shipped", "record_of", "device_slug",
-           "MeasuredSelection", "TUNE_SECONDS", "MAX_TIMED"]
+           "MeasuredSelection", "TUNE_SECONDS", "MAX_TIMED", "fastest"]

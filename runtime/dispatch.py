@@ -335,6 +335,13 @@ class Dispatcher(MeasuredSelection):
             stages.append(self.stage(companion_entry(entry, role, cfam)))
         return plan_class(family)(problem, stages)
 
+    def loose_stage(self, entry: Entry, binary: bytes | None) -> Stage:
+        """The stage of a kernel kept outside the registry (the gathered route's copy kernel), with its binary."""
+        if binary is not None:
+            with self._lock:
+                self._binaries[entry.identifier] = binary
+        return self.stage(entry)
+
     def stage(self, entry: Entry) -> Stage:
         st = self._stages.get(entry.identifier)
         if st is None:

@@ -116,15 +116,7 @@ class PagedPlan:
         """Launch on ``device`` (torch's current stream there, or ``stream``).  Split-KV plans need ``workspace``
         (:meth:`workspace_numel` elements; default: from torch's caching allocator).  Returns what it launched,
         ``([(kernel, grid, arguments)], workspace buffer | None)``, for the replay path (:mod:`fmha_dsl.replay`)."""
-        stream, explicit = resolve_stream(stream, device)
-        steps, buf = self.launches(device, batch, nhead_q, max_seqlen_q, args, workspace)
-        if buf is not None and workspace is None and explicit and device >= 0:
-            import torch
-
-            buf.record_stream(torch.cuda.ExternalStream(stream, device=buf.device))
-        for kern, grid, a in steps:
-            kern.launch(grid, a, stream)
-        return steps, buf
+        return launch_steps(self.launches, device, batch, nhead_q, max_seqlen_q, args, stream, workspace)
 
     def launches(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, workspace=None):
         """``([(kernel, grid, arguments)], workspace buffer | None)``: what :meth:`launch` enqueues, in order."""
@@ -163,6 +155,21 @@ class PagedPlan:
         batch, nhq, msq, args = self.args(q, k_cache, v_cache, out, lse, objects=objects, **kw)
         self.launch(device, batch, nhq, msq, args, stream, workspace)
         return out
+
+
+def launch_steps(launches, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, stream, workspace):
+    """Enqueue what ``launches(device, batch, nhead_q, max_seqlen_q, args, workspace)`` returns (``([(kernel, grid,
+    arguments)], workspace buffer | None)``) on ``stream`` (default: torch's current one); returns it.  A workspace
+    taken from torch's allocator is recorded on a caller's own stream."""
+    stream, explicit = resolve_stream(stream, device)
+    steps, buf = launches(device, batch, nhead_q, max_seqlen_q, args, workspace)
+    if buf is not None and workspace is None and explicit and device >= 0:
+        import torch
+
+        buf.record_stream(torch.cuda.ExternalStream(stream, device=buf.device))
+    for kern, grid, a in steps:
+        kern.launch(grid, a, stream)
+    return steps, buf
 
 
 class AppendPlan:
@@ -221,4 +228,4 @@ class AppendPlan:
         return [(kern, g, args)] if min(g) else []
 
 
-__all__ = ["PagedPlan", "AppendPlan", "pack_call", "layout_of", "geometry"]
+__all__ = ["PagedPlan", "AppendPlan", "pack_call", "layout_of", "geometry", "launch_steps"]

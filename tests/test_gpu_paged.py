@@ -360,3 +360,135 @@ def test_append_kv_into_a_vectorized_cache_then_attend():
     out = fmha_dsl.paged_attention(q.cuda(), k5, v5, block_table=btd, seqlens_k=torch.tensor(total).cuda(),
                                    cu_seqlens_q=torch.tensor(cq).cuda(), causal=True)
     assert np.abs(out.float().cpu().numpy() - want).max() < 2e-2
+
+
+# ---- the gathered route: a prefill's K/V copied contiguous, then the forward kernels ------------------------------
+def _prepared(lens_q, lens_k, *, page, form, layout="linear", hq=8, hk=2, d=128, seed=0, dtype=torch.bfloat16, **kw):
+    """The API's checked preparation of a call (its plan, packed arguments, out and LSE) and the reference."""
+    from fmha_dsl import paged
+    from fmha_dsl.attention_args import CALLER
+
+    rng = np.random.default_rng(seed + 1)
+    kc, vc, bt, ip, ix = make_cache(lens_k, page, hk, d, seed=seed, dtype=dtype, shared_prefix=1)
+    q = torch.tensor(rng.standard_normal((sum(lens_q), hq, d)).astype(np.float32)).to(dtype)
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    lens = np.asarray(lens_k, np.int32)
+    tab = {"block_table": bt} if form == "vllm" else {"kv_indptr": ip, "kv_indices": ix}
+    rkw = dict(kw, causal="bottom_right") if kw.get("causal") is True else kw
+    want, wlse = ref_paged(q.float().numpy(), kc.float().numpy(), vc.float().numpy(), seqlens_k=lens,
+                           cu_seqlens_q=cq, return_lse=True, **tab, **rkw)
+    kd, vd = vectorized_caches(kc, vc) if layout == "vectorized" else (kc, vc)
+    dev = {k: torch.tensor(v).cuda() for k, v in tab.items()}
+    alibi = kw.get("alibi_slopes")
+    # the packed arguments hold addresses: the tensors stay alive with them (_alive)
+    _alive[:] = [q.cuda(), kd.cuda(), vd.cuda(), torch.tensor(lens).cuda(), torch.tensor(cq).cuda(),
+                 None if alibi is None else torch.tensor(alibi).cuda(), dev]
+    qd, kdd, vdd, lens_d, cq_d, alibi_d, _ = _alive
+    token = CALLER.set("test")
+    try:
+        got = paged._prepare(
+            qd, kdd, vdd, dev.get("block_table"), dev.get("kv_indptr"), dev.get("kv_indices"), lens_d, cq_d,
+            max(lens_q), max(lens_k), "bottom_right" if kw.get("causal") is True else kw.get("causal", False),
+            kw.get("window"), alibi_d, kw.get("softcap"), kw.get("sink"), None, True, None, None)
+    finally:
+        CALLER.reset(token)
+    return got, (want, wlse)
+
+
+_alive: list = []
+
+
+def _gathered(plan):
+    """The gathered route for ``plan``'s problem on the default dispatcher, whatever first use chose."""
+    from fmha_dsl import api_dispatch
+    from fmha_dsl.runtime.plan_gather import GatheredPlan, forward_problem
+
+    if isinstance(plan, GatheredPlan):
+        return plan
+    disp = api_dispatch.dispatcher(None, torch.cuda.current_device())
+    entry, binary = disp.builder.gather(plan.problem, disp.arch)
+    assert entry is not None, binary
+    return GatheredPlan(plan.problem, disp.loose_stage(entry, binary), disp.plan(forward_problem(plan.problem)), plan)
+
+
+def _check(out, lse, want, wlse, tol=6e-2):
+    got = out.float().cpu().numpy()
+    assert np.isfinite(got).all() and np.abs(got - want).max() <= tol * max(1.0, np.abs(want).max())
+    gl, live = lse.cpu().numpy(), np.isfinite(wlse)
+    assert np.array_equal(np.isfinite(gl), live) and np.abs(gl[live] - wlse[live]).max(initial=0) < 2e-2
+
+
+@pytest.mark.parametrize("page,form,layout", [(1, "sglang", "linear"), (16, "vllm", "linear"),
+                                              (16, "sglang", "vectorized"), (1024, "vllm", "linear")])
+@pytest.mark.parametrize("kw", [{"causal": True}, {"window": (100, 0), "sink": 4, "softcap": 30.0},
+                                {"alibi_slopes": np.linspace(0.02, 0.3, 16).astype(np.float32)}],
+                         ids=["causal", "window_sink_softcap", "alibi"])
+def test_the_gathered_route_equals_the_reference(page, form, layout, kw, monkeypatch):
+    """Copy + forward kernel on scattered pages (a shared first page, an empty sequence, lengths not multiples of
+    the page): the reference's numbers and LSE, for both table forms, both layouts, pages 1 / 16 / 1024.  (A grid
+    of more than two waves: the route takes no split-KV forward kernel.)"""
+    monkeypatch.setenv("FMHA_DSL_AUTOTUNE", "0")   # the cost model's kernels: this test is about the numbers
+    (plan, dev, b, hq, msq, args, out, lse, _), (want, wlse) = _prepared(
+        [1100, 130, 0, 64], [2000, 130, 40, 900], page=page, form=form, layout=layout, hq=16, **kw)
+    out.fill_(float("nan"))
+    gathered = _gathered(plan)
+    steps, _ = gathered.launch(dev, b, hq, msq, args)
+    assert [k for k, _, _ in steps] == [st.kernel(dev) for st in gathered.stages]   # the copy, then the forward
+    _check(out, lse, want, wlse)
+
+
+def test_a_prefill_times_the_gathered_route_and_it_replays_and_is_captured(monkeypatch):
+    """Through the public API: a prefill-sized call times the gathered route against the paged kernels (a route
+    record); forced to win, it replays with new tables and lengths, and a CUDA graph captured with a workspace of
+    workspace_numel() elements replays it."""
+    from fmha_dsl import api_dispatch
+    from fmha_dsl.paged import workspace_numel
+    from fmha_dsl.runtime import plan_gather
+
+    disp = api_dispatch.dispatcher(None, torch.cuda.current_device())
+    before = {k for k in disp.measured if k.endswith("|route")}
+    (plan, *_), _ = _prepared([300, 260], [2000, 700], page=16, form="vllm", hq=8, hk=1, causal=True)
+    assert {k for k in disp.measured if k.endswith("|route")} - before, "the gathered route was not timed"
+    monkeypatch.setattr(plan_gather.autotune, "fastest", lambda measure, plans, rounds=4: ("gathered", {}))
+    hk, hq, d, page, B = 3, 12, 128, 16, 3
+    lens_q, lens_k = [150, 90, 40], [900, 300, 1200]
+    kc, vc, bt, _, _ = make_cache(lens_k, page, hk, d, spare=8)
+    kc, vc = kc.cuda(), vc.cuda()
+    bt_d, lens_d = torch.tensor(bt).cuda(), torch.tensor(lens_k, dtype=torch.int32).cuda()
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cq_d = torch.tensor(cq).cuda()
+    q = torch.randn(sum(lens_q), hq, d, dtype=torch.float16).cuda()
+    mk = page * bt.shape[1]
+    ws = torch.empty(workspace_numel(q, kc, vc, batch=B, max_seqlen_q=max(lens_q), max_seqlen_k=mk),
+                     dtype=torch.float32, device="cuda")
+    out = torch.empty_like(q)
+
+    def step():
+        fmha_dsl.paged_attention(q, kc, vc, block_table=bt_d, seqlens_k=lens_d, cu_seqlens_q=cq_d, causal=True,
+                                 max_seqlen_q=max(lens_q), max_seqlen_k=mk, out=out, workspace=ws)
+
+    def want():
+        return ref_paged(q.float().cpu().numpy(), kc.float().cpu().numpy(), vc.float().cpu().numpy(),
+                         block_table=bt_d.cpu().numpy(), seqlens_k=lens_d.cpu().numpy(), cu_seqlens_q=cq,
+                         causal="bottom_right")
+
+    step()
+    key = next(k for k, p in disp.fast_paged.items() if isinstance(p, plan_gather.GatheredPlan) and k[3] == hq)
+    assert key
+    for lens in ([900, 300, 1200], [17, 1000, 0]):   # replayed with new tables and lengths
+        lens_d.copy_(torch.tensor(lens, dtype=torch.int32))
+        bt_d.copy_(torch.tensor(np.roll(bt, 1, axis=0)))
+        step()
+        torch.cuda.synchronize()
+        assert np.abs(out.float().cpu().numpy() - want()).max() < 1.5e-2
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for lens in ([5, 640, 1100], [900, 300, 1200]):
+        lens_d.copy_(torch.tensor(lens, dtype=torch.int32))
+        bt_d.copy_(torch.tensor(np.roll(bt, 2, axis=0)))
+        q.normal_()
+        out.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        assert np.abs(out.float().cpu().numpy() - want()).max() < 1.5e-2

@@ -57,6 +57,7 @@ _FWD = ("triton_fwd", "triton_fwd_loops", "triton_steps", "fwd_host", "triton_co
 _BWD = ("triton_bwd", "triton_steps", "bwd_abi")
 _PAGED = ("triton_paged", "triton_steps", "paged_abi", "fwd_abi")
 _APPEND = ("triton_appendkv", "triton_paged", "paged_abi")
+_GATHER = ("triton_gather", "triton_paged", "paged_abi")
 
 ABIS: dict[str, KernelABI] = {a.family: a for a in (
     KernelABI("fwd", "triton_fwd", "fmha_fwd", fwd_abi.ARGS, fwd_abi.ALIGNED, v_stride=True, sources=_FWD),
@@ -75,6 +76,10 @@ ABIS: dict[str, KernelABI] = {a.family: a for a in (
               companions=(("combine", "fwd_splitkv_combine"),), overrides=(("Out", "*fp32"),), sources=_PAGED),
     KernelABI("fwd_appendkv", "triton_appendkv", "fmha_appendkv", paged_abi.APPEND_ARGS, paged_abi.APPEND_ALIGNED,
               sources=_APPEND),
+    # the gathered route's copy (batch_prefill through the forward family: fmha_dsl.runtime.plan_gather)
+    KernelABI("kv_gather", "triton_gather", "fmha_kv_gather", paged_abi.GATHER_ARGS, paged_abi.GATHER_ALIGNED,
+              project=paged_abi.GATHER_FIELDS,
+              sources=_GATHER),
 )}
 
 
@@ -98,6 +103,9 @@ def companion_sig(sig: dict, family: str, aligned: bool = True, alg: dict | None
 def companion_name(csig: dict, arch: str) -> str:
     """The file and registry name of a companion kernel of signature ``csig``."""
     f = csig["family"]
+    if f == "kv_gather":
+        return (f"fmha_kv_gather_d{csig['hdim_q']}_{csig['hdim_v']}_{csig['dtype']}_{csig['kv_layout']}_"
+                f"{csig['kv_lookup']}_ps{csig['page_size']}_triton_{arch}")
     if f == "fwd_splitkv_combine":
         return (f"fmha_fwd_splitkv_combine_d{csig['hdim_v']}_{csig['dtype']}_{csig['mode']}_"
                 f"{'lse' if csig['lse'] else 'nlse'}_triton_{arch}")

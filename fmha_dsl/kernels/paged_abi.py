@@ -152,6 +152,75 @@ def workspace_bound(batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, m
     return rows * (block_d(head_dim_v) + 1)
 
 
+# ---- the gathered route (batch_prefill through the forward family) ---------------------------------------------
+# ``fmha_kv_gather`` (family ``kv_gather``; :mod:`fmha_dsl.kernels.triton_gather`) copies each sequence's first
+# ``min(seqlens_k[b], table length x PAGE_SIZE)`` cached tokens (the rows the paged kernel reads) into contiguous
+# ``Kout [rows, Hk, D]`` / ``Vout [rows, Hk, Dv]``, sequence after sequence, and writes their offsets
+# ``cu_seqlens_k [B + 1]``: what the forward family's group-mode kernels take.  Grid ``(cdiv(max_seqlen_k,
+# GATHER_BLOCK_M), Hk, B)``.  The three live in one fp32 workspace (:func:`gather_layout`), sized for ``B x
+# max_seqlen_k`` rows (the host does not know the lengths' sum).
+GATHER_ARGS: tuple[tuple[str, str], ...] = (
+    ("K", "*{dtype}"), ("V", "*{dtype}"), ("Kout", "*{dtype}"), ("Vout", "*{dtype}"), ("seqlens_k", "*i32"),
+    ("Table", "*i32"), ("kv_indptr", "*i32"), ("cu_seqlens_k", "*i32"),
+    ("batch", "i32"), ("nhead_k", "i32"), ("num_pages", "i32"), ("table_width", "i32"),
+    ("stride_kp", "i32"), ("stride_ks", "i32"), ("stride_kh", "i32"),
+    ("stride_vp", "i32"), ("stride_vs", "i32"), ("stride_vh", "i32"), ("stride_tb", "i32"),
+)
+GATHER_BLOCK_M = 64        # cached rows per gather program
+GATHER_MIN_ROWS = 128      # query rows per K/V head (max_seqlen_q x group) from which the gathered route is timed
+# 16-divisible in the usual case (the call's paged kernel keeps the same promise); the workspace's parts are aligned
+GATHER_ALIGNED: tuple[str, ...] = ("K", "V", "Kout", "Vout", "stride_kp", "stride_ks", "stride_kh", "stride_vp",
+                                   "stride_vs", "stride_vh")
+GATHER_FIELDS = ("dtype", "hdim_q", "hdim_v", "kv_layout", "kv_lookup", "page_size")  # what its binary depends on
+
+
+def gather_layout(batch: int, nhead_k: int, max_seqlen_k: int, dq: int, dv: int, dtype: str) -> tuple[int, ...]:
+    """``(K offset, V offset, cu_seqlens_k offset, total)`` in bytes of the gathered route's workspace: ``Kout``,
+    ``Vout`` (``batch x max_seqlen_k`` rows each) and ``cu_seqlens_k [B + 1]``, each starting on 256 bytes."""
+    def up(n):
+        return -(-int(n) // 256) * 256
+
+    rows = int(batch) * max(int(max_seqlen_k), 1) * int(nhead_k)
+    kb = up(rows * int(dq) * ELEMENT_BYTES[dtype])
+    vb = up(rows * int(dv) * ELEMENT_BYTES[dtype])
+    return 0, kb, kb + vb, kb + vb + up(4 * (int(batch) + 1))
+
+
+def gather_numel(batch: int, nhead_k: int, max_seqlen_k: int, dq: int, dv: int, dtype: str) -> int:
+    """fp32 elements of the gathered route's workspace (:func:`gather_layout`)."""
+    return gather_layout(batch, nhead_k, max_seqlen_k, dq, dv, dtype)[3] // 4
+
+
+def gather_fits(batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, max_seqlen_k: int, dq: int, dv: int,
+                dtype: str, limit_bytes: int) -> bool:
+    """Whether a call within these bounds may take the gathered route: a prefill (at least :data:`GATHER_MIN_ROWS`
+    query rows per K/V head: the copy is then a small part of the attention's time), a workspace of at most
+    ``limit_bytes``, and gathered tensors the forward kernel's int32 element offsets address."""
+    rows = max(int(max_seqlen_q), 0) * (int(nhead_q) // max(int(nhead_k), 1))
+    return rows >= GATHER_MIN_ROWS and gather_bounded(batch, nhead_k, max_seqlen_k, dq, dv, dtype, limit_bytes)
+
+
+def gather_bounded(batch: int, nhead_k: int, max_seqlen_k: int, dq: int, dv: int, dtype: str,
+                   limit_bytes: int) -> bool:
+    """Whether the gathered route's workspace for these bounds is at most ``limit_bytes`` and its tensors are
+    addressed by int32 element offsets."""
+    elems = int(batch) * max(int(max_seqlen_k), 1) * int(nhead_k) * max(int(dq), int(dv))
+    size = gather_layout(batch, nhead_k, max_seqlen_k, dq, dv, dtype)[3]
+    return 1 <= int(max_seqlen_k) and size <= int(limit_bytes) and elems < (1 << 31)
+
+
+def pack_gather(ptrs, ks, vs, tb_stride, batch, nhk, num_pages, table_width) -> list:
+    """``fmha_kv_gather``'s run-time arguments in :data:`GATHER_ARGS` order.  ``ptrs``: the 8 pointer values (K, V,
+    Kout, Vout, seqlens_k, Table, kv_indptr, cu_seqlens_k); ``ks``/``vs``: the caches' ABI strides
+    (:func:`cache_geometry`); ``tb_stride``: the block table's row stride (0 for SGLang's table)."""
+    return [*ptrs, int(batch), int(nhk), int(num_pages), int(table_width), *ks, *vs, int(tb_stride)]
+
+
+def gather_grid(batch: int, nhead_k: int, max_seqlen_k: int) -> tuple[int, int, int]:
+    """``(cdiv(max_seqlen_k, GATHER_BLOCK_M), Hk, B)``; any zero: nothing to launch."""
+    return (-(-int(max_seqlen_k) // GATHER_BLOCK_M), int(nhead_k), int(batch))
+
+
 def pack_append(ptrs, qs, ks, vs, kns, vns, cos_stride, tb_stride, nhq, nhk, dq, dv, max_new, rotary_half,
                 max_position, num_pages, table_width) -> list:
     """``fmha_appendkv``'s run-time arguments in :data:`APPEND_ARGS` order.  ``ptrs``: the 11 pointer values (Q,
@@ -169,4 +238,6 @@ def append_grid(batch: int, nhead_q: int, nhead_k: int, max_new: int, with_q: bo
 
 __all__ = ["ARGS", "ALIGNED", "ALIGNED_AT", "APPEND_ARGS", "APPEND_ALIGNED", "APPEND_BLOCK_M", "APPEND_WARPS", "LOOKUPS",
            "ROPES", "VECTOR_BYTES", "ELEMENT_BYTES", "vector_elems", "cache_geometry", "pack", "split_args",
-           "workspace_bound", "pack_append", "append_grid"]
+           "workspace_bound", "pack_append", "append_grid", "GATHER_ARGS", "GATHER_BLOCK_M",
+           "GATHER_MIN_ROWS", "GATHER_ALIGNED", "GATHER_FIELDS", "gather_layout", "gather_numel", "gather_fits",
+           "gather_bounded", "pack_gather", "gather_grid"]
