@@ -134,8 +134,9 @@ def _kernel_name(q) -> str:
     plans = list(disp.fast_paged.values())
     if not plans:
         return ""
-    gathered = type(plans[-1]).__name__ == "GatheredPlan"   # the copy kernel, then this forward kernel
-    return ("gather+" if gathered else "") + plans[-1].entry.name
+    from fmha_dsl.runtime.plan_gather import GatheredPlan
+
+    return ("gather+" if isinstance(plans[-1], GatheredPlan) else "") + plans[-1].entry.name  # copy, then forward
 
 
 def decode(args):

@@ -44,16 +44,20 @@ def companion_jobs(sig: dict, arch: str, aligned: bool = True, alg: dict | None 
     split-KV combine kernel, the backward's dot_do_o and convert_dq; :mod:`fmha_dsl.kernels.abis`), each shared
     by every key that projects onto the same companion signature; a companion with promises of its own keeps them
     only in an ``aligned`` key's build."""
-    from .compile_triton import companion_parts
-    from .kernels.abis import abi_of, companion_name, companion_sig
+    from .kernels.abis import abi_of, companion_sig
 
     abi = abi_of(sig.get("family", "fwd"))
-    out = []
-    for role, family in (abi.companions if abi is not None else ()):
-        csig = companion_sig(sig, family, aligned, alg)
-        out.append((role, companion_name(csig, arch), content_key(companion_parts(csig, arch)),
-                    ("companion", csig, None, arch)))
-    return out
+    return [(role, *companion_job(companion_sig(sig, family, aligned, alg), arch))
+            for role, family in (abi.companions if abi is not None else ())]
+
+
+def companion_job(csig: dict, arch: str) -> tuple[str, str, tuple]:
+    """``(name, cache key, job)`` of the companion kernel of signature ``csig``
+    (:func:`fmha_dsl.kernels.abis.companion_sig`)."""
+    from .compile_triton import companion_parts
+    from .kernels.abis import companion_name
+
+    return companion_name(csig, arch), content_key(companion_parts(csig, arch)), ("companion", csig, None, arch)
 
 
 def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_result=None,

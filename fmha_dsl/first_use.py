@@ -218,17 +218,13 @@ class Builder:
         """The gathered route's copy kernel for a paged ``problem`` (family ``kv_gather``, built with the 16-byte
         promise: the route serves aligned calls only): ``(entry, binary)``, or ``(None, reason)`` when it does not
         compile (``cache_only``: only from the artifact cache)."""
-        from .build_triton import build_record, compile_through_cache
-        from .compile_triton import companion_parts
-        from .cache import content_key
-        from .kernels.abis import companion_name, companion_sig
+        from .build_triton import build_record, companion_job, compile_through_cache
+        from .kernels.abis import companion_sig
         from .kernels.paged_abi import GATHER_FIELDS
 
         csig = companion_sig({f: getattr(problem, f) for f in GATHER_FIELDS}, "kv_gather")
-        name = companion_name(csig, arch)
-        k = content_key(companion_parts(csig, arch))
-        ready, why = compile_through_cache({k: ("companion", csig, None, arch)}, ArtifactCache.of(self.cache_dir), 1,
-                                           cache_only=cache_only)
+        name, k, job = companion_job(csig, arch)
+        ready, why = compile_through_cache({k: job}, ArtifactCache.of(self.cache_dir), 1, cache_only=cache_only)
         if k not in ready:
             return None, why.get(k, "not compiled")
         meta, data, _ = ready[k]

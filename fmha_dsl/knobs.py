@@ -45,12 +45,12 @@ class Knob:
             try:
                 value = int(text.strip())
             except ValueError:
-                value = 0
-            if value < self.minimum:
+                value = None  # not a number: refused below, whatever the minimum
+            if value is None or value < self.minimum:
                 from .errors import UsageError, error
 
-                raise error("usage.env", f"unable to use {self.name}={text}: expected a whole number >= {self.minimum}",
-                            None,
+                raise error("usage.env", f"unable to use {self.name}={text}: expected a whole number >= "
+                            f"{self.minimum}", None,
                             f"unset it for the default ({self.default or 'the CPU count'})", cls=UsageError)
             return value
         if self.kind == "bool":

@@ -221,13 +221,11 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
         problem = _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi_slopes is not None,
                            return_lse, softcap is not None, sink, layout, lookup, page)
         measure = _api.timer(dev, lambda p: p.launch(dev, b, hq, msq, args))
-        plan = disp.plan(problem, aligned, measure)
-        if plan.api_family == "batch_prefill":  # a prefill may run faster on its K/V copied contiguous
-            from .runtime.plan_gather import with_gathered
+        from .runtime.plan_gather import with_gathered
 
-            plan = with_gathered(disp, plan, problem, aligned, dev, b, hq, msq, args,
-                                 lambda launch: _api.timer(dev, launch))
-        disp.fast_paged[key] = plan
+        # a prefill may run faster on its K/V copied contiguous: with_gathered times that route against the plan
+        plan = disp.fast_paged[key] = with_gathered(disp, disp.plan(problem, aligned, measure), problem, aligned, dev,
+                                                    b, hq, msq, args, lambda launch: _api.timer(dev, launch))
     return plan, dev, b, hq, msq, args, out, lse, (cq, lens, ix if lookup == "sglang" else bt, ip)
 
 

@@ -15,8 +15,8 @@ from importlib import import_module
 from fmha_dsl.errors import UsageError, error
 from fmha_dsl.kernels.abis import abi_of
 
-# a NULL pointer argument becomes a one-element tensor of the parameter's element type
-_PLACEHOLDER = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "i32": "int32", "i64": "int64"}
+# torch's names of the ABI's element types (a NULL pointer argument becomes a one-element tensor of its type)
+TORCH_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "i32": "int32", "i64": "int64"}
 
 
 class InterpretKernel:
@@ -44,8 +44,8 @@ class InterpretKernel:
         args = list(args)
         for i, elem in self._pointers:
             if args[i] is None or isinstance(args[i], int):
-                args[i] = torch.zeros(1, dtype=getattr(torch, _PLACEHOLDER[elem]))
+                args[i] = torch.zeros(1, dtype=getattr(torch, TORCH_NAMES[elem]))
         self._kernel[tuple(grid)](*args, **self._const)
 
 
-__all__ = ["InterpretKernel"]
+__all__ = ["InterpretKernel", "TORCH_NAMES"]

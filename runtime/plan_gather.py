@@ -44,8 +44,8 @@ def fits(dtype: str, dq: int, dv: int, batch: int, nhead_q: int, nhead_k: int, m
          max_seqlen_k: int) -> bool:
     """Whether a call within these bounds may take the gathered route (``FMHA_DSL_GATHER_MIB`` bounds the copy)."""
     limit = knobs.gather_bytes()
-    return limit > 0 and max_seqlen_k >= 1 and paged_abi.gather_fits(
-        batch, nhead_q, nhead_k, max_seqlen_q, max_seqlen_k, dq, dv, dtype, limit)
+    return limit > 0 and paged_abi.gather_fits(batch, nhead_q, nhead_k, max_seqlen_q, max_seqlen_k, dq, dv, dtype,
+                                               limit)
 
 
 def _views(buf, lay, dtype: str, objects: bool):
@@ -55,18 +55,25 @@ def _views(buf, lay, dtype: str, objects: bool):
         return base + lay[0], base + lay[1], base + lay[2]
     import torch
 
+    from .interpret import TORCH_NAMES
+
     raw = buf.view(torch.uint8)
-    elem = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    elem = getattr(torch, TORCH_NAMES[dtype])
     return raw[lay[0]:lay[1]].view(elem), raw[lay[1]:lay[2]].view(elem), raw[lay[2]:lay[3]].view(torch.int32)
 
 
-def gather_step(stage, device: int, batch: int, args, buf, problem) -> tuple:
+def layout_of(problem, batch: int, args) -> tuple[int, ...]:
+    """:func:`fmha_dsl.kernels.paged_abi.gather_layout` of the paged call ``args`` (of ``problem``'s class)."""
+    return paged_abi.gather_layout(batch, args[_AT["nhead_k"]], args[_AT["max_seqlen_k"]], problem.hdim_q,
+                                   problem.hdim_v, problem.dtype)
+
+
+def gather_step(stage, device: int, batch: int, args, buf, lay, dtype: str) -> tuple:
     """``((kernel, grid, arguments), (Kout, Vout, cu_seqlens_k))``: the copy of the paged call ``args`` into the
-    workspace ``buf``."""
+    workspace ``buf`` laid out as ``lay`` (:func:`layout_of`)."""
     a, nhk, msk = args, args[_AT["nhead_k"]], args[_AT["max_seqlen_k"]]
-    lay = paged_abi.gather_layout(batch, nhk, msk, problem.hdim_q, problem.hdim_v, problem.dtype)
     kern = stage.kernel(device)
-    kt, vt, ct = _views(buf, lay, problem.dtype, kern.needs_objects)
+    kt, vt, ct = _views(buf, lay, dtype, kern.needs_objects)
     ptrs = [a[_AT[n]] for n in ("K", "V")] + [kt, vt] + [a[_AT[n]] for n in ("seqlens_k", "Table", "kv_indptr")] + [ct]
     gargs = paged_abi.pack_gather(ptrs, [a[_AT[n]] for n in ("stride_kp", "stride_ks", "stride_kh")],
                                   [a[_AT[n]] for n in ("stride_vp", "stride_vs", "stride_vh")], a[_AT["stride_tb"]],
@@ -78,16 +85,14 @@ def forward_args(args, gathered, nhead_q: int, max_seqlen_q: int) -> list:
     """The forward kernel's arguments (:mod:`fmha_dsl.kernels.fwd_abi`) for the paged call ``args`` over the gathered
     ``(Kout, Vout, cu_seqlens_k)``: the same queries, output, LSE, ALiBi, scale, soft-cap, mask and sink."""
     a = args
-    g = {n: a[_AT[n]] for n in ("nhead_k", "head_dim_q", "head_dim_v", "Lse", "max_seqlen_k")}
-    nhk, dq, dv = g["nhead_k"], g["head_dim_q"], g["head_dim_v"]
+    nhk, dq, dv, lse = (a[_AT[n]] for n in ("nhead_k", "head_dim_q", "head_dim_v", "Lse"))
     kt, vt, ct = gathered
-    lse = g["Lse"]
     ls = None if lse is None or (isinstance(lse, int) and not lse) else (a[_AT["stride_lh"]], a[_AT["stride_lm"]])
     ptrs = [a[_AT["Q"]], kt, vt, a[_AT["Out"]], lse, 0, a[_AT["Alibi"]], a[_AT["cu_seqlens_q"]], ct]
     return fwd_pack(ptrs, True, (a[_AT["stride_qm"]], a[_AT["stride_qh"]], 1), (nhk * dq, dq, 1), (nhk * dv, dv, 1),
                     (a[_AT["stride_om"]], a[_AT["stride_oh"]], 1), ls, None,
                     (a[_AT["stride_ab"]], a[_AT["stride_ah"]]), nhead_q, nhk, dq, dv, 0, 0, max_seqlen_q,
-                    g["max_seqlen_k"], a[_AT["sm_scale"]], a[_AT["softcap"]], 0.0, 0, 0, a[_AT["window_left"]],
+                    a[_AT["max_seqlen_k"]], a[_AT["sm_scale"]], a[_AT["softcap"]], 0.0, 0, 0, a[_AT["window_left"]],
                     a[_AT["window_right"]], a[_AT["mask_bottom_right"]], a[_AT["sink"]])
 
 
@@ -96,7 +101,7 @@ class GatheredPlan:
     non-split group-mode :class:`~.plan.Plan`); ``fallback``: the paged plan, for a caller's workspace too small."""
 
     __slots__ = ("api_family", "problem", "entry", "stages", "forward", "fallback", "promised_step", "_aligned_idx",
-                 "splits", "_gather")
+                 "splits", "_gather", "_limit")
 
     def __init__(self, problem, gather, forward: Plan, fallback):
         if forward.splits:
@@ -111,6 +116,7 @@ class GatheredPlan:
         self.promised_step = 1  # the 16-byte promises a replay checks: the forward kernel's
         self._aligned_idx = forward._aligned_idx
         self.splits = 0
+        self._limit = knobs.gather_bytes()  # the copy's budget when the route was chosen (not read per launch)
 
     @property
     def kernel_id(self) -> str:
@@ -132,8 +138,9 @@ class GatheredPlan:
     def launches(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, workspace=None):
         """``([(kernel, grid, arguments)], workspace buffer | None)``: the copy, then the forward kernel."""
         p, nhk, msk = self.problem, args[_AT["nhead_k"]], args[_AT["max_seqlen_k"]]
-        numel = paged_abi.gather_numel(batch, nhk, msk, p.hdim_q, p.hdim_v, p.dtype)
-        if (not paged_abi.gather_bounded(batch, nhk, msk, p.hdim_q, p.hdim_v, p.dtype, knobs.gather_bytes())
+        lay = layout_of(p, batch, args)
+        numel = lay[3] // 4
+        if (not paged_abi.gather_bounded(batch, nhk, msk, p.hdim_q, p.hdim_v, p.dtype, self._limit)
                 or (workspace is not None and workspace.numel() < numel)):
             return self.fallback.launches(device, batch, nhead_q, max_seqlen_q, args, workspace)
         fwd = self.forward
@@ -143,7 +150,7 @@ class GatheredPlan:
         import torch
 
         buf = workspace_buffer(workspace, numel, torch.device(f"cuda:{device}" if device >= 0 else "cpu"), _HINT)
-        step, gathered = gather_step(self._gather, device, batch, args, buf, p)
+        step, gathered = gather_step(self._gather, device, batch, args, buf, lay, p.dtype)
         fargs = forward_args(args, gathered, nhead_q, max_seqlen_q)
         fk = fwd.stages[0].kernel(device)
         if self._aligned_idx and not fk.needs_objects:
@@ -170,9 +177,9 @@ def with_gathered(disp, plan, problem, aligned: bool, device: int, batch: int, n
 
     stage = disp.loose_stage(entry, binary)
     # the forward kernels are chosen on the gathered rows of this call: one copy into a workspace kept for the timing
-    buf = torch.empty(paged_abi.gather_numel(batch, nhk, msk, problem.hdim_q, problem.hdim_v, problem.dtype),
-                      dtype=torch.float32, device=f"cuda:{device}")
-    (kern, grid, gargs), gathered = gather_step(stage, device, batch, args, buf, problem)
+    lay = layout_of(problem, batch, args)
+    buf = torch.empty(lay[3] // 4, dtype=torch.float32, device=f"cuda:{device}")
+    (kern, grid, gargs), gathered = gather_step(stage, device, batch, args, buf, lay, problem.dtype)
     kern.launch(grid, gargs, torch.cuda.current_stream(device).cuda_stream)
     fargs = forward_args(args, gathered, nhead_q, max_seqlen_q)
     try:
@@ -180,7 +187,7 @@ def with_gathered(disp, plan, problem, aligned: bool, device: int, batch: int, n
                         make_timer(lambda p: p.launch(device, batch, nhead_q, max_seqlen_q, fargs)))
     except FmhaError:  # no forward kernel for it: the paged route stays
         return plan
-    if fwd.splits or not isinstance(fwd, Plan):
+    if fwd.splits:  # (a GatheredPlan launches its forward kernel once, without split-KV's workspace and combine)
         return plan
     gplan = GatheredPlan(problem, stage, fwd, plan)
     win, med = autotune.fastest(measure, {"paged": plan, "gathered": gplan})
@@ -189,4 +196,4 @@ def with_gathered(disp, plan, problem, aligned: bool, device: int, batch: int, n
     return gplan if win == "gathered" else plan
 
 
-__all__ = ["GatheredPlan", "with_gathered", "forward_problem", "fits", "gather_step", "forward_args"]
+__all__ = ["GatheredPlan", "with_gathered", "forward_problem", "fits", "layout_of", "gather_step", "forward_args"]

@@ -364,7 +364,8 @@ def test_append_kv_into_a_vectorized_cache_then_attend():
 
 # ---- the gathered route: a prefill's K/V copied contiguous, then the forward kernels ------------------------------
 def _prepared(lens_q, lens_k, *, page, form, layout="linear", hq=8, hk=2, d=128, seed=0, dtype=torch.bfloat16, **kw):
-    """The API's checked preparation of a call (its plan, packed arguments, out and LSE) and the reference."""
+    """The API's checked preparation of a call (its plan, packed arguments, out and LSE), the reference, and the
+    call's tensors (the packed arguments hold their addresses: keep them while launching)."""
     from fmha_dsl import paged
     from fmha_dsl.attention_args import CALLER
 
@@ -380,10 +381,9 @@ def _prepared(lens_q, lens_k, *, page, form, layout="linear", hq=8, hk=2, d=128,
     kd, vd = vectorized_caches(kc, vc) if layout == "vectorized" else (kc, vc)
     dev = {k: torch.tensor(v).cuda() for k, v in tab.items()}
     alibi = kw.get("alibi_slopes")
-    # the packed arguments hold addresses: the tensors stay alive with them (_alive)
-    _alive[:] = [q.cuda(), kd.cuda(), vd.cuda(), torch.tensor(lens).cuda(), torch.tensor(cq).cuda(),
-                 None if alibi is None else torch.tensor(alibi).cuda(), dev]
-    qd, kdd, vdd, lens_d, cq_d, alibi_d, _ = _alive
+    tensors = (q.cuda(), kd.cuda(), vd.cuda(), torch.tensor(lens).cuda(), torch.tensor(cq).cuda(),
+               None if alibi is None else torch.tensor(alibi).cuda(), dev)
+    qd, kdd, vdd, lens_d, cq_d, alibi_d, _ = tensors
     token = CALLER.set("test")
     try:
         got = paged._prepare(
@@ -392,10 +392,7 @@ def _prepared(lens_q, lens_k, *, page, form, layout="linear", hq=8, hk=2, d=128,
             kw.get("window"), alibi_d, kw.get("softcap"), kw.get("sink"), None, True, None, None)
     finally:
         CALLER.reset(token)
-    return got, (want, wlse)
-
-
-_alive: list = []
+    return got, (want, wlse), tensors
 
 
 def _gathered(plan):
@@ -428,7 +425,7 @@ def test_the_gathered_route_equals_the_reference(page, form, layout, kw, monkeyp
     the page): the reference's numbers and LSE, for both table forms, both layouts, pages 1 / 16 / 1024.  (A grid
     of more than two waves: the route takes no split-KV forward kernel.)"""
     monkeypatch.setenv("FMHA_DSL_AUTOTUNE", "0")   # the cost model's kernels: this test is about the numbers
-    (plan, dev, b, hq, msq, args, out, lse, _), (want, wlse) = _prepared(
+    (plan, dev, b, hq, msq, args, out, lse, _), (want, wlse), _tensors = _prepared(
         [1100, 130, 0, 64], [2000, 130, 40, 900], page=page, form=form, layout=layout, hq=16, **kw)
     out.fill_(float("nan"))
     gathered = _gathered(plan)
@@ -447,7 +444,7 @@ def test_a_prefill_times_the_gathered_route_and_it_replays_and_is_captured(monke
 
     disp = api_dispatch.dispatcher(None, torch.cuda.current_device())
     before = {k for k in disp.measured if k.endswith("|route")}
-    (plan, *_), _ = _prepared([300, 260], [2000, 700], page=16, form="vllm", hq=8, hk=1, causal=True)
+    (plan, *_), _, _tensors = _prepared([300, 260], [2000, 700], page=16, form="vllm", hq=8, hk=1, causal=True)
     assert {k for k in disp.measured if k.endswith("|route")} - before, "the gathered route was not timed"
     monkeypatch.setattr(plan_gather.autotune, "fastest", lambda measure, plans, rounds=4: ("gathered", {}))
     hk, hq, d, page, B = 3, 12, 128, 16, 3

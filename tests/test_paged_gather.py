@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from fmha_dsl.errors import UsageError
 from fmha_dsl.kernels import paged_abi
 
 INTERP = r'''
@@ -131,6 +132,11 @@ def test_the_route_is_offered_to_prefills_within_the_budget(monkeypatch):
     assert fits("bf16", 128, 128, 8, 64, 8, 4096, 65536)
     monkeypatch.setenv("FMHA_DSL_GATHER_MIB", "0")                  # off
     assert not fits("bf16", 128, 128, 4, 32, 4, 16, 4096)
+    for bad in ("-1", "lots"):                                      # located, with the way back
+        monkeypatch.setenv("FMHA_DSL_GATHER_MIB", bad)
+        with pytest.raises(UsageError, match=f"FMHA_DSL_GATHER_MIB={bad}: expected a whole number >= 0") as exc:
+            fits("bf16", 128, 128, 4, 32, 4, 16, 4096)
+        assert "unset it" in str(exc.value.diagnostics[0].hint)
     monkeypatch.delenv("FMHA_DSL_GATHER_MIB")
     # rows x heads x head dim past int32 element offsets: never, whatever the budget
     assert not paged_abi.gather_fits(1, 8, 8, 1024, 1 << 21, 256, 256, "bf16", 1 << 62)
