@@ -11,6 +11,11 @@ registry: first-use selection), next to the peers on the same data made contiguo
 * prefill: seed 003's shapes (batch 1, h = Hq/Hk = 6/1, 16/1, 40/40, sq = sk 1k..128k, causal or not), bf16 d128,
   page sizes 1, 16, 1024: TFLOP/s next to ``fmha_dsl.attention`` on contiguous varlen K/V (the paged overhead) and
   cuDNN/FA2-SDPA on contiguous K/V.
+* chunked: chunked prefill as vLLM/SGLang schedule it -- each sequence's next chunk of C query tokens over its L
+  cached tokens (the chunk's own K/V already appended), causal aligned bottom-right; Hq/Hk = 32/8, bf16 d128, pages of
+  16 scattered: TFLOP/s next to ``fmha_dsl.attention`` on the same K/V contiguous (group mode, ``causal=
+  "bottom_right"``) and SDPA's backends with torch's ``causal_lower_right`` mask (those that take it).  FLOPs count
+  the keys each query sees: ``4 * Hq * D * (C * (L - C) + C * (C + 1) / 2)`` per sequence.
 * overhead: host time per call of a tiny decode step (the launch-bound case) through ``paged_attention`` (with a
   caller's ``out`` and workspace, and allocating) and ``append_kv`` with ``max_seqlen_*`` given, CPU wall clock per
   call over 5000 calls: on the torch fast path (the extension's C++ replay, waited for) and on the Python replay.
@@ -33,7 +38,7 @@ PAGES = (1, 16, 1024)
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", default="overhead,decode,prefill")
+    ap.add_argument("--parts", default="overhead,decode,prefill,chunked")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -50,7 +55,7 @@ def main() -> None:
             write_atomic(args.json, json.dumps(doc, indent=1))
 
     for part in args.parts.split(","):
-        doc["parts"][part] = {"overhead": overhead, "decode": decode, "prefill": prefill}[part](args)
+        doc["parts"][part] = {"overhead": overhead, "decode": decode, "prefill": prefill, "chunked": chunked}[part](args)
         save()
     summarize(doc)
     save()
@@ -238,20 +243,76 @@ def prefill(args):
         for page in PAGES:
             kc, vc, bt, _, _ = paged_copy(k, v, page)
             row = dict(base, page_size=page, **peers)
-            _timed(row, "paged", lambda: fmha_dsl.paged_attention(qv, kc, vc, block_table=bt, seqlens_k=lens,
-                                                                  cu_seqlens_q=cu, max_seqlen_q=s, max_seqlen_k=s,
-                                                                  causal=causal), ref, f=f, to_bhsd=bhsd)
-            row["paged"]["kernel"] = _kernel_name(qv)
+            _paged_row(row, f"prefill h{hq}/{hk} s{s:>6} {'c ' if causal else 'nc'} page{page:>4}", qv, ref, f, bhsd,
+                       lambda: fmha_dsl.paged_attention(qv, kc, vc, block_table=bt, seqlens_k=lens, cu_seqlens_q=cu,
+                                                        max_seqlen_q=s, max_seqlen_k=s, causal=causal))
             rows.append(row)
-
-            def t(n):
-                return (row.get(n) or {}).get("tflops", 0)
-            print(f"prefill h{hq}/{hk} s{s:>6} {'c ' if causal else 'nc'} page{page:>4}: paged={t('paged'):6.1f} "
-                  f"varlen={t('attention_varlen'):6.1f} (overhead {1 - t('paged') / max(t('attention_varlen'), 1e-9):+.1%})"
-                  f" fa2={t('sdpa_flash'):6.1f} cudnn={t('sdpa_cudnn'):6.1f}  {row['paged'].get('kernel', '')[:60]}",
-                  flush=True)
             del kc, vc, bt
         del q, k, v, ref
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _paged_row(row, label: str, qv, ref, f, to_bhsd, run) -> None:
+    """Time ``run`` (a paged_attention call) into ``row["paged"]`` with the plan it took, and print the row next to
+    ``attention()`` on the contiguous K/V and the SDPA peers."""
+    _timed(row, "paged", run, ref, f=f, to_bhsd=to_bhsd)
+    row["paged"]["kernel"] = _kernel_name(qv)
+
+    def t(n):
+        return (row.get(n) or {}).get("tflops", 0)
+    print(f"{label}: paged={t('paged'):6.1f} varlen={t('attention_varlen'):6.1f} "
+          f"(overhead {1 - t('paged') / max(t('attention_varlen'), 1e-9):+.1%}) fa2={t('sdpa_flash'):6.1f} "
+          f"cudnn={t('sdpa_cudnn'):6.1f}  {row['paged'].get('kernel', '')[:60]}", flush=True)
+
+
+def chunked(args):
+    """Chunked prefill: ``B`` sequences, each a chunk of ``C`` new query tokens over ``L`` cached tokens (page 16)."""
+    import torch
+    from torch.nn.attention.bias import causal_lower_right
+
+    import fmha_dsl
+
+    shapes = [(1, 512, 8192), (1, 2048, 32768), (4, 512, 16384), (8, 256, 8192), (2, 1024, 65536), (16, 128, 4096)]
+    if args.quick:
+        shapes = [(1, 2048, 32768), (8, 256, 8192)]
+    hq, hk, d, page = 32, 8, 128, 16
+    rows = []
+    for b, c, ln in shapes:
+        torch.manual_seed(0)
+        q = torch.randn(b, hq, c, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, hk, ln, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        f = 4 * hq * d * b * (c * (ln - c) + c * (c + 1) / 2)
+        row = {"batch": b, "chunk": c, "context": ln, "hq": hq, "hk": hk, "page_size": page}
+        bias = causal_lower_right(c, ln)
+        ref = None
+        for name, be in (("flash", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION"),
+                         ("efficient", "EFFICIENT_ATTENTION")):
+            def sdpa(be=be):
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                with sdpa_kernel(getattr(SDPBackend, be)):
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+            _timed(row, f"sdpa_{name}", sdpa, ref, f=f)   # each backend checked against the first that ran
+            if ref is None and "ms" in row[f"sdpa_{name}"]:
+                ref = sdpa()
+        qv = q.transpose(1, 2).reshape(b * c, hq, d)                             # varlen [T, H, D]
+        kv_, vv = (x.transpose(1, 2).reshape(b * ln, hk, d) for x in (k, v))
+        cq = torch.arange(b + 1, dtype=torch.int32, device="cuda") * c
+        ck = torch.arange(b + 1, dtype=torch.int32, device="cuda") * ln
+
+        def bhsd(o):
+            return o.reshape(b, c, hq, -1).transpose(1, 2)
+        _timed(row, "attention_varlen", lambda: fmha_dsl.attention(qv, kv_, vv, causal="bottom_right", cu_seqlens_q=cq,
+                                                                   cu_seqlens_k=ck, max_seqlen_q=c, max_seqlen_k=ln),
+               ref, f=f, to_bhsd=bhsd)
+        kc, vc, bt, _, _ = paged_copy(k, v, page)
+        lens = torch.full((b,), ln, dtype=torch.int32, device="cuda")
+        _paged_row(row, f"chunked b{b} chunk{c:>5} context{ln:>6} page{page}", qv, ref, f, bhsd,
+                   lambda: fmha_dsl.paged_attention(qv, kc, vc, block_table=bt, seqlens_k=lens, cu_seqlens_q=cq,
+                                                    max_seqlen_q=c, max_seqlen_k=ln, causal=True))
+        rows.append(row)
+        del q, k, v, kc, vc, bt, ref
         torch.cuda.empty_cache()
     return rows
 
@@ -344,6 +405,11 @@ def summarize(doc) -> None:
             cu = [r["paged"]["tflops"] / r["sdpa_cudnn"]["tflops"] for r in rs if "tflops" in (r.get("sdpa_cudnn") or {})]
             s[f"prefill_page{page}"] = {"n": len(rs), "vs_varlen_geomean": gm(ov), "vs_varlen_min": min(ov, default=None),
                                         "vs_cudnn_geomean": gm(cu)}
+    rows = doc["parts"].get("chunked") or []
+    rs = [r for r in rows if "tflops" in (r.get("paged") or {}) and "tflops" in (r.get("attention_varlen") or {})]
+    if rs:
+        ov = [r["paged"]["tflops"] / r["attention_varlen"]["tflops"] for r in rs]
+        s["chunked_page16"] = {"n": len(rs), "vs_varlen_geomean": gm(ov), "vs_varlen_min": min(ov)}
     doc["summary"] = s
     print(json.dumps(s, indent=1))
 

@@ -201,6 +201,7 @@ class Builder:
             if kind == "paged":  # the serving template, its tables and rules
                 h.update(template_sha256("batch_prefill").encode())
                 h.update(template_sha256("fwd_appendkv").encode())
+                h.update(template_sha256("kv_gather").encode())  # the gathered route's copy (its route decisions)
                 h.update(json.dumps(load("triton_paged"), sort_keys=True).encode())
                 with open(triton_paged.__file__, "rb") as f:
                     h.update(f.read())

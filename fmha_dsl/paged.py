@@ -20,7 +20,8 @@ What they compute is docs/semantics.md ("Paged KV cache and append-KV"), the Num
   (``fwd_pagedkv``, with the forward family's combine kernel), and the timing decides.
 * A prefill-sized call (at least 128 query rows per K/V head) also has the gathered route timed on first use: its
   cached K/V copied into contiguous rows (a workspace of ``B x max_seqlen_k`` rows, at most ``FMHA_DSL_GATHER_MIB``),
-  then the forward family's kernels (:mod:`fmha_dsl.runtime.plan_gather`); the faster route is kept.
+  then the forward family's kernels (:mod:`fmha_dsl.runtime.plan_gather`); the faster route is kept, and
+  recorded with the first-use decisions in the cache, so a later process takes it without timing it again.
 * A server step: pass ``max_seqlen_q``/``max_seqlen_k`` (``max_seqlen_new`` for ``append_kv``) and, for split-KV
   plans, a ``workspace`` (``fmha_dsl.paged.workspace_numel``): then nothing reads device memory on the host and
   nothing is allocated, and the call is CUDA-graph capturable.  Without the maxima the lengths and tables are read

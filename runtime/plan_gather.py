@@ -162,10 +162,21 @@ def with_gathered(disp, plan, problem, aligned: bool, device: int, batch: int, n
                   make_timer):
     """``plan`` (a paged plan chosen for the call ``args``), or a :class:`GatheredPlan` when the gathered route is
     offered (see the module docstring) and times faster on these arguments.  ``make_timer(launch)``: a first-use
-    ``measure`` running ``launch(plan)`` (:func:`fmha_dsl.api_dispatch.timer`), None where nothing is timed."""
+    ``measure`` running ``launch(plan)`` (:func:`fmha_dsl.api_dispatch.timer`), None where nothing is timed.
+
+    The decision is recorded with the dispatcher's first-use decisions (key :func:`route_key`, persisted in the cache
+    like them) and reused while it still names the two plans' kernels under the same candidate space: a later
+    process takes the recorded route without timing it again."""
     nhk, msk = args[_AT["nhead_k"]], args[_AT["max_seqlen_k"]]
     if (disp.builder is None or not aligned or not autotune.enabled() or device < 0
             or not fits(problem.dtype, problem.hdim_q, problem.hdim_v, batch, nhead_q, nhk, max_seqlen_q, msk)):
+        return plan
+    rk = route_key(problem, aligned)
+    space = disp.builder.fingerprint(problem.family)
+    rec = disp.tuned.get(rk) if disp.tuned is not None else None
+    if not (isinstance(rec, dict) and rec.get("space") == space and rec.get("paged") == plan.entry.name):
+        rec = None  # none, or measured against another paged kernel or candidate space: timed again
+    if rec is not None and rec.get("route") == "paged":
         return plan
     measure = make_timer(lambda p: p.launch(device, batch, nhead_q, max_seqlen_q, args))
     if measure is None:
@@ -190,10 +201,23 @@ def with_gathered(disp, plan, problem, aligned: bool, device: int, batch: int, n
     if fwd.splits:  # (a GatheredPlan launches its forward kernel once, without split-KV's workspace and combine)
         return plan
     gplan = GatheredPlan(problem, stage, fwd, plan)
+    if rec is not None and rec.get("forward") == fwd.entry.name:
+        return gplan
     win, med = autotune.fastest(measure, {"paged": plan, "gathered": gplan})
-    disp.measured[autotune.key(problem, aligned) + "|route"] = {
-        f"paged {plan.entry.name}": med.get("paged"), f"gathered {fwd.entry.name}": med.get("gathered")}
+    names = {"paged": f"paged {plan.entry.name}", "gathered": f"gathered {fwd.entry.name}"}
+    disp.measured[rk] = {names[k]: t for k, t in med.items()}
+    if win is not None and disp.tuned is not None:
+        rec = autotune.record_of(gplan.entry if win == "gathered" else plan.entry, med, names)
+        rec.update(route=win, paged=plan.entry.name, forward=fwd.entry.name, space=space)
+        disp.tuned.record(rk, rec)  # (not writable: the decision holds for this process, as first use warns)
     return gplan if win == "gathered" else plan
 
 
-__all__ = ["GatheredPlan", "with_gathered", "forward_problem", "fits", "layout_of", "gather_step", "forward_args"]
+def route_key(problem, aligned: bool) -> str:
+    """The decision key of the route (paged or gathered) of a ``batch_prefill`` problem class: its first-use key
+    (:func:`fmha_dsl.runtime.autotune.key`) + ``"|route"``."""
+    return autotune.key(problem, aligned) + "|route"
+
+
+__all__ = ["GatheredPlan", "with_gathered", "route_key", "forward_problem", "fits", "layout_of", "gather_step",
+           "forward_args"]

@@ -443,6 +443,8 @@ def test_a_prefill_times_the_gathered_route_and_it_replays_and_is_captured(monke
     from fmha_dsl.runtime import plan_gather
 
     disp = api_dispatch.dispatcher(None, torch.cuda.current_device())
+    # route decisions in memory only: none recorded by an earlier process, and the forced one below not persisted
+    monkeypatch.setattr(disp, "tuned", plan_gather.autotune.TunedTable(disp.arch, disp.tuned.device))
     before = {k for k in disp.measured if k.endswith("|route")}
     (plan, *_), _, _tensors = _prepared([300, 260], [2000, 700], page=16, form="vllm", hq=8, hk=1, causal=True)
     assert {k for k in disp.measured if k.endswith("|route")} - before, "the gathered route was not timed"
@@ -489,3 +491,47 @@ def test_a_prefill_times_the_gathered_route_and_it_replays_and_is_captured(monke
         g.replay()
         torch.cuda.synchronize()
         assert np.abs(out.float().cpu().numpy() - want()).max() < 1.5e-2
+def test_the_route_decision_is_recorded_and_a_new_process_takes_it_untimed(monkeypatch):
+    """The route first use times is persisted with the first-use decisions: a dispatcher made afresh on the same
+    cache (as a new process makes it) takes the recorded route without timing either route again; a record that
+    names another paged kernel is timed again."""
+    from fmha_dsl import api_dispatch
+    from fmha_dsl.first_use import Builder
+    from fmha_dsl.runtime import autotune, plan_gather
+    from fmha_dsl.runtime.dispatch import Dispatcher
+
+    (plan, dev, b, hq, msq, args, *_), _, _tensors = _prepared([1100, 900], [3000, 1000], page=16, form="sglang",
+                                                               hq=16, hk=4, causal=True)
+    disp = api_dispatch.dispatcher(None, dev)
+    problem = plan.problem
+    rk = plan_gather.route_key(problem, True)
+    rec = disp.tuned.get(rk)
+    assert rec is not None and rec["route"] in ("paged", "gathered"), rec
+    assert rec["space"] == disp.builder.fingerprint("batch_prefill") and len(rec["times_us"]) == 2
+    on_disk = autotune._read(disp.tuned.path, disp.arch, disp.tuned.device)
+    assert on_disk[rk]["route"] == rec["route"]                       # persisted, not only held by this process
+
+    fresh = Dispatcher(None, disp.arch, builder=Builder(), device_name=torch.cuda.get_device_name(dev))
+
+    def no_timing(*a, **k):
+        raise AssertionError("a recorded route was timed again")
+    monkeypatch.setattr(plan_gather.autotune, "fastest", no_timing)
+    measure = api_dispatch.timer(dev, lambda p: p.launch(dev, b, hq, msq, args))
+    paged = fresh.plan(problem, True, measure)
+    assert paged.entry.name == rec["paged"]
+    got = plan_gather.with_gathered(fresh, paged, problem, True, dev, b, hq, msq, args,
+                                    lambda launch: api_dispatch.timer(dev, launch))
+    assert isinstance(got, plan_gather.GatheredPlan) == (rec["route"] == "gathered")
+    if rec["route"] == "gathered":
+        assert got.forward.entry.name == rec["forward"]
+
+    fresh.tuned = autotune.TunedTable(fresh.arch, fresh.tuned.device)   # in memory: the forced decision stays here
+    fresh.tuned.record(rk, dict(rec, paged="fmha_batch_prefill_another_kernel"))   # stale: timed again
+    timed = []
+    monkeypatch.setattr(plan_gather.autotune, "fastest", lambda measure, plans, rounds=4: timed.append(1) or
+                        ("paged", {"paged": 1.0, "gathered": 2.0}))
+    assert plan_gather.with_gathered(fresh, paged, problem, True, dev, b, hq, msq, args,
+                                     lambda launch: api_dispatch.timer(dev, launch)) is paged
+    assert timed and fresh.tuned.get(rk)["paged"] == paged.entry.name and fresh.tuned.get(rk)["route"] == "paged"
+
+

@@ -99,6 +99,39 @@ def cache_geometry(layout: str, k_shape, k_strides, v_shape, v_strides) -> tuple
 ROPES = {"none": 0, "inter": 1, "half": 2}
 
 
+DTYPES = ("fp16", "bf16", "fp32")  # what the serving templates take
+
+
+def page_size(sig: dict) -> int:
+    """The page size of a serving key's ``kv_cache(page_size=...)`` (a positive power of two; 1 when absent)."""
+    ps = int(sig.get("page_size", 1))
+    if ps < 1 or ps & (ps - 1):
+        raise ValueError(f"page_size must be a positive power of two, got {ps}")
+    return ps
+
+
+def kv_vec(sig: dict) -> int:
+    """``KV_VEC`` of a key: 0 for the linear KV layout; for CK's vectorized layout the elements of one 16-byte vector
+    (:data:`VECTOR_BYTES`), which the page size and the head dims must be multiples of."""
+    layout = sig.get("kv_layout", "linear")
+    if layout == "linear":
+        return 0
+    if layout != "vectorized":
+        raise ValueError(f"unknown kv_layout {layout!r} (linear, vectorized)")
+    vec = vector_elems(sig.get("dtype", "fp16"))
+    paged = sig.get("paged_kv", True)
+    if paged and page_size(sig) % vec:
+        raise ValueError(f"the vectorized layout groups {vec} slots of a page into one vector: page_size "
+                         f"{page_size(sig)} must be a multiple of {vec}")
+    for name in ("hdim_q", "hdim_v"):
+        if int(sig[name]) % vec:
+            raise ValueError(f"the vectorized layout splits the head dim into vectors of {vec}: {name} "
+                             f"{sig[name]} is not a multiple")
+    return vec
+
+
+
+
 def pack(ptrs, qs, ks, vs, os_, ls, tb_stride, as_, nhq, nhk, dq, dv, msq, msk, num_pages, table_width, scale,
          softcap, wl, wr, br, sink) -> list:
     """``fmha_paged``'s run-time arguments in :data:`ARGS` order -- the one packer of this ABI.
@@ -236,8 +269,8 @@ def append_grid(batch: int, nhead_q: int, nhead_k: int, max_new: int, with_q: bo
     return (-(-int(max_new) // APPEND_BLOCK_M), int(nhead_k) + (int(nhead_q) if with_q else 0), int(batch))
 
 
-__all__ = ["ARGS", "ALIGNED", "ALIGNED_AT", "APPEND_ARGS", "APPEND_ALIGNED", "APPEND_BLOCK_M", "APPEND_WARPS", "LOOKUPS",
-           "ROPES", "VECTOR_BYTES", "ELEMENT_BYTES", "vector_elems", "cache_geometry", "pack", "split_args",
-           "workspace_bound", "pack_append", "append_grid", "GATHER_ARGS", "GATHER_BLOCK_M",
-           "GATHER_MIN_ROWS", "GATHER_ALIGNED", "GATHER_FIELDS", "gather_layout", "gather_numel", "gather_fits",
-           "gather_bounded", "pack_gather", "gather_grid"]
+__all__ = ["ARGS", "ALIGNED", "ALIGNED_AT", "APPEND_ARGS", "APPEND_ALIGNED", "APPEND_BLOCK_M", "APPEND_WARPS",
+           "LOOKUPS", "ROPES", "DTYPES", "page_size", "kv_vec", "VECTOR_BYTES", "ELEMENT_BYTES", "vector_elems",
+           "cache_geometry", "pack", "split_args", "workspace_bound", "pack_append", "append_grid", "GATHER_ARGS",
+           "GATHER_BLOCK_M", "GATHER_MIN_ROWS", "GATHER_ALIGNED", "GATHER_FIELDS", "gather_layout", "gather_numel",
+           "gather_fits", "gather_bounded", "pack_gather", "gather_grid"]

@@ -17,8 +17,7 @@ import triton
 import triton.language as tl
 
 from .fwd_abi import block_d
-from .paged_abi import APPEND_ARGS, APPEND_BLOCK_M, LOOKUPS, ROPES
-from .triton_paged import DTYPES, kv_vec, page_size
+from .paged_abi import APPEND_ARGS, APPEND_BLOCK_M, DTYPES, LOOKUPS, ROPES, kv_vec, page_size
 
 __all__ = ["fmha_appendkv", "CONSTEXPRS", "constexprs"]
 

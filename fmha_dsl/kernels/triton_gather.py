@@ -18,8 +18,7 @@ import triton
 import triton.language as tl
 
 from .fwd_abi import block_d
-from .paged_abi import GATHER_ARGS, GATHER_BLOCK_M, LOOKUPS
-from .triton_paged import DTYPES, kv_vec, page_size
+from .paged_abi import DTYPES, GATHER_ARGS, GATHER_BLOCK_M, LOOKUPS, kv_vec, page_size
 
 __all__ = ["fmha_kv_gather", "CONSTEXPRS", "constexprs"]
 

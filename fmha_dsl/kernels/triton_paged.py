@@ -7,8 +7,9 @@ results the forward family's combine kernel reduces).  It computes exactly
 sequence's keys gathered page by page; causal (top-left / bottom-right) and sliding-window masks with sink tokens,
 GQA/MQA (optionally the query heads of a group packed into one tile's rows, CK's ``qr_nwarp_sshuffle``), logits
 soft-cap, ALiBi, LSE.  The score, softmax and P.V steps are the forward template's (:mod:`.triton_fwd`); what is new
-is where a key block's rows live: with ``PAGE_SIZE >= BLOCK_N`` a block lies in one page (one page-id load, rows at
-a fixed stride); with smaller pages every row has its own page (a gather of ``BLOCK_N`` row addresses).  The cache
+is where a key block's rows live (:mod:`.triton_paged_rows`): with ``PAGE_SIZE >= BLOCK_N`` a block lies in one page
+(one page-id load, rows at a fixed stride); with smaller pages every row has its own page (a gather of ``BLOCK_N`` row
+addresses).  The cache
 is linear (``KV_VEC`` 0: ``[pages, page_size, Hk, D]`` by strides) or CK's vectorized layout (``KV_VEC`` elements
 of 16 bytes: K ``[pages, Hk, D / KV_VEC, page_size, KV_VEC]``, V ``[pages, Hk, page_size / KV_VEC, D, KV_VEC]``).
 Page ids are clamped into the cache and a sequence never reads past its table (:mod:`.paged_abi`).
@@ -26,72 +27,16 @@ import triton
 import triton.language as tl
 
 from .fwd_abi import block_d, packs_gqa
-from .paged_abi import ARGS, LOOKUPS, vector_elems
+from .paged_abi import ARGS, DTYPES, LOOKUPS, kv_vec, page_size
+from .triton_paged_rows import _rows, _v_vectors
 from .triton_steps import _dot, _load, _softmax
 
-__all__ = ["fmha_paged", "CONSTEXPRS", "constexprs", "page_size", "kv_vec"]
+__all__ = ["fmha_paged", "CONSTEXPRS", "constexprs"]
 
 
 # ------------------------------------------------------------------------------------------------------
 # device code
 # ------------------------------------------------------------------------------------------------------
-@triton.jit
-def _slots(slot, stride_s, VEC: tl.constexpr):
-    """Element offsets of slots ``slot`` inside a page: ``slot * stride_s``, or with ``VEC`` (the vectorized V cache,
-    slots grouped ``VEC`` to a vector) ``(slot // VEC) * stride_s + slot % VEC``."""
-    if VEC == 0:
-        return slot * stride_s
-    else:
-        return (slot // VEC) * stride_s + slot % VEC
-
-
-@triton.jit
-def _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_p, stride_s,
-          CHECK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr):
-    """Element offsets (int64) of the cache rows holding keys ``start_n + offs_n`` of a sequence whose table starts at
-    ``Table + tb``: ``page * stride_p`` + the slot's offset (:func:`_slots`), each page id clamped into
-    ``[0, num_pages)``.  ``start_n`` is a multiple of ``BLOCK_N``: with smaller pages the table index and the slot
-    are taken from ``offs_n`` alone (each thread's rows are compile-time constants there, so its slots fold to one
-    offset; from ``start_n + offs_n`` the sm90 decode loop had 803 instructions per key block instead of 589, the
-    prefill loop spilled)."""
-    if PAGE_SIZE >= BLOCK_N:  # the block lies in one page (PAGE_SIZE and BLOCK_N are powers of two)
-        page = tl.load(Table + tb + start_n // PAGE_SIZE)
-        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-        # one scalar base (the block's first slot is a multiple of BLOCK_N, so of VEC) + loop-invariant row offsets
-        base = page.to(tl.int64) * stride_p + _slots(start_n % PAGE_SIZE, stride_s, VEC)
-        rows = base + _slots(offs_n, stride_s, VEC)
-    else:  # one page per row (or per PAGE_SIZE rows); start_n is a multiple of BLOCK_N, so of PAGE_SIZE
-        tab = Table + tb + start_n // PAGE_SIZE
-        if CHECK_N:
-            page = tl.load(tab + offs_n // PAGE_SIZE, mask=(start_n + offs_n) < seqlen_k, other=0)
-        else:
-            page = tl.load(tab + offs_n // PAGE_SIZE)
-        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-        rows = page.to(tl.int64) * stride_p + _slots(offs_n % PAGE_SIZE, stride_s, VEC)
-    return rows
-
-
-@triton.jit
-def _v_vectors(v_base, Table, tb, num_pages, start_n, seqlen_k, stride_vp, stride_vs, v_cols, dv_ok,
-               CHECK_N: tl.constexpr, CHECK_DV: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_DV: tl.constexpr, VEC: tl.constexpr):
-    """A V block ``[BLOCK_N, BLOCK_DV]`` of the vectorized layout, read as ``[BLOCK_N / VEC, BLOCK_DV, VEC]``: a group
-    of VEC tokens holds its ``BLOCK_DV x VEC`` elements contiguously (``v_cols`` = the head dims' offsets, ``d x
-    VEC``), so a warp reads long runs; the tokens are brought back to rows in registers."""
-    grp = tl.arange(0, BLOCK_N // VEC) * VEC
-    # each group's first token: page * stride_vp + (slot / VEC) * stride_vs, a multiple of VEC (strides checked)
-    g_rows = tl.multiple_of(_rows(Table, tb, num_pages, start_n, grp, seqlen_k, stride_vp, stride_vs, CHECK_N,
-                                  PAGE_SIZE, BLOCK_N, VEC), VEC)
-    t = tl.arange(0, VEC)
-    ptrs = v_base + g_rows[:, None, None] + v_cols[None, :, None] + t[None, None, :]
-    ok = ((start_n + grp[:, None, None] + t[None, None, :]) < seqlen_k) & dv_ok[None, :, None]
-    if CHECK_N or CHECK_DV:
-        v3 = tl.load(ptrs, mask=ok, other=0.0)
-    else:
-        v3 = tl.load(ptrs)
-    return tl.reshape(tl.permute(v3, (0, 2, 1)), (BLOCK_N, BLOCK_DV))
-
-
 @triton.jit
 def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start_n, offs_m, offs_n, offs_d, offs_dv,
            d_ok, dv_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
@@ -369,9 +314,6 @@ CONSTEXPRS: tuple[str, ...] = (
     "CHECK_DV", "MASK", "SINK", "ALIBI", "STORE_LSE", "SOFTCAP", "IEEE", "UPCAST_DOT", "SPLIT", "PACK_GQA",
     "PAGE_SIZE", "LOOKUP", "TMA", "KV_VEC",
 )
-DTYPES = ("fp16", "bf16", "fp32")
-
-
 def _check_names():
     import inspect
 
@@ -381,33 +323,6 @@ def _check_names():
 
 
 _check_names()
-
-
-def page_size(sig: dict) -> int:
-    ps = int(sig.get("page_size", 1))
-    if ps < 1 or ps & (ps - 1):
-        raise ValueError(f"page_size must be a positive power of two, got {ps}")
-    return ps
-
-
-def kv_vec(sig: dict) -> int:
-    """``KV_VEC`` of a key: 0 for the linear KV layout; for CK's vectorized layout the elements of one 16-byte vector
-    (:data:`fmha_dsl.kernels.paged_abi.VECTOR_BYTES`), which the page size and the head dims must be multiples of."""
-    layout = sig.get("kv_layout", "linear")
-    if layout == "linear":
-        return 0
-    if layout != "vectorized":
-        raise ValueError(f"unknown kv_layout {layout!r} (linear, vectorized)")
-    vec = vector_elems(sig.get("dtype", "fp16"))
-    paged = sig.get("paged_kv", True)
-    if paged and page_size(sig) % vec:
-        raise ValueError(f"the vectorized layout groups {vec} slots of a page into one vector: page_size "
-                         f"{page_size(sig)} must be a multiple of {vec}")
-    for name in ("hdim_q", "hdim_v"):
-        if int(sig[name]) % vec:
-            raise ValueError(f"the vectorized layout splits the head dim into vectors of {vec}: {name} "
-                             f"{sig[name]} is not a multiple")
-    return vec
 
 
 def constexprs(sig: dict, alg: dict) -> dict:
