@@ -2,14 +2,15 @@
 ``$FMHA_DSL_CACHE_DIR/tuned/<arch>__<device>.json`` copied from a device run).
 
     python bench/install_tuned.py MEASURED.json [MEASURED2.json ...] [--into fmha_dsl/data/tuned/sm90_nvidia-h200.json]
-                                  [--keys-of OLD.json] [--family FAMILY] --provenance TEXT
+                                  [--keys-of OLD.json] [--family FAMILY [--merge]] --provenance TEXT
     python bench/install_tuned.py --restamp --measured-at REV [--into TABLE] --provenance TEXT
 
 Keeps the decisions that were timed over at least ``--min-timed`` candidates (a GPU test's reduced candidate list
 must not ship) and, with ``--keys-of``, only the keys that table has; records device, date, torch and Triton.
 Several measured tables (one device run each) are merged.  ``--family F`` replaces only family F's decisions of
 ``--into`` (the measured tables' other decisions are ignored, the table's other families kept as they are) and
-appends ``--provenance`` to the table's provenance.
+appends ``--provenance`` to the table's provenance; with ``--merge`` only the measured keys of F are replaced (after
+``bench/retune_shipped.py --with-candidate``).
 
 ``--restamp`` measures nothing: it carries a table's decisions over to the current candidate space (each decision's
 ``space`` becomes this checkout's ``Builder.fingerprint`` of its family) when a change moved template code without
@@ -85,6 +86,8 @@ def main() -> None:
     ap.add_argument("--provenance", required=True)
     ap.add_argument("--torch", default="2.11.0+cu130")
     ap.add_argument("--triton", default="3.6.0")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --family: replace only the measured keys, keep the family's other decisions")
     ap.add_argument("--restamp", action="store_true", help="carry --into's decisions over to the current fingerprints")
     ap.add_argument("--measured-at", default=None, help="with --restamp: the commit the decisions are current at")
     args = ap.parse_args()
@@ -119,7 +122,7 @@ def main() -> None:
             ap.error(f"no {args.family} decisions timed over >= {args.min_timed} candidates in {args.measured}")
         with open(args.into) as f:
             doc = json.load(f)
-        kept = {k: v for k, v in doc["decisions"].items() if family(k) != args.family}
+        kept = {k: v for k, v in doc["decisions"].items() if family(k) != args.family or (args.merge and k not in dec)}
         doc["decisions"] = dict(sorted({**kept, **dec}.items()))
         add_provenance(doc, f"{time.strftime('%Y-%m-%d')}, {args.family} decisions measured again: {args.provenance}")
         doc["date"] = time.strftime("%Y-%m-%d")

@@ -2,7 +2,8 @@
 stale), on the device it is for, through the public API.
 
     FMHA_DSL_TUNED_SHIPPED=0 python bench/retune_shipped.py [--table fmha_dsl/data/tuned/sm90_nvidia-h200.json]
-                                                            [--family fwd|bwd_dq_dk_dv] [--out DIR]
+                                                            [--family fwd|bwd_dq_dk_dv] [--with-candidate TEXT]
+                                                            [--out DIR]
 
 Each decision key (:func:`fmha_dsl.runtime.autotune.key`) names a problem class: dtype, mode, flags, head dims, mask,
 GQA octave, and the octaves of seqlen_q, seqlen_k and batch x heads (with whether the lengths are multiples of 128).
@@ -95,6 +96,9 @@ def main() -> None:
     ap.add_argument("--table", default=os.path.join(os.path.dirname(__file__), "..", "fmha_dsl", "data", "tuned",
                                                     "sm90_nvidia-h200.json"))
     ap.add_argument("--family", default=None, help="only this family's keys (fwd or bwd_dq_dk_dv)")
+    ap.add_argument("--with-candidate", default=None,
+                    help="only the keys whose recorded timings name a candidate containing this text (e.g. splitkv: "
+                         "the decisions a change to the split-KV combine can move)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if os.environ.get("FMHA_DSL_TUNED_SHIPPED", "1") != "0":
@@ -102,9 +106,12 @@ def main() -> None:
     from fmha_dsl.keys import Problem
     from fmha_dsl.runtime import autotune
 
-    keys = sorted(json.load(open(args.table))["decisions"])
+    table = json.load(open(args.table))["decisions"]
+    keys = sorted(table)
     if args.family:
         keys = [k for k in keys if k.split(".")[0] == args.family]
+    if args.with_candidate:
+        keys = [k for k in keys if any(args.with_candidate in name for name in table[k].get("times_us", {}))]
     done = skipped = 0
     t0 = time.time()
     for key in keys:

@@ -152,13 +152,13 @@ def companion_parts(csig: dict, arch: str) -> dict:
     """What decides the bytes of a companion kernel (signature ``csig``: :func:`fmha_dsl.kernels.abis.companion_sig`)
     -- its cache key."""
     return {"companion": csig, "arch": arch, "template": template_sha256(csig["family"]),
-            "triton": triton_version(), "options": _companion_options()}
+            "triton": triton_version(), "options": _companion_options(csig["family"])}
 
 
-def _companion_options() -> dict:
-    from .kernels.fwd_abi import COMBINE_WARPS
+def _companion_options(family: str) -> dict:
+    from .kernels.abis import abi_of
 
-    return {"num_warps": COMBINE_WARPS, "num_stages": 1}
+    return {"num_warps": abi_of(family).num_warps, "num_stages": 1}
 
 
 def compile_companion(csig: dict, arch: str) -> tuple[dict | None, object]:
@@ -180,8 +180,9 @@ def compile_companion(csig: dict, arch: str) -> tuple[dict | None, object]:
         src = _source(csig["family"], csig["dtype"], const, promised)
     except Exception as exc:  # noqa: BLE001
         return None, _reason(exc)
-    return _compile(src, arch, _companion_options(), csig["family"], "[cdiv(max_seqlen_q, BLOCK_M), nhead_q, batch]",
-                    {"block_m": int(const["BLOCK_M"]), "aligned": list(promised)})
+    return _compile(src, arch, _companion_options(csig["family"]), csig["family"],
+                    "[cdiv(max_seqlen_q, BLOCK_M), nhead_q, batch]", {"block_m": int(const["BLOCK_M"]),
+                                                                        "aligned": list(promised)})
 
 
 def _reason(exc: Exception) -> str:

@@ -80,8 +80,10 @@ COMBINE_ARGS: tuple[tuple[str, str], ...] = (
     ("stride_lb", "i32"), ("stride_lh", "i32"), ("stride_lm", "i32"),
 )
 COMBINE_BLOCK_M = 1    # query rows per combine program (grid: max_seqlen_q x nhead_q x batch)
-COMBINE_BLOCK_S = 32   # splits a combine program reads at once (a row's splits in cdiv(splits, 32) steps)
-COMBINE_WARPS = 4
+COMBINE_BLOCK_S = 16   # splits a combine program reads at once (a row's splits in cdiv(splits, 16) steps)
+COMBINE_WARPS = 2      # its warps: 16 x Dv fp32 partials a step in few registers, so that a decode batch's rows (one
+#                        program each) run in one wave (32 splits x 4 warps held 167 registers a thread on sm90: three
+#                        programs per SM, 1.3 waves at batch 8 x 64 heads)
 
 
 def combine_args(ws, lws, out, lse, cu_seqlens_q, *, seqlen_q, nhead_q, num_splits, head_dim_v, ws_strides,

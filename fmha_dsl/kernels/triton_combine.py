@@ -5,9 +5,10 @@ normalised partial output ``O_s`` and its log-sum-exp ``lse_s`` in fp32 workspac
 
     lse = log(sum_s exp(lse_s)),     O = sum_s exp(lse_s - lse) * O_s
 
-computed here in one pass over the splits, 32 at a time, with a running maximum (so no split's ``exp`` overflows).  A split
-that saw no allowed key has ``lse_s = -inf`` and weight 0; a row no split saw gives ``O = 0``, ``lse = -inf``
-(docs/semantics.md).  Run-time parameters: :data:`fmha_dsl.kernels.fwd_abi.COMBINE_ARGS`.
+computed here in one pass over the splits, 16 at a time (``COMBINE_BLOCK_S``, in 2 warps), with a running maximum
+(so no split's ``exp`` overflows). A split that saw no allowed key has ``lse_s = -inf`` and weight 0; a row no split
+saw gives ``O = 0``, ``lse = -inf`` (docs/semantics.md). Run-time parameters:
+:data:`fmha_dsl.kernels.fwd_abi.COMBINE_ARGS`.
 """
 
 from __future__ import annotations
