@@ -102,6 +102,8 @@ def main() -> None:
         return
     if not args.measured:
         ap.error("a measured table is needed (or --restamp)")
+    if args.merge and not args.family:
+        ap.error("--merge replaces the measured keys of one family: give --family")
     dec = {}
     for path in args.measured:
         with open(path) as f:
@@ -109,6 +111,11 @@ def main() -> None:
         dec.update(got["decisions"])
     if args.family:
         dec = {k: v for k, v in dec.items() if family(k) == args.family}
+    short = sorted(k for k, v in dec.items() if len(v.get("times_us", {})) < args.min_timed)
+    if short:
+        print(f"{len(short)} measured decisions timed fewer than {args.min_timed} candidates are left out, "
+              f"e.g. {short[0]}")
+    dec = {k: v for k, v in sorted(dec.items()) if k not in short}
     if args.keys_of:
         with open(args.keys_of) as f:
             want = {k for k in json.load(f)["decisions"] if not args.family or family(k) == args.family}
@@ -116,7 +123,6 @@ def main() -> None:
         missing = sorted(want - set(dec))
         if missing:
             print(f"{len(missing)} keys of {args.keys_of} were not measured, e.g. {missing[0]}")
-    dec = {k: v for k, v in sorted(dec.items()) if len(v.get("times_us", {})) >= args.min_timed}
     if args.family:
         if not dec:  # replacing a family by nothing would drop its shipped decisions
             ap.error(f"no {args.family} decisions timed over >= {args.min_timed} candidates in {args.measured}")

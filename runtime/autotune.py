@@ -351,15 +351,20 @@ class MeasuredSelection:
             rec = record_of(win, med, {i: by_id[i].name for i in med})
             if self.builder is not None:
                 rec["space"] = self.builder.fingerprint(p.family)
-            why = self.tuned.record(tk, rec)
-            if why and not self._write_warned:  # the decision holds for this process; later ones measure again
-                import warnings
-
-                self._write_warned = True
-                warnings.warn(f"fmha-dsl: first-use decisions cannot be recorded ({why}); set FMHA_DSL_CACHE_DIR "
-                              "to a writable folder", RuntimeWarning, stacklevel=3)
+            self.record_decision(tk, rec)
         self.measured[tk] = {by_id[i].name: t for i, t in med.items()}
         return win
+
+    def record_decision(self, tk: str, rec: dict) -> None:
+        """Record a measured decision under key ``tk`` in the tuned table (persisted with the others); when it cannot
+        be written the decision holds for this process, later ones measure again, and one warning says why."""
+        why = self.tuned.record(tk, rec)
+        if why and not self._write_warned:
+            import warnings
+
+            self._write_warned = True
+            warnings.warn(f"fmha-dsl: first-use decisions cannot be recorded ({why}); set FMHA_DSL_CACHE_DIR "
+                          "to a writable folder", RuntimeWarning, stacklevel=4)
 
 
 _UNTIMED = 4   # candidates compiled when the choice is the cost model's (it weighs the builds' resource reports)

@@ -165,18 +165,22 @@ def with_gathered(disp, plan, problem, aligned: bool, device: int, batch: int, n
     ``measure`` running ``launch(plan)`` (:func:`fmha_dsl.api_dispatch.timer`), None where nothing is timed.
 
     The decision is recorded with the dispatcher's first-use decisions (key :func:`route_key`, persisted in the cache
-    like them) and reused while it still names the two plans' kernels under the same candidate space: a later
-    process takes the recorded route without timing it again."""
+    like them) when both routes were timed, and reused while it still names the two plans' kernels -- the paged
+    plan's and the forward problem's current decision -- under the same candidate space (:func:`recorded_route`): a
+    later process takes the recorded route without timing it again.  Where nothing is timed (a CUDA graph being
+    captured, ``FMHA_DSL_AUTOTUNE=0``) the paged plan runs."""
     nhk, msk = args[_AT["nhead_k"]], args[_AT["max_seqlen_k"]]
     if (disp.builder is None or not aligned or not autotune.enabled() or device < 0
             or not fits(problem.dtype, problem.hdim_q, problem.hdim_v, batch, nhead_q, nhk, max_seqlen_q, msk)):
         return plan
     rk = route_key(problem, aligned)
     space = disp.builder.fingerprint(problem.family)
-    rec = disp.tuned.get(rk) if disp.tuned is not None else None
-    if not (isinstance(rec, dict) and rec.get("space") == space and rec.get("paged") == plan.entry.name):
-        rec = None  # none, or measured against another paged kernel or candidate space: timed again
-    if rec is not None and rec.get("route") == "paged":
+    tuned = disp.tuned.get if disp.tuned is not None else (lambda k: None)
+    rec = tuned(rk)
+    fdec = tuned(autotune.key(forward_problem(problem), aligned))  # the forward kernel the gathered route would run
+    known = (fdec.get("kernel") if isinstance(fdec, dict) and fdec.get("space") == disp.builder.fingerprint("fwd")
+             else None)
+    if recorded_route(rec, space, plan.entry.name, known) == "paged":
         return plan
     measure = make_timer(lambda p: p.launch(device, batch, nhead_q, max_seqlen_q, args))
     if measure is None:
@@ -201,16 +205,27 @@ def with_gathered(disp, plan, problem, aligned: bool, device: int, batch: int, n
     if fwd.splits:  # (a GatheredPlan launches its forward kernel once, without split-KV's workspace and combine)
         return plan
     gplan = GatheredPlan(problem, stage, fwd, plan)
-    if rec is not None and rec.get("forward") == fwd.entry.name:
+    if recorded_route(rec, space, plan.entry.name, fwd.entry.name) == "gathered":
         return gplan
     win, med = autotune.fastest(measure, {"paged": plan, "gathered": gplan})
     names = {"paged": f"paged {plan.entry.name}", "gathered": f"gathered {fwd.entry.name}"}
     disp.measured[rk] = {names[k]: t for k, t in med.items()}
-    if win is not None and disp.tuned is not None:
+    if len(med) == 2 and disp.tuned is not None:  # both timed (a route that failed -- out of memory -- is not a loss)
         rec = autotune.record_of(gplan.entry if win == "gathered" else plan.entry, med, names)
         rec.update(route=win, paged=plan.entry.name, forward=fwd.entry.name, space=space)
-        disp.tuned.record(rk, rec)  # (not writable: the decision holds for this process, as first use warns)
+        disp.record_decision(rk, rec)
     return gplan if win == "gathered" else plan
+
+
+def recorded_route(rec, space: str, paged: str, forward: str | None) -> str | None:
+    """The route (``"paged"`` or ``"gathered"``) a recorded decision ``rec`` still gives: one measured under the
+    candidate space ``space`` between the paged kernel ``paged`` and the forward kernel ``forward`` (the forward
+    problem's current decision; None when there is none yet); else None, and the routes are timed again."""
+    if not isinstance(rec, dict) or rec.get("route") not in ("paged", "gathered") or forward is None:
+        return None
+    if (rec.get("space"), rec.get("paged"), rec.get("forward")) != (space, paged, forward):
+        return None
+    return rec["route"]
 
 
 def route_key(problem, aligned: bool) -> str:
@@ -219,5 +234,5 @@ def route_key(problem, aligned: bool) -> str:
     return autotune.key(problem, aligned) + "|route"
 
 
-__all__ = ["GatheredPlan", "with_gathered", "route_key", "forward_problem", "fits", "layout_of", "gather_step",
-           "forward_args"]
+__all__ = ["GatheredPlan", "with_gathered", "route_key", "recorded_route", "forward_problem", "fits", "layout_of",
+           "gather_step", "forward_args"]

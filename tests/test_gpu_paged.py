@@ -491,10 +491,12 @@ def test_a_prefill_times_the_gathered_route_and_it_replays_and_is_captured(monke
         g.replay()
         torch.cuda.synchronize()
         assert np.abs(out.float().cpu().numpy() - want()).max() < 1.5e-2
+
+
 def test_the_route_decision_is_recorded_and_a_new_process_takes_it_untimed(monkeypatch):
     """The route first use times is persisted with the first-use decisions: a dispatcher made afresh on the same
-    cache (as a new process makes it) takes the recorded route without timing either route again; a record that
-    names another paged kernel is timed again."""
+    cache (as a new process makes it) takes a recorded route -- paged or gathered -- without timing anything again;
+    a record that names another paged kernel or another forward decision, or a damaged one, is timed again."""
     from fmha_dsl import api_dispatch
     from fmha_dsl.first_use import Builder
     from fmha_dsl.runtime import autotune, plan_gather
@@ -511,27 +513,34 @@ def test_the_route_decision_is_recorded_and_a_new_process_takes_it_untimed(monke
     on_disk = autotune._read(disp.tuned.path, disp.arch, disp.tuned.device)
     assert on_disk[rk]["route"] == rec["route"]                       # persisted, not only held by this process
 
+    fkey = autotune.key(plan_gather.forward_problem(problem), True)
+    assert disp.tuned.get(fkey)["kernel"] == rec["forward"]          # the forward decision it was measured with
+    seed = {fkey: disp.tuned.get(fkey)}
+
     fresh = Dispatcher(None, disp.arch, builder=Builder(), device_name=torch.cuda.get_device_name(dev))
 
     def no_timing(*a, **k):
-        raise AssertionError("a recorded route was timed again")
+        raise AssertionError("a recorded decision was timed again")
     monkeypatch.setattr(plan_gather.autotune, "fastest", no_timing)
+    monkeypatch.setattr(plan_gather.autotune, "_time_n", no_timing)  # nor any kernel decision under it
     measure = api_dispatch.timer(dev, lambda p: p.launch(dev, b, hq, msq, args))
     paged = fresh.plan(problem, True, measure)
     assert paged.entry.name == rec["paged"]
-    got = plan_gather.with_gathered(fresh, paged, problem, True, dev, b, hq, msq, args,
-                                    lambda launch: api_dispatch.timer(dev, launch))
-    assert isinstance(got, plan_gather.GatheredPlan) == (rec["route"] == "gathered")
-    if rec["route"] == "gathered":
-        assert got.forward.entry.name == rec["forward"]
 
-    fresh.tuned = autotune.TunedTable(fresh.arch, fresh.tuned.device)   # in memory: the forced decision stays here
-    fresh.tuned.record(rk, dict(rec, paged="fmha_batch_prefill_another_kernel"))   # stale: timed again
-    timed = []
-    monkeypatch.setattr(plan_gather.autotune, "fastest", lambda measure, plans, rounds=4: timed.append(1) or
-                        ("paged", {"paged": 1.0, "gathered": 2.0}))
-    assert plan_gather.with_gathered(fresh, paged, problem, True, dev, b, hq, msq, args,
-                                     lambda launch: api_dispatch.timer(dev, launch)) is paged
-    assert timed and fresh.tuned.get(rk)["paged"] == paged.entry.name and fresh.tuned.get(rk)["route"] == "paged"
-
-
+    def route_with(record):   # the route of this call on `fresh` with `record` in an in-memory table (not persisted)
+        fresh.tuned = autotune.TunedTable(fresh.arch, disp.tuned.device, shipped=dict(seed, **{rk: record}))
+        return plan_gather.with_gathered(fresh, paged, problem, True, dev, b, hq, msq, args,
+                                         lambda launch: api_dispatch.timer(dev, launch))
+    for route in ("paged", "gathered"):   # either recorded route is taken as recorded, untimed
+        got = route_with(dict(rec, route=route))
+        assert isinstance(got, plan_gather.GatheredPlan) == (route == "gathered")
+        if route == "gathered":
+            assert got.forward.entry.name == rec["forward"]
+    # a record that no longer holds is timed again: another paged kernel, another forward decision, a damaged route
+    for stale in (dict(rec, paged="fmha_batch_prefill_another_kernel"), dict(rec, forward="fmha_fwd_another_kernel"),
+                  dict(rec, route="sideways")):
+        timed = []
+        monkeypatch.setattr(plan_gather.autotune, "fastest", lambda measure, plans, rounds=4: timed.append(1) or
+                            ("paged", {"paged": 1.0, "gathered": 2.0}))
+        assert route_with(stale) is paged and timed, stale
+        assert fresh.tuned.get(rk)["paged"] == paged.entry.name and fresh.tuned.get(rk)["route"] == "paged"

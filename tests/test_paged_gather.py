@@ -142,6 +142,27 @@ def test_the_route_is_offered_to_prefills_within_the_budget(monkeypatch):
     assert not paged_abi.gather_fits(1, 8, 8, 1024, 1 << 21, 256, 256, "bf16", 1 << 62)
 
 
+def test_a_recorded_route_holds_only_for_the_kernels_and_space_it_was_measured_with():
+    """recorded_route: the route of a record measured under this candidate space between this paged kernel and the
+    forward problem's current decision; anything else (or no forward decision yet, or a damaged record) is timed."""
+    from fmha_dsl.keys import Problem
+    from fmha_dsl.runtime.plan_gather import recorded_route, route_key
+
+    rec = {"route": "gathered", "space": "s1", "paged": "P", "forward": "F", "sig": {}, "alg": {}}
+    assert recorded_route(rec, "s1", "P", "F") == "gathered"
+    assert recorded_route(dict(rec, route="paged"), "s1", "P", "F") == "paged"
+    for bad, args in ((rec, ("s2", "P", "F")), (rec, ("s1", "Q", "F")), (rec, ("s1", "P", "G")),
+                      (rec, ("s1", "P", None)), (dict(rec, route="sideways"), ("s1", "P", "F")),
+                      (dict(rec, route=None), ("s1", "P", "F")), ({k: v for k, v in rec.items() if k != "forward"},
+                                                                  ("s1", "P", "F")),
+                      (None, ("s1", "P", "F")), ("gathered", ("s1", "P", "F"))):
+        assert recorded_route(bad, *args) is None, (bad, args)
+    p = Problem(family="batch_prefill", dtype="bf16", arch="sm90", batch=2, nhead_q=16, nhead_k=4, seqlen_q=1024,
+                seqlen_k=4096, max_seqlen_q=1024, max_seqlen_k=4096, hdim_q=128, hdim_v=128, mode="group",
+                paged_kv=True, kv_layout="linear", kv_lookup="vllm", page_size=16)
+    assert route_key(p, True).endswith("|route") and route_key(p, True) != route_key(p, False)
+
+
 @pytest.mark.parametrize("arch", ["sm90", "gfx942"])
 def test_the_copy_kernel_compiles_without_spills(arch):
     pytest.importorskip("triton")

@@ -130,8 +130,6 @@ def kv_vec(sig: dict) -> int:
     return vec
 
 
-
-
 def pack(ptrs, qs, ks, vs, os_, ls, tb_stride, as_, nhq, nhk, dq, dv, msq, msk, num_pages, table_width, scale,
          softcap, wl, wr, br, sink) -> list:
     """``fmha_paged``'s run-time arguments in :data:`ARGS` order -- the one packer of this ABI.
