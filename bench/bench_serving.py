@@ -67,15 +67,19 @@ def _bench(fn):
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def _sdpa(q, k, v, causal, backend):
+def _sdpa(q, k, v, causal, backend, mask=None):
+    """A call of SDPA's ``backend`` (flash, cudnn, efficient) on ``[B, H, S, D]`` tensors, GQA enabled where the heads
+    differ; ``mask``: an ``attn_mask`` (torch's ``causal_lower_right``) instead of ``is_causal``."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+          "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
 
     def run():
         with sdpa_kernel(be):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                  enable_gqa=q.shape[1] != k.shape[1])
     return run
 
 
@@ -286,13 +290,8 @@ def chunked(args):
         row = {"batch": b, "chunk": c, "context": ln, "hq": hq, "hk": hk, "page_size": page}
         bias = causal_lower_right(c, ln)
         ref = None
-        for name, be in (("flash", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION"),
-                         ("efficient", "EFFICIENT_ATTENTION")):
-            def sdpa(be=be):
-                from torch.nn.attention import SDPBackend, sdpa_kernel
-
-                with sdpa_kernel(getattr(SDPBackend, be)):
-                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+        for name in ("flash", "cudnn", "efficient"):
+            sdpa = _sdpa(q, k, v, False, name, mask=bias)
             _timed(row, f"sdpa_{name}", sdpa, ref, f=f)   # each backend checked against the first that ran
             if ref is None and "ms" in row[f"sdpa_{name}"]:
                 ref = sdpa()

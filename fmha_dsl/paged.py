@@ -113,10 +113,8 @@ def workspace_numel(q, k_cache, v_cache, *, batch: int, max_seqlen_q: int, max_s
     take the gathered route -- its K/V copied contiguous, ``batch x max_seqlen_k`` rows, at most
     ``FMHA_DSL_GATHER_MIB`` -- that copy's size).  Allocate it once and pass it as ``workspace=`` each step."""
     from .kernels.paged_abi import gather_numel, workspace_bound
-
-    from .runtime.plan_paged import geometry
-
     from .runtime.plan_gather import fits
+    from .runtime.plan_paged import geometry
 
     disp = _api.dispatcher(registry, q.get_device())
     _, _, hk, dk, dv, _, _ = geometry(k_cache, v_cache)

@@ -266,12 +266,31 @@ class MeasuredSelection:
             self._decided[tk] = e
             return e
 
+    def _current(self, tk: str, p) -> dict | None:
+        """The recorded decision for ``tk`` when it was measured under this builder's candidate space for ``p``'s
+        family; None when there is none or it is stale (another template or candidate space: measured again)."""
+        rec = self.tuned.get(tk) if self.tuned is not None else None
+        if not isinstance(rec, dict) or rec.get("space") != getattr(self.builder, "fingerprint",
+                                                                    lambda family: None)(p.family):
+            return None
+        return rec
+
+    def decided_kernel(self, p, aligned: bool) -> str | None:
+        """The name of the kernel first use would run for ``p`` without measuring anything: decided in this process
+        or recorded under the current candidate space; None when it would be chosen afresh."""
+        tk = key(p, aligned)
+        e = self._decided.get(tk)
+        if e is not None:
+            return e.name
+        rec = self._current(tk, p)
+        return rec.get("kernel") if rec is not None else None
+
     def _recorded(self, tk: str, p, aligned: bool, cache_only: bool) -> Entry | None:
         """The recorded decision for ``tk`` (measured under this builder's candidate space), compiled or loaded from
         the artifact cache (only loaded with ``cache_only``); None when there is none or it cannot serve ``p``."""
-        rec = self.tuned.get(tk) if self.tuned is not None else None
-        if rec is None or rec.get("space") != getattr(self.builder, "fingerprint", lambda family: None)(p.family):
-            return None  # none, or recorded under another template or candidate space: measured again
+        rec = self._current(tk, p)
+        if rec is None:
+            return None
         try:
             want = self.builder.entry_for(rec["sig"], rec["alg"], self.arch)
             got = self._compile([want], aligned, cache_only)

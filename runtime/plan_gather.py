@@ -175,12 +175,9 @@ def with_gathered(disp, plan, problem, aligned: bool, device: int, batch: int, n
         return plan
     rk = route_key(problem, aligned)
     space = disp.builder.fingerprint(problem.family)
-    tuned = disp.tuned.get if disp.tuned is not None else (lambda k: None)
-    rec = tuned(rk)
-    fdec = tuned(autotune.key(forward_problem(problem), aligned))  # the forward kernel the gathered route would run
-    known = (fdec.get("kernel") if isinstance(fdec, dict) and fdec.get("space") == disp.builder.fingerprint("fwd")
-             else None)
-    if recorded_route(rec, space, plan.entry.name, known) == "paged":
+    rec = disp.tuned.get(rk) if disp.tuned is not None else None
+    fproblem = forward_problem(problem)
+    if recorded_route(rec, space, plan.entry.name, disp.decided_kernel(fproblem, aligned)) == "paged":
         return plan
     measure = make_timer(lambda p: p.launch(device, batch, nhead_q, max_seqlen_q, args))
     if measure is None:
@@ -193,13 +190,12 @@ def with_gathered(disp, plan, problem, aligned: bool, device: int, batch: int, n
     stage = disp.loose_stage(entry, binary)
     # the forward kernels are chosen on the gathered rows of this call: one copy into a workspace kept for the timing
     lay = layout_of(problem, batch, args)
-    buf = torch.empty(lay[3] // 4, dtype=torch.float32, device=f"cuda:{device}")
+    buf = workspace_buffer(None, lay[3] // 4, torch.device(f"cuda:{device}"), _HINT)
     (kern, grid, gargs), gathered = gather_step(stage, device, batch, args, buf, lay, problem.dtype)
     kern.launch(grid, gargs, torch.cuda.current_stream(device).cuda_stream)
     fargs = forward_args(args, gathered, nhead_q, max_seqlen_q)
     try:
-        fwd = disp.plan(forward_problem(problem), aligned,
-                        make_timer(lambda p: p.launch(device, batch, nhead_q, max_seqlen_q, fargs)))
+        fwd = disp.plan(fproblem, aligned, make_timer(lambda p: p.launch(device, batch, nhead_q, max_seqlen_q, fargs)))
     except FmhaError:  # no forward kernel for it: the paged route stays
         return plan
     if fwd.splits:  # (a GatheredPlan launches its forward kernel once, without split-KV's workspace and combine)

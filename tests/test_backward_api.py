@@ -4,11 +4,11 @@ argument checks, and ahead-of-time builds of a backward set for AMD and NVIDIA t
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from interpreted import run_interpreted
 
 import fmha_dsl
 from fmha_dsl.errors import UsageError
@@ -191,12 +191,7 @@ print("ALL OK")
 
 
 def test_backward_end_to_end_under_the_interpreter():
-    pytest.importorskip("torch")
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", INTERP], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-    assert "ALL OK" in out.stdout
+    run_interpreted(INTERP, "ALL OK", timeout=300)
 
 
 BWD_SET = """kernel_set bwd_ci {

@@ -3,12 +3,13 @@ and caches, the serving kernel set's build for AMD and NVIDIA, and the torch pat
 (a dispatcher over a declared set, the split-KV decode plan, append-KV through the dispatcher)."""
 
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from interpreted import run_interpreted
 
 import fmha_dsl
 from fmha_dsl.errors import UsageError
@@ -160,7 +161,6 @@ SERVING_SET = """kernel_set serving_ci {
 }
 """
 
-
 def test_a_serving_set_builds_for_amd_and_nvidia_without_a_gpu(tmp_path):
     pytest.importorskip("triton")
     from fmha_dsl.build import build
@@ -298,12 +298,7 @@ print("append ok")
 
 
 def test_the_torch_path_end_to_end_under_the_interpreter():
-    pytest.importorskip("torch")
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", INTERP], capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-    assert "append ok" in out.stdout
+    run_interpreted(INTERP, "append ok", timeout=600)
 
 
 def test_decode_gets_the_short_split_tiles_at_any_batch_and_prefill_only_when_the_grid_is_small():

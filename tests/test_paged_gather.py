@@ -3,11 +3,9 @@ after it under Triton's interpreter against the NumPy reference (both table form
 GQA, causal, LSE, empty sequences, lengths past the table, a page id past the cache), the fallback to the paged
 kernel for a workspace sized without the copy, the workspace's layout and when the route is offered."""
 
-import os
-import subprocess
-import sys
-
 import pytest
+
+from interpreted import run_interpreted
 
 from fmha_dsl.errors import UsageError
 from fmha_dsl.kernels import paged_abi
@@ -104,12 +102,7 @@ print("gather ok")
 
 
 def test_the_copy_and_the_forward_kernel_under_the_interpreter():
-    pytest.importorskip("torch")
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", INTERP], capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-    assert "gather ok" in out.stdout
+    run_interpreted(INTERP, "gather ok", timeout=600)
 
 
 def test_the_workspace_layout_by_hand():

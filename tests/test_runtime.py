@@ -12,6 +12,8 @@ import textwrap
 import numpy as np
 import pytest
 
+from interpreted import run_interpreted
+
 import fmha_dsl
 from fmha_dsl.errors import FmhaError, UsageError
 from fmha_dsl.first_use import Builder
@@ -949,12 +951,7 @@ print("ALL OK")
 
 
 def test_torch_path_end_to_end_under_the_interpreter():
-    pytest.importorskip("torch")
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", INTERP], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-    assert "ALL OK" in out.stdout
+    run_interpreted(INTERP, "ALL OK", timeout=120)
 
 
 def test_interpret_launcher_needs_the_interpreter(torch, cpu_disp, monkeypatch):

@@ -5,11 +5,10 @@ of a serving table, and a point's inputs and truth run through Triton's interpre
 tests/test_gpu_tune_serving.py."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+
+from interpreted import run_interpreted
 
 import fmha_dsl
 from fmha_dsl import UsageError, seqtune
@@ -293,9 +292,4 @@ def test_a_serving_points_inputs_and_truth_under_the_interpreter():
     """Each serving point's inputs (scattered pages, both table forms, causal bottom-right) run through the prefill
     kernel and the split-KV plan (with its combine and workspace) under Triton's interpreter and match the truth the
     tuner checks against: SDPA on the K/V gathered from the cache."""
-    pytest.importorskip("torch")
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", INTERP], capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-    assert "runs 72" in out.stdout, out.stdout
+    run_interpreted(INTERP, "runs 72", timeout=600)

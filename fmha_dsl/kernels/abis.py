@@ -58,7 +58,7 @@ _FWD = ("triton_fwd", "triton_fwd_loops", "triton_steps", "fwd_host", "triton_co
 _BWD = ("triton_bwd", "triton_bwd_steps", "triton_bwd_stages", "triton_steps", "bwd_abi")
 _PAGED = ("triton_paged", "triton_paged_rows", "triton_steps", "paged_abi", "fwd_abi")
 _APPEND = ("triton_appendkv", "paged_abi", "fwd_abi")
-_GATHER = ("triton_gather", "paged_abi", "fwd_abi")
+_GATHER = ("triton_gather", "triton_paged_rows", "paged_abi", "fwd_abi")
 
 ABIS: dict[str, KernelABI] = {a.family: a for a in (
     KernelABI("fwd", "triton_fwd", "fmha_fwd", fwd_abi.ARGS, fwd_abi.ALIGNED, v_stride=True, sources=_FWD),

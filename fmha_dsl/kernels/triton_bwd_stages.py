@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_steps import _load
+from .triton_steps import _load, _sequence
 
 __all__ = ["fmha_bwd_dot_do_o", "fmha_bwd_convert_dq"]
 
@@ -22,15 +22,9 @@ def fmha_bwd_dot_do_o(O, dO, D, cu_seqlens_q, seqlen_q, head_dim_v,
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
-    if IS_GROUP:
-        q_start = tl.load(cu_seqlens_q + off_b)
-        seqlen_q = tl.load(cu_seqlens_q + off_b + 1) - q_start
-        bo = off_b.to(tl.int64) * 0
-        bdo = bo
-    else:
-        q_start = off_b * 0
-        bo = off_b.to(tl.int64) * stride_ob
-        bdo = off_b.to(tl.int64) * stride_dob
+    q_start, seqlen_q, b = _sequence(cu_seqlens_q, off_b, seqlen_q, IS_GROUP)
+    bo = b * stride_ob
+    bdo = b * stride_dob
     start_m = pid_m * BLOCK_M
     if start_m >= seqlen_q:
         return
@@ -59,13 +53,8 @@ def fmha_bwd_convert_dq(DQacc, dQ, cu_seqlens_q, seqlen_q, head_dim_q, num_split
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
-    if IS_GROUP:
-        q_start = tl.load(cu_seqlens_q + off_b)
-        seqlen_q = tl.load(cu_seqlens_q + off_b + 1) - q_start
-        bq = off_b.to(tl.int64) * 0
-    else:
-        q_start = off_b * 0
-        bq = off_b.to(tl.int64) * stride_qb
+    q_start, seqlen_q, b = _sequence(cu_seqlens_q, off_b, seqlen_q, IS_GROUP)
+    bq = b * stride_qb
     start_m = pid_m * BLOCK_M
     if start_m >= seqlen_q:
         return

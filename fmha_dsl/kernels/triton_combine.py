@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from .fwd_abi import COMBINE_ARGS, COMBINE_BLOCK_M, COMBINE_BLOCK_S, block_d
+from .triton_steps import _sequence
 
 __all__ = ["fmha_fwd_combine", "COMBINE_CONSTEXPRS", "signature", "constexprs"]
 
@@ -32,15 +33,9 @@ def fmha_fwd_combine(Ows, Lws, Out, Lse, cu_seqlens_q, seqlen_q, nhead_q, num_sp
     row = tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
-    if IS_GROUP:
-        q_start = tl.load(cu_seqlens_q + off_b)
-        seqlen_q = tl.load(cu_seqlens_q + off_b + 1) - q_start
-        bo = off_b.to(tl.int64) * 0
-        bl = bo
-    else:
-        q_start = off_b * 0
-        bo = off_b.to(tl.int64) * stride_ob
-        bl = off_b.to(tl.int64) * stride_lb
+    q_start, seqlen_q, b = _sequence(cu_seqlens_q, off_b, seqlen_q, IS_GROUP)
+    bo = b * stride_ob
+    bl = b * stride_lb
     if row >= seqlen_q:
         return
     offs_s = tl.arange(0, BLOCK_S)

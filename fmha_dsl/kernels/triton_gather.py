@@ -19,6 +19,7 @@ import triton.language as tl
 
 from .fwd_abi import block_d
 from .paged_abi import DTYPES, GATHER_ARGS, GATHER_BLOCK_M, LOOKUPS, kv_vec, page_size
+from .triton_paged_rows import _page, _slots
 
 __all__ = ["fmha_kv_gather", "CONSTEXPRS", "constexprs"]
 
@@ -43,9 +44,9 @@ def _copy(Src, Dst, page_base, slot, rows_ok, offs_d, stride_s, dst_rows,
     (``VEC`` 0): ``slot * stride_s + d``.  Vectorized: K (``SLOT_MAJOR`` False) ``(d / VEC) * stride_s + slot * VEC +
     d % VEC``; V (True) ``(slot / VEC) * stride_s + d * VEC + slot % VEC``."""
     if VEC == 0:
-        cols = slot[:, None] * stride_s + offs_d[None, :]
+        cols = _slots(slot, stride_s, 0)[:, None] + offs_d[None, :]
     elif SLOT_MAJOR:
-        cols = ((slot // VEC) * stride_s + slot % VEC)[:, None] + (offs_d * VEC)[None, :]
+        cols = _slots(slot, stride_s, VEC)[:, None] + (offs_d * VEC)[None, :]
     else:
         cols = (slot * VEC)[:, None] + ((offs_d // VEC) * stride_s + offs_d % VEC)[None, :]
     ok = rows_ok[:, None] & (offs_d < HEAD_DIM)[None, :]  # a constant bound: 16-byte vectors along d
@@ -82,7 +83,7 @@ def fmha_kv_gather(K, V, Kout, Vout, seqlens_k, Table, kv_indptr, cu_seqlens_k,
     else:  # SGLang: kv_indices[kv_indptr[b] : kv_indptr[b + 1]]
         tab = Table + tl.load(kv_indptr + off_b).to(tl.int64)
     page = tl.load(tab + t // PAGE_SIZE, mask=rows_ok, other=0)
-    page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)  # never outside the cache
+    page = _page(page, num_pages).to(tl.int64)  # never outside the cache
     slot = t % PAGE_SIZE
     dst = (start + t).to(tl.int64) * nhead_k + off_h
     _copy(K + off_h.to(tl.int64) * stride_kh, Kout, page * stride_kp, slot, rows_ok, tl.arange(0, BLOCK_DMODEL),

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .fwd_abi import block_d, packs_gqa
 from .paged_abi import ARGS, DTYPES, LOOKUPS, kv_vec, page_size
-from .triton_paged_rows import _rows, _v_vectors
+from .triton_paged_rows import _page, _rows, _v_vectors
 from .triton_steps import _dot, _load, _softmax
 
 __all__ = ["fmha_paged", "CONSTEXPRS", "constexprs"]
@@ -49,7 +49,7 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
     n_ok = (start_n + offs_n) < seqlen_k
     if TMA:  # PAGE_SIZE >= BLOCK_N, pages contiguous: the block is rows [row0, row0 + BLOCK_N) of the cache
         page = tl.load(Table + tb + start_n // PAGE_SIZE)
-        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+        page = _page(page, num_pages)
         row0 = page * PAGE_SIZE + start_n % PAGE_SIZE
         qk = _dot(q, tl.trans(k_base.load([row0, 0])), None, IEEE, UPCAST)
     else:

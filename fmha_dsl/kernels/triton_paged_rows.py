@@ -12,7 +12,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["_rows", "_slots", "_v_vectors"]
+__all__ = ["_page", "_rows", "_slots", "_v_vectors"]
+
+
+@triton.jit
+def _page(page, num_pages):
+    """A page id read from a table, clamped into ``[0, num_pages)``: a corrupt table reads wrong rows, never outside
+    the cache."""
+    return tl.minimum(tl.maximum(page, 0), num_pages - 1)
 
 
 @triton.jit
@@ -36,7 +43,7 @@ def _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_p, stride_s,
     prefill loop spilled)."""
     if PAGE_SIZE >= BLOCK_N:  # the block lies in one page (PAGE_SIZE and BLOCK_N are powers of two)
         page = tl.load(Table + tb + start_n // PAGE_SIZE)
-        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+        page = _page(page, num_pages)
         # one scalar base (the block's first slot is a multiple of BLOCK_N, so of VEC) + loop-invariant row offsets
         base = page.to(tl.int64) * stride_p + _slots(start_n % PAGE_SIZE, stride_s, VEC)
         rows = base + _slots(offs_n, stride_s, VEC)
@@ -46,7 +53,7 @@ def _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_p, stride_s,
             page = tl.load(tab + offs_n // PAGE_SIZE, mask=(start_n + offs_n) < seqlen_k, other=0)
         else:
             page = tl.load(tab + offs_n // PAGE_SIZE)
-        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+        page = _page(page, num_pages)
         rows = page.to(tl.int64) * stride_p + _slots(offs_n % PAGE_SIZE, stride_s, VEC)
     return rows
 

@@ -15,6 +15,21 @@ import triton.language as tl
 
 
 @triton.jit
+def _sequence(cu_seqlens, off_b, seqlen, IS_GROUP: tl.constexpr):
+    """``(first row, rows, batch index)`` of sequence ``off_b``: group mode reads ``cu_seqlens [B + 1]`` and its rows
+    share one tensor (the batch index multiplies no stride: 0); batch mode has row 0, ``seqlen`` rows and ``off_b``
+    (int64, for the batch strides)."""
+    if IS_GROUP:
+        start = tl.load(cu_seqlens + off_b)
+        seqlen = tl.load(cu_seqlens + off_b + 1) - start
+        b = off_b.to(tl.int64) * 0
+    else:
+        start = off_b * 0
+        b = off_b.to(tl.int64)
+    return start, seqlen, b
+
+
+@triton.jit
 def _load(ptrs, a_ok, b_ok, CHECK_A: tl.constexpr, CHECK_B: tl.constexpr):
     """Load a tile; ``a_ok``/``b_ok`` are the masks along the two axes, applied only where asked."""
     if CHECK_A:
