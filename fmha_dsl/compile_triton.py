@@ -175,14 +175,20 @@ def compile_companion(csig: dict, arch: str) -> tuple[dict | None, object]:
     abi = abi_of(csig["family"])
     tmpl = import_module(f"fmha_dsl.kernels.{abi.template}")
     promised = () if csig.get("unaligned") else abi.promised(csig)
+    # a companion that waits for the kernel before it (in the kernel) is launched to overlap that kernel's end
+    after_prior = abi.waits_prior and bool(arch_info(arch).get("pdl"))
     try:
         const = tmpl.constexprs(csig, {f: csig[f] for f in abi.project_alg if f in csig})
+        if abi.waits_prior:
+            const["WAIT_PRIOR"] = after_prior
         src = _source(csig["family"], csig["dtype"], const, promised)
     except Exception as exc:  # noqa: BLE001
         return None, _reason(exc)
+    extra = {"block_m": int(const["BLOCK_M"]), "aligned": list(promised)}
+    if after_prior:
+        extra["after_prior"] = True
     return _compile(src, arch, _companion_options(csig["family"]), csig["family"],
-                    "[cdiv(max_seqlen_q, BLOCK_M), nhead_q, batch]", {"block_m": int(const["BLOCK_M"]),
-                                                                        "aligned": list(promised)})
+                    "[cdiv(max_seqlen_q, BLOCK_M), nhead_q, batch]", extra)
 
 
 def _reason(exc: Exception) -> str:

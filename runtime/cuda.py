@@ -333,16 +333,18 @@ class CudaKernel:
 
 
 class NativeKernel(CudaKernel):
-    """Launch path 0: the native extension packs and launches in C (scratch, context retries: as CudaKernel)."""
+    """Launch path 0: the native extension packs and launches in C (scratch, context retries: as CudaKernel).
+    ``after_prior``: launched with programmatic dependent launch (the kernel waits for the one before it itself)."""
 
     kind = "native"
 
-    def __init__(self, fn: LoadedFunction, block: int, scratch=(0, 0), alloc=None):
+    def __init__(self, fn: LoadedFunction, block: int, scratch=(0, 0), alloc=None, after_prior: bool = False):
         from . import native
 
         super().__init__(fn, block, scratch, alloc)
         mod = native.load()
-        spec = (native.driver_launch_address(), fn.handle, self._block, fn.shared,
+        launch = native.after_prior_launch_address() if after_prior else native.driver_launch_address()
+        spec = (launch, fn.handle, self._block, fn.shared,
                 native.kinds(fn.types) + b"p" * fn.trailing, fn.trailing)
         self._native = mod.Launcher(*spec)
         self._go = self._native.launch
@@ -368,7 +370,8 @@ class TritonKernel:
     kind = "triton"
     needs_objects = False
 
-    def __init__(self, fn: LoadedFunction, block: int, num_warps: int, scratch=(0, 0), names=None):
+    def __init__(self, fn: LoadedFunction, block: int, num_warps: int, scratch=(0, 0), names=None,
+                 after_prior: bool = False):
         try:
             from triton.runtime.driver import driver as tdriver
         except ImportError:
@@ -383,7 +386,7 @@ class TritonKernel:
         meta = SimpleNamespace(num_ctas=1, num_warps=int(num_warps), shared=fn.shared,
                                global_scratch_size=int(scratch[0]), global_scratch_align=128,
                                profile_scratch_size=int(scratch[1]) if len(scratch) > 1 else 0,
-                               profile_scratch_align=128, launch_cooperative_grid=False, launch_pdl=False,
+                               profile_scratch_align=128, launch_cooperative_grid=False, launch_pdl=bool(after_prior),
                                tensordesc_meta=None, instrumentation_mode="")
         self._run = tdriver.active.launcher_cls(src, meta)
         self._packed = (int(num_warps), 1, fn.shared)
@@ -399,16 +402,18 @@ class TritonKernel:
 
 
 def load_cubin(binary: bytes, *, entry: str, shared: int, num_warps: int, device: int, types, warp_size: int = 32,
-               launcher: str = "auto", scratch=(0, 0), alloc=None, names=None):
+               launcher: str = "auto", scratch=(0, 0), alloc=None, names=None, after_prior: bool = False):
     """Load ``binary`` on ``device`` and wrap it in the chosen launcher (``auto``, ``native``, ``cuda``,
-    ``triton``)."""
+    ``triton``).  ``after_prior``: the binary waits for the kernel before it (``griddepcontrol.wait``; the build's
+    ``after_prior``), so the native and triton launchers launch it with programmatic dependent launch, to overlap
+    that kernel's end; the cuda-python fallback launches it plainly (the wait then returns at once)."""
     block = int(num_warps) * int(warp_size)
     fn = LoadedFunction(binary, entry, shared, block, device, types)
     if launcher in ("auto", "native"):
         from .native import NativeUnavailable
 
         try:
-            return NativeKernel(fn, block, scratch, alloc)
+            return NativeKernel(fn, block, scratch, alloc, after_prior)
         except NativeUnavailable as exc:
             if launcher == "native":
                 raise error("runtime.native", f"the native launcher is not available: {exc}", None,
@@ -417,7 +422,7 @@ def load_cubin(binary: bytes, *, entry: str, shared: int, num_warps: int, device
     if launcher in ("auto", "cuda"):  # auto: the native launcher did not build here
         return CudaKernel(fn, block, scratch, alloc)
     if launcher == "triton":
-        return TritonKernel(fn, block, num_warps, scratch, names)
+        return TritonKernel(fn, block, num_warps, scratch, names, after_prior)
     raise error("usage.value", f"unknown launcher {launcher!r}", None, "use 'auto', 'native', 'cuda' or 'triton'",
                 cls=UsageError)
 

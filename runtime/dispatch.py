@@ -409,7 +409,8 @@ class Dispatcher(MeasuredSelection):
 
         return load_cubin(data, entry=b["entry"], shared=int(b.get("shared", 0)), num_warps=num_warps,
                           device=device, types=types, warp_size=int(b.get("warp_size") or 32),
-                          launcher=self.launcher, scratch=scratch, alloc=_torch_alloc, names=names)
+                          launcher=self.launcher, scratch=scratch, alloc=_torch_alloc, names=names,
+                          after_prior=bool(b.get("after_prior")))
 
 
 def companion_entry(entry: Entry, role: str, family: str) -> Entry:

@@ -2,6 +2,7 @@
 
     mod = native.load()              # the extension module, or raises NativeUnavailable (with the reason)
     native.driver_launch_address()   # cuLaunchKernel's address in the process's libcuda
+    native.after_prior_launch_address()  # the same launch with programmatic dependent launch (native_launch.c)
 
 Why: ``cuLaunchKernel`` through cuda-python's binding plus packing the arguments in Python costs a few
 microseconds per launch; the extension converts the arguments and calls the driver in one C function
@@ -31,7 +32,7 @@ from .cext import NativeUnavailable
 MODULE = "_fmha_native"
 SOURCES = ("native_launch.c", "native_pack.h")
 _LOCK = threading.Lock()
-_STATE: dict = {}  # "module" | "error" | "cuda_launch"
+_STATE: dict = {}  # "module" | "error" | "cuda_launch" | "after_prior"
 
 
 def _source() -> bytes:
@@ -72,18 +73,30 @@ def available() -> tuple[bool, str]:
 def driver_launch_address() -> int:
     """The address of ``cuLaunchKernel`` in the process's NVIDIA driver library (the one torch loaded)."""
     addr = _STATE.get("cuda_launch")
-    if addr:
-        return addr
+    if not addr:
+        addr = _STATE["cuda_launch"] = _driver_symbol("cuLaunchKernel")
+    return addr
+
+
+def after_prior_launch_address() -> int:
+    """The address of the extension's programmatic dependent launch (``cuLaunchKernel``'s signature, through
+    ``cuLaunchKernelEx``; see native_launch.c): a kernel launched with it may overlap the end of the one before it
+    in the stream, and waits for that one's writes in the kernel (``griddepcontrol.wait``)."""
+    addr = _STATE.get("after_prior")
+    if not addr:
+        addr = _STATE["after_prior"] = load().after_prior_address(_driver_symbol("cuLaunchKernelEx"))
+    return addr
+
+
+def _driver_symbol(name: str) -> int:
     import ctypes
 
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        addr = ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value
+        addr = ctypes.cast(getattr(ctypes.CDLL("libcuda.so.1"), name), ctypes.c_void_p).value
     except (OSError, AttributeError) as exc:
-        raise NativeUnavailable(f"libcuda.so.1 could not be loaded: {exc}") from None
+        raise NativeUnavailable(f"libcuda.so.1 has no {name}: {exc}") from None
     if not addr:
-        raise NativeUnavailable("libcuda.so.1 has no cuLaunchKernel")
-    _STATE["cuda_launch"] = addr
+        raise NativeUnavailable(f"libcuda.so.1 has no {name}")
     return addr
 
 
@@ -95,4 +108,4 @@ def kinds(types) -> bytes:
 
 
 __all__ = ["NativeUnavailable", "load", "available", "build", "library_path", "compiler", "driver_launch_address",
-           "kinds"]
+           "after_prior_launch_address", "kinds"]

@@ -16,6 +16,15 @@
  * value is the driver's status (0 = success); a value that does not fit its parameter raises OverflowError
  * or TypeError naming the parameter, before anything is launched.  Each call packs into its own stack
  * buffer, and the GIL is released around the driver call.
+ *
+ *     addr = _fmha_native.after_prior_address(cuLaunchKernelEx_address)
+ *
+ * gives the address of a function with cuLaunchKernel's signature that launches through ``cuLaunchKernelEx`` with
+ * programmatic stream serialization allowed (programmatic dependent launch, sm90 and later): the kernel may start
+ * while the one before it in the stream finishes, and must wait for that one's writes itself
+ * (``griddepcontrol.wait``).  Passed as a Launcher's ``launch_fn`` -- or the torch fast path's -- it launches
+ * such a kernel (the split-KV combine) with no other change.  The two structs below are the driver's
+ * ``CUlaunchConfig`` and ``CUlaunchAttribute`` (cuda.h, CUDA 12), laid out by hand as the rest of this file is.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,6 +33,59 @@
 
 #include "native_pack.h"
 
+
+/* cuda.h's CUlaunchAttribute: a 4-byte id, padding to 8, a 64-byte value union */
+typedef struct {
+    unsigned int id;
+    char pad[4];
+    union {
+        char bytes[64];
+        int allowed;
+        void *align;
+    } value;
+} launch_attribute;
+
+/* cuda.h's CUlaunchConfig */
+typedef struct {
+    unsigned int grid[3];
+    unsigned int block[3];
+    unsigned int shared;
+    void *stream;
+    launch_attribute *attrs;
+    unsigned int num_attrs;
+} launch_config;
+
+typedef int (*launch_ex_fn)(const launch_config *config, void *function, void **params, void **extra);
+
+#define PROGRAMMATIC_STREAM_SERIALIZATION 6 /* CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION */
+
+static launch_ex_fn launch_ex;
+
+static int launch_after_prior(void *function, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                              unsigned int by, unsigned int bz, unsigned int shared, void *stream, void **params,
+                              void **extra)
+{
+    launch_attribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.allowed = 1;
+    launch_config config = {{gx, gy, gz}, {bx, by, bz}, shared, stream, &attr, 1};
+    return launch_ex(&config, function, params, extra);
+}
+
+static PyObject *after_prior_address(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    unsigned long long ex = PyLong_AsUnsignedLongLong(arg);
+    if (ex == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (ex == 0) {
+        PyErr_SetString(PyExc_ValueError, "after_prior_address(): cuLaunchKernelEx's address must be non-NULL");
+        return NULL;
+    }
+    launch_ex = (launch_ex_fn)(uintptr_t)ex;
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)&launch_after_prior);
+}
 
 typedef struct {
     PyObject_HEAD
@@ -121,8 +183,15 @@ static PyTypeObject LauncherType = {
     .tp_new = PyType_GenericNew,
 };
 
+static PyMethodDef native_functions[] = {
+    {"after_prior_address", after_prior_address, METH_O,
+     "after_prior_address(cuLaunchKernelEx_address) -> address of a cuLaunchKernel-shaped programmatic dependent "
+     "launch"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef native_module = {
-    PyModuleDef_HEAD_INIT, "_fmha_native", "fmha-dsl's native kernel launcher.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_fmha_native", "fmha-dsl's native kernel launcher.", -1, native_functions,
 };
 
 PyMODINIT_FUNC PyInit__fmha_native(void)

@@ -810,6 +810,34 @@ def test_a_decode_loop_with_growing_keys_stays_on_the_torch_fast_path():
     assert list(d.fast.values()) == [plan]  # one decision served them all
 
 
+def test_the_combine_overlaps_the_split_kernel_and_still_reads_every_partial():
+    """On archs with programmatic dependent launch (sm90) the split-KV combine is built to wait for the split kernel
+    in the kernel and is launched to overlap its end (native_launch.c's after_prior launch, on the Python path and
+    the torch fast path alike).  If the wait were missing, back-to-back decode calls would combine partials not yet
+    written: 64 calls over 8 different inputs, launched without a synchronisation between them, each equal to its
+    input's first result and to the reference."""
+    from fmha_dsl.runtime import native
+    from fmha_dsl.runtime.dispatch import Dispatcher, detect_arch
+
+    d = Dispatcher(None, builder=_SplitOnly(), tuned_dir="")
+    qs = [rnd(4, 16, 1, 128, dtype=torch.bfloat16) for _ in range(8)]
+    kvs = [(rnd(4, 4, 3000, 128, dtype=torch.bfloat16), rnd(4, 4, 3000, 128, dtype=torch.bfloat16)) for _ in range(8)]
+    first = [fmha_dsl.attention(q, k, v, registry=d) for q, (k, v) in zip(qs, kvs)]
+    [plan] = {id(p): p for p in d.fast.values()}.values()
+    assert plan.splits and len(plan.stages) == 2
+    combine = plan.stages[1].kernel(torch.cuda.current_device())
+    overlaps = bool(plan.stages[1].entry.build.get("after_prior"))
+    assert overlaps == (detect_arch() == "sm90")
+    if overlaps and getattr(combine, "kind", "") == "native":
+        assert combine.fast_spec[0] == native.after_prior_launch_address()
+    outs = [fmha_dsl.attention(qs[i % 8], *kvs[i % 8], registry=d) for i in range(64)]
+    torch.cuda.synchronize()
+    for i, o in enumerate(outs):
+        assert torch.equal(o, first[i % 8]), i
+    for j in (0, 7):
+        close(first[j], reference(qs[j], *kvs[j])[0], torch.bfloat16)
+
+
 @pytest.mark.parametrize("sq,causal", [(1, False), (4, "bottom_right"), (37, True)])
 def test_gqa_packed_rows_on_the_gpu(sq, causal):
     """The GQA-packed pipeline (one program per K/V head) against the reference, with its split-KV variants when the

@@ -146,3 +146,75 @@ def test_missing_python_headers_are_named(tmp_path, monkeypatch):
     monkeypatch.setattr(cext.sysconfig, "get_paths", lambda: {"include": str(tmp_path / "no-include")})
     ok, why = native.available()
     assert not ok and "Python headers are missing" in why and "python3-dev" in why
+
+
+def _cuda_h_layout(tmp_path) -> dict | None:
+    """Offsets in cuda.h's CUlaunchConfig / CUlaunchAttribute, from the C compiler and the header Triton bundles
+    (the truth the hand-written structs in native_launch.c must match); None when either is missing."""
+    import subprocess
+
+    try:
+        import triton
+    except ImportError:
+        return None
+    inc = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "include")
+    if not os.path.exists(os.path.join(inc, "cuda.h")):
+        return None
+    src = tmp_path / "layout.c"
+    src.write_text("""#include <stddef.h>
+#include <stdio.h>
+#include <cuda.h>
+int main(void) {
+    printf("%zu %zu %zu %zu %zu %zu %zu %d\\n", offsetof(CUlaunchConfig, sharedMemBytes), offsetof(CUlaunchConfig, hStream),
+           offsetof(CUlaunchConfig, attrs), offsetof(CUlaunchConfig, numAttrs), sizeof(CUlaunchAttribute),
+           offsetof(CUlaunchAttribute, value), sizeof(CUlaunchConfig),
+           (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+    return 0;
+}
+""")
+    exe = tmp_path / "layout"
+    cc = native.compiler()
+    if subprocess.run([*cc, "-I", inc, str(src), "-o", str(exe)], capture_output=True).returncode:
+        return None
+    vals = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()]
+    return dict(zip(("shared", "stream", "attrs", "num_attrs", "attr_size", "attr_value", "size", "serialize"), vals))
+
+
+def test_the_programmatic_dependent_launch_hands_cuLaunchKernelEx_cuda_h_s_config(mod, tmp_path):
+    """after_prior_address(): a cuLaunchKernel-shaped entry point that calls cuLaunchKernelEx (here a ctypes stand-in
+    reading the config at cuda.h's offsets) with one attribute: programmatic stream serialization allowed."""
+    import ctypes
+
+    want = _cuda_h_layout(tmp_path)
+    if want is None:
+        pytest.skip("no cuda.h (Triton's bundled headers) to compile against")
+    seen = []
+
+    def ex(config, function, params, extra):
+        raw = ctypes.string_at(config, want["size"])
+        u32 = lambda off: int.from_bytes(raw[off:off + 4], "little")  # noqa: E731
+        ptr = lambda off: int.from_bytes(raw[off:off + 8], "little")  # noqa: E731
+        attrs, n = ptr(want["attrs"]), u32(want["num_attrs"])
+        attr = ctypes.string_at(attrs, want["attr_size"] * n)
+        seen.append(dict(grid=tuple(u32(4 * i) for i in range(3)), block=tuple(u32(12 + 4 * i) for i in range(3)),
+                         shared=u32(want["shared"]), stream=ptr(want["stream"]), n=n,
+                         attr_id=int.from_bytes(attr[:4], "little"),
+                         allowed=int.from_bytes(attr[want["attr_value"]:want["attr_value"] + 4], "little"),
+                         function=function, slot0=ctypes.string_at(ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))[0], 8)))
+        return 0
+
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    cb = proto(ex)
+    addr = mod.after_prior_address(ctypes.cast(cb, ctypes.c_void_p).value)
+    try:
+        launcher = mod.Launcher(addr, 0xF00, 64, 4096, b"i", 0)
+        assert launcher.launch(5, 6, 7, 0xCAFE, [42]) == 0
+    finally:  # the entry point is process-wide: hand it back the driver's (a GPU test may launch through it later)
+        try:
+            mod.after_prior_address(native._driver_symbol("cuLaunchKernelEx"))
+        except native.NativeUnavailable:
+            pass
+    assert seen == [dict(grid=(5, 6, 7), block=(64, 1, 1), shared=4096, stream=0xCAFE, n=1,
+                         attr_id=want["serialize"], allowed=1, function=0xF00, slot0=_slot("i", 42))]
+    with pytest.raises(ValueError, match="non-NULL"):
+        mod.after_prior_address(0)

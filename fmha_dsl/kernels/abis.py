@@ -34,6 +34,9 @@ class KernelABI:
     overrides: tuple[tuple[str, str], ...] = field(default=())  # (name, type) replacing a declared type
     sources: tuple[str, ...] = ()                # modules under fmha_dsl.kernels whose text shapes the binary
     num_warps: int = 4                           # as a companion: the warps it is compiled with
+    waits_prior: bool = False                    # as a companion: its template takes WAIT_PRIOR (griddepcontrol.wait
+                                                 # before its first read), so on archs with programmatic dependent
+                                                 # launch it is launched to overlap the end of the kernel before it
 
     @functools.cached_property
     def names(self) -> tuple[str, ...]:
@@ -65,7 +68,8 @@ ABIS: dict[str, KernelABI] = {a.family: a for a in (
     KernelABI("fwd_splitkv", "triton_fwd", "fmha_fwd", fwd_abi.ARGS, fwd_abi.ALIGNED, v_stride=True,
               companions=(("combine", "fwd_splitkv_combine"),), overrides=(("Out", "*fp32"),), sources=_FWD),
     KernelABI("fwd_splitkv_combine", "triton_combine", "fmha_fwd_combine", fwd_abi.COMBINE_ARGS,
-              project=("dtype", "hdim_v", "mode", "lse"), sources=_FWD, num_warps=fwd_abi.COMBINE_WARPS),
+              project=("dtype", "hdim_v", "mode", "lse"), sources=_FWD, num_warps=fwd_abi.COMBINE_WARPS,
+              waits_prior=True),
     KernelABI("bwd_dq_dk_dv", "triton_bwd", "fmha_bwd_dq_dk_dv", bwd_abi.ARGS, bwd_abi.ALIGNED,
               companions=(("dot_do_o", "bwd_dot_do_o"), ("convert_dq", "bwd_convert_dq")), sources=_BWD),
     KernelABI("bwd_dot_do_o", "triton_bwd", "fmha_bwd_dot_do_o", bwd_abi.DOT_ARGS, bwd_abi.DOT_ALIGNED,

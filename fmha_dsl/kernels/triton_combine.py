@@ -9,12 +9,18 @@ computed here in one pass over the splits, 16 at a time (``COMBINE_BLOCK_S``, in
 (so no split's ``exp`` overflows). A split that saw no allowed key has ``lse_s = -inf`` and weight 0; a row no split
 saw gives ``O = 0``, ``lse = -inf`` (docs/semantics.md). Run-time parameters:
 :data:`fmha_dsl.kernels.fwd_abi.COMBINE_ARGS`.
+
+``WAIT_PRIOR`` (archs with programmatic dependent launch, set by the build): the kernel starts with
+``griddepcontrol.wait``, so the runtime may launch it to overlap the split kernel's end -- its programs are placed
+while the split kernel's last ones run and read the partials once all of them are written (about 1 us less per
+decode call on an H200; docs/benchmarks.md).  Without that launch attribute the wait returns at once.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from .fwd_abi import COMBINE_ARGS, COMBINE_BLOCK_M, COMBINE_BLOCK_S, block_d
 from .triton_steps import _sequence
@@ -27,7 +33,9 @@ def fmha_fwd_combine(Ows, Lws, Out, Lse, cu_seqlens_q, seqlen_q, nhead_q, num_sp
                      stride_wb, stride_wh, stride_wm, stride_xb, stride_xh,
                      stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm,
                      BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, IS_GROUP: tl.constexpr,
-                     STORE_LSE: tl.constexpr):
+                     STORE_LSE: tl.constexpr, WAIT_PRIOR: tl.constexpr):
+    if WAIT_PRIOR:  # before the first read: the partials are the split kernel's writes
+        gdc_wait()
     # one query row per program (BLOCK_M = 1); its splits are read BLOCK_S at a time, so that a chunk's loads are
     # in flight together (a loop over single splits would wait one memory latency per split)
     row = tl.program_id(0)
@@ -71,7 +79,7 @@ def fmha_fwd_combine(Ows, Lws, Out, Lse, cu_seqlens_q, seqlen_q, nhead_q, num_sp
         tl.store(l_ptrs + tl.arange(0, 1), lse)
 
 
-COMBINE_CONSTEXPRS: tuple[str, ...] = ("BLOCK_M", "BLOCK_S", "BLOCK_DV", "IS_GROUP", "STORE_LSE")
+COMBINE_CONSTEXPRS: tuple[str, ...] = ("BLOCK_M", "BLOCK_S", "BLOCK_DV", "IS_GROUP", "STORE_LSE", "WAIT_PRIOR")
 
 
 def signature(dtype: str) -> dict[str, str]:
@@ -83,7 +91,9 @@ def signature(dtype: str) -> dict[str, str]:
 
 def constexprs(sig: dict, alg: dict | None = None) -> dict:
     """Constexprs of the combine kernel that goes with a split-KV key's signature fields (``alg``: unused, as every
-    template's ``constexprs`` takes it)."""
+    template's ``constexprs`` takes it).  ``WAIT_PRIOR`` is False here; the build sets it for archs with
+    programmatic dependent launch (:func:`fmha_dsl.compile_triton.compile_companion`)."""
     return {"BLOCK_M": COMBINE_BLOCK_M, "BLOCK_S": COMBINE_BLOCK_S, "BLOCK_DV": block_d(int(sig["hdim_v"])),
-            "IS_GROUP": sig.get("mode", "batch") == "group", "STORE_LSE": bool(sig.get("lse", False))}
+            "IS_GROUP": sig.get("mode", "batch") == "group", "STORE_LSE": bool(sig.get("lse", False)),
+            "WAIT_PRIOR": False}
 
