@@ -92,9 +92,13 @@ def _driver_symbol(name: str) -> int:
     import ctypes
 
     try:
-        addr = ctypes.cast(getattr(ctypes.CDLL("libcuda.so.1"), name), ctypes.c_void_p).value
-    except (OSError, AttributeError) as exc:
-        raise NativeUnavailable(f"libcuda.so.1 has no {name}: {exc}") from None
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise NativeUnavailable(f"libcuda.so.1 could not be loaded: {exc}") from None
+    try:
+        addr = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+    except AttributeError:
+        addr = None
     if not addr:
         raise NativeUnavailable(f"libcuda.so.1 has no {name}")
     return addr

@@ -138,11 +138,10 @@ class GatheredPlan:
     def launches(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, workspace=None):
         """``([(kernel, grid, arguments)], workspace buffer | None)``: the copy, then the forward kernel."""
         p, nhk, msk = self.problem, args[_AT["nhead_k"]], args[_AT["max_seqlen_k"]]
-        lay = layout_of(p, batch, args)
-        numel = lay[3] // 4
-        if (not paged_abi.gather_bounded(batch, nhk, msk, p.hdim_q, p.hdim_v, p.dtype, self._limit)
-                or (workspace is not None and workspace.numel() < numel)):
+        lay = paged_abi.bounded_layout(batch, nhk, msk, p.hdim_q, p.hdim_v, p.dtype, self._limit)
+        if lay is None or (workspace is not None and workspace.numel() < lay[3] // 4):
             return self.fallback.launches(device, batch, nhead_q, max_seqlen_q, args, workspace)
+        numel = lay[3] // 4
         fwd = self.forward
         gx, heads, _ = grid_of(fwd.packed, batch, nhead_q, nhk, max_seqlen_q, fwd.block_m)
         if not (gx and heads and batch):

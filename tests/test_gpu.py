@@ -823,7 +823,7 @@ def test_the_combine_overlaps_the_split_kernel_and_still_reads_every_partial():
     qs = [rnd(4, 16, 1, 128, dtype=torch.bfloat16) for _ in range(8)]
     kvs = [(rnd(4, 4, 3000, 128, dtype=torch.bfloat16), rnd(4, 4, 3000, 128, dtype=torch.bfloat16)) for _ in range(8)]
     first = [fmha_dsl.attention(q, k, v, registry=d) for q, (k, v) in zip(qs, kvs)]
-    [plan] = {id(p): p for p in d.fast.values()}.values()
+    [plan] = set(d.fast.values())  # one decision for the 8 same-shaped inputs
     assert plan.splits and len(plan.stages) == 2
     combine = plan.stages[1].kernel(torch.cuda.current_device())
     overlaps = bool(plan.stages[1].entry.build.get("after_prior"))

@@ -235,9 +235,15 @@ def gather_bounded(batch: int, nhead_k: int, max_seqlen_k: int, dq: int, dv: int
                    limit_bytes: int) -> bool:
     """Whether the gathered route's workspace for these bounds is at most ``limit_bytes`` and its tensors are
     addressed by int32 element offsets."""
+    return bounded_layout(batch, nhead_k, max_seqlen_k, dq, dv, dtype, limit_bytes) is not None
+
+
+def bounded_layout(batch: int, nhead_k: int, max_seqlen_k: int, dq: int, dv: int, dtype: str,
+                   limit_bytes: int) -> tuple[int, ...] | None:
+    """:func:`gather_layout` of these bounds when they are :func:`gather_bounded`, else None."""
     elems = int(batch) * max(int(max_seqlen_k), 1) * int(nhead_k) * max(int(dq), int(dv))
-    size = gather_layout(batch, nhead_k, max_seqlen_k, dq, dv, dtype)[3]
-    return 1 <= int(max_seqlen_k) and size <= int(limit_bytes) and elems < (1 << 31)
+    lay = gather_layout(batch, nhead_k, max_seqlen_k, dq, dv, dtype)
+    return lay if 1 <= int(max_seqlen_k) and lay[3] <= int(limit_bytes) and elems < (1 << 31) else None
 
 
 def pack_gather(ptrs, ks, vs, tb_stride, batch, nhk, num_pages, table_width) -> list:
@@ -271,4 +277,4 @@ __all__ = ["ARGS", "ALIGNED", "ALIGNED_AT", "APPEND_ARGS", "APPEND_ALIGNED", "AP
            "LOOKUPS", "ROPES", "DTYPES", "page_size", "kv_vec", "VECTOR_BYTES", "ELEMENT_BYTES", "vector_elems",
            "cache_geometry", "pack", "split_args", "workspace_bound", "pack_append", "append_grid", "GATHER_ARGS",
            "GATHER_BLOCK_M", "GATHER_MIN_ROWS", "GATHER_ALIGNED", "GATHER_FIELDS", "gather_layout", "gather_numel",
-           "gather_fits", "gather_bounded", "pack_gather", "gather_grid"]
+           "gather_fits", "gather_bounded", "bounded_layout", "pack_gather", "gather_grid"]
