@@ -172,9 +172,13 @@ def decode(args):
             base = {"gqa": ratio, "batch": b, "seqlen_k": sk, "kv_bytes": nbytes, "copy_gbps": copy}
             ref = _sdpa(q, k, v, False, "flash")()
             peers = {}
-            for name in ("flash", "cudnn"):
-                _timed(peers, f"sdpa_{name}", _sdpa(q, k, v, False, name), nbytes=nbytes)
-            _timed(peers, "attention_contiguous", lambda: fmha_dsl.attention(q, k, v), ref, nbytes=nbytes)
+
+            def time_peers(into):
+                for name in ("flash", "cudnn"):
+                    _timed(into, f"sdpa_{name}", _sdpa(q, k, v, False, name), nbytes=nbytes)
+                _timed(into, "attention_contiguous", lambda: fmha_dsl.attention(q, k, v), ref, nbytes=nbytes)
+            time_peers(peers)
+            first = len(rows)
             q3 = q[:, :, 0].contiguous()                                        # [B, Hq, D]: one token per sequence
             cq = torch.arange(b + 1, dtype=torch.int32, device="cuda")
             lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
@@ -200,16 +204,24 @@ def decode(args):
                     row["paged_vectorized"]["kernel"] = _kernel_name(q3)
                     del k5, v5
                 rows.append(row)
-
+                del kc, vc, bt, ip, ix
+            # the peers once more, after ours: each keeps the faster of its two timings (one slow timing of a peer
+            # -- seen once for both SDPA backends at one shape -- would flatter every page size's ratio)
+            again = {}
+            time_peers(again)
+            for name, t in again.items():
+                if "ms" in t and ("ms" not in peers[name] or t["ms"] < peers[name]["ms"]):
+                    for row in rows[first:]:
+                        row[name] = t
+            for row in rows[first:]:
                 def g(n):
                     return (row.get(n) or {}).get("gbps", 0)
-                print(f"decode gqa{ratio} b{b:>3} sk{sk:>6} page{page:>4}: paged={g('paged_vllm'):5.0f} GB/s "
-                      f"({g('paged_vllm') / copy:.0%} of copy)  fa2={g('sdpa_flash'):5.0f} cudnn={g('sdpa_cudnn'):5.0f} "
-                      f"attention={g('attention_contiguous'):5.0f}"
-                      + (f" vectorized={g('paged_vectorized'):5.0f}" if page == 16 else "")
+                print(f"decode gqa{ratio} b{b:>3} sk{sk:>6} page{row['page_size']:>4}: paged={g('paged_vllm'):5.0f} "
+                      f"GB/s ({g('paged_vllm') / copy:.0%} of copy)  fa2={g('sdpa_flash'):5.0f} "
+                      f"cudnn={g('sdpa_cudnn'):5.0f} attention={g('attention_contiguous'):5.0f}"
+                      + (f" vectorized={g('paged_vectorized'):5.0f}" if row["page_size"] == 16 else "")
                       + f"  {row['paged_vllm'].get('kernel', '')[:70]}",
                       flush=True)
-                del kc, vc, bt, ip, ix
             del q, k, v, ref
             torch.cuda.empty_cache()
     return rows

@@ -146,15 +146,15 @@ def test_hnd_cache_through_strides_and_packed_gqa(interp):
 def test_page_ids_outside_the_cache_are_clamped_not_read_out_of_bounds(interp):
     kc, vc, tab = cache([40, 20], 16, 1, 16)
     bt = tab["block_table"].copy()
-    bt[0, 1], bt[1, 0] = 1 << 30, -7                 # corrupt ids: clamped to the last / first page
+    bt[0, 1], bt[1, 0] = 1 << 30, -7                 # corrupt ids: both read the last page (an unsigned clamp)
     q = np.ones((2, 1, 16), np.float32)
     lens = np.array([40, 10 ** 6], np.int32)          # a length past the table: clamped to its pages
     out, _ = interp("run_interpreted_paged", q, kc, vc, seqlens_k=lens, cu_seqlens_q=[0, 1, 2], block_table=bt)
     assert np.isfinite(out).all()
     fixed = bt.copy()
-    fixed[0, 1], fixed[1, 0] = kc.shape[0] - 1, 0
+    fixed[0, 1] = kc.shape[0] - 1
     want = paged_attention(q, kc, vc, seqlens_k=[40, 16 * bt.shape[1]], cu_seqlens_q=[0, 1, 2],
-                           block_table=np.where(fixed < 0, 0, fixed))
+                           block_table=np.where(fixed < 0, kc.shape[0] - 1, fixed))   # -7 and the -1 padding
     assert np.abs(out - want).max() < 1e-5
 
 

@@ -9,7 +9,8 @@ GQA/MQA (optionally the query heads of a group packed into one tile's rows, CK's
 soft-cap, ALiBi, LSE.  The score, softmax and P.V steps are the forward template's (:mod:`.triton_fwd`); what is new
 is where a key block's rows live (:mod:`.triton_paged_rows`): with ``PAGE_SIZE >= BLOCK_N`` a block lies in one page
 (one page-id load, rows at a fixed stride); with smaller pages every row has its own page (a gather of ``BLOCK_N`` row
-addresses).  The cache
+addresses; K is read in V's layout, ``[BLOCK_N, D]``, and transposed for the dot, so that a thread's K and V rows are
+the same and share their page ids).  The cache
 is linear (``KV_VEC`` 0: ``[pages, page_size, Hk, D]`` by strides) or CK's vectorized layout (``KV_VEC`` elements
 of 16 bytes: K ``[pages, Hk, D / KV_VEC, page_size, KV_VEC]``, V ``[pages, Hk, page_size / KV_VEC, D, KV_VEC]``).
 Page ids are clamped into the cache and a sequence never reads past its table (:mod:`.paged_abi`).
@@ -28,7 +29,7 @@ import triton.language as tl
 
 from .fwd_abi import block_d, packs_gqa
 from .paged_abi import ARGS, DTYPES, LOOKUPS, kv_vec, page_size
-from .triton_paged_rows import _page, _rows, _v_vectors
+from .triton_paged_rows import _page, _pages, _rows, _v_vectors
 from .triton_steps import _dot, _load, _softmax
 
 __all__ = ["fmha_paged", "CONSTEXPRS", "constexprs"]
@@ -44,19 +45,22 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
            STEP: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
            ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
            PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr):
-    """One key block of the paged cache: gathered K^T and V tiles (TMA: the block's page through the descriptors
+    """One key block of the paged cache: gathered K and V tiles (TMA: the block's page through the descriptors
     ``k_base``/``v_base`` over the cache's rows), the forward template's online-softmax step."""
     n_ok = (start_n + offs_n) < seqlen_k
     if TMA:  # PAGE_SIZE >= BLOCK_N, pages contiguous: the block is rows [row0, row0 + BLOCK_N) of the cache
         page = tl.load(Table + tb + start_n // PAGE_SIZE)
-        page = _page(page, num_pages)
-        row0 = page * PAGE_SIZE + start_n % PAGE_SIZE
+        row0 = (_page(page, num_pages) * PAGE_SIZE).to(tl.int32) + start_n % PAGE_SIZE
         qk = _dot(q, tl.trans(k_base.load([row0, 0])), None, IEEE, UPCAST)
     else:
-        krows = _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_kp, stride_ks, CHECK_N, PAGE_SIZE,
-                      BLOCK_N, 0)
-        k = _load(k_base + offs_d[:, None] + krows[None, :], d_ok[:, None], n_ok[None, :], CHECK_D, CHECK_N)
-        qk = _dot(q, k, None, IEEE, UPCAST)
+        page = _pages(Table, tb, num_pages, start_n, offs_n, seqlen_k, CHECK_N, PAGE_SIZE, BLOCK_N)
+        krows = _rows(page, start_n, offs_n, stride_kp, stride_ks, PAGE_SIZE, BLOCK_N, 0)
+        if KV_VEC:  # K^T [D, N]: the head dim's 16-byte vectors at offs_d's offsets (k_cols), slots at KV_VEC
+            k = _load(k_base + offs_d[:, None] + krows[None, :], d_ok[:, None], n_ok[None, :], CHECK_D, CHECK_N)
+            qk = _dot(q, k, None, IEEE, UPCAST)
+        else:  # K [N, D], as V is read: a thread's K and V rows are the same, their page ids loaded once
+            k = _load(k_base + krows[:, None] + offs_d[None, :], n_ok[:, None], d_ok[None, :], CHECK_N, CHECK_D)
+            qk = _dot(q, tl.trans(k), None, IEEE, UPCAST)
     p, alpha, l_i, m_i = _softmax(l_i, m_i, qk, start_n, k_base, offs_m, offs_m.to(tl.uint32), offs_m.to(tl.uint32),
                                   slope2, offs_m, offs_n, offs_m >= 0, seqlen_q, seqlen_k, mask_off, window_left,
                                   window_right, sink, qk_scale, cap_scale, cap_log2, 0.0, 0,
@@ -70,8 +74,7 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
         v = _v_vectors(v_base, Table, tb, num_pages, start_n, seqlen_k, stride_vp, stride_vs, offs_dv, dv_ok, CHECK_N,
                        CHECK_DV, PAGE_SIZE, BLOCK_N, offs_dv.shape[0], KV_VEC)
     else:
-        vrows = _rows(Table, tb, num_pages, start_n, offs_n, seqlen_k, stride_vp, stride_vs, CHECK_N, PAGE_SIZE,
-                      BLOCK_N, 0)
+        vrows = _rows(page, start_n, offs_n, stride_vp, stride_vs, PAGE_SIZE, BLOCK_N, 0)
         v = _load(v_base + vrows[:, None] + offs_dv[None, :], n_ok[:, None], dv_ok[None, :], CHECK_N, CHECK_DV)
     acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], IEEE, UPCAST)
     return acc, l_i, m_i
