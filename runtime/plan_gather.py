@@ -62,7 +62,7 @@ def _views(buf, lay, dtype: str, objects: bool):
     return raw[lay[0]:lay[1]].view(elem), raw[lay[1]:lay[2]].view(elem), raw[lay[2]:lay[3]].view(torch.int32)
 
 
-def layout_of(problem, batch: int, args) -> tuple[int, ...]:
+def workspace_layout(problem, batch: int, args) -> tuple[int, ...]:
     """:func:`fmha_dsl.kernels.paged_abi.gather_layout` of the paged call ``args`` (of ``problem``'s class)."""
     return paged_abi.gather_layout(batch, args[_AT["nhead_k"]], args[_AT["max_seqlen_k"]], problem.hdim_q,
                                    problem.hdim_v, problem.dtype)
@@ -70,7 +70,7 @@ def layout_of(problem, batch: int, args) -> tuple[int, ...]:
 
 def gather_step(stage, device: int, batch: int, args, buf, lay, dtype: str) -> tuple:
     """``((kernel, grid, arguments), (Kout, Vout, cu_seqlens_k))``: the copy of the paged call ``args`` into the
-    workspace ``buf`` laid out as ``lay`` (:func:`layout_of`)."""
+    workspace ``buf`` laid out as ``lay`` (:func:`workspace_layout`)."""
     a, nhk, msk = args, args[_AT["nhead_k"]], args[_AT["max_seqlen_k"]]
     kern = stage.kernel(device)
     kt, vt, ct = _views(buf, lay, dtype, kern.needs_objects)
@@ -139,9 +139,9 @@ class GatheredPlan:
         """``([(kernel, grid, arguments)], workspace buffer | None)``: the copy, then the forward kernel."""
         p, nhk, msk = self.problem, args[_AT["nhead_k"]], args[_AT["max_seqlen_k"]]
         lay = paged_abi.bounded_layout(batch, nhk, msk, p.hdim_q, p.hdim_v, p.dtype, self._limit)
-        if lay is None or (workspace is not None and workspace.numel() < lay[3] // 4):
+        numel = lay[3] // 4 if lay is not None else 0
+        if lay is None or (workspace is not None and workspace.numel() < numel):
             return self.fallback.launches(device, batch, nhead_q, max_seqlen_q, args, workspace)
-        numel = lay[3] // 4
         fwd = self.forward
         gx, heads, _ = grid_of(fwd.packed, batch, nhead_q, nhk, max_seqlen_q, fwd.block_m)
         if not (gx and heads and batch):
@@ -188,7 +188,7 @@ def with_gathered(disp, plan, problem, aligned: bool, device: int, batch: int, n
 
     stage = disp.loose_stage(entry, binary)
     # the forward kernels are chosen on the gathered rows of this call: one copy into a workspace kept for the timing
-    lay = layout_of(problem, batch, args)
+    lay = workspace_layout(problem, batch, args)
     buf = workspace_buffer(None, lay[3] // 4, torch.device(f"cuda:{device}"), _HINT)
     (kern, grid, gargs), gathered = gather_step(stage, device, batch, args, buf, lay, problem.dtype)
     kern.launch(grid, gargs, torch.cuda.current_stream(device).cuda_stream)
@@ -229,5 +229,5 @@ def route_key(problem, aligned: bool) -> str:
     return autotune.key(problem, aligned) + "|route"
 
 
-__all__ = ["GatheredPlan", "with_gathered", "route_key", "recorded_route", "forward_problem", "fits", "layout_of",
+__all__ = ["GatheredPlan", "with_gathered", "route_key", "recorded_route", "forward_problem", "fits", "workspace_layout",
            "gather_step", "forward_args"]

@@ -161,6 +161,7 @@ SERVING_SET = """kernel_set serving_ci {
 }
 """
 
+
 def test_a_serving_set_builds_for_amd_and_nvidia_without_a_gpu(tmp_path):
     pytest.importorskip("triton")
     from fmha_dsl.build import build

@@ -228,19 +228,14 @@ def gather_fits(batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, max_s
     query rows per K/V head: the copy is then a small part of the attention's time), a workspace of at most
     ``limit_bytes``, and gathered tensors the forward kernel's int32 element offsets address."""
     rows = max(int(max_seqlen_q), 0) * (int(nhead_q) // max(int(nhead_k), 1))
-    return rows >= GATHER_MIN_ROWS and gather_bounded(batch, nhead_k, max_seqlen_k, dq, dv, dtype, limit_bytes)
-
-
-def gather_bounded(batch: int, nhead_k: int, max_seqlen_k: int, dq: int, dv: int, dtype: str,
-                   limit_bytes: int) -> bool:
-    """Whether the gathered route's workspace for these bounds is at most ``limit_bytes`` and its tensors are
-    addressed by int32 element offsets."""
-    return bounded_layout(batch, nhead_k, max_seqlen_k, dq, dv, dtype, limit_bytes) is not None
+    return rows >= GATHER_MIN_ROWS and bounded_layout(batch, nhead_k, max_seqlen_k, dq, dv, dtype,
+                                                      limit_bytes) is not None
 
 
 def bounded_layout(batch: int, nhead_k: int, max_seqlen_k: int, dq: int, dv: int, dtype: str,
                    limit_bytes: int) -> tuple[int, ...] | None:
-    """:func:`gather_layout` of these bounds when they are :func:`gather_bounded`, else None."""
+    """:func:`gather_layout` of these bounds when the workspace is at most ``limit_bytes`` and its tensors are
+    addressed by int32 element offsets, else None."""
     elems = int(batch) * max(int(max_seqlen_k), 1) * int(nhead_k) * max(int(dq), int(dv))
     lay = gather_layout(batch, nhead_k, max_seqlen_k, dq, dv, dtype)
     return lay if 1 <= int(max_seqlen_k) and lay[3] <= int(limit_bytes) and elems < (1 << 31) else None
@@ -277,4 +272,4 @@ __all__ = ["ARGS", "ALIGNED", "ALIGNED_AT", "APPEND_ARGS", "APPEND_ALIGNED", "AP
            "LOOKUPS", "ROPES", "DTYPES", "page_size", "kv_vec", "VECTOR_BYTES", "ELEMENT_BYTES", "vector_elems",
            "cache_geometry", "pack", "split_args", "workspace_bound", "pack_append", "append_grid", "GATHER_ARGS",
            "GATHER_BLOCK_M", "GATHER_MIN_ROWS", "GATHER_ALIGNED", "GATHER_FIELDS", "gather_layout", "gather_numel",
-           "gather_fits", "gather_bounded", "bounded_layout", "pack_gather", "gather_grid"]
+           "gather_fits", "bounded_layout", "pack_gather", "gather_grid"]

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from .fwd_abi import block_d
 from .paged_abi import APPEND_ARGS, APPEND_BLOCK_M, DTYPES, LOOKUPS, ROPES, kv_vec, page_size
+from .triton_paged_rows import _table
 
 __all__ = ["fmha_appendkv", "CONSTEXPRS", "constexprs"]
 
@@ -87,13 +88,7 @@ def fmha_appendkv(Q, K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Tabl
             page = (offs_t * 0 + off_b).to(tl.int64)
             slot = pos
         else:
-            if LOOKUP == 0:
-                tb = off_b.to(tl.int64) * stride_tb
-                n_tab = table_width
-            else:
-                p0 = tl.load(kv_indptr + off_b)
-                n_tab = tl.load(kv_indptr + off_b + 1) - p0
-                tb = p0.to(tl.int64)
+            tb, n_tab = _table(kv_indptr, off_b, stride_tb, table_width, LOOKUP)
             idx = pos // PAGE_SIZE
             w_ok = p_ok & (pos >= 0) & (idx < n_tab)
             page = tl.load(Table + tb + idx, mask=w_ok, other=0)

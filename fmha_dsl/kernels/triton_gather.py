@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .fwd_abi import block_d
 from .paged_abi import DTYPES, GATHER_ARGS, GATHER_BLOCK_M, LOOKUPS, kv_vec, page_size
-from .triton_paged_rows import _page, _slots
+from .triton_paged_rows import _page, _slots, _table
 
 __all__ = ["fmha_kv_gather", "CONSTEXPRS", "constexprs"]
 
@@ -78,11 +78,8 @@ def fmha_kv_gather(K, V, Kout, Vout, seqlens_k, Table, kv_indptr, cu_seqlens_k,
     if pid_m * BLOCK_M >= seqlen_k:
         return
     rows_ok = t < seqlen_k
-    if LOOKUP == 0:  # vLLM: row b of the block table
-        tab = Table + off_b.to(tl.int64) * stride_tb
-    else:  # SGLang: kv_indices[kv_indptr[b] : kv_indptr[b + 1]]
-        tab = Table + tl.load(kv_indptr + off_b).to(tl.int64)
-    page = tl.load(tab + t // PAGE_SIZE, mask=rows_ok, other=0)
+    tb, _ = _table(kv_indptr, off_b, stride_tb, table_width, LOOKUP)
+    page = tl.load(Table + tb + t // PAGE_SIZE, mask=rows_ok, other=0)
     page = _page(page, num_pages).to(tl.int64)  # never outside the cache
     slot = t % PAGE_SIZE
     dst = (start + t).to(tl.int64) * nhead_k + off_h

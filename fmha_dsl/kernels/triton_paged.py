@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .fwd_abi import block_d, packs_gqa
 from .paged_abi import ARGS, DTYPES, LOOKUPS, kv_vec, page_size
-from .triton_paged_rows import _page, _pages, _rows, _v_vectors
+from .triton_paged_rows import _page, _pages, _rows, _table, _v_vectors
 from .triton_steps import _dot, _load, _softmax
 
 __all__ = ["fmha_paged", "CONSTEXPRS", "constexprs"]
@@ -140,13 +140,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
     q_start = tl.load(cu_seqlens_q + off_b)
     seqlen_q = tl.load(cu_seqlens_q + off_b + 1) - q_start
     seqlen_k = tl.load(seqlens_k + off_b)
-    if LOOKUP == 0:  # vLLM: row b of the block table
-        tb = off_b.to(tl.int64) * stride_tb
-        n_tab = table_width
-    else:  # SGLang: kv_indices[kv_indptr[b] : kv_indptr[b + 1]]
-        p0 = tl.load(kv_indptr + off_b)
-        n_tab = tl.load(kv_indptr + off_b + 1) - p0
-        tb = p0.to(tl.int64)
+    tb, n_tab = _table(kv_indptr, off_b, stride_tb, table_width, LOOKUP)
     # never past the sequence's table (nor below zero keys)
     seqlen_k = tl.maximum(tl.minimum(seqlen_k, n_tab * PAGE_SIZE), 0)
 

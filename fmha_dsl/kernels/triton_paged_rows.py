@@ -12,7 +12,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["_page", "_pages", "_rows", "_slots", "_v_vectors"]
+__all__ = ["_table", "_page", "_pages", "_rows", "_slots", "_v_vectors"]
+
+
+@triton.jit
+def _table(kv_indptr, off_b, stride_tb, table_width, LOOKUP: tl.constexpr):
+    """``(offset, pages)`` of sequence ``off_b``'s page table: vLLM's (``LOOKUP`` 0) is row ``off_b`` of the block
+    table (``table_width`` pages, row stride ``stride_tb``); SGLang's (1) ``kv_indices[kv_indptr[b] :
+    kv_indptr[b + 1]]``.  The offset is int64, in elements of the table tensor."""
+    if LOOKUP == 0:
+        tb = off_b.to(tl.int64) * stride_tb
+        n_tab = table_width
+    else:
+        p0 = tl.load(kv_indptr + off_b)
+        n_tab = tl.load(kv_indptr + off_b + 1) - p0
+        tb = p0.to(tl.int64)
+    return tb, n_tab
 
 
 @triton.jit
