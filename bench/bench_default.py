@@ -11,7 +11,8 @@
   best of its candidates.
 * padded: lengths that are not multiples of a tile (1000, 4095, 8191; a varlen batch of mixed lengths) and head dims
   that are not powers of two (80, 96, 192), each next to the nearest aligned shape through the same default path
-  (head dims: the next power of two, counting the real head dim's FLOPs) and FA2.
+  (head dims: the next power of two, counting the real head dim's FLOPs), with FA2 and cuDNN on both shapes
+  (their own ratio: what tile-granular kernels reach).
 * decode: Sq = 1 and 4, GQA 4:1 and 8:1, d128, bf16, batch 1..64, Sk 2k..128k: K/V bytes read per second, next to
   FA2 and cuDNN (SDPA with enable_gqa) and the device's copy bandwidth measured here (bytes read + written).
 * firstcall: the first call of a class never seen (a fresh process, empty cache, shipped decisions ignored:
@@ -136,10 +137,25 @@ def _default_path(row, q, k, v, ref, f=None, nbytes=None, **kw):
     if nbytes:
         row["default"]["gbps"] = nbytes / ms / 1e6
     disp = sys.modules["fmha_dsl.attention"]._JIT.get(q.get_device())
-    plans = [p for p in disp.fast.values()]
-    if plans:
-        row["default"]["kernel"] = plans[-1].entry.name
+    name = _decided(disp, q, k, v, kw.get("causal", False))
+    if name:
+        row["default"]["kernel"] = name
     return disp
+
+
+def _decided(disp, q, k, v, causal) -> str | None:
+    """The kernel first use decided for this call's problem class (BHSD tensors): the decision itself, not the last
+    plan the dispatcher made (which an earlier call of another class may have made)."""
+    from fmha_dsl import Problem
+
+    if disp is None:
+        return None
+    b, hq, sq, d = q.shape
+    hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
+    dtype = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}[str(q.dtype)]
+    p = Problem(family="fwd", dtype=dtype, batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=sq, seqlen_k=sk, max_seqlen_q=sq,
+                max_seqlen_k=sk, hdim_q=d, hdim_v=dv, mask="top_left" if causal else "no")
+    return disp.decided_kernel(p, True) or disp.decided_kernel(p, False)
 
 
 def prefill(args, save_cb):
@@ -244,17 +260,24 @@ def padded(args):
                     ref = _sdpa(q, k, v, causal, "flash")()
                     sub = {}
                     _default_path(sub, q, k, v, ref, f, causal=causal)
-                    if tag == "shape":
-                        _peer(sub, "sdpa_flash", _sdpa(q, k, v, causal, "flash"), f)
+                    for peer in ("flash", "cudnn"):  # the peers on both shapes: their own padded / aligned ratio
+                        _peer(sub, f"sdpa_{peer}", _sdpa(q, k, v, causal, peer), f)
                     row[tag] = sub
                     del q, k, v, ref
                     torch.cuda.empty_cache()
                 a, p = (row["aligned"].get("default") or {}), (row["shape"].get("default") or {})
                 if "tflops" in a and "tflops" in p:
                     row["ratio_to_aligned"] = p["tflops"] / a["tflops"]
+                for peer in ("sdpa_flash", "sdpa_cudnn"):
+                    pa, pp = row["aligned"].get(peer) or {}, row["shape"].get(peer) or {}
+                    if "tflops" in pa and "tflops" in pp:
+                        row.setdefault("peer_ratio_to_aligned", {})[peer] = pp["tflops"] / pa["tflops"]
+                pr = row.get("peer_ratio_to_aligned", {})
                 print(f"padded {kind} s{s} d{d} {'causal' if causal else 'full'}: "
                       f"{p.get('tflops', 0):.0f} vs aligned {a.get('tflops', 0):.0f} "
-                      f"fa2={row['shape'].get('sdpa_flash', {}).get('tflops', 0):.0f}", flush=True)
+                      f"({row.get('ratio_to_aligned', 0):.3f}; fa2 {pr.get('sdpa_flash', 0):.3f}, "
+                      f"cudnn {pr.get('sdpa_cudnn', 0):.3f}) "
+                      f"fa2={row['shape'].get('sdpa_flash', {}).get('tflops', 0):.0f} {p.get('kernel', '')}", flush=True)
                 rows.append(row)
             # varlen: a batch of mixed lengths (group mode) against FA2 on the padded batch
             lens = [4096, 1000, 3000, 517, 2048, 4095, 1, 1500, 2600, 700]
