@@ -143,25 +143,30 @@ def _default_path(row, q, k, v, ref, f=None, nbytes=None, **kw):
     return disp
 
 
-def _decided(disp, q, k, v, causal) -> str | None:
-    """The kernel first use decided for this call's problem class (BHSD tensors): the decision itself, not the last
-    plan the dispatcher made (which an earlier call of another class may have made)."""
+def _problem(q, k, v, causal):
+    """The forward problem of ``attention(q, k, v, causal=causal)`` on BHSD tensors (what first use keys on)."""
     from fmha_dsl import Problem
+    from fmha_dsl.vocab import ALIASES
 
-    if disp is None:
-        return None
     b, hq, sq, d = q.shape
     hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
-    dtype = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}[str(q.dtype)]
-    p = Problem(family="fwd", dtype=dtype, batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=sq, seqlen_k=sk, max_seqlen_q=sq,
-                max_seqlen_k=sk, hdim_q=d, hdim_v=dv, mask="top_left" if causal else "no")
+    return Problem(family="fwd", dtype=ALIASES["dtype"][str(q.dtype).removeprefix("torch.")], batch=b, nhead_q=hq,
+                   nhead_k=hk, seqlen_q=sq, seqlen_k=sk, max_seqlen_q=sq, max_seqlen_k=sk, hdim_q=d, hdim_v=dv,
+                   mask="top_left" if causal else "no")
+
+
+def _decided(disp, q, k, v, causal) -> str | None:
+    """The kernel first use decided for this call's problem class: the decision itself, not the last plan the
+    dispatcher made (which an earlier call of another class may have made)."""
+    if disp is None:
+        return None
+    p = _problem(q, k, v, causal)
     return disp.decided_kernel(p, True) or disp.decided_kernel(p, False)
 
 
 def prefill(args, save_cb):
     import torch
 
-    from fmha_dsl import Problem
     from fmha_dsl.runtime import autotune
 
     keep, disp_best = {}, None
@@ -187,9 +192,7 @@ def prefill(args, save_cb):
                     ref = _sdpa(q, k, v, causal, "flash")()
                     row = {"dtype": dtype, "hdim": d, "causal": causal, "seqlen": s, "batch": b}
                     disp = _default_path(row, q, k, v, ref, f, causal=causal)
-                    prob = Problem(family="fwd", dtype=dtype, batch=b, nhead_q=HEADS, nhead_k=HEADS, seqlen_q=s,
-                                   seqlen_k=s, max_seqlen_q=s, max_seqlen_k=s, hdim_q=d, hdim_v=d,
-                                   mask="top_left" if causal else "no")
+                    prob = _problem(q, k, v, causal)
                     if disp is not None:
                         row["tuned_us"] = disp.measured.get(autotune.key(prob))
                     out = torch.empty_like(q)
@@ -277,7 +280,8 @@ def padded(args):
                       f"{p.get('tflops', 0):.0f} vs aligned {a.get('tflops', 0):.0f} "
                       f"({row.get('ratio_to_aligned', 0):.3f}; fa2 {pr.get('sdpa_flash', 0):.3f}, "
                       f"cudnn {pr.get('sdpa_cudnn', 0):.3f}) "
-                      f"fa2={row['shape'].get('sdpa_flash', {}).get('tflops', 0):.0f} {p.get('kernel', '')}", flush=True)
+                      f"fa2={row['shape'].get('sdpa_flash', {}).get('tflops', 0):.0f} {p.get('kernel', '')}",
+                      flush=True)
                 rows.append(row)
             # varlen: a batch of mixed lengths (group mode) against FA2 on the padded batch
             lens = [4096, 1000, 3000, 517, 2048, 4095, 1, 1500, 2600, 700]

@@ -18,9 +18,24 @@ import json
 HEADS, TOKENS, HDIM = 16, 16384, 128
 
 
+def cases(text: str) -> list[tuple[int, int, bool]]:
+    """``--cases``: comma-separated ``padded_len:aligned_len:causal``, e.g. ``1000:1024:1``."""
+    out = []
+    for case in text.split(","):
+        try:
+            s_pad, s_al, causal = (int(x) for x in case.split(":"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{case!r} is not padded_len:aligned_len:causal (e.g. 1000:1024:1)")
+        if min(s_pad, s_al) < 1 or s_al % 128 or causal not in (0, 1):
+            raise argparse.ArgumentTypeError(f"{case!r}: lengths of at least 1, the aligned one a multiple of 128, "
+                                             "causal 0 or 1")
+        out.append((s_pad, s_al, bool(causal)))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", default="1000:1024:0,1000:1024:1,4095:4096:0")
+    ap.add_argument("--cases", type=cases, default="1000:1024:0,1000:1024:1,4095:4096:0")
     ap.add_argument("--pipelines", default="qr_async")
     ap.add_argument("--tiles", default="64x64,128x64,128x128,64x128")
     ap.add_argument("--json", default=None)
@@ -50,9 +65,8 @@ def main() -> None:
                 and "x".join(map(str, e.alg["tile"][:2])) in tiles]
 
     rows = []
-    for case in args.cases.split(","):
-        s_pad, s_al, causal = (int(x) for x in case.split(":"))
-        causal = bool(causal)
+    for s_pad, s_al, causal in args.cases:
+        case = f"{s_pad}:{s_al}:{int(causal)}"
         entries = picked(builder.candidates(problem(s_pad, causal), arch, True, 64))
         entries += picked(builder.candidates(problem(s_al, causal), arch, True, 64))
         built = [(e, b) for e, b in builder.compile(entries) if isinstance(b, dict)]
@@ -83,7 +97,6 @@ def main() -> None:
                 print(f"{case} s{s} {name}: {t if isinstance(t, str) else f'{t:.1f} us'}", flush=True)
             print(f"{case} s{s} cudnn: {row['cudnn_us']:.1f} us", flush=True)
             rows.append(row)
-            del q, k, v, out, ref
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

@@ -229,5 +229,5 @@ def route_key(problem, aligned: bool) -> str:
     return autotune.key(problem, aligned) + "|route"
 
 
-__all__ = ["GatheredPlan", "with_gathered", "route_key", "recorded_route", "forward_problem", "fits", "workspace_layout",
-           "gather_step", "forward_args"]
+__all__ = ["GatheredPlan", "with_gathered", "route_key", "recorded_route", "forward_problem", "fits",
+           "workspace_layout", "gather_step", "forward_args"]

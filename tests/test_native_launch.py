@@ -165,9 +165,9 @@ def _cuda_h_layout(tmp_path) -> dict | None:
 #include <stdio.h>
 #include <cuda.h>
 int main(void) {
-    printf("%zu %zu %zu %zu %zu %zu %zu %d\\n", offsetof(CUlaunchConfig, sharedMemBytes), offsetof(CUlaunchConfig, hStream),
-           offsetof(CUlaunchConfig, attrs), offsetof(CUlaunchConfig, numAttrs), sizeof(CUlaunchAttribute),
-           offsetof(CUlaunchAttribute, value), sizeof(CUlaunchConfig),
+    printf("%zu %zu %zu %zu %zu %zu %zu %d\\n", offsetof(CUlaunchConfig, sharedMemBytes),
+           offsetof(CUlaunchConfig, hStream), offsetof(CUlaunchConfig, attrs), offsetof(CUlaunchConfig, numAttrs),
+           sizeof(CUlaunchAttribute), offsetof(CUlaunchAttribute, value), sizeof(CUlaunchConfig),
            (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
     return 0;
 }
@@ -196,11 +196,12 @@ def test_the_programmatic_dependent_launch_hands_cuLaunchKernelEx_cuda_h_s_confi
         ptr = lambda off: int.from_bytes(raw[off:off + 8], "little")  # noqa: E731
         attrs, n = ptr(want["attrs"]), u32(want["num_attrs"])
         attr = ctypes.string_at(attrs, want["attr_size"] * n)
+        first = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))[0]
         seen.append(dict(grid=tuple(u32(4 * i) for i in range(3)), block=tuple(u32(12 + 4 * i) for i in range(3)),
                          shared=u32(want["shared"]), stream=ptr(want["stream"]), n=n,
                          attr_id=int.from_bytes(attr[:4], "little"),
                          allowed=int.from_bytes(attr[want["attr_value"]:want["attr_value"] + 4], "little"),
-                         function=function, slot0=ctypes.string_at(ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))[0], 8)))
+                         function=function, slot0=ctypes.string_at(first, 8)))
         return 0
 
     proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)

@@ -3,8 +3,9 @@
 A block of ``BLOCK_N`` keys starting at ``start_n`` (a multiple of ``BLOCK_N``) lies in one page when ``PAGE_SIZE >=
 BLOCK_N`` (one page-id load, rows at a fixed stride); with smaller pages each row (or each ``PAGE_SIZE`` rows) has its
 own page (:func:`_pages`, then :func:`_rows` per operand).  Every page id read is clamped into ``[0, num_pages)`` (CK's
-branchless clamp, :func:`_page`: a corrupt table gives wrong numbers, never an illegal address).  Layouts: :mod:`.paged_abi` (linear ``[pages, page_size, Hk, D]``, or CK's
-vectorized one, whose V cache groups ``VEC`` slots into one 16-byte vector).
+branchless clamp, :func:`_page`: a corrupt table gives wrong numbers, never an illegal address).  Layouts:
+:mod:`.paged_abi` (linear ``[pages, page_size, Hk, D]``, or CK's vectorized one, whose V cache groups ``VEC`` slots
+into one 16-byte vector).
 """
 
 from __future__ import annotations
@@ -101,4 +102,3 @@ def _v_vectors(v_base, Table, tb, num_pages, start_n, seqlen_k, stride_vp, strid
     else:
         v3 = tl.load(ptrs)
     return tl.reshape(tl.permute(v3, (0, 2, 1)), (BLOCK_N, BLOCK_DV))
-
