@@ -34,6 +34,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -248,8 +249,6 @@ def prefill(args, save_cb):
 def _interleaved(row, runs: dict, rounds: int, flops: float) -> None:
     """Time ``runs`` (row keys -> callables) in turn, ``rounds`` times, after their first timings; each row entry's
     time becomes the median of its timings (all of them kept under ``"interleaved"``)."""
-    import statistics
-
     ms = {n: [row[n]["ms"]] for n in runs}
     for _ in range(rounds):
         for n, fn in runs.items():

@@ -80,6 +80,7 @@ def _graph_times(torch, launch, plans, reps=20):
 
 
 def _case(torch, fmha_dsl, case):
+    from fmha_dsl.api_dispatch import _JIT as jit  # device -> the compile-on-first-use dispatcher
     from fmha_dsl.api_dispatch import timer
     from fmha_dsl.runtime.autotune import fastest
 
@@ -88,7 +89,6 @@ def _case(torch, fmha_dsl, case):
     torch.manual_seed(0)
     q = torch.randn(b, hq, sq, d, device="cuda", dtype=tdt)
     k, v = (torch.randn(b, hk, sk, d, device="cuda", dtype=tdt) for _ in range(2))
-    from fmha_dsl.api_dispatch import _JIT as jit  # device -> the compile-on-first-use dispatcher
     if family == "fwd":
         fmha_dsl.attention(q, k, v, causal=causal)
         disp = jit[0]
@@ -123,12 +123,6 @@ def _case(torch, fmha_dsl, case):
         except Exception as exc:  # noqa: BLE001  (a probe: report and go on)
             print(f"  {name}: no plan ({exc})", flush=True)
     torch.cuda.synchronize()
-    t = time.perf_counter()
-    for pl in plans.values():
-        for _ in range(5):
-            launch(pl)
-    torch.cuda.synchronize()
-    host_us = (time.perf_counter() - t) * 1e6 / (5 * max(1, len(plans)))
     host_only = {}
     for name, pl in plans.items():
         t = time.perf_counter()
@@ -141,10 +135,9 @@ def _case(torch, fmha_dsl, case):
     best = min(truth, key=truth.get)
     first = disp.decided_kernel(prob, True)
     dev = max(abs(med_timer[n] / truth[n] - 1) for n in truth if n in med_timer)
-    row = {"case": label, "candidates": len(plans), "host_us_per_launch": host_only,
-           "wall_us_per_launch_with_sync": host_us, "first_use": first, "first_use_us": med_first,
-           "timer_us": med_timer, "graph_us": truth, "graph_best": best, "timer_pick": pick_timer,
-           "regret_first_use": truth[first] / truth[best] if first in truth else None,
+    row = {"case": label, "candidates": len(plans), "host_us_per_launch": host_only, "first_use": first,
+           "first_use_us": med_first, "timer_us": med_timer, "graph_us": truth, "graph_best": best,
+           "timer_pick": pick_timer, "regret_first_use": truth[first] / truth[best] if first in truth else None,
            "regret_timer": truth[pick_timer] / truth[best], "timer_max_deviation": dev}
     reg = row["regret_first_use"]
     print(f"{label}: {len(plans)} candidates, host {min(host_only.values()):.0f}-{max(host_only.values()):.0f} us a "

@@ -7,29 +7,37 @@ after the GPU idled 3 s ("cool") or ran 8192^3 bf16 matmuls for 3 s ("hot"), twi
     python3 -P bench/probe_thermal.py
 """
 
+from __future__ import annotations
+
+import argparse
 import time
-
-import torch
-
-import fmha_dsl
-from triton.testing import do_bench
-from fmha_dsl import Problem
-from fmha_dsl.api_dispatch import _JIT, timer
-from fmha_dsl.runtime.autotune import fastest
 
 CASES = (("bf16", 64, 2048, False), ("fp16", 128, 8192, False), ("bf16", 64, 4096, True))
 
 
-def heat(sec):
+def _settle(torch, state: str, seconds: float = 3.0) -> None:
+    """Leave the GPU idle ("cool") or running 8192^3 bf16 matmuls ("hot") for ``seconds``."""
+    if state == "cool":
+        time.sleep(seconds)
+        return
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     t = time.time()
-    while time.time() - t < sec:
+    while time.time() - t < seconds:
         for _ in range(20):
             a @ a
         torch.cuda.synchronize()
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    import torch
+    from triton.testing import do_bench
+
+    import fmha_dsl
+    from fmha_dsl import Problem
+    from fmha_dsl.api_dispatch import _JIT, timer
+    from fmha_dsl.runtime.autotune import fastest
+
     for dname, d, s, causal in CASES:
         dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dname]
         b, h = 16384 // s, 16
@@ -54,19 +62,13 @@ def main() -> None:
         for n in top:
             print(f"   first use {med[n]:8.1f} us  {n[17:80]}")
         for state in ("cool", "hot", "cool", "hot"):
-            if state == "cool":
-                time.sleep(3)
-            else:
-                heat(3)
+            _settle(torch, state)
             res = {}
             for n in top:
                 res[n] = do_bench(lambda: plans[n].run(q, k, v, out, **kw), warmup=25, rep=100) * 1000
             api = do_bench(lambda: fmha_dsl.attention(q, k, v, causal=causal), warmup=25, rep=100) * 1000
-            if state == "cool":
-                time.sleep(3)
-            else:
-                heat(3)
-            pick, tm = fastest(timer(0, lambda p: p.run(q, k, v, out, **kw)), plans, rounds=4)
+            _settle(torch, state)
+            _, tm = fastest(timer(0, lambda p: p.run(q, k, v, out, **kw)), plans, rounds=4)
             print(f"  {state}: attention() {api:8.1f} us ({fl/api/1e6:.0f} TFLOP/s)", flush=True)
             for n in top:
                 print(f"     do_bench {res[n]:8.1f}  timer {tm[n]:8.1f}  {n[17:80]}", flush=True)

@@ -40,7 +40,7 @@ def shown_commands() -> list[tuple[str, str]]:
             if lang in ("sh", "bash", "console", "shell"):
                 found += [ln.strip().removeprefix("$ ") for ln in body.splitlines()]
         prose = re.sub(r"```.*?```", "", text, flags=re.S)
-        found += re.findall(r"`((?:fmha-dsl|python|pip|pytest)\b[^`]*)`", prose)
+        found += re.findall(r"`((?:fmha-dsl|python3?|pip|pytest)\b[^`]*)`", prose)
         for line in found:
             line = re.sub(r"(^|\s)#.*$", "", line).strip()
             for cmd in (c.strip() for c in line.split("&&")):
@@ -54,7 +54,7 @@ GPU_BENCH = ("bench/bench_fwd.py", "bench/bench_dispatch.py", "bench/bench_launc
              "bench/probe_hopper_fa.py", "bench/sweep_fwd_configs.py", "bench/bench_bwd.py",
              "bench/sweep_bwd_configs.py", "bench/bench_default.py", "bench/bench_train_step.py",
              "bench/profile_decode.py", "bench/profile_bwd.py", "bench/probe_pdl.py", "bench/probe_padcost.py",
-             "bench/probe_firstuse.py", "bench/probe_thermal.py")
+             "bench/probe_firstuse.py", "bench/probe_thermal.py", "bench/bench_serving.py")
 TRITON_SETS = ("bench_fwd", "seqtune_fwd")
 
 
@@ -67,7 +67,7 @@ def classify(cmd: str) -> tuple[str, str]:
         return "skip", "network: installs packages (CI does its own install)"
     if words[0] == "pytest":
         return "skip", "this test suite"
-    if words[0] == "python" and any(w in GPU_BENCH for w in words):
+    if words[0] in ("python", "python3") and any(w in GPU_BENCH for w in words):
         return "skip", "a GPU benchmark"
     if PLACEHOLDER.search(cmd):
         return "synopsis", "placeholders (FILE, DIR, <x>, [optional], a|b): check the command and flags exist"
@@ -93,7 +93,7 @@ def test_the_docs_show_commands():
 def _argv(words: list[str]) -> list[str]:
     if words[0] == "fmha-dsl":
         return [sys.executable, "-m", "fmha_dsl.cli", *words[1:]]
-    if words[0] == "python":
+    if words[0] in ("python", "python3"):
         return [sys.executable, *words[1:]]
     raise AssertionError(f"no rule to run {words}")
 
@@ -104,7 +104,7 @@ def test_shown_command_runs(doc, cmd, tmp_path):
     """From the repository root, as the docs show them; outputs go to a temporary folder."""
     words = shlex.split(cmd)
     cwd = str(tmp_path)
-    if words[0] == "python":  # repository scripts: from the root, as documented
+    if words[0] in ("python", "python3"):  # repository scripts: from the root, as documented
         cwd = REPO
     else:
         words = [os.path.join(REPO, w) if w.startswith("kernelsets/") else w for w in words]
@@ -112,6 +112,16 @@ def test_shown_command_runs(doc, cmd, tmp_path):
                        env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert r.returncode == 0, f"{doc}: `{cmd}` exited {r.returncode}:\n{r.stderr[-2000:]}"
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("doc,cmd", [c for c in COMMANDS if classify(c[1]) == ("skip", "a GPU benchmark")])
+def test_shown_gpu_benchmark_names_a_real_script_and_its_flags(doc, cmd):
+    """A GPU benchmark cannot run here, but the script it names exists and takes every flag shown."""
+    path = next(w for w in cmd.split() if w in GPU_BENCH)
+    with open(os.path.join(REPO, path)) as f:
+        source = f.read()
+    for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", cmd):
+        assert f'"{flag}"' in source, f"{doc}: `{cmd}`: {path} takes no {flag}"
 
 
 @pytest.mark.parametrize("doc,cmd", [c for c in COMMANDS if classify(c[1])[0] == "synopsis"])
