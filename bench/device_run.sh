@@ -4,7 +4,8 @@
 #   bash bench/device_run.sh [all|tests|bwdtests|pagedtests|memcheck|serving|fwd|flex|dispatch|select|seqbuild|seqtune|
 #                             seqeval|default|bwd]
 #   (several: "tests dispatch"); bwd: bench/bench_bwd.py (BWD_ARGS passes options, e.g. --quick)
-#   default: bench/bench_default.py (what fmha_dsl.attention gives with default arguments; DEFAULT_PARTS picks parts)
+#   default: bench/bench_default.py (what fmha_dsl.attention gives with default arguments; DEFAULT_PARTS picks parts;
+#   every decision measured in the run unless DEFAULT_SHIPPED=1: then the shipped table's, as on a user's H200)
 #   serving: bench/bench_serving.py (SERVING_ARGS, e.g. "--parts decode --quick"); memcheck: compute-sanitizer
 #   over the serving GPU tests (MEMCHECK_K selects them)
 set -uo pipefail
@@ -83,7 +84,7 @@ fi
 if [[ $what == *" all "* || $what == *" default "* ]]; then
   best=$(ls bench/results/*_"$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -o 'H[0-9]00' | tr 'H' 'h')"_fwd_sdpa_run*.json 2>/dev/null | sort | tail -1)
   [[ -z "$best" ]] && best=$(ls bench/results/*_fwd_sdpa_run*.json | sort | tail -1)
-  FMHA_DSL_TUNED_SHIPPED=0 timeout "${DEFAULT_TIMEOUT:-100000}" python3 -P bench/bench_default.py --parts "${DEFAULT_PARTS:-firstcall,prefill,padded,decode}" --best-from "$best" \
+  FMHA_DSL_TUNED_SHIPPED=${DEFAULT_SHIPPED:-0} timeout "${DEFAULT_TIMEOUT:-100000}" python3 -P bench/bench_default.py --parts "${DEFAULT_PARTS:-firstcall,prefill,padded,decode}" --best-from "$best" \
     --build /tmp/bench ${DEFAULT_ARGS:-} --json "$OUT/bench_default.json" 2>&1 | tee "$OUT/bench_default.log"
   cp "$FMHA_DSL_CACHE_DIR"/tuned/*.json "$OUT/" 2>/dev/null
 fi

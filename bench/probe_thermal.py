@@ -28,35 +28,46 @@ def _settle(torch, state: str, seconds: float = 3.0) -> None:
         torch.cuda.synchronize()
 
 
+def first_use_top(torch, dname: str, d: int, s: int, causal: bool, n: int) -> tuple:
+    """A prefill class of bench_fwd's matrix (16 heads, 16k tokens) decided by first use, and the plans of its ``n``
+    fastest candidates by first use's burst times: ``(q, k, v, out, kw, dispatcher, problem, times, top, plans)``."""
+    import fmha_dsl
+    from fmha_dsl import Problem
+    from fmha_dsl.api_dispatch import _JIT
+
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dname]
+    b, h = 16384 // s, 16
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt) for _ in range(3))
+    fmha_dsl.attention(q, k, v, causal=causal)
+    disp = _JIT[0]
+    if not disp.measured:
+        raise SystemExit("first use measured nothing: this class is decided in the cache already; run with an empty "
+                         "FMHA_DSL_CACHE_DIR and FMHA_DSL_TUNED_SHIPPED=0")
+    _, med = list(disp.measured.items())[-1]  # the decision this call made: its candidates' first-use times
+    prob = Problem(family="fwd", dtype=dname, arch=disp.arch, batch=b, nhead_q=h, nhead_k=h, seqlen_q=s, seqlen_k=s,
+                   max_seqlen_q=s, max_seqlen_k=s, hdim_q=d, hdim_v=d, mask="top_left" if causal else "no")
+    top = sorted(med, key=med.get)[:n]
+    plans = {}
+    for e in disp.candidates(prob):
+        if e.name in top and e.name not in plans:
+            plans[e.name] = disp.plan_for(e, prob)
+    kw = {"window": (-1, 0), "bottom_right": False} if causal else {}
+    return q, k, v, torch.empty_like(q), kw, disp, prob, med, top, plans
+
+
 def main() -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     import torch
     from triton.testing import do_bench
 
     import fmha_dsl
-    from fmha_dsl import Problem
-    from fmha_dsl.api_dispatch import _JIT, timer
+    from fmha_dsl.api_dispatch import timer
     from fmha_dsl.runtime.autotune import fastest
 
     for dname, d, s, causal in CASES:
-        dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dname]
-        b, h = 16384 // s, 16
-        torch.manual_seed(0)
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt) for _ in range(3))
-        fmha_dsl.attention(q, k, v, causal=causal)
-        disp = _JIT[0]
-        _, med = list(disp.measured.items())[-1]  # the decision this call made: its candidates' first-use times
-        prob = Problem(family="fwd", dtype=dname, arch=disp.arch, batch=b, nhead_q=h, nhead_k=h, seqlen_q=s,
-                       seqlen_k=s, max_seqlen_q=s, max_seqlen_k=s, hdim_q=d, hdim_v=d,
-                       mask="top_left" if causal else "no")
-        top = sorted(med, key=med.get)[:4]
-        plans = {}
-        for e in disp.candidates(prob):
-            if e.name in top and e.name not in plans:
-                plans[e.name] = disp.plan_for(e, prob)
-        out = torch.empty_like(q)
-        kw = {"window": (-1, 0), "bottom_right": False} if causal else {}
-        fl = 4 * b * h * s * s * d / (2 if causal else 1)
+        q, k, v, out, kw, disp, prob, med, top, plans = first_use_top(torch, dname, d, s, causal, 4)
+        fl = 4 * q.shape[0] * q.shape[1] * s * s * d / (2 if causal else 1)
         print(f"== {dname} d{d} s{s} causal={causal}; first use decided {disp.decided_kernel(prob, True)[17:80]}",
               flush=True)
         for n in top:

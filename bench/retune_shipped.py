@@ -3,7 +3,7 @@ stale), on the device it is for, through the public API.
 
     FMHA_DSL_TUNED_SHIPPED=0 python bench/retune_shipped.py [--table fmha_dsl/data/tuned/sm90_nvidia-h200.json]
                                                             [--family fwd|bwd_dq_dk_dv] [--with-candidate TEXT]
-                                                            [--out DIR]
+                                                            [--min-us US] [--out DIR]
 
 Each decision key (:func:`fmha_dsl.runtime.autotune.key`) names a problem class: dtype, mode, flags, head dims, mask,
 GQA octave, and the octaves of seqlen_q, seqlen_k and batch x heads (with whether the lengths are multiples of 128).
@@ -99,6 +99,9 @@ def main() -> None:
     ap.add_argument("--with-candidate", default=None,
                     help="only the keys whose recorded timings name a candidate containing this text (e.g. splitkv: "
                          "the decisions a change to the split-KV combine can move)")
+    ap.add_argument("--min-us", type=float, default=None,
+                    help="only the keys whose recorded fastest time is at least this many microseconds (e.g. 100: the "
+                         "decisions first use times sustained)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if os.environ.get("FMHA_DSL_TUNED_SHIPPED", "1") != "0":
@@ -112,6 +115,8 @@ def main() -> None:
         keys = [k for k in keys if k.split(".")[0] == args.family]
     if args.with_candidate:
         keys = [k for k in keys if any(args.with_candidate in name for name in table[k].get("times_us", {}))]
+    if args.min_us is not None:
+        keys = [k for k in keys if min(table[k].get("times_us", {}).values() or [0.0]) >= args.min_us]
     done = skipped = 0
     t0 = time.time()
     for key in keys:

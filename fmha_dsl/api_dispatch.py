@@ -53,9 +53,9 @@ def dispatcher(registry, dev: int):
 
 
 def timer(dev: int, launch):
-    """``measure(plan, n) -> [microseconds] * n``: ``n`` runs of ``launch(plan)`` (a candidate plan on the caller's
-    own arguments), each after the L2 cache is flushed and timed by its own events, enqueued back to back and read
-    after one synchronisation (what first-use selection compares, round-robin); None where nothing can be timed (the
+    """``measure(plan, n, warm=0) -> [microseconds] * n``: ``n`` runs of ``launch(plan)`` (a candidate plan on the
+    caller's own arguments), each after the L2 cache is flushed and timed by its own events, behind ``warm`` untimed
+    flushed runs, all enqueued back to back and read after one synchronisation (what first-use selection compares, round-robin); None where nothing can be timed (the
     CPU interpreter, a CUDA graph being captured).  The backward's first use times through it too."""
     if dev < 0:
         return None
@@ -65,10 +65,13 @@ def timer(dev: int, launch):
         return None
     state = {}
 
-    def measure(plan, n=1):
+    def measure(plan, n=1, warm=0):
         if not state:
             l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or (64 << 20))
             state["flush"] = torch.empty(2 * l2, dtype=torch.int8, device=f"cuda:{dev}")
+        for _ in range(warm):
+            state["flush"].zero_()
+            launch(plan)
         stream = torch.cuda.current_stream(dev)
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
         for t0, t1 in ev:
