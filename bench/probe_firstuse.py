@@ -5,7 +5,7 @@ first use compiles and times its candidates (``fmha_dsl.api_dispatch.timer``: Py
 tensors, an L2 flush and events around each, round-robin, medians).  Then every candidate it timed is timed again
 two ways on the same tensors:
 
-* ``timer``: first use's own timer, six more rounds (:func:`fmha_dsl.runtime.autotune.fastest`);
+* ``timer``: first use's own timer, six more rounds (:func:`fmha_dsl.runtime.race.fastest`);
 * ``graph``: the candidate's plan captured in a CUDA graph and replayed (one graph launch of host work), each replay
   after an L2 flush, every batch behind a GPU sleep longer than the host's enqueue: the GPU's time alone.
 
@@ -82,7 +82,7 @@ def _graph_times(torch, launch, plans, reps=20):
 def _case(torch, fmha_dsl, case):
     from fmha_dsl.api_dispatch import _JIT as jit  # device -> the compile-on-first-use dispatcher
     from fmha_dsl.api_dispatch import timer
-    from fmha_dsl.runtime.autotune import fastest
+    from fmha_dsl.runtime.race import fastest
 
     label, family, dtype, b, hq, hk, sq, sk, d, causal = case
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]

@@ -51,7 +51,7 @@ def main() -> None:
     from triton.testing import do_bench
 
     from fmha_dsl.api_dispatch import timer
-    from fmha_dsl.runtime.autotune import fastest
+    from fmha_dsl.runtime.race import fastest
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from probe_thermal import first_use_top

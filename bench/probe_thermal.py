@@ -1,7 +1,7 @@
 """Does a kernel's timing, and the order of near-tied kernels, depend on how hot the GPU is?  For three prefill
 classes where bench_default measured the default path 3-6 % under the set's best: first use decides (fresh cache,
 ``FMHA_DSL_TUNED_SHIPPED=0``), then its four fastest candidates are timed by ``triton.testing.do_bench`` (plan.run,
-in first use's order) and ``attention()`` itself, then by first use's own timer (``runtime.autotune.fastest``), each
+in first use's order) and ``attention()`` itself, then by first use's own timer (``runtime.race.fastest``), each
 after the GPU idled 3 s ("cool") or ran 8192^3 bf16 matmuls for 3 s ("hot"), twice each.
 
     python3 -P bench/probe_thermal.py
@@ -63,7 +63,7 @@ def main() -> None:
 
     import fmha_dsl
     from fmha_dsl.api_dispatch import timer
-    from fmha_dsl.runtime.autotune import fastest
+    from fmha_dsl.runtime.race import fastest
 
     for dname, d, s, causal in CASES:
         q, k, v, out, kw, disp, prob, med, top, plans = first_use_top(torch, dname, d, s, causal, 4)

@@ -55,8 +55,9 @@ def dispatcher(registry, dev: int):
 def timer(dev: int, launch):
     """``measure(plan, n, warm=0) -> [microseconds] * n``: ``n`` runs of ``launch(plan)`` (a candidate plan on the
     caller's own arguments), each after the L2 cache is flushed and timed by its own events, behind ``warm`` untimed
-    flushed runs, all enqueued back to back and read after one synchronisation (what first-use selection compares, round-robin); None where nothing can be timed (the
-    CPU interpreter, a CUDA graph being captured).  The backward's first use times through it too."""
+    flushed runs, all enqueued back to back and read after one synchronisation (what first-use selection compares:
+    :func:`fmha_dsl.runtime.race.race`); None where nothing can be timed (the CPU interpreter, a CUDA graph being
+    captured).  The backward's first use times through it too."""
     if dev < 0:
         return None
     import torch

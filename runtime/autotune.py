@@ -30,6 +30,7 @@ from fmha_dsl.errors import FmhaError, error
 from fmha_dsl.seqtune import seq_aligned
 
 from .match import describe, mismatches, no_kernel_error
+from .race import race
 
 if TYPE_CHECKING:
     from fmha_dsl.registry import Entry
@@ -162,7 +163,6 @@ def _valid(rec) -> bool:
 def _merge_write(path: str, arch: str, device: str | None, new: dict) -> str | None:
     """Add ``new`` to the table file under an exclusive lock (other processes' records are kept), written
     atomically (:func:`fmha_dsl.registry.write_atomic`).  Returns None, or why nothing was written."""
-    from fmha_dsl.errors import FmhaError
     from fmha_dsl.registry import write_atomic
 
     try:
@@ -211,11 +211,17 @@ def shipped(arch: str, device: str | None) -> dict:
     return out
 
 
-def record_of(entry, times_us: dict, names: dict) -> dict:
-    """What a decision stores: the winner's key fields, its name, and every candidate's time (by name)."""
-    return {"sig": dict(entry.sig), "alg": {k: list(v) if isinstance(v, tuple) else v for k, v in entry.alg.items()},
-            "kernel": entry.name, "date": time.strftime("%Y-%m-%d"),
-            "times_us": {names[i]: round(t, 3) for i, t in sorted(times_us.items(), key=lambda kv: kv[1])}}
+def record_of(entry, times_us: dict, names: dict, sustained_us: dict | None = None) -> dict:
+    """What a decision stores: the winner's key fields, its name, every candidate's time (by name) and, when the
+    finalists were timed sustained (:func:`runtime.race.race`), theirs, which decided."""
+    def by_name(times):
+        return {names[i]: round(t, 3) for i, t in sorted(times.items(), key=lambda kv: kv[1])}
+
+    rec = {"sig": dict(entry.sig), "alg": {k: list(v) if isinstance(v, tuple) else v for k, v in entry.alg.items()},
+           "kernel": entry.name, "date": time.strftime("%Y-%m-%d"), "times_us": by_name(times_us)}
+    if sustained_us:
+        rec["sustained_us"] = by_name(sustained_us)
+    return rec
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -329,16 +335,8 @@ class MeasuredSelection:
         return out
 
     def _measured(self, p, aligned: bool, cands: list, measure) -> Entry:
-        """Time every candidate on the caller's arguments and keep the fastest; record the decision.
-
-        ``measure(plan, n, warm=0)`` times ``n`` launches (each after flushing the L2 cache), after ``warm`` untimed
-        ones.  Every candidate is timed once (those :data:`PRUNE` times slower than the fastest drop out), then the
-        others in short bursts, round-robin -- three launches of each per round, so clock and temperature drift
-        spread over all of them -- for about :data:`TUNE_SECONDS` (2 to 8 rounds).  Then the finalists (the fastest
-        and those within :data:`FINALIST_SPREAD` of it, 2 to :data:`MAX_FINALISTS`) are timed again: when they take at least :data:`SUSTAIN_MIN_US`, sustained (each
-        after :data:`SETTLE_SECONDS` of itself, so the board is in the power state a long run of it puts it in: a
-        burst on a rested GPU favours the kernels that draw the most power, 64x64 tiles by up to 12 %, against a
-        long benchmark), otherwise in as many bursts again.  The finalists' medians decide."""
+        """Time every candidate on the caller's arguments (``measure``: :func:`runtime.race.race`), keep the
+        winner and record the decision."""
         tk = key(p, aligned)
         if self.tuned is not None and self.builder is None:
             rec = self.tuned.get(tk)
@@ -346,48 +344,23 @@ class MeasuredSelection:
                 for e in cands:
                     if e.name == rec.get("kernel") and dict(e.sig) == rec["sig"]:
                         return e
-        plans = {e.identifier: self.plan_for(e, p) for e in cands}
         by_id = {e.identifier: e for e in cands}
-        first: dict[str, float] = {}
-        for i, pl in plans.items():  # warm-up: loads each kernel; a candidate that cannot run drops out
-            got = _time_n(measure, pl, 2)
-            if got:
-                first[i] = got[-1]
-        # a candidate this much slower in its first timed launch is out of the race (the finalists' sustained
-        # times move the order by up to 14 %)
-        samples = {i: [] for i, t in first.items() if t <= PRUNE * min(first.values())}
-        once = sum(first[i] for i in samples)
-        if not samples:  # nothing could be timed (e.g. no memory for the L2 flush): the cost model decides
+        got = race(measure, {e.identifier: self.plan_for(e, p) for e in cands})
+        if got is None:  # nothing could be timed (e.g. no memory for the L2 flush): the cost model decides
             import warnings
 
             warnings.warn(f"fmha-dsl: no candidate for {describe(p)} could be timed; the cost model chose",
                           RuntimeWarning, stacklevel=3)
             return self._cheapest(p, cands)
-        rounds = int(min(8, max(2, TUNE_SECONDS * 1e6 / max(3 * once, 1.0))))
-
-        _rounds(measure, plans, list(samples), rounds, samples)
-        raced = {i: _median(v) for i, v in samples.items() if v}
-        order = sorted(raced, key=lambda i: (raced[i], i))
-        top = [i for i in order if raced[i] <= FINALIST_SPREAD * raced[order[0]]][:MAX_FINALISTS] if order else []
-        top = order[:2] if len(top) < 2 else top
-        med = dict(first, **raced)  # what is recorded: the dropped ones' first times too
-        final = {}
-        if len(top) > 1 and med[top[0]] >= SUSTAIN_MIN_US:
-            final = _sustained(measure, plans, top, med)
-        elif len(top) > 1:
-            _rounds(measure, plans, top, rounds, samples)
-            med.update({i: _median(samples[i]) for i in top})
-        decide = final or {i: med[i] for i in top}
-        win = by_id[min(decide, key=lambda i: (decide[i], i))]
+        win_id, times, sustained = got
+        win = by_id[win_id]
+        names = {i: by_id[i].name for i in times}
         if self.tuned is not None:
-            rec = record_of(win, med, {i: by_id[i].name for i in med})
-            if final:
-                rec["sustained_us"] = {by_id[i].name: round(t, 3) for i, t in sorted(final.items(),
-                                                                                   key=lambda kv: kv[1])}
+            rec = record_of(win, times, names, sustained)
             if self.builder is not None:
                 rec["space"] = self.builder.fingerprint(p.family)
             self.record_decision(tk, rec)
-        self.measured[tk] = {by_id[i].name: t for i, t in med.items()}
+        self.measured[tk] = {names[i]: t for i, t in times.items()}
         return win
 
     def record_decision(self, tk: str, rec: dict) -> None:
@@ -403,54 +376,7 @@ class MeasuredSelection:
 
 
 _UNTIMED = 4   # candidates compiled when the choice is the cost model's (it weighs the builds' resource reports)
-
-
-TUNE_SECONDS = 0.3   # the timing budget of one first-use decision's bursts (more rounds for short kernels)
-PRUNE = 1.3          # candidates whose first timed launch is this much slower than the fastest's are not timed again
-MAX_TIMED = 16       # registry candidates a first-use measurement times at most (the static order's first)
-FINALIST_SPREAD = 1.15   # the bursts' fastest and those within 15 % of it (a sustained run moves them up to 14 %)
-MAX_FINALISTS = 6        # ... at most this many of them, at least two, are timed again to decide
-SUSTAIN_MIN_US = 100.0   # finalists this long are timed sustained (shorter ones are host-bound from Python)
-SETTLE_SECONDS = 0.04    # back-to-back launches of a finalist ahead of its timed ones (the power state settles)
-SUSTAIN_TIMED_SECONDS = 0.015  # then timed launches worth about this much (4 to 64 of them), in two rounds
-
-
-def _rounds(measure, plans: dict, ids, n: int, samples: dict) -> None:
-    """``n`` rounds of three timed launches of each plan ``plans[i]`` (``i`` in ``ids``) into ``samples[i]``."""
-    for _ in range(n):
-        for i in ids:
-            samples[i] += _time_n(measure, plans[i], 3)
-
-
-def _sustained(measure, plans: dict, ids: list, est_us: dict, rounds: int = 2) -> dict:
-    """``{i: median microseconds}`` of plans ``plans[i]`` (``i`` in ``ids``) each timed after :data:`SETTLE_SECONDS`
-    of back-to-back launches of itself (their count from ``est_us``, the burst estimate), in ``rounds`` rounds, the
-    order reversed every other round so that no plan always follows the same one."""
-    samples: dict = {i: [] for i in ids}
-    for r in range(rounds):
-        for i in (ids if r % 2 == 0 else ids[::-1]):
-            t = max(est_us[i], 1.0)
-            warm = int(min(4000, SETTLE_SECONDS * 1e6 / t))
-            n = int(min(64, max(4, SUSTAIN_TIMED_SECONDS * 1e6 / t)))
-            samples[i] += _time_n(measure, plans[i], n, warm)
-    return {i: _median(v) for i, v in samples.items() if v}
-
-
-def fastest(measure, plans: dict, rounds: int = 4) -> tuple:
-    """``(key of the fastest of plans, {key: median microseconds})`` by ``measure`` (round-robin: :func:`_rounds`);
-    ``(None, {})`` when none could be timed."""
-    samples: dict = {k: [] for k in plans}
-    _rounds(measure, plans, list(plans), rounds, samples)
-    med = {k: _median(v) for k, v in samples.items() if v}
-    return (min(med, key=lambda k: (med[k], str(k))) if med else None), med
-
-
-def _median(xs: list) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-
-
+MAX_TIMED = 16  # registry candidates a first-use measurement times at most (the static order's first)
 
 
 def _spills(e) -> int:
@@ -463,16 +389,5 @@ def _without_spills(entries: list) -> list:
     return clean or entries
 
 
-def _time_n(measure, plan, n: int, warm: int = 0) -> list:
-    """``measure(plan, n, warm=warm)``: ``n`` launch times in microseconds (after ``warm`` untimed launches), or []
-    when that candidate cannot run (it is then never chosen)."""
-    try:
-        ts = measure(plan, n, warm=warm) if warm else measure(plan, n)
-    except (FmhaError, RuntimeError, OSError, ValueError):
-        return []
-    return [float(t) for t in ts if t == t and t > 0]
-
-
 __all__ = ["enabled", "octave", "buckets", "key", "TunedTable", "shipped", "record_of", "device_slug",
-           "MeasuredSelection", "TUNE_SECONDS", "MAX_TIMED", "FINALIST_SPREAD", "MAX_FINALISTS", "SUSTAIN_MIN_US", "SETTLE_SECONDS",
-           "fastest"]
+           "MeasuredSelection", "MAX_TIMED"]

@@ -26,7 +26,7 @@ from fmha_dsl.kernels import paged_abi
 from fmha_dsl.kernels.fwd_abi import grid_of
 from fmha_dsl.kernels.fwd_abi import pack as fwd_pack
 
-from . import autotune, abi
+from . import autotune, abi, race
 from .plan import Plan, check_promise, workspace_buffer
 from .plan_paged import launch_steps
 
@@ -202,7 +202,7 @@ def with_gathered(disp, plan, problem, aligned: bool, device: int, batch: int, n
     gplan = GatheredPlan(problem, stage, fwd, plan)
     if recorded_route(rec, space, plan.entry.name, fwd.entry.name) == "gathered":
         return gplan
-    win, med = autotune.fastest(measure, {"paged": plan, "gathered": gplan})
+    win, med = race.fastest(measure, {"paged": plan, "gathered": gplan})
     names = {"paged": f"paged {plan.entry.name}", "gathered": f"gathered {fwd.entry.name}"}
     disp.measured[rk] = {names[k]: t for k, t in med.items()}
     if len(med) == 2 and disp.tuned is not None:  # both timed (a route that failed -- out of memory -- is not a loss)

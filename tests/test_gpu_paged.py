@@ -448,7 +448,7 @@ def test_a_prefill_times_the_gathered_route_and_it_replays_and_is_captured(monke
     before = {k for k in disp.measured if k.endswith("|route")}
     (plan, *_), _, _tensors = _prepared([300, 260], [2000, 700], page=16, form="vllm", hq=8, hk=1, causal=True)
     assert {k for k in disp.measured if k.endswith("|route")} - before, "the gathered route was not timed"
-    monkeypatch.setattr(plan_gather.autotune, "fastest", lambda measure, plans, rounds=4: ("gathered", {}))
+    monkeypatch.setattr(plan_gather.race, "fastest", lambda measure, plans, rounds=4: ("gathered", {}))
     hk, hq, d, page, B = 3, 12, 128, 16, 3
     lens_q, lens_k = [150, 90, 40], [900, 300, 1200]
     kc, vc, bt, _, _ = make_cache(lens_k, page, hk, d, spare=8)
@@ -521,8 +521,8 @@ def test_the_route_decision_is_recorded_and_a_new_process_takes_it_untimed(monke
 
     def no_timing(*a, **k):
         raise AssertionError("a recorded decision was timed again")
-    monkeypatch.setattr(plan_gather.autotune, "fastest", no_timing)
-    monkeypatch.setattr(plan_gather.autotune, "_time_n", no_timing)  # nor any kernel decision under it
+    monkeypatch.setattr(plan_gather.race, "fastest", no_timing)
+    monkeypatch.setattr(plan_gather.race, "_time_n", no_timing)  # nor any kernel decision under it
     measure = api_dispatch.timer(dev, lambda p: p.launch(dev, b, hq, msq, args))
     paged = fresh.plan(problem, True, measure)
     assert paged.entry.name == rec["paged"]
@@ -540,7 +540,7 @@ def test_the_route_decision_is_recorded_and_a_new_process_takes_it_untimed(monke
     for stale in (dict(rec, paged="fmha_batch_prefill_another_kernel"), dict(rec, forward="fmha_fwd_another_kernel"),
                   dict(rec, route="sideways")):
         timed = []
-        monkeypatch.setattr(plan_gather.autotune, "fastest", lambda measure, plans, rounds=4: timed.append(1) or
+        monkeypatch.setattr(plan_gather.race, "fastest", lambda measure, plans, rounds=4: timed.append(1) or
                             ("paged", {"paged": 1.0, "gathered": 2.0}))
         assert route_with(stale) is paged and timed, stale
         assert fresh.tuned.get(rk)["paged"] == paged.entry.name and fresh.tuned.get(rk)["route"] == "paged"

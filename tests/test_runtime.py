@@ -513,7 +513,7 @@ def test_first_use_decides_long_kernels_sustained(tmp_path, base_us):
     """The bursts' fastest few are timed again; when they are long, each after a settle run of itself, and that
     decides: a kernel fastest only in short bursts on a rested GPU loses to the one fastest sustained.  Short
     kernels (host-bound from Python) are decided by more bursts, never with settle runs."""
-    from fmha_dsl.runtime import autotune
+    from fmha_dsl.runtime import autotune, race
 
     burst, warms = {}, {}
 
@@ -529,12 +529,12 @@ def test_first_use_decides_long_kernels_sustained(tmp_path, base_us):
     p = problem(hdim_q=128, hdim_v=128)
     e = d.select(p, measure=measure)
     order = sorted(burst, key=burst.get)
-    finalists = [i for i in order if burst[i] <= autotune.FINALIST_SPREAD * burst[order[0]]][:autotune.MAX_FINALISTS]
+    finalists = [i for i in order if burst[i] <= race.FINALIST_SPREAD * burst[order[0]]][:race.MAX_FINALISTS]
     assert len(order) > len(finalists) > 2
     rec = autotune.TunedTable("sm90", None, str(tmp_path)).get(autotune.key(p))
-    if base_us >= autotune.SUSTAIN_MIN_US:
+    if base_us >= race.SUSTAIN_MIN_US:
         assert e.identifier == order[1]
-        settle = int(autotune.SETTLE_SECONDS * 1e6 / burst[order[0]])
+        settle = int(race.SETTLE_SECONDS * 1e6 / burst[order[0]])
         assert warms[order[0]] == {0, settle} and all(warms[i] == {0} for i in order[len(finalists):])
         assert len(rec["sustained_us"]) == len(finalists) and rec["kernel"] == e.name
     else:

@@ -1,0 +1,110 @@
+"""How first use times its candidates: the race among compiled plans on the caller's own arguments.
+
+``measure(plan, n, warm=0) -> [microseconds] * n`` (:func:`fmha_dsl.api_dispatch.timer`) times ``n`` launches of a
+plan, each after flushing the L2 cache, behind ``warm`` untimed ones.  :func:`race` decides a first-use decision:
+
+1. every candidate is timed once; those :data:`PRUNE` times slower than the fastest drop out;
+2. the others in short bursts, round-robin -- three launches of each per round, so that clock and temperature drift
+   spread over all of them -- for about :data:`TUNE_SECONDS` (2 to 8 rounds);
+3. the finalists (the fastest and those within :data:`FINALIST_SPREAD` of it, 2 to :data:`MAX_FINALISTS`) are timed
+   again: when they take at least :data:`SUSTAIN_MIN_US`, *sustained* -- each after :data:`SETTLE_SECONDS` of
+   back-to-back launches of itself, so the board is in the power state a long run of it puts it in (a burst on a
+   rested GPU reads 64x64 tiles 7-14 % faster than a long benchmark does, TMA tiles 0-5 %:
+   ``bench/probe_sustain.py``); shorter ones, launch-bound from Python, in as many bursts again.
+
+The finalists' medians decide.  This module launches nothing itself and imports no compiler.
+"""
+
+from __future__ import annotations
+
+from fmha_dsl.errors import FmhaError
+
+TUNE_SECONDS = 0.3   # the timing budget of one decision's bursts (more rounds for short kernels)
+PRUNE = 1.3          # candidates whose first timed launch is this much slower than the fastest's are not timed again
+FINALIST_SPREAD = 1.15   # the bursts' fastest and those within 15 % of it (a sustained run moves them up to 14 %)
+MAX_FINALISTS = 6        # ... at most this many of them, at least two, are timed again to decide
+SUSTAIN_MIN_US = 100.0   # finalists this long are timed sustained (shorter ones are host-bound from Python)
+SETTLE_SECONDS = 0.04    # back-to-back launches of a finalist ahead of its timed ones (the power state settles)
+SUSTAIN_TIMED_SECONDS = 0.015  # then timed launches worth about this much (4 to 64 of them), in two rounds
+
+
+def race(measure, plans: dict) -> tuple | None:
+    """``(key of the winner, {key: microseconds}, {finalist key: sustained microseconds})`` of ``plans`` (key ->
+    plan) by ``measure``; the times are each candidate's burst median (its single first time when it dropped out),
+    the sustained ones empty when the finalists were timed in bursts.  None when nothing could be timed."""
+    first = {}
+    for i, pl in plans.items():  # warm-up: loads each kernel; a candidate that cannot run drops out
+        got = _time_n(measure, pl, 2)
+        if got:
+            first[i] = got[-1]
+    if not first:
+        return None
+    samples = {i: [] for i, t in first.items() if t <= PRUNE * min(first.values())}
+    rounds = int(min(8, max(2, TUNE_SECONDS * 1e6 / max(3 * sum(first[i] for i in samples), 1.0))))
+    _rounds(measure, plans, list(samples), rounds, samples)
+    raced = {i: _median(v) for i, v in samples.items() if v}
+    if not raced:
+        return None
+    order = sorted(raced, key=lambda i: (raced[i], i))
+    top = [i for i in order if raced[i] <= FINALIST_SPREAD * raced[order[0]]][:MAX_FINALISTS]
+    top = top if len(top) > 1 else order[:2]
+    times = dict(first, **raced)
+    sustained = {}
+    if len(top) > 1 and raced[top[0]] >= SUSTAIN_MIN_US:
+        sustained = _sustained(measure, plans, top, raced)
+    elif len(top) > 1:
+        _rounds(measure, plans, top, rounds, samples)
+        times.update({i: _median(samples[i]) for i in top})
+    decide = sustained or {i: times[i] for i in top}
+    return min(decide, key=lambda i: (decide[i], i)), times, sustained
+
+
+def fastest(measure, plans: dict, rounds: int = 4) -> tuple:
+    """``(key of the fastest of plans, {key: median microseconds})`` by ``measure`` (round-robin bursts only:
+    :func:`_rounds`); ``(None, {})`` when none could be timed."""
+    samples: dict = {k: [] for k in plans}
+    _rounds(measure, plans, list(plans), rounds, samples)
+    med = {k: _median(v) for k, v in samples.items() if v}
+    return (min(med, key=lambda k: (med[k], str(k))) if med else None), med
+
+
+def _rounds(measure, plans: dict, ids, n: int, samples: dict) -> None:
+    """``n`` rounds of three timed launches of each plan ``plans[i]`` (``i`` in ``ids``) into ``samples[i]``."""
+    for _ in range(n):
+        for i in ids:
+            samples[i] += _time_n(measure, plans[i], 3)
+
+
+def _sustained(measure, plans: dict, ids: list, est_us: dict, rounds: int = 2) -> dict:
+    """``{i: median microseconds}`` of plans ``plans[i]`` (``i`` in ``ids``) each timed after :data:`SETTLE_SECONDS`
+    of back-to-back launches of itself (their count from ``est_us``, the burst estimate), in ``rounds`` rounds, the
+    order reversed every other round so that no plan always follows the same one."""
+    samples: dict = {i: [] for i in ids}
+    for r in range(rounds):
+        for i in (ids if r % 2 == 0 else ids[::-1]):
+            t = max(est_us[i], 1.0)
+            warm = int(min(4000, SETTLE_SECONDS * 1e6 / t))
+            n = int(min(64, max(4, SUSTAIN_TIMED_SECONDS * 1e6 / t)))
+            samples[i] += _time_n(measure, plans[i], n, warm)
+    return {i: _median(v) for i, v in samples.items() if v}
+
+
+def _median(xs: list) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def _time_n(measure, plan, n: int, warm: int = 0) -> list:
+    """``measure(plan, n, warm=warm)``: ``n`` launch times in microseconds (after ``warm`` untimed launches), or []
+    when that candidate cannot run (it is then never chosen).  ``warm`` is passed only when asked for, so a
+    ``measure(plan, n)`` of a caller's own still serves the bursts."""
+    try:
+        ts = measure(plan, n, warm=warm) if warm else measure(plan, n)
+    except (FmhaError, RuntimeError, OSError, ValueError):
+        return []
+    return [float(t) for t in ts if t == t and t > 0]
+
+
+__all__ = ["race", "fastest", "TUNE_SECONDS", "PRUNE", "FINALIST_SPREAD", "MAX_FINALISTS", "SUSTAIN_MIN_US",
+           "SETTLE_SECONDS", "SUSTAIN_TIMED_SECONDS"]
