@@ -154,7 +154,7 @@ def shape(dt, d, s, causal, peers) -> dict:
         row["default"] = {"error": f"wrong gradients (rel err {row['rel_err']:.3g})"}
     else:
         ms = _bench(run)
-        row["default"] = {"ms": ms, "tflops": f / ms / 1e9, "kernel": _chosen()}
+        row["default"] = {"ms": ms, "tflops": f / ms / 1e9, "kernel": _chosen(q, k, v, causal)}
     for name in peers:
         try:
             prun = _grads(_peer_forward(name, causal), q, k, v, do)
@@ -166,12 +166,21 @@ def shape(dt, d, s, causal, peers) -> dict:
     return row
 
 
-def _chosen() -> str | None:
-    mod = sys.modules["fmha_dsl.attention"]
-    for disp in mod._JIT.values():
-        names = [p.entry.name for p in disp._plans.values() if type(p).__name__ == "BackwardPlan"]
-        if names:
-            return names[-1]
+def _chosen(q, k, v, causal) -> str | None:
+    """The main-stage kernel first use decided for the backward of ``attention(q, k, v, causal=causal)``: the
+    decision of this call's class itself, not the last plan a dispatcher made (an earlier class may have made it)."""
+    import fmha_dsl
+    from fmha_dsl.vocab import ALIASES
+
+    b, hq, sq, d = q.shape
+    hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
+    p = fmha_dsl.Problem(family="bwd_dq_dk_dv", dtype=ALIASES["dtype"][str(q.dtype).removeprefix("torch.")], batch=b,
+                         nhead_q=hq, nhead_k=hk, seqlen_q=sq, seqlen_k=sk, max_seqlen_q=sq, max_seqlen_k=sk, hdim_q=d,
+                         hdim_v=dv, mask="top_left" if causal else "no")
+    for disp in sys.modules["fmha_dsl.attention"]._JIT.values():
+        name = disp.decided_kernel(p, True) or disp.decided_kernel(p, False)
+        if name:
+            return name
     return None
 
 

@@ -106,7 +106,8 @@ def _runner(T, bwd_abi, q, k, v, out, lse, do, m, n, w, stages, causal, dtype, d
     buf = torch.empty(ws["numel"], device="cuda", dtype=torch.float32)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     ptrs = {"q": q, "k": k, "v": v, "out": out, "dout": do, "lse": lse, "dq": dq, "dk": dk, "dv": dv,
-            "d": buf[:ws["acc_offset"]], "acc": buf[ws["acc_offset"]:]}
+            "d": buf[:ws.get("l_offset", ws["acc_offset"])], "l2": buf[ws.get("l_offset", 0):ws["acc_offset"]],
+            "acc": buf[ws["acc_offset"]:]}
     dot, main, conv = bwd_abi.pack(ptrs, False, q.stride(), k.stride(), v.stride(), out.stride(), do.stride(),
                                    dq.stride(), dk.stride(), dv.stride(), lse.stride(), None, None, None, ws, nhq=h,
                                    nhk=h, dq=d, dv=d, sq=s, sk=s, msq=s, msk=s, scale=None, softcap=None,
@@ -122,7 +123,8 @@ def _runner(T, bwd_abi, q, k, v, out, lse, do, m, n, w, stages, causal, dtype, d
         acc.zero_()
         T.fmha_bwd_dot_do_o[g1](*dot, **consts["bwd_dot_do_o"], num_warps=4)
         T.fmha_bwd_dq_dk_dv[g2](*main, **consts["bwd_dq_dk_dv"], num_warps=w, num_stages=stages)
-        T.fmha_bwd_convert_dq[g3](*conv, **consts["bwd_convert_dq"], num_warps=4)
+        if bwd_abi.converts(deterministic):  # (the deterministic dQ programs store dQ themselves)
+            T.fmha_bwd_convert_dq[g3](*conv, **consts["bwd_convert_dq"], num_warps=4)
         return dq, dk, dv
     return run
 

@@ -35,6 +35,8 @@ import math
 from . import api_dispatch as _api
 from .api_dispatch import dispatcher as _dispatcher
 from .api_dispatch import timer as _timer
+from .attention_args import TORCH_DTYPES as _TORCH_DTYPES  # torch dtype -> key dtype name
+from .attention_args import torch_dtype_names as _torch_dtype_names
 from .attention_args import (_bad_dtypes, _bad_strides, _batch_shapes, _bad_types, _check_bias,
                              _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
                              _group_lengths, _group_shapes, _mask, _usage)
@@ -52,7 +54,6 @@ _fwd_args = None            # fmha_dsl.kernels.fwd_abi.pack (the forward ABI's o
 _Dispatcher = _NoTensor     # fmha_dsl.runtime.dispatch.Dispatcher
 _raw_stream = None          # torch._C._cuda_getCurrentRawStream
 _grid_of = None             # fmha_dsl.kernels.fwd_abi.grid_of (the launch grid of a plan's kernel)
-_TORCH_DTYPES: dict = {}    # torch dtype -> key dtype name
 _JIT = _api._JIT            # device -> the compile-on-first-use dispatcher (shared with attention_backward)
 
 
@@ -268,7 +269,7 @@ def _init_torch():
     if raw is None:  # pragma: no cover  (old torch)
         def raw(dev):
             return torch.cuda.current_stream(dev).cuda_stream
-    _TORCH_DTYPES.update({torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"})
+    _torch_dtype_names()
     from .kernels.fwd_abi import ARGS, aligned_names, grid_of
 
     names = [n for n, _ in ARGS]

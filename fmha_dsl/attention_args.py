@@ -18,6 +18,19 @@ def _torch():
     return sys.modules["torch"]  # imported by attention() before any check runs
 
 
+# torch dtype -> the kernel key's dtype name: the one map of the torch entry points (attention, attention_backward,
+# paged_attention), filled on their first torch call by torch_dtype_names()
+TORCH_DTYPES: dict = {}
+
+
+def torch_dtype_names() -> dict:
+    """:data:`TORCH_DTYPES`, filled once (torch is imported by then)."""
+    if not TORCH_DTYPES:
+        torch = _torch()
+        TORCH_DTYPES.update({torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"})
+    return TORCH_DTYPES
+
+
 # which public function is checking its arguments (errors name it): attention() or attention_backward()
 CALLER = contextvars.ContextVar("fmha_dsl_caller", default="attention()")
 

@@ -22,13 +22,12 @@ says its size from upper bounds); default: allocated per call from torch's cachi
 
 from __future__ import annotations
 
-from .attention_args import (CALLER, _bad_dtypes, _bad_types, _batch_shapes, _check_bias,
+from .attention_args import (CALLER, torch_dtype_names, _bad_dtypes, _bad_types, _batch_shapes, _check_bias,
                              _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
                              _group_lengths, _group_shapes, _mask, _usage)
 
 __all__ = ["attention_backward"]
 
-_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
 def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, bias=None, alibi_slopes=None,
@@ -95,7 +94,7 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
                          "pass the forward's out and lse (return_lse=True) and the gradient of out")
     q, k, v, out, dout = (x.detach() for x in (q, k, v, out, dout))
     dt = q.dtype
-    dname = _DTYPES.get(str(dt).replace("torch.", ""))
+    dname = torch_dtype_names().get(dt)
     if dname is None or k.dtype != dt or v.dtype != dt:
         _bad_dtypes(q, k, v)
     for name, x in (("out", out), ("dout", dout)):

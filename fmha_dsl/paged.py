@@ -36,12 +36,11 @@ import math
 
 from . import api_dispatch as _api
 from . import replay as _fast
-from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _mask, _usage
+from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _mask, _usage, torch_dtype_names
 from .paged_args import cache_pair, check_tables_on_host, host_values, max_len, rotary_tables, sequences, tables
 
 __all__ = ["paged_attention", "append_kv", "workspace_numel"]
 
-_DTYPES: dict = {}
 
 
 def _is_torch(x) -> bool:
@@ -49,11 +48,7 @@ def _is_torch(x) -> bool:
 
 
 def _dtype_name(q):
-    if not _DTYPES:
-        import torch
-
-        _DTYPES.update({torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"})
-    name = _DTYPES.get(q.dtype)
+    name = torch_dtype_names().get(q.dtype)
     if name is None:
         raise _usage("usage.dtype", f"`q` must be float16, bfloat16 or float32, got {q.dtype}", "convert with q.half()")
     return name

@@ -221,7 +221,7 @@ def test_a_backward_set_builds_for_amd_and_nvidia_without_a_gpu(tmp_path):
         b = k["build"]
         kind = "cubin" if k["gfx_arch"] == "sm90" else "hsaco"
         assert b["binary_kind"] == kind and b["entry"] == "fmha_bwd_dq_dk_dv"
-        assert b["params"][:7] == ["Q", "K", "V", "dO", "Lse", "D", "DQacc"]
+        assert b["params"][:7] == ["Q", "K", "V", "dO", "L2", "D", "DQacc"]
         for role, entry in (("dot_do_o", "fmha_bwd_dot_do_o"), ("convert_dq", "fmha_bwd_convert_dq")):
             assert b[role]["entry"] == entry and b[role]["binary_kind"] == kind
             assert os.path.getsize(tmp_path / "out" / b[role]["binary"]) == b[role]["size"]
@@ -308,3 +308,21 @@ def test_a_misaligned_forward_output_takes_the_unaligned_plan():
     assert not _aligned((q, k, v, shifted, lse, dout, dq, dk, dv))
     odd_rows = torch.zeros(1, 2, 8, 24)[..., :16]  # row stride 24: not a multiple of 16 elements
     assert not _aligned((q, k, v, odd_rows, lse, dout, dq, dk, dv))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_the_backward_workspace_holds_d_l2_and_dq_acc_apart_and_aligned(deterministic):
+    """The workspace's parts -- D and the LSE in log2 units (one fp32 per query row each), then the atomic dQ
+    accumulator -- never overlap, each starts 64-byte aligned (16 fp32), and the size is exactly theirs: what a caller
+    allocating ``workspace_numel`` once relies on."""
+    from fmha_dsl.kernels import bwd_abi
+
+    b, h, sq, sk, d = 3, 5, 77, 50, 96
+    ws = bwd_abi.workspace(b, h, sq, sk, d, 64, deterministic)
+    rows = b * h * sq
+    assert ws["d_offset"] == 0 and ws["d_strides"] == (h * sq, sq)
+    assert ws["l_offset"] >= rows and ws["l_offset"] % 16 == 0
+    assert ws["acc_offset"] >= ws["l_offset"] + rows and ws["acc_offset"] % 16 == 0
+    acc = 0 if deterministic else rows * d
+    assert ws["numel"] == ws["acc_offset"] + acc and ws["splits"] == (0 if deterministic else 1)
+    assert ws["l_offset"] - rows < 16 and ws["acc_offset"] - ws["l_offset"] - rows < 16   # no slack past alignment

@@ -2,7 +2,9 @@
 
 Kept free of Triton (the runtime imports it).  The backward runs as CK's three stages:
 
-1. ``bwd_dot_do_o``   ``D[b, h, m] = sum_d dO * O`` (fp32)                 grid ``(cdiv(Sq, DOT_BLOCK_M), Hq, B)``
+1. ``bwd_dot_do_o``   ``D[b, h, m] = sum_d dO * O`` (fp32), and the forward's LSE in log2 units, ``L2 = lse *
+                      log2(e)`` (``+inf`` for a row that saw no key, so that its ``P = exp2(S - L2)`` is 0): the main
+                      stage's loop then reads both as they are   grid ``(cdiv(Sq, DOT_BLOCK_M), Hq, B)``
 2. ``bwd_dq_dk_dv``   one program per (key block, K/V head, batch): dK, dV for its keys (summed over the query
                       heads of a GQA group) and dQ accumulated by atomics in the fp32 workspace ``dq_acc``
                       ``[B, Hq, Sq, Dq]``.  ``deterministic``: no atomics; the grid gets ``cdiv(Sq, BLOCK_N)``
@@ -10,12 +12,13 @@ Kept free of Triton (the runtime imports it).  The backward runs as CK's three s
                       (a fixed-order reduction: bit-identical run to run) and storing it as dQ itself, in the
                       input dtype: no accumulator, no third stage
                       grid ``(cdiv(Sk, BLOCK_N) [+ cdiv(Sq, BLOCK_N)], Hk, B)``
-3. ``bwd_convert_dq`` ``dQ = dq_acc`` in the input dtype (atomic dQ only: :func:`converts`)
+3. ``bwd_convert_dq`` ``dQ = scale * dq_acc`` in the input dtype (atomic dQ only: :func:`converts`; stage 2 adds
+                      ``dS K`` unscaled)
                       grid ``(cdiv(Sq, CONVERT_BLOCK_M), Hq, B)``
 
 The workspace (one fp32 buffer, sized from upper bounds alone: batch, heads, max seqlens, head dim -- never from
-``cu_seqlens``): ``D`` ``[B, Hq, Sq_max]`` then, for atomic dQ, ``dq_acc`` ``[B, Hq, Sq_max, Dq]``, which must be
-zero before stage 2 (:func:`workspace`).  Group mode indexes both by each sequence's local row.
+``cu_seqlens``): ``D`` and ``L2``, each ``[B, Hq, Sq_max]``, then, for atomic dQ, ``dq_acc`` ``[B, Hq, Sq_max, Dq]``,
+which must be zero before stage 2 (:func:`workspace`).  Group mode indexes them by each sequence's local row.
 """
 
 from __future__ import annotations
@@ -23,15 +26,15 @@ from __future__ import annotations
 import math
 
 DOT_ARGS: tuple[tuple[str, str], ...] = (
-    ("O", "*{dtype}"), ("dO", "*{dtype}"), ("D", "*fp32"), ("cu_seqlens_q", "*i32"),
-    ("seqlen_q", "i32"), ("head_dim_v", "i32"),
+    ("O", "*{dtype}"), ("dO", "*{dtype}"), ("Lse", "*fp32"), ("D", "*fp32"), ("L2", "*fp32"),
+    ("cu_seqlens_q", "*i32"), ("seqlen_q", "i32"), ("head_dim_v", "i32"),
     ("stride_ob", "i32"), ("stride_oh", "i32"), ("stride_om", "i32"),
     ("stride_dob", "i32"), ("stride_doh", "i32"), ("stride_dom", "i32"),
-    ("stride_db", "i32"), ("stride_dh", "i32"),
+    ("stride_lb", "i32"), ("stride_lh", "i32"), ("stride_db", "i32"), ("stride_dh", "i32"),
 )
 
 ARGS: tuple[tuple[str, str], ...] = (
-    ("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("dO", "*{dtype}"), ("Lse", "*fp32"), ("D", "*fp32"),
+    ("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("dO", "*{dtype}"), ("L2", "*fp32"), ("D", "*fp32"),
     ("DQacc", "*fp32"), ("dQ", "*{dtype}"), ("dK", "*{dtype}"), ("dV", "*{dtype}"), ("dBias", "*{dtype}"),
     ("Bias", "*{dtype}"), ("Alibi", "*fp32"), ("cu_seqlens_q", "*i32"), ("cu_seqlens_k", "*i32"),
     ("sm_scale", "fp32"), ("softcap", "fp32"), ("dropout_p", "fp32"), ("seed", "i64"), ("philox_offset", "i64"),
@@ -42,7 +45,6 @@ ARGS: tuple[tuple[str, str], ...] = (
     ("stride_kb", "i32"), ("stride_kh", "i32"), ("stride_kn", "i32"),
     ("stride_vb", "i32"), ("stride_vh", "i32"), ("stride_vn", "i32"),
     ("stride_dob", "i32"), ("stride_doh", "i32"), ("stride_dom", "i32"),
-    ("stride_lb", "i32"), ("stride_lh", "i32"),
     ("stride_db", "i32"), ("stride_dh", "i32"),
     ("stride_as", "i64"), ("stride_ab", "i32"), ("stride_ah", "i32"), ("stride_am", "i32"),
     ("stride_dqb", "i32"), ("stride_dqh", "i32"), ("stride_dqm", "i32"),
@@ -54,7 +56,7 @@ ARGS: tuple[tuple[str, str], ...] = (
 )
 
 CONVERT_ARGS: tuple[tuple[str, str], ...] = (
-    ("DQacc", "*fp32"), ("dQ", "*{dtype}"), ("cu_seqlens_q", "*i32"),
+    ("DQacc", "*fp32"), ("dQ", "*{dtype}"), ("cu_seqlens_q", "*i32"), ("sm_scale", "fp32"),
     ("seqlen_q", "i32"), ("head_dim_q", "i32"), ("num_splits", "i32"),
     ("stride_as", "i64"), ("stride_ab", "i32"), ("stride_ah", "i32"), ("stride_am", "i32"),
     ("stride_qb", "i32"), ("stride_qh", "i32"), ("stride_qm", "i32"),
@@ -104,16 +106,16 @@ def splits(deterministic: bool, max_seqlen_k: int, block_n: int) -> int:
 
 def workspace(batch: int, nhead_q: int, max_seqlen_q: int, max_seqlen_k: int, head_dim_q: int, block_n: int,
               deterministic: bool) -> dict:
-    """The backward's fp32 workspace from upper bounds only: ``{"numel", "d_offset", "acc_offset", "splits",
-    "d_strides", "acc_strides"}`` (element offsets and strides; ``dq_acc``, from ``acc_offset`` to ``numel`` and
-    empty without atomic dQ, is zeroed before stage 2)."""
+    """The backward's fp32 workspace from upper bounds only: ``{"numel", "d_offset", "l_offset", "acc_offset",
+    "splits", "d_strides", "acc_strides"}`` (element offsets and strides; ``D`` from ``d_offset``, ``L2`` from
+    ``l_offset``, both with ``d_strides``; ``dq_acc``, from ``acc_offset`` to ``numel`` and empty without atomic dQ,
+    is zeroed before stage 2)."""
     b, h, sq, dq = int(batch), int(nhead_q), max(1, int(max_seqlen_q)), int(head_dim_q)
     s = splits(deterministic, max_seqlen_k, block_n)
-    n_d = b * h * sq
-    acc_off = -(-n_d // 16) * 16 if s else n_d  # dq_acc starts 64-byte aligned
+    n_d = -(-b * h * sq // 16) * 16  # each part starts 64-byte aligned
     acc_strides = (b * h * sq * dq, h * sq * dq, sq * dq, dq)
-    return {"numel": acc_off + s * acc_strides[0], "d_offset": 0, "acc_offset": acc_off, "splits": s,
-            "d_strides": (h * sq, sq), "acc_strides": acc_strides}
+    return {"numel": 2 * n_d + s * acc_strides[0], "d_offset": 0, "l_offset": n_d, "acc_offset": 2 * n_d,
+            "splits": s, "d_strides": (h * sq, sq), "acc_strides": acc_strides}
 
 
 def grids(batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, max_seqlen_k: int, block_n: int,
@@ -140,8 +142,8 @@ def pack(ptrs, group: bool, qs, ks, vs, os_, dos, dqs, dks, dvs, ls, bs, gs, as_
     :data:`CONVERT_ARGS` order -- the one packer of this ABI (the Python path, the interpreter harness and tests).
 
     ``ptrs``: ``{"q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv", "dbias", "bias", "alibi", "cu_q", "cu_k",
-    "d", "acc"}`` pointer values (0/None for absent ones; ``d``/``acc``: the workspace parts, ``acc`` absent
-    without atomic dQ).  Strides are the
+    "d", "l2", "acc"}`` pointer values (0/None for absent ones; ``d``/``l2``/``acc``: the workspace parts, ``acc``
+    absent without atomic dQ).  Strides are the
     tensors' own (``q``, ``k``, ``v``, ``out``, ``dout``, ``dq``, ``dk``, ``dv``; batch ``[B, H, S, D]``, group
     ``[T, H, D]``, turned into batch form here); ``ls``: the LSE's
     (``[B, Hq, Sq]`` or ``[Hq, Tq]``); ``bs``/``gs``: bias / dbias strides over ``[B, Hq, Sq, Sk]`` (0 for
@@ -154,15 +156,15 @@ def pack(ptrs, group: bool, qs, ks, vs, os_, dos, dqs, dks, dvs, ls, bs, gs, as_
     d_st, a_st = ws["d_strides"], ws["acc_strides"]
     p = ptrs.get
     scale = 1.0 / math.sqrt(dq) if scale is None else float(scale)
-    dot = [p("out"), p("dout"), p("d"), p("cu_q"), sq, dv, *bhm(os_), *bhm(dos), *d_st]
-    main = [p("q"), p("k"), p("v"), p("dout"), p("lse"), p("d"), p("acc"), p("dq"), p("dk"), p("dv"), p("dbias"),
+    dot = [p("out"), p("dout"), p("lse"), p("d"), p("l2"), p("cu_q"), sq, dv, *bhm(os_), *bhm(dos), lb, lh, *d_st]
+    main = [p("q"), p("k"), p("v"), p("dout"), p("l2"), p("d"), p("acc"), p("dq"), p("dk"), p("dv"), p("dbias"),
             p("bias"), p("alibi"), p("cu_q"), p("cu_k"), scale, 0.0 if softcap is None else float(softcap),
             float(dropout_p or 0.0), _seed_i64(seed) if dropout_p else 0, int(offset) if dropout_p else 0,
             sq, sk, msq, msk, nhq, nhk, dq, dv, wl, wr, int(bool(br)), int(sink),
-            *bhm(qs), *bhm(ks), *bhm(vs), *bhm(dos), lb, lh, *d_st, *a_st, *bhm(dqs), *bhm(dks), *bhm(dvs),
+            *bhm(qs), *bhm(ks), *bhm(vs), *bhm(dos), *d_st, *a_st, *bhm(dqs), *bhm(dks), *bhm(dvs),
             *((0, 0, 0, 1) if bs is None else bs), *((0, 0, 0, 1) if gs is None else gs),
             *((0, 1) if as_ is None else as_)]
-    conv = [p("acc"), p("dq"), p("cu_q"), sq, dq, ws["splits"], *a_st, *bhm(dqs)]
+    conv = [p("acc"), p("dq"), p("cu_q"), scale, sq, dq, ws["splits"], *a_st, *bhm(dqs)]
     return dot, main, conv
 
 

@@ -4,7 +4,7 @@ The math and the stages' contract: :mod:`fmha_dsl.kernels.bwd_abi` (run-time arg
 :mod:`fmha_dsl.reference_bwd` (the truth).  The main kernel runs one program per (key block, K/V head, batch): it
 keeps its K/V tile and the dK/dV accumulators in registers and walks, for each query head of its GQA group, the
 query blocks that can see its keys (the mask decides the range), recomputing ``P = exp(S - lse)`` from the forward's
-LSE.  Scores are kept transposed (``S^T = K Q^T``: keys along the rows) so that dV and dK accumulate without
+LSE (in log2 units, from the first stage).  Scores are kept transposed (``S^T = K Q^T``: keys along the rows) so that dV and dK accumulate without
 transposes.  Masks, windows, sink tokens, bias (with ``dbias``), ALiBi, soft-cap and dropout (the forward's Philox
 keep-mask, recomputed from (seed, offset)) are constexpr branches, as in the forward template.  The inner loops'
 block steps are :mod:`.triton_bwd_steps`; the stages before and after the main kernel :mod:`.triton_bwd_stages`; this
@@ -26,13 +26,12 @@ __all__ = ["fmha_bwd_dot_do_o", "fmha_bwd_dq_dk_dv", "fmha_bwd_convert_dq", "sig
 
 
 @triton.jit
-def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
+def fmha_bwd_dq_dk_dv(Q, K, V, dO, L2, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
                       sm_scale, softcap, dropout_p, seed, philox_offset,
                       seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, nhead_q, nhead_k, head_dim_q, head_dim_v,
                       window_left, window_right, mask_bottom_right, sink,
                       stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                      stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
-                      stride_lb, stride_lh, stride_db, stride_dh,
+                      stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom, stride_db, stride_dh,
                       stride_as, stride_ab, stride_ah, stride_am, stride_dqb, stride_dqh, stride_dqm,
                       stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                       stride_bb, stride_bh, stride_bm, stride_bn, stride_gb, stride_gh, stride_gm, stride_gn,
@@ -60,7 +59,6 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
         bk = zero
         bv = zero
         bdo = zero
-        bl = zero
         bdq = zero
         bdk = zero
         bdv = zero
@@ -73,7 +71,6 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
         bk = off_b.to(tl.int64) * stride_kb
         bv = off_b.to(tl.int64) * stride_vb
         bdo = off_b.to(tl.int64) * stride_dob
-        bl = off_b.to(tl.int64) * stride_lb
         bdq = off_b.to(tl.int64) * stride_dqb
         bdk = off_b.to(tl.int64) * stride_dkb
         bdv = off_b.to(tl.int64) * stride_dvb
@@ -140,11 +137,9 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
                           m_ok[:, None], offs_d[None, :] < dq_lim, PAD_M, CHECK_D)
                 do = _load(dO + bdo + off_h.to(tl.int64) * stride_doh + rows[:, None] * stride_dom + offs_dv[None, :],
                            m_ok[:, None], offs_dv[None, :] < dv_lim, PAD_M, CHECK_DV)
-                l_ptrs = Lse + bl + off_h.to(tl.int64) * stride_lh + rows
-                d_ptrs = D + off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh + offs_m
-                lse = tl.load(l_ptrs, mask=m_ok, other=float("inf"))
-                lse = tl.where(lse == float("-inf"), float("inf"), lse)
-                delta = tl.load(d_ptrs, mask=m_ok, other=0.0)
+                w = off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh + offs_m
+                lse = tl.load(L2 + w, mask=m_ok, other=float("inf"))  # (log2 units: the first stage's)
+                delta = tl.load(D + w, mask=m_ok, other=0.0)
                 b_ptr = Bias
                 slope = sm_scale * 0.0
                 if BIAS_TYPE == 1:
@@ -216,8 +211,8 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
         off_h = off_hk * group_r + i
         q_base = Q + bq + off_h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
         do_base = dO + bdo + off_h.to(tl.int64) * stride_doh + q_start.to(tl.int64) * stride_dom
-        l_base = Lse + bl + off_h.to(tl.int64) * stride_lh + q_start.to(tl.int64)
         d_base = D + off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh
+        l_base = L2 + off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh
         acc_base = DQacc + off_b.to(tl.int64) * stride_ab + off_h.to(tl.int64) * stride_ah
         b_ptr = Bias
         g_base = dBias
@@ -248,7 +243,7 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
                 dk, dv = _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base, g_base,
                                       q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                       lo_off, hi_off, sink, stride_qm, stride_dom, stride_am,
-                                      stride_bm, stride_bn, stride_gm, stride_gn, sm_scale, qk_scale, cap_scale,
+                                      stride_bm, stride_bn, stride_gm, stride_gn, qk_scale, cap_scale,
                                       softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim, False,
                                       SINK, False, False, CHECK_D, CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT,
                                       not DETERMINISTIC, IEEE, UPCAST_DOT, TMA, MASK)
@@ -259,7 +254,7 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
                 dk, dv = _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base, g_base,
                                       q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                       lo_off, hi_off, sink, stride_qm, stride_dom, stride_am,
-                                      stride_bm, stride_bn, stride_gm, stride_gn, sm_scale, qk_scale, cap_scale,
+                                      stride_bm, stride_bn, stride_gm, stride_gn, qk_scale, cap_scale,
                                       softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim, True,
                                       SINK, PAD_M, PAD_N, CHECK_D, CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT,
                                       not DETERMINISTIC, IEEE, UPCAST_DOT, TMA, MASK)
@@ -274,7 +269,7 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
                 dk, dv = _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base, g_base,
                                       q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                       lo_off, hi_off, sink, stride_qm, stride_dom, stride_am,
-                                      stride_bm, stride_bn, stride_gm, stride_gn, sm_scale, qk_scale, cap_scale,
+                                      stride_bm, stride_bn, stride_gm, stride_gn, qk_scale, cap_scale,
                                       softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim, False,
                                       SINK, False, False, CHECK_D, CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT,
                                       not DETERMINISTIC, IEEE, UPCAST_DOT, TMA, MASK)
@@ -285,7 +280,7 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, Lse, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi
                                           g_base, q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d,
                                           offs_dv, seqlen_q, seqlen_k, lo_off, hi_off, sink,
                                           stride_qm, stride_dom, stride_am, stride_bm, stride_bn, stride_gm,
-                                          stride_gn, sm_scale, qk_scale, cap_scale, softcap, slope, dropout_p, seed,
+                                          stride_gn, qk_scale, cap_scale, softcap, slope, dropout_p, seed,
                                           rng_base, sk_max, dq_lim, dv_lim, False, SINK, PAD_M, PAD_N, CHECK_D,
                                           CHECK_DV, BIAS_TYPE, DBIAS, SOFTCAP, DROPOUT, not DETERMINISTIC, IEEE,
                                           UPCAST_DOT, TMA, MASK)

@@ -1,6 +1,6 @@
 """[kernels] The Triton backward's small stages around its main kernel (:mod:`.triton_bwd`): ``fmha_bwd_dot_do_o``
-(``D = rowsum(dO * O)`` per query row, before) and ``fmha_bwd_convert_dq`` (the fp32 dQ accumulator -- in the
-deterministic mode the key blocks' partial sums, added in a fixed order -- converted to dQ's dtype, after).  Their
+(``D = rowsum(dO * O)`` per query row and the LSE in log2 units, before) and ``fmha_bwd_convert_dq`` (the fp32 dQ accumulator -- in the
+deterministic mode the key blocks' partial sums, added in a fixed order -- scaled and converted to dQ's dtype, after).  Their
 run-time arguments: :data:`fmha_dsl.kernels.bwd_abi.DOT_ARGS` / :data:`~fmha_dsl.kernels.bwd_abi.CONVERT_ARGS`.
 """
 
@@ -15,8 +15,9 @@ __all__ = ["fmha_bwd_dot_do_o", "fmha_bwd_convert_dq"]
 
 
 @triton.jit
-def fmha_bwd_dot_do_o(O, dO, D, cu_seqlens_q, seqlen_q, head_dim_v,
-                      stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom, stride_db, stride_dh,
+def fmha_bwd_dot_do_o(O, dO, Lse, D, L2, cu_seqlens_q, seqlen_q, head_dim_v,
+                      stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom, stride_lb, stride_lh,
+                      stride_db, stride_dh,
                       BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, IS_GROUP: tl.constexpr,
                       CHECK_DV: tl.constexpr, PAD_DV: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -41,11 +42,16 @@ def fmha_bwd_dot_do_o(O, dO, D, cu_seqlens_q, seqlen_q, head_dim_v,
     do = _load(dO + bdo + off_h.to(tl.int64) * stride_doh + rows[:, None] * stride_dom + offs_d[None, :],
                m_ok[:, None], d_ok[None, :], True, CHECK_DV)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(D + off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh + offs_m, delta, mask=m_ok)
+    # the LSE as the main stage's loop uses it: log2 units, +inf for a row that saw no key (its P = exp2(S - L2) = 0)
+    lse = tl.load(Lse + off_b.to(tl.int64) * stride_lb + off_h.to(tl.int64) * stride_lh + rows, mask=m_ok, other=0.0)
+    l2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    w = off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh + offs_m
+    tl.store(D + w, delta, mask=m_ok)
+    tl.store(L2 + w, l2, mask=m_ok)
 
 
 @triton.jit
-def fmha_bwd_convert_dq(DQacc, dQ, cu_seqlens_q, seqlen_q, head_dim_q, num_splits,
+def fmha_bwd_convert_dq(DQacc, dQ, cu_seqlens_q, sm_scale, seqlen_q, head_dim_q, num_splits,
                         stride_as, stride_ab, stride_ah, stride_am, stride_qb, stride_qh, stride_qm,
                         BLOCK_M: tl.constexpr, BLOCK_DMODEL: tl.constexpr, IS_GROUP: tl.constexpr,
                         CHECK_D: tl.constexpr, DETERMINISTIC: tl.constexpr, PAD_D: tl.constexpr,
@@ -74,4 +80,4 @@ def fmha_bwd_convert_dq(DQacc, dQ, cu_seqlens_q, seqlen_q, head_dim_q, num_split
             dq += tl.load(a_ptrs + s * stride_as, mask=ok, other=0.0)
     q_ptrs = dQ + bq + off_h.to(tl.int64) * stride_qh + (q_start + offs_m)[:, None].to(tl.int64) * stride_qm + \
         offs_d[None, :]
-    tl.store(q_ptrs, dq.to(dQ.dtype.element_ty), mask=ok)
+    tl.store(q_ptrs, (dq * sm_scale).to(dQ.dtype.element_ty), mask=ok)  # (the main stage adds dS K unscaled)

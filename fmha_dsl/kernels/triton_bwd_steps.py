@@ -34,7 +34,7 @@ def _probs(qk, rows, cols, m_ok, n_ok, lse, b_ptr, stride_bm, stride_bn, seqlen_
            MASK: tl.constexpr, SINK: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
            BIAS_TYPE: tl.constexpr, SOFTCAP: tl.constexpr):
     """``P = exp(S - lse)`` of raw scores ``qk`` in either orientation: ``rows``/``cols`` (and ``m_ok``/``n_ok``,
-    ``lse``) are index tiles broadcastable to ``qk``'s shape.  Also returns ``tanh(s / softcap)`` (for the soft-cap's
+    ``lse``: in log2 units, ``+inf`` for a row that saw no key) are index tiles broadcastable to ``qk``'s shape.  Also returns ``tanh(s / softcap)`` (for the soft-cap's
     derivative; unused without SOFTCAP)."""
     t = qk
     if SOFTCAP:
@@ -61,21 +61,22 @@ def _probs(qk, rows, cols, m_ok, n_ok, lse, b_ptr, stride_bm, stride_bn, seqlen_
         s = tl.where(ok, s, float("-inf"))
     elif CHECK_N:
         s = tl.where(n_ok, s, float("-inf"))
-    return tl.exp2(s - lse * 1.4426950408889634), t
+    return tl.exp2(s - lse), t
 
 
 @triton.jit
 def _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, acc_base,
                  g_base, q_src, do_src, acc_src, start_m, start_n, offs_m0, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k, lo_off,
                  hi_off, sink, stride_qm, stride_dom, stride_am, stride_bm, stride_bn,
-                 stride_gm, stride_gn, sm_scale, qk_scale, cap_scale, softcap, slope, dropout_p, seed, rng_base,
+                 stride_gm, stride_gn, qk_scale, cap_scale, softcap, slope, dropout_p, seed, rng_base,
                  sk_max, dq_lim, dv_lim,
                  MASK: tl.constexpr, SINK: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
                  CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, BIAS_TYPE: tl.constexpr, DBIAS: tl.constexpr,
                  SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, WITH_DQ: tl.constexpr, IEEE: tl.constexpr,
                  UPCAST: tl.constexpr, TMA: tl.constexpr, MASK_LOOP: tl.constexpr):
     """One query block against this program's key block, with keys along the rows (``S^T = K Q^T``): ``dk``/``dv``
-    accumulated (raw: dK is scaled at the end) and, ``WITH_DQ``, this block's dQ contribution added to ``dq_acc``.
+    accumulated (raw: dK is scaled at the end) and, ``WITH_DQ``, this block's dQ contribution added to ``dq_acc``
+    (raw too: the convert stage scales it).
     TMA: Q and dO come through tensor descriptors (zero-filled past the sequence); TMA == 2: dQ is added by the copy
     engine's bulk reduction (clipped to the sequence)."""
     offs_m = start_m + offs_m0
@@ -97,12 +98,11 @@ def _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, ac
         do = _load(do_base + offs_m[:, None].to(tl.int64) * stride_dom + offs_dv[None, :], m_ok[:, None],
                    dv_ok[None, :], CHECK_M, CHECK_DV)
     if CHECK_M:  # (LSE and D through the block's first row: no 64-bit address arithmetic per element in the loop)
-        lse = tl.load(l_base + start_m + offs_m0, mask=m_ok, other=float("inf"))
+        lse = tl.load(l_base + start_m + offs_m0, mask=m_ok, other=float("inf"))  # log2 units, +inf: no key seen
         delta = tl.load(d_base + start_m + offs_m0, mask=m_ok, other=0.0)
     else:
         lse = tl.load(l_base + start_m + offs_m0)
         delta = tl.load(d_base + start_m + offs_m0)
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)   # a row that saw no key: P = 0
     cols = start_n + offs_n
     qk = _dot(k, tl.trans(q), None, IEEE, UPCAST)              # S^T [BLOCK_N, BLOCK_M]
     pt, t = _probs(qk, offs_m[None, :], cols[:, None], m_ok[None, :], n_ok[:, None], lse[None, :], b_ptr,
@@ -128,7 +128,7 @@ def _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, ac
     dst_in = dst.to(q.dtype)
     dk = _dot(dst_in, q, dk, IEEE, UPCAST)
     if WITH_DQ:
-        dq = _dot(tl.trans(dst_in), k, None, IEEE, UPCAST) * sm_scale  # [BLOCK_M, BLOCK_DMODEL]
+        dq = _dot(tl.trans(dst_in), k, None, IEEE, UPCAST)  # [BLOCK_M, BLOCK_DMODEL] (unscaled: scaled when converted)
         a_ptrs = acc_base + offs_m[:, None].to(tl.int64) * stride_am + offs_d[None, :]
         if TMA == 2:
             acc_src.atomic_add([start_m, 0], dq)
