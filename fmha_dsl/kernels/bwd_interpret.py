@@ -101,7 +101,8 @@ def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bi
             "dout": s32(doa, tname), "lse": s32(la, "float32"), "dq": s32(dq, tname), "dk": s32(dk, tname),
             "dv": s32(dv, tname), "dbias": s32(g_arr, tname), "bias": s32(b_arr, tname),
             "alibi": s32(a_arr, "float32"), "cu_q": s32(cq, "int32"), "cu_k": s32(ckk, "int32"),
-            "d": s32(d_part, "float32"), "l2": s32(l_part, "float32"), "acc": s32(acc_part if acc_part.size else np.zeros(1, np.float32), "float32")}
+            "d": s32(d_part, "float32"), "l2": s32(l_part, "float32"),
+            "acc": s32(acc_part if acc_part.size else np.zeros(1, np.float32), "float32")}
     bs = bwd_abi.bias_strides(b_arr.shape, el(b_arr)) if bias is not None else None
     gs = el(g_arr) if want_dbias else None
     as_ = el(a_arr) if alibi_slopes is not None else None
