@@ -106,8 +106,7 @@ def _runner(T, bwd_abi, q, k, v, out, lse, do, m, n, w, stages, causal, dtype, d
     buf = torch.empty(ws["numel"], device="cuda", dtype=torch.float32)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     ptrs = {"q": q, "k": k, "v": v, "out": out, "dout": do, "lse": lse, "dq": dq, "dk": dk, "dv": dv,
-            "d": buf[:ws.get("l_offset", ws["acc_offset"])], "l2": buf[ws.get("l_offset", 0):ws["acc_offset"]],
-            "acc": buf[ws["acc_offset"]:]}
+            **bwd_abi.workspace_parts(buf, ws)}
     dot, main, conv = bwd_abi.pack(ptrs, False, q.stride(), k.stride(), v.stride(), out.stride(), do.stride(),
                                    dq.stride(), dk.stride(), dv.stride(), lse.stride(), None, None, None, ws, nhq=h,
                                    nhk=h, dq=d, dv=d, sq=s, sk=s, msq=s, msk=s, scale=None, softcap=None,
@@ -117,7 +116,7 @@ def _runner(T, bwd_abi, q, k, v, out, lse, do, m, n, w, stages, causal, dtype, d
             if x is None:
                 lst[i] = buf
     g1, g2, g3 = bwd_abi.grids(b, h, h, s, s, n, deterministic)
-    acc = buf[ws["acc_offset"]:]
+    acc = ptrs["acc"]
 
     def run():
         acc.zero_()

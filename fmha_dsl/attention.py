@@ -36,10 +36,9 @@ from . import api_dispatch as _api
 from .api_dispatch import dispatcher as _dispatcher
 from .api_dispatch import timer as _timer
 from .attention_args import TORCH_DTYPES as _TORCH_DTYPES  # torch dtype -> key dtype name
-from .attention_args import torch_dtype_names as _torch_dtype_names
-from .attention_args import (_bad_dtypes, _bad_strides, _batch_shapes, _bad_types, _check_bias,
-                             _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
-                             _group_lengths, _group_shapes, _mask, _usage)
+from .attention_args import (torch_dtype_names as _torch_dtype_names, _bad_dtypes, _bad_strides, _batch_shapes,
+                             _bad_types, _check_bias, _check_devices, _check_dropout, _check_scale, _check_sink,
+                             _check_softcap, _group_lengths, _group_shapes, _mask, _usage)
 
 __all__ = ["attention"]
 

@@ -113,13 +113,12 @@ class BackwardPlan:
         ws = bwd_abi.workspace(batch, nhq, msq, msk, dq_, self.block_n, self.deterministic)
         workspace = workspace_buffer(workspace, ws["numel"], q.device, "plan.workspace_numel(batch, nhead_q, "
                                      "max_seqlen_q, max_seqlen_k, head_dim_q)")
-        d_part = workspace[ws["d_offset"]:ws["l_offset"]]
-        l_part = workspace[ws["l_offset"]:ws["acc_offset"]]
-        acc_part = workspace[ws["acc_offset"]:ws["numel"]] if self.accumulates else None
+        parts = bwd_abi.workspace_parts(workspace, ws)
+        acc_part = parts["acc"] if self.accumulates else None
         objects = self._main.kernel(device).needs_objects
         tensors = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dq": dq, "dk": dk, "dv": dv,
                    "dbias": dbias, "bias": bias, "alibi": alibi_slopes, "cu_q": cu_seqlens_q, "cu_k": cu_seqlens_k,
-                   "d": d_part, "l2": l_part, "acc": acc_part}
+                   "d": parts["d"], "l2": parts["l2"], "acc": acc_part}
         if objects:
             ptrs = tensors
         else:

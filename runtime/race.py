@@ -48,7 +48,7 @@ def race(measure, plans: dict) -> tuple | None:
     order = sorted(raced, key=lambda i: (raced[i], i))
     top = [i for i in order if raced[i] <= FINALIST_SPREAD * raced[order[0]]][:MAX_FINALISTS]
     top = top if len(top) > 1 else order[:2]
-    times = dict(first, **raced)
+    times = {**first, **raced}
     sustained = {}
     if len(top) > 1 and raced[top[0]] >= SUSTAIN_MIN_US:
         sustained = _sustained(measure, plans, top, raced)

@@ -118,6 +118,13 @@ def workspace(batch: int, nhead_q: int, max_seqlen_q: int, max_seqlen_k: int, he
             "splits": s, "d_strides": (h * sq, sq), "acc_strides": acc_strides}
 
 
+def workspace_parts(buf, ws: dict) -> dict:
+    """``{"d", "l2", "acc"}``: the parts of a workspace buffer ``buf`` (a 1-d fp32 array or tensor of at least
+    ``ws["numel"]`` elements; ``ws``: :func:`workspace`), as slices of it -- ``acc`` empty without atomic dQ."""
+    return {"d": buf[ws["d_offset"]:ws["l_offset"]], "l2": buf[ws["l_offset"]:ws["acc_offset"]],
+            "acc": buf[ws["acc_offset"]:ws["numel"]]}
+
+
 def grids(batch: int, nhead_q: int, nhead_k: int, max_seqlen_q: int, max_seqlen_k: int, block_n: int,
           deterministic: bool = False):
     """The three stages' launch grids (any zero: nothing to launch; the third is launched when :func:`converts`)."""
@@ -174,4 +181,4 @@ def bias_strides(shape, strides) -> tuple:
 
 
 __all__ = ["ARGS", "DOT_ARGS", "CONVERT_ARGS", "ALIGNED", "DOT_ALIGNED", "CONVERT_ALIGNED", "DOT_BLOCK_M", "CONVERT_BLOCK_M", "ONE_D_WARPS",
-           "block_d", "converts", "splits", "workspace", "grids", "pack", "bias_strides"]
+           "block_d", "converts", "splits", "workspace", "workspace_parts", "grids", "pack", "bias_strides"]

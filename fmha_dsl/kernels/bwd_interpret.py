@@ -93,15 +93,14 @@ def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bi
 
     ws = bwd_abi.workspace(B, Hq, msq, msk, Dq, block_n, deterministic)
     buf = np.zeros(ws["numel"], np.float32)
-    d_part = buf[ws["d_offset"]:ws["l_offset"]]
-    l_part = buf[ws["l_offset"]:ws["acc_offset"]]
-    acc_part = buf[ws["acc_offset"]:]
+    parts = bwd_abi.workspace_parts(buf, ws)
+    acc_part = parts["acc"]
     s32 = _Shim
     ptrs = {"q": s32(qa, tname), "k": s32(ka, tname), "v": s32(va, tname), "out": s32(oa, tname),
             "dout": s32(doa, tname), "lse": s32(la, "float32"), "dq": s32(dq, tname), "dk": s32(dk, tname),
             "dv": s32(dv, tname), "dbias": s32(g_arr, tname), "bias": s32(b_arr, tname),
             "alibi": s32(a_arr, "float32"), "cu_q": s32(cq, "int32"), "cu_k": s32(ckk, "int32"),
-            "d": s32(d_part, "float32"), "l2": s32(l_part, "float32"),
+            "d": s32(parts["d"], "float32"), "l2": s32(parts["l2"], "float32"),
             "acc": s32(acc_part if acc_part.size else np.zeros(1, np.float32), "float32")}
     bs = bwd_abi.bias_strides(b_arr.shape, el(b_arr)) if bias is not None else None
     gs = el(g_arr) if want_dbias else None
