@@ -136,16 +136,19 @@ def copy_bandwidth() -> float:
     return 2 * (1 << 30) / ms / 1e6
 
 
-def _kernel_name(q) -> str:
+def _timed_paged(row, name, q, run, ref, **kw) -> None:
+    """:func:`_timed` for a ``paged_attention`` call, with the name of the plan that call made: the one it added to
+    the default dispatcher's paged plans (every row of this bench is a class of its own; "" if it added none)."""
     import fmha_dsl.api_dispatch as api
-
-    disp = api.dispatcher(None, q.get_device())   # the default path's (no registry)
-    plans = list(disp.fast_paged.values())
-    if not plans:
-        return ""
     from fmha_dsl.runtime.plan_gather import GatheredPlan
 
-    return ("gather+" if isinstance(plans[-1], GatheredPlan) else "") + plans[-1].entry.name  # copy, then forward
+    disp = api.dispatcher(None, q.get_device())   # the default path's (no registry)
+    before = set(disp.fast_paged)
+    _timed(row, name, run, ref, **kw)
+    new = [plan for key, plan in disp.fast_paged.items() if key not in before]
+    if "ms" in row[name]:
+        row[name]["kernel"] = "" if len(new) != 1 else (
+            ("gather+" if isinstance(new[0], GatheredPlan) else "") + new[0].entry.name)  # copy, then forward
 
 
 def decode(args):
@@ -192,16 +195,15 @@ def decode(args):
                     def run(tab=tab):
                         return fmha_dsl.paged_attention(q3, kc, vc, seqlens_k=lens, cu_seqlens_q=cq, max_seqlen_q=1,
                                                         max_seqlen_k=sk, **tab)
-                    _timed(row, f"paged_{form}", run, ref, nbytes=nbytes, to_bhsd=lambda o: o[:, :, None])
-                    row[f"paged_{form}"]["kernel"] = _kernel_name(q3)
+                    _timed_paged(row, f"paged_{form}", q3, run, ref, nbytes=nbytes, to_bhsd=lambda o: o[:, :, None])
                 if page == 16:  # CK's vectorized layout, the same pages (vLLM's table)
                     k5, v5 = vectorized_caches(kc, vc)
 
                     def run_vec():
                         return fmha_dsl.paged_attention(q3, k5, v5, seqlens_k=lens, cu_seqlens_q=cq, max_seqlen_q=1,
                                                         max_seqlen_k=sk, block_table=bt)
-                    _timed(row, "paged_vectorized", run_vec, ref, nbytes=nbytes, to_bhsd=lambda o: o[:, :, None])
-                    row["paged_vectorized"]["kernel"] = _kernel_name(q3)
+                    _timed_paged(row, "paged_vectorized", q3, run_vec, ref, nbytes=nbytes,
+                                 to_bhsd=lambda o: o[:, :, None])
                     del k5, v5
                 rows.append(row)
                 del kc, vc, bt, ip, ix
@@ -272,8 +274,7 @@ def prefill(args):
 def _paged_row(row, label: str, qv, ref, f, to_bhsd, run) -> None:
     """Time ``run`` (a paged_attention call) into ``row["paged"]`` with the plan it took, and print the row next to
     ``attention()`` on the contiguous K/V and the SDPA peers."""
-    _timed(row, "paged", run, ref, f=f, to_bhsd=to_bhsd)
-    row["paged"]["kernel"] = _kernel_name(qv)
+    _timed_paged(row, "paged", qv, run, ref, f=f, to_bhsd=to_bhsd)
 
     def t(n):
         return (row.get(n) or {}).get("tflops", 0)

@@ -5,12 +5,15 @@ plan, each after flushing the L2 cache, behind ``warm`` untimed ones.  :func:`ra
 
 1. every candidate is timed once; those :data:`PRUNE` times slower than the fastest drop out;
 2. the others in short bursts, round-robin -- three launches of each per round, so that clock and temperature drift
-   spread over all of them -- for about :data:`TUNE_SECONDS` (2 to 8 rounds);
+   spread over all of them -- for about :data:`TUNE_SECONDS` (2 to 8 rounds); none when the fastest takes
+   :data:`LONG_US` or more (one launch of milliseconds reads within a few per cent, and the sustained runs below
+   decide: bursts of two dozen such candidates would cost half a second of the first call);
 3. the finalists (the fastest and those within :data:`FINALIST_SPREAD` of it, 2 to :data:`MAX_FINALISTS`) are timed
    again: when they take at least :data:`SUSTAIN_MIN_US`, *sustained* -- each after :data:`SETTLE_SECONDS` of
    back-to-back launches of itself, so the board is in the power state a long run of it puts it in (a burst on a
    rested GPU reads 64x64 tiles 7-14 % faster than a long benchmark does, TMA tiles 0-5 %:
-   ``bench/probe_sustain.py``); shorter ones, launch-bound from Python, in as many bursts again.
+   ``bench/probe_sustain.py``), and those within :data:`RETIME_SPREAD` of the fastest once more, in reverse order;
+   shorter ones, launch-bound from Python, in as many bursts again.
 
 The finalists' medians decide.  This module launches nothing itself and imports no compiler.
 """
@@ -21,11 +24,13 @@ from fmha_dsl.errors import FmhaError
 
 TUNE_SECONDS = 0.3   # the timing budget of one decision's bursts (more rounds for short kernels)
 PRUNE = 1.3          # candidates whose first timed launch is this much slower than the fastest's are not timed again
+LONG_US = 1000.0     # candidates this long go from their first timing straight to the finalists' sustained runs
 FINALIST_SPREAD = 1.15   # the bursts' fastest and those within 15 % of it (a sustained run moves them up to 14 %)
 MAX_FINALISTS = 6        # ... at most this many of them, at least two, are timed again to decide
 SUSTAIN_MIN_US = 100.0   # finalists this long are timed sustained (shorter ones are host-bound from Python)
 SETTLE_SECONDS = 0.04    # back-to-back launches of a finalist ahead of its timed ones (the power state settles)
-SUSTAIN_TIMED_SECONDS = 0.015  # then timed launches worth about this much (4 to 64 of them), in two rounds
+SUSTAIN_TIMED_SECONDS = 0.015  # then timed launches worth about this much (4 to 64 of them)
+RETIME_SPREAD = 1.03     # finalists this close to the sustained fastest are timed sustained once more, in reverse order
 
 
 def race(measure, plans: dict) -> tuple | None:
@@ -39,10 +44,14 @@ def race(measure, plans: dict) -> tuple | None:
             first[i] = got[-1]
     if not first:
         return None
-    samples = {i: [] for i, t in first.items() if t <= PRUNE * min(first.values())}
+    best = min(first.values())
+    samples = {i: [] for i, t in first.items() if t <= PRUNE * best}
     rounds = int(min(8, max(2, TUNE_SECONDS * 1e6 / max(3 * sum(first[i] for i in samples), 1.0))))
-    _rounds(measure, plans, list(samples), rounds, samples)
-    raced = {i: _median(v) for i, v in samples.items() if v}
+    if best >= LONG_US:
+        raced = {i: first[i] for i in samples}
+    else:
+        _rounds(measure, plans, list(samples), rounds, samples)
+        raced = {i: _median(v) for i, v in samples.items() if v}
     if not raced:
         return None
     order = sorted(raced, key=lambda i: (raced[i], i))
@@ -75,17 +84,25 @@ def _rounds(measure, plans: dict, ids, n: int, samples: dict) -> None:
             samples[i] += _time_n(measure, plans[i], 3)
 
 
-def _sustained(measure, plans: dict, ids: list, est_us: dict, rounds: int = 2) -> dict:
-    """``{i: median microseconds}`` of plans ``plans[i]`` (``i`` in ``ids``) each timed after :data:`SETTLE_SECONDS`
-    of back-to-back launches of itself (their count from ``est_us``, the burst estimate), in ``rounds`` rounds, the
-    order reversed every other round so that no plan always follows the same one."""
+def _sustained(measure, plans: dict, ids: list, est_us: dict) -> dict:
+    """``{i: median microseconds}`` of plans ``plans[i]`` (``i`` in ``ids``, the bursts' order) each timed after
+    :data:`SETTLE_SECONDS` of back-to-back launches of itself (their count from ``est_us``, the burst estimate).  A
+    second round, in reverse order (so that no plan always follows the same one), times again those within
+    :data:`RETIME_SPREAD` of the first round's fastest, when there are two or more: the others cannot win."""
     samples: dict = {i: [] for i in ids}
-    for r in range(rounds):
-        for i in (ids if r % 2 == 0 else ids[::-1]):
+
+    def timed(order):
+        for i in order:
             t = max(est_us[i], 1.0)
             warm = int(min(4000, SETTLE_SECONDS * 1e6 / t))
             n = int(min(64, max(4, SUSTAIN_TIMED_SECONDS * 1e6 / t)))
             samples[i] += _time_n(measure, plans[i], n, warm)
+
+    timed(ids)
+    first = {i: _median(v) for i, v in samples.items() if v}
+    close = [i for i in ids if i in first and first[i] <= RETIME_SPREAD * min(first.values())]
+    if len(close) > 1:
+        timed(close[::-1])
     return {i: _median(v) for i, v in samples.items() if v}
 
 
@@ -106,5 +123,5 @@ def _time_n(measure, plan, n: int, warm: int = 0) -> list:
     return [float(t) for t in ts if t == t and t > 0]
 
 
-__all__ = ["race", "fastest", "TUNE_SECONDS", "PRUNE", "FINALIST_SPREAD", "MAX_FINALISTS", "SUSTAIN_MIN_US",
-           "SETTLE_SECONDS", "SUSTAIN_TIMED_SECONDS"]
+__all__ = ["race", "fastest", "TUNE_SECONDS", "PRUNE", "LONG_US", "FINALIST_SPREAD", "MAX_FINALISTS", "SUSTAIN_MIN_US",
+           "SETTLE_SECONDS", "SUSTAIN_TIMED_SECONDS", "RETIME_SPREAD"]

@@ -6,6 +6,8 @@ captured serving step with new tables each replay; corrupt tables that must not 
     python3 -P -m pytest -q tests/test_gpu_paged.py -p no:cacheprovider      (bench/device_run.sh pagedtests)
 """
 
+import os
+
 import numpy as np
 import pytest
 
@@ -24,6 +26,9 @@ TOL = {torch.float16: 1.5e-2, torch.bfloat16: 6e-2}
 def gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
+    # first use among the cost model's first four candidates per class, as test_gpu.py's: it keeps the file short,
+    # and the gathered-route tests need a forward decision without split-KV (a split one keeps the paged route)
+    os.environ.setdefault("FMHA_DSL_TUNE_CANDIDATES", "4")
 
 
 def make_cache(lens_k, page, hk, d, dv=None, *, extra=(), seed=0, shared_prefix=0, dtype=torch.float16, spare=3):
