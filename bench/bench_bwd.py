@@ -170,11 +170,11 @@ def _chosen(q, k, v, causal) -> str | None:
     """The main-stage kernel first use decided for the backward of ``attention(q, k, v, causal=causal)``: the
     decision of this call's class itself, not the last plan a dispatcher made (an earlier class may have made it)."""
     import fmha_dsl
-    from fmha_dsl.vocab import ALIASES
+    from fmha_dsl.attention_args import torch_dtype_names
 
     b, hq, sq, d = q.shape
     hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
-    p = fmha_dsl.Problem(family="bwd_dq_dk_dv", dtype=ALIASES["dtype"][str(q.dtype).removeprefix("torch.")], batch=b,
+    p = fmha_dsl.Problem(family="bwd_dq_dk_dv", dtype=torch_dtype_names()[q.dtype], batch=b,
                          nhead_q=hq, nhead_k=hk, seqlen_q=sq, seqlen_k=sk, max_seqlen_q=sq, max_seqlen_k=sk, hdim_q=d,
                          hdim_v=dv, mask="top_left" if causal else "no")
     for disp in sys.modules["fmha_dsl.attention"]._JIT.values():

@@ -29,7 +29,6 @@ from .attention_args import (CALLER, torch_dtype_names, _bad_dtypes, _bad_types,
 __all__ = ["attention_backward"]
 
 
-
 def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, bias=None, alibi_slopes=None,
                        dropout_p=0.0, seed=None, softcap=None, sink=None, scale=None, cu_seqlens_q=None,
                        cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, offset=0, deterministic=False,

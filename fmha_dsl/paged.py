@@ -42,7 +42,6 @@ from .paged_args import cache_pair, check_tables_on_host, host_values, max_len, 
 __all__ = ["paged_attention", "append_kv", "workspace_numel"]
 
 
-
 def _is_torch(x) -> bool:
     return (type(x).__module__ or "").startswith("torch")
 

@@ -35,8 +35,9 @@ RETIME_SPREAD = 1.03     # finalists this close to the sustained fastest are tim
 
 def race(measure, plans: dict) -> tuple | None:
     """``(key of the winner, {key: microseconds}, {finalist key: sustained microseconds})`` of ``plans`` (key ->
-    plan) by ``measure``; the times are each candidate's burst median (its single first time when it dropped out),
-    the sustained ones empty when the finalists were timed in bursts.  None when nothing could be timed."""
+    plan) by ``measure``; the times are each candidate's burst median (its single first time when it dropped out or
+    when the bursts were skipped: :data:`LONG_US`), the sustained ones empty when the finalists were timed in bursts.
+    None when nothing could be timed."""
     first = {}
     for i, pl in plans.items():  # warm-up: loads each kernel; a candidate that cannot run drops out
         got = _time_n(measure, pl, 2)
@@ -99,10 +100,12 @@ def _sustained(measure, plans: dict, ids: list, est_us: dict) -> dict:
             samples[i] += _time_n(measure, plans[i], n, warm)
 
     timed(ids)
-    first = {i: _median(v) for i, v in samples.items() if v}
-    close = [i for i in ids if i in first and first[i] <= RETIME_SPREAD * min(first.values())]
-    if len(close) > 1:
-        timed(close[::-1])
+    once = {i: _median(v) for i, v in samples.items() if v}
+    if once:
+        limit = RETIME_SPREAD * min(once.values())
+        close = [i for i in ids if once.get(i, limit + 1) <= limit]
+        if len(close) > 1:
+            timed(close[::-1])
     return {i: _median(v) for i, v in samples.items() if v}
 
 
