@@ -52,36 +52,68 @@ def dispatcher(registry, dev: int):
     return got[0]
 
 
+# Each timed launch waits on the GPU behind a sleep, so that the events time the kernels, not the Python path that
+# enqueues them: HOST_SLACK x the host time the plan's previous launch took (at most HOST_CAP_US; before a plan has
+# one -- its first launch loads its kernels -- the median of the others', HOST_FIRST_US before any), less the least
+# GPU time its timings read (a plan whose kernels outlast its launch path waits behind nothing).  Without it a
+# candidate whose launch costs more host time than the flush's GPU time (a split-KV plan: two launches and a
+# workspace, 40-110 us) read its host time (decode, batch 1 x 1k keys: 33-114 us for a 10 us plan, which then lost
+# to a 16 us one).
+HOST_SLACK = 1.5
+HOST_CAP_US = 2000.0
+HOST_FIRST_US = 200.0
+SLEEP_CYCLES_PER_US = 2000   # torch.cuda._sleep spins in clock cycles: at 2 GHz or slower this sleeps long enough
+
+
 def timer(dev: int, launch):
-    """``measure(plan, n, warm=0) -> [microseconds] * n``: ``n`` runs of ``launch(plan)`` (a candidate plan on the
+    """``measure(plan, n=1, warm=0) -> [microseconds] * n``: ``n`` runs of ``launch(plan)`` (a candidate plan on the
     caller's own arguments), each after the L2 cache is flushed and timed by its own events, behind ``warm`` untimed
     flushed runs, all enqueued back to back and read after one synchronisation (what first-use selection compares:
-    :func:`fmha_dsl.runtime.race.race`); None where nothing can be timed (the CPU interpreter, a CUDA graph being
-    captured).  The backward's first use times through it too."""
+    :func:`fmha_dsl.runtime.race.race`); each timed run behind a GPU sleep that outlasts the host time of its launch
+    (:data:`HOST_SLACK`), so that a plan whose Python launch path is slower than its kernels is timed by its kernels.
+    None where nothing can be timed (the CPU interpreter, a CUDA graph being captured).  The backward's first use
+    times through it too."""
     if dev < 0:
         return None
+    import statistics
+    import time
+
     import torch
 
     if torch.cuda.is_current_stream_capturing():
         return None
-    state = {}
+    state = {"host": {}, "gpu": {}, "seen": set()}
+    sleep = getattr(torch.cuda, "_sleep", None)   # torch's private spin kernel: without it, no sleep
 
     def measure(plan, n=1, warm=0):
-        if not state:
+        if "flush" not in state:
             l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or (64 << 20))
             state["flush"] = torch.empty(2 * l2, dtype=torch.int8, device=f"cuda:{dev}")
-        for _ in range(warm):
-            state["flush"].zero_()
-            launch(plan)
-        stream = torch.cuda.current_stream(dev)
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        for t0, t1 in ev:
-            state["flush"].zero_()
-            t0.record(stream)
-            launch(plan)
-            t1.record(stream)
-        ev[-1][1].synchronize()
-        return [t0.elapsed_time(t1) * 1000.0 for t0, t1 in ev]
+        host, gpu, seen = state["host"], state["gpu"], state["seen"]
+        with torch.cuda.device(dev):
+            for _ in range(warm):
+                state["flush"].zero_()
+                launch(plan)
+                seen.add(id(plan))
+            stream = torch.cuda.current_stream(dev)
+            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+            for t0, t1 in ev:
+                state["flush"].zero_()
+                us = host.get(id(plan)) or (statistics.median(host.values()) if host else HOST_FIRST_US)
+                sleep_us = HOST_SLACK * min(us, HOST_CAP_US) - gpu.get(id(plan), 0.0)
+                if sleep_us > 0 and sleep is not None:
+                    sleep(int(sleep_us * SLEEP_CYCLES_PER_US))
+                t0.record(stream)
+                h0 = time.perf_counter()
+                launch(plan)
+                if id(plan) in seen:
+                    host[id(plan)] = (time.perf_counter() - h0) * 1e6
+                seen.add(id(plan))
+                t1.record(stream)
+            ev[-1][1].synchronize()
+        ts = [t0.elapsed_time(t1) * 1000.0 for t0, t1 in ev]
+        gpu[id(plan)] = min(ts + [gpu.get(id(plan), ts[0])])   # the least it read (a host gap only adds)
+        return ts
 
     return measure
 

@@ -881,3 +881,26 @@ def test_gqa_packed_plans_replay_on_the_torch_fast_path():
         assert torch.equal(fmha_dsl.attention(q, k, v, registry=d), first)
     assert fp.stats()["hits"] >= hits + 2
     close(first, reference(q, k, v)[0], torch.bfloat16)
+
+
+def test_first_use_times_the_kernels_not_the_host_path_that_launches_them():
+    """A plan whose Python launch path takes 300 us of host time (a busy wait) before a kernel of a few us: the
+    first-use timer reads the kernel, not the host (before, the 100 MB flush covered about 30 us of host time and a
+    split-KV decode plan read 33-114 us for a 10 us plan -- and lost to a slower one-kernel plan)."""
+    import time
+
+    from fmha_dsl.api_dispatch import timer
+
+    x = torch.zeros(1, device="cuda")
+
+    def launch(plan):
+        t = time.perf_counter()
+        while time.perf_counter() - t < 300e-6:
+            pass
+        x.add_(1)
+
+    measure = timer(torch.cuda.current_device(), launch)
+    plan = object()
+    ts = measure(plan, 2) + measure(plan, 5) + measure(plan, 3, warm=2)
+    assert x.item() == 12
+    assert max(ts[2:]) < 60.0, ts
