@@ -22,7 +22,8 @@ registry: first-use selection), next to the peers on the same data made contiguo
 
 Every output is checked against SDPA's (or, for append-KV, against the rows written) before it is timed.  The calls
 pass ``max_seqlen_q``/``max_seqlen_k`` as a server does (no device-to-host copy).  Timing: CUDA events, warm-up,
-median, as triton.testing.do_bench times, but the L2 flushed by a read instead of a write (:func:`_flush`).  FLOPs = 4 * Hq * Sq * Sk * D per sequence, halved for causal.
+median, as triton.testing.do_bench times, but the L2 flushed by a read instead of a write (:func:`_flush`).
+FLOPs = 4 * Hq * Sq * Sk * D per sequence, halved for causal.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ _FLUSH = {}
 
 def _flush():
     """Evict the L2 by reading a 512 MB buffer (into a scalar).  ``do_bench`` zeroes a 256 MB one instead, which
-    leaves the L2 full of dirty lines that the timed call's first misses must write back: about 5 us at decode
-    shapes, for every kernel alike (``bench/probe_flush.py``).  A server's attention follows GEMMs that mostly read
-    (weights), so clean lines are what it meets."""
+    leaves the L2 full of dirty lines that the timed call's first misses must write back: 3-10 us at decode shapes
+    (``bench/probe_flush.py``).  A server's attention follows GEMMs that mostly read (weights), so clean lines are
+    what it meets.  The read also takes about twice the zeroing's GPU time, which hides a longer host launch path."""
     import torch
 
     if not _FLUSH:

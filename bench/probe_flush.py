@@ -6,9 +6,9 @@ write back to DRAM; a flush that reads a buffer leaves clean lines, which cost n
 
 Decode (Sq = 1, GQA 8:1, 8 K/V heads, d128, bf16) through ``fmha_dsl.paged_attention`` (pages of 16 and 1024,
 scattered) and ``fmha_dsl.attention`` on the contiguous K/V, next to SDPA's FA2 and cuDNN backends, each timed
-after (a) ``zero``: do_bench's flush, (b) ``read``: a read of a 512 MB buffer, and (c) ``none``: no flush (the K/V
-of the small shapes then sit in L2: an upper bound, not a figure).  Also the copy bandwidth under (a) and (b).
-A diagnostic of the method, not a benchmark.
+after (a) ``zero``: do_bench's flush, (b) ``read``: a read of a 512 MB buffer, and (c) ``none``: no flush (back to
+back: the small shapes then time the host's launch path, the others read K/V partly from L2; not a figure).  Also
+the copy bandwidth under (a) and (b).  A diagnostic of the method, not a benchmark.
 """
 
 from __future__ import annotations

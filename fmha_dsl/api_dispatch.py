@@ -52,11 +52,12 @@ def dispatcher(registry, dev: int):
     return got[0]
 
 
-# Each timed launch waits on the GPU behind a sleep, so that the events time the kernels, not the Python path that
-# enqueues them: HOST_SLACK x the host time the plan's previous launch took (at most HOST_CAP_US; before a plan has
-# one -- its first launch loads its kernels -- the median of the others', HOST_FIRST_US before any), less the least
-# GPU time its timings read (a plan whose kernels outlast its launch path waits behind nothing).  Without it a
-# candidate whose launch costs more host time than the flush's GPU time (a split-KV plan: two launches and a
+# The timer flushes the L2 by reading a buffer twice its size (clean lines: nothing to write back, however long the
+# kernel waits after the flush), and each timed launch waits on the GPU behind a sleep, so that the events time the
+# kernels, not the Python path that enqueues them: HOST_SLACK x the host time the plan's previous launch took (at
+# most HOST_CAP_US; before a plan has one -- its first launch loads its kernels -- at least HOST_FIRST_US), less the
+# least GPU time its timings read where an earlier launch of the same call is still queued ahead of it.  Without the
+# sleep a candidate whose launch costs more host time than the flush's GPU time (a split-KV plan: two launches and a
 # workspace, 40-110 us) read its host time (decode, batch 1 x 1k keys: 33-114 us for a 10 us plan, which then lost
 # to a 16 us one).
 HOST_SLACK = 1.5
@@ -82,37 +83,44 @@ def timer(dev: int, launch):
 
     if torch.cuda.is_current_stream_capturing():
         return None
-    state = {"host": {}, "gpu": {}, "seen": set()}
+    state = {"host": {}, "gpu": {}, "plans": {}}
     sleep = getattr(torch.cuda, "_sleep", None)   # torch's private spin kernel: without it, no sleep
 
-    def measure(plan, n=1, warm=0):
+    def flush():
         if "flush" not in state:
             l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or (64 << 20))
-            state["flush"] = torch.empty(2 * l2, dtype=torch.int8, device=f"cuda:{dev}")
-        host, gpu, seen = state["host"], state["gpu"], state["seen"]
+            state["flush"] = torch.zeros(l2 // 2, dtype=torch.float32, device=f"cuda:{dev}")   # 2 x L2 bytes
+            state["sink"] = torch.empty((), dtype=torch.float32, device=f"cuda:{dev}")
+        torch.sum(state["flush"], 0, out=state["sink"])
+
+    def measure(plan, n=1, warm=0):
+        host, gpu, key = state["host"], state["gpu"], id(plan)
+        seen = key in state["plans"]
+        state["plans"][key] = plan   # keeps the plan, so that its id is not reused while this timer lives
         with torch.cuda.device(dev):
             for _ in range(warm):
-                state["flush"].zero_()
+                flush()
                 launch(plan)
-                seen.add(id(plan))
+                seen = True
             stream = torch.cuda.current_stream(dev)
             ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-            for t0, t1 in ev:
-                state["flush"].zero_()
-                us = host.get(id(plan)) or (statistics.median(host.values()) if host else HOST_FIRST_US)
-                sleep_us = HOST_SLACK * min(us, HOST_CAP_US) - gpu.get(id(plan), 0.0)
+            for i, (t0, t1) in enumerate(ev):
+                flush()
+                us = host.get(key) or max(HOST_FIRST_US, statistics.median(host.values()) if host else 0.0)
+                ahead = gpu.get(key, 0.0) if (i or warm) else 0.0   # a launch of this call still queued ahead
+                sleep_us = HOST_SLACK * min(us, HOST_CAP_US) - ahead
                 if sleep_us > 0 and sleep is not None:
                     sleep(int(sleep_us * SLEEP_CYCLES_PER_US))
                 t0.record(stream)
                 h0 = time.perf_counter()
                 launch(plan)
-                if id(plan) in seen:
-                    host[id(plan)] = (time.perf_counter() - h0) * 1e6
-                seen.add(id(plan))
+                if seen:   # a plan's first launch also loads its kernels: not its host time
+                    host[key] = (time.perf_counter() - h0) * 1e6
+                seen = True
                 t1.record(stream)
             ev[-1][1].synchronize()
         ts = [t0.elapsed_time(t1) * 1000.0 for t0, t1 in ev]
-        gpu[id(plan)] = min(ts + [gpu.get(id(plan), ts[0])])   # the least it read (a host gap only adds)
+        gpu[key] = min(ts + [gpu.get(key, ts[0])])   # the least it read (a host gap only adds)
         return ts
 
     return measure
