@@ -80,18 +80,20 @@ def _flush():
     torch.sum(_FLUSH["buf"], 0, out=_FLUSH["sink"])
 
 
-def _bench(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+def _bench(fn, warmup_ms: float = 25, rep_ms: float = 100, flush=None) -> float:
     """Median ms of ``fn`` over CUDA-event timings of ``rep_ms`` worth of calls after ``warmup_ms`` of them, each
-    timed call after :func:`_flush` -- ``triton.testing.do_bench``'s method with a read flush instead of a write."""
-
+    timed call after ``flush`` (default :func:`_flush`) -- ``triton.testing.do_bench``'s method with a read flush
+    instead of a write."""
     import torch
+
+    flush = flush or _flush
 
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(5):
-        _flush()
+        flush()
         fn()
     end.record()
     torch.cuda.synchronize()
@@ -101,7 +103,7 @@ def _bench(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(max(1, int(rep_ms / each)))]
     for s, e in events:
-        _flush()
+        flush()
         s.record()
         fn()
         e.record()

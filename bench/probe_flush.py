@@ -8,7 +8,9 @@ Decode (Sq = 1, GQA 8:1, 8 K/V heads, d128, bf16) through ``fmha_dsl.paged_atten
 scattered) and ``fmha_dsl.attention`` on the contiguous K/V, next to SDPA's FA2 and cuDNN backends, each timed
 after (a) ``zero``: do_bench's flush, (b) ``read``: a read of a 512 MB buffer, and (c) ``none``: no flush (back to
 back: the small shapes then time the host's launch path, the others read K/V partly from L2; not a figure).  Also
-the copy bandwidth under (a) and (b).  A diagnostic of the method, not a benchmark.
+the copy bandwidth under (a) and (b).  Timing: bench_serving's loop (``_bench``) with each flush; run 2 in
+docs/benchmarks.md took a fixed 100 calls after 10 warm-up calls instead.  A diagnostic of the method, not a
+benchmark.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 
@@ -29,31 +30,16 @@ def main() -> None:
     import fmha_dsl
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_serving import _sdpa, paged_copy
+    from bench_serving import _bench, _flush, _sdpa, paged_copy
 
     zero_buf = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    read_buf = torch.ones(128 << 20, dtype=torch.float32, device="cuda")
-    sink = torch.empty((), dtype=torch.float32, device="cuda")
-    flushes = {"zero": zero_buf.zero_, "read": lambda: torch.sum(read_buf, 0, out=sink), "none": lambda: None}
-
-    def timed(fn, flush, reps=100):
-        for _ in range(10):
-            fn()
-        torch.cuda.synchronize()
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-        for s, e in ev:
-            flush()
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in ev)
+    flushes = {"zero": zero_buf.zero_, "read": _flush, "none": lambda: None}
 
     res = {"device": torch.cuda.get_device_name(), "rows": []}
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
     for mode in ("zero", "read"):
-        ms = timed(lambda: y.copy_(x), flushes[mode])
+        ms = _bench(lambda: y.copy_(x), flush=flushes[mode])
         res[f"copy_gbps_{mode}"] = 2 * (1 << 30) / ms / 1e6
         print(f"copy ({mode} flush): {res[f'copy_gbps_{mode}']:.0f} GB/s", flush=True)
     del x, y
@@ -78,7 +64,7 @@ def main() -> None:
         for name, fn in calls.items():
             fn()   # first use decides outside the timing
             for mode, flush in flushes.items():
-                ms = timed(fn, flush)
+                ms = _bench(fn, flush=flush)
                 row[f"{name}_{mode}_gbps"] = nbytes / ms / 1e6
         res["rows"].append(row)
         print(f"b{b:>3} sk{sk:>6} " + "  ".join(
