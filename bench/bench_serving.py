@@ -147,16 +147,17 @@ def _timed(row, name, run, ref=None, f=None, nbytes=None, to_bhsd=None):
         row[name]["gbps"] = nbytes / ms / 1e6
 
 
-def paged_copy(k, v, page: int, seed: int = 0):
+def paged_copy(k, v, page: int, seed: int = 0, scatter: bool = True):
     """``k``/``v [B, Hk, S, D]`` (every sequence S tokens) as caches ``[P, page, Hk, D]`` in pages scattered at
-    random, with the vLLM table and the SGLang indptr/indices of the same pages."""
+    random (``scatter=False``: in order, each sequence's pages contiguous), with the vLLM table and the SGLang
+    indptr/indices of the same pages."""
     import torch
 
     b, hk, s, d = k.shape
     per = -(-s // page)
     n = b * per
     g = torch.Generator(device="cpu").manual_seed(seed)
-    perm = torch.randperm(n, generator=g).to(torch.int32)
+    perm = (torch.randperm(n, generator=g) if scatter else torch.arange(n)).to(torch.int32)
     kc = torch.empty(n, page, hk, d, dtype=k.dtype, device=k.device)
     vc = torch.empty_like(kc)
     pad = per * page - s

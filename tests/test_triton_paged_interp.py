@@ -205,10 +205,13 @@ def test_the_tma_pipeline_reads_whole_pages_through_descriptors(interp, page, fo
                 run={"pipeline": "qr_async_trload", "num_splits": 3})
 
 
-@pytest.mark.parametrize("pipeline", ["qr_async", "qr_async_trload"])
-def test_slots_past_a_sequence_may_hold_anything(interp, pipeline):
+@pytest.mark.parametrize("pipeline,run", [("qr_async", {}), ("qr_async_trload", {}), ("qr_async", {"vectorized": True}),
+                                          ("qr_async", {"vectorized": True, "block_n": 32}),
+                                          ("qr_nwarp_sshuffle", {"vectorized": True, "num_splits": 2})])
+def test_slots_past_a_sequence_may_hold_anything(interp, pipeline, run):
     """The unused rows of a sequence's last page (never written, recycled memory) are NaN here: they must not reach
-    the result (the TMA pipeline loads whole blocks and zeroes those V rows)."""
+    the result (the TMA pipeline loads whole blocks and zeroes those V rows; the vectorized layout reads a page's
+    run of K vectors and V's 16-byte token groups whole, and zeroes the V rows past the sequence)."""
     rng = np.random.default_rng(4)
     kc = rng.standard_normal((4, 16, 1, 16)).astype(np.float32)
     vc = rng.standard_normal((4, 16, 1, 16)).astype(np.float32)
@@ -219,7 +222,7 @@ def test_slots_past_a_sequence_may_hold_anything(interp, pipeline):
     cq = np.array([0, 2, 3], np.int32)
     want = paged_attention(q, np.nan_to_num(kc), np.nan_to_num(vc), block_table=bt, seqlens_k=lens, cu_seqlens_q=cq)
     got, _ = interp("run_interpreted_paged", q, kc, vc, block_table=bt, seqlens_k=lens, cu_seqlens_q=cq,
-                    pipeline=pipeline)
+                    pipeline=pipeline, **run)
     assert np.isfinite(got).all() and np.abs(got - want).max() < 1e-5
 
 

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .fwd_abi import block_d, packs_gqa
 from .paged_abi import ARGS, DTYPES, LOOKUPS, kv_vec, page_size
-from .triton_paged_rows import _page, _pages, _rows, _table, _v_vectors
+from .triton_paged_rows import _k_vectors, _page, _pages, _rows, _table, _v_vectors
 from .triton_steps import _dot, _load, _softmax
 
 __all__ = ["fmha_paged", "CONSTEXPRS", "constexprs"]
@@ -53,12 +53,13 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
         row0 = (_page(page, num_pages) * PAGE_SIZE).to(tl.int32) + start_n % PAGE_SIZE
         qk = _dot(q, tl.trans(k_base.load([row0, 0])), None, IEEE, UPCAST)
     else:
-        page = _pages(Table, tb, num_pages, start_n, offs_n, seqlen_k, CHECK_N, PAGE_SIZE, BLOCK_N)
-        krows = _rows(page, start_n, offs_n, stride_kp, stride_ks, PAGE_SIZE, BLOCK_N, 0)
-        if KV_VEC:  # K^T [D, N]: the head dim's 16-byte vectors at offs_d's offsets (k_cols), slots at KV_VEC
-            k = _load(k_base + offs_d[:, None] + krows[None, :], d_ok[:, None], n_ok[None, :], CHECK_D, CHECK_N)
+        if KV_VEC:  # K^T [D, N] read page run by page run (stride_ks: the stride of the head dim's vectors)
+            k = _k_vectors(k_base, Table, tb, num_pages, start_n, seqlen_k, stride_kp, stride_ks, d_ok, CHECK_N,
+                           CHECK_D, PAGE_SIZE, BLOCK_N, offs_d.shape[0], KV_VEC)
             qk = _dot(q, k, None, IEEE, UPCAST)
         else:  # K [N, D], as V is read: a thread's K and V rows are the same, their page ids loaded once
+            page = _pages(Table, tb, num_pages, start_n, offs_n, seqlen_k, CHECK_N, PAGE_SIZE, BLOCK_N)
+            krows = _rows(page, start_n, offs_n, stride_kp, stride_ks, PAGE_SIZE, BLOCK_N, 0)
             k = _load(k_base + krows[:, None] + offs_d[None, :], n_ok[:, None], d_ok[None, :], CHECK_N, CHECK_D)
             qk = _dot(q, tl.trans(k), None, IEEE, UPCAST)
     p, alpha, l_i, m_i = _softmax(l_i, m_i, qk, start_n, k_base, offs_m, offs_m.to(tl.uint32), offs_m.to(tl.uint32),
@@ -71,7 +72,7 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
         if CHECK_N:  # rows past the sequence hold other tokens (or never-written memory): zero them
             v = tl.where(n_ok[:, None], v, 0.0)
     elif KV_VEC:
-        v = _v_vectors(v_base, Table, tb, num_pages, start_n, seqlen_k, stride_vp, stride_vs, offs_dv, dv_ok, CHECK_N,
+        v = _v_vectors(v_base, Table, tb, num_pages, start_n, seqlen_k, stride_vp, stride_vs, dv_ok, CHECK_N,
                        CHECK_DV, PAGE_SIZE, BLOCK_N, offs_dv.shape[0], KV_VEC)
     else:
         vrows = _rows(page, start_n, offs_n, stride_vp, stride_vs, PAGE_SIZE, BLOCK_N, 0)
@@ -188,14 +189,6 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
     q = _load(Q + q_rows[:, None] + offs_d[None, :], m_ok[:, None], d_ok[None, :], True, CHECK_D)
     k_base = K + off_hk.to(tl.int64) * stride_kh
     v_base = V + off_hk.to(tl.int64) * stride_vh
-    if KV_VEC:  # CK's vectorized layout: K [P, Hk, D / VEC, page, VEC], V [P, Hk, page / VEC, D, VEC] (paged_abi)
-        k_cols = (offs_d // KV_VEC) * (stride_ks // KV_VEC) * KV_VEC + offs_d % KV_VEC
-        k_slot = KV_VEC
-        v_cols = offs_dv * KV_VEC
-    else:  # linear: unit head-dim stride
-        k_cols = offs_d
-        k_slot = stride_ks
-        v_cols = offs_dv
     if TMA:  # descriptors over this K/V head's rows of the whole cache (pages contiguous: stride_kp = PAGE_SIZE rows)
         k_base = tl.make_tensor_descriptor(k_base, shape=[num_pages * PAGE_SIZE, dq_lim], strides=[stride_ks, 1],
                                            block_shape=[BLOCK_N, BLOCK_DMODEL])
@@ -247,15 +240,15 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
         b_end = tl.maximum(tl.minimum(f_hi, end), a_end)
         # the blocks every row sees in full (no mask), then the masked ones -- sink, left edge, diagonal -- in one loop
         acc, l_i, m_i = _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
-                              a_end, (b_end - a_end) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, k_cols, v_cols, d_ok,
+                              a_end, (b_end - a_end) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, offs_d, offs_dv, d_ok,
                               dv_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
-                              stride_kp, k_slot, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
                               0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC)
         acc, l_i, m_i = _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
                               k_lo, (k_hi - k_lo) // BLOCK_N, lo, (a_end - lo) // BLOCK_N, b_end,
-                              (end - b_end) // BLOCK_N, offs_m, offs_n, k_cols, v_cols, d_ok, dv_ok,
+                              (end - b_end) // BLOCK_N, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok,
                               seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
-                              stride_kp, k_slot, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
                               2, True, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC)
     else:
         full = (seqlen_k // BLOCK_N) * BLOCK_N
@@ -269,14 +262,14 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
             t_lo = tl.maximum(full, s_lo)
             t_hi = tl.minimum(seqlen_k, s_hi)
         acc, l_i, m_i = _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
-                              k_lo, (k_hi - k_lo) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, k_cols, v_cols, d_ok,
+                              k_lo, (k_hi - k_lo) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, offs_d, offs_dv, d_ok,
                               dv_ok, seqlen_q, seqlen_k, 0, -1, -1, 0,
-                              stride_kp, k_slot, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
                               0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC)
         if t_lo < t_hi:  # the tail block, under a branch: a length that is a multiple of BLOCK_N pays nothing
             acc, l_i, m_i = _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, t_lo, offs_m,
-                                   offs_n, k_cols, v_cols, d_ok, dv_ok, seqlen_q, seqlen_k, 0, -1, -1, 0,
-                                   stride_kp, k_slot, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+                                   offs_n, offs_d, offs_dv, d_ok, dv_ok, seqlen_q, seqlen_k, 0, -1, -1, 0,
+                                   stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
                                    1, True, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE,
                                    BLOCK_N, TMA, KV_VEC)
 
