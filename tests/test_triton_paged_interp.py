@@ -224,18 +224,27 @@ def test_slots_past_a_sequence_may_hold_anything(interp, pipeline, run):
     got, _ = interp("run_interpreted_paged", q, kc, vc, block_table=bt, seqlens_k=lens, cu_seqlens_q=cq,
                     pipeline=pipeline, **run)
     assert np.isfinite(got).all() and np.abs(got - want).max() < 1e-5
+    if run.get("vectorized"):  # the masked loops (window and sink blocks) read the last page's runs too
+        masks = {"window": (6, 0), "sink": 2}
+        want = paged_attention(q, np.nan_to_num(kc), np.nan_to_num(vc), block_table=bt, seqlens_k=lens,
+                               cu_seqlens_q=cq, **masks)
+        got, _ = interp("run_interpreted_paged", q, kc, vc, block_table=bt, seqlens_k=lens, cu_seqlens_q=cq,
+                        pipeline=pipeline, **run, **masks)
+        assert np.isfinite(got).all() and np.abs(got - want).max() < 1e-5
 
 
 @pytest.mark.parametrize("page,form,dtype", [(4, "vllm", "fp32"), (16, "sglang", "fp32"), (32, "vllm", "fp32"),
                                              (8, "sglang", "fp16"), (64, "vllm", "bf16")])
 def test_cks_vectorized_layout(interp, page, form, dtype):
     """K [P, Hk, D / x, page, x] and V [P, Hk, page / x, Dv, x] (x: 16 bytes of the dtype): pages smaller and larger
-    than a key block, prefill under masks and split-KV decode with packed GQA rows."""
+    than a key block, prefill under masks and split-KV decode with packed GQA rows, head dims 40 / 24."""
     vec = {"run": {"vectorized": True}}
     check_paged(interp, LENS_Q, LENS_K, page=page, form=form, dtype=dtype, causal="bottom_right", **vec)
     check_paged(interp, LENS_Q, LENS_K, page=page, form=form, dtype=dtype, dv=16, window=(6, 1), sink=2, **vec)
     check_paged(interp, [1, 2, 1, 1], [70, 9, 0, 33], page=page, form=form, dtype=dtype, softcap=3.0,
                 run={"vectorized": True, "num_splits": 3, "pipeline": "qr_nwarp_sshuffle"})
+    # head dims that are multiples of the vector but not powers of two: the reads' per-vector head-dim masks
+    check_paged(interp, LENS_Q, LENS_K, page=page, form=form, dtype=dtype, d=40, dv=24, causal="top_left", **vec)
 
 
 @pytest.mark.parametrize("form,page", [("vllm", 16), ("sglang", 4)])

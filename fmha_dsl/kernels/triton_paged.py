@@ -12,7 +12,9 @@ is where a key block's rows live (:mod:`.triton_paged_rows`): with ``PAGE_SIZE >
 addresses; K is read in V's layout, ``[BLOCK_N, D]``, and transposed for the dot, so that a thread's K and V rows are
 the same and share their page ids).  The cache
 is linear (``KV_VEC`` 0: ``[pages, page_size, Hk, D]`` by strides) or CK's vectorized layout (``KV_VEC`` elements
-of 16 bytes: K ``[pages, Hk, D / KV_VEC, page_size, KV_VEC]``, V ``[pages, Hk, page_size / KV_VEC, D, KV_VEC]``).
+of 16 bytes: K ``[pages, Hk, D / KV_VEC, page_size, KV_VEC]``, V ``[pages, Hk, page_size / KV_VEC, D, KV_VEC]``),
+which is read in memory order instead -- K a page's run of keys at a time, V a group of ``KV_VEC`` tokens, each with
+its own page-id loads -- and rebuilt into the dot's tiles in registers.
 Page ids are clamped into the cache and a sequence never reads past its table (:mod:`.paged_abi`).
 
 Append-KV (writing the new rows the kernel later reads) is :mod:`.triton_appendkv`.

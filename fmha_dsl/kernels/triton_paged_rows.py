@@ -6,7 +6,7 @@ own page (:func:`_pages`, then :func:`_rows` per operand).  Every page id read i
 branchless clamp, :func:`_page`: a corrupt table gives wrong numbers, never an illegal address).  Layouts:
 :mod:`.paged_abi` (linear ``[pages, page_size, Hk, D]``, or CK's vectorized one, whose V cache groups ``VEC`` slots
 into one 16-byte vector).  The vectorized layout is read in the order it lies in memory (:func:`_k_vectors`,
-:func:`_v_vectors`: a page's run of K vectors, a token group's V vectors, 512 contiguous bytes a warp) and put back
+:func:`_v_vectors`: a page's run of K vectors, a token group's V vectors: 256-512 contiguous bytes a warp) and put back
 into the dot's ``[D, N]`` / ``[N, D]`` tiles in registers.
 """
 
@@ -91,8 +91,8 @@ def _k_vectors(k_base, Table, tb, num_pages, start_n, seqlen_k, stride_kp, strid
                VEC: tl.constexpr):
     """A K block, transposed (``[BLOCK_D, BLOCK_N]``), of the vectorized layout: a page holds, for each of the head
     dim's ``BLOCK_D / VEC`` vectors, its tokens' vectors one after another, so the block is read as ``[BLOCK_D / VEC,
-    P, S * VEC]`` -- ``P`` runs of ``S = min(PAGE_SIZE, BLOCK_N)`` tokens, one page each (a warp reads 512
-    contiguous bytes) -- and the head dim's elements brought back together in registers.  A run is read whole where
+    P, S * VEC]`` -- ``P`` runs of ``S = min(PAGE_SIZE, BLOCK_N)`` tokens, one page each (a run: ``S x 16``
+    contiguous bytes, 256 at page 16) -- and the head dim's elements brought back together in registers.  A run is read whole where
     its first token is in the sequence (its page); the scores of the keys past the sequence are masked later."""
     S: tl.constexpr = PAGE_SIZE if PAGE_SIZE < BLOCK_N else BLOCK_N
     P: tl.constexpr = BLOCK_N // S
