@@ -92,8 +92,9 @@ def _k_vectors(k_base, Table, tb, num_pages, start_n, seqlen_k, stride_kp, strid
     """A K block, transposed (``[BLOCK_D, BLOCK_N]``), of the vectorized layout: a page holds, for each of the head
     dim's ``BLOCK_D / VEC`` vectors, its tokens' vectors one after another, so the block is read as ``[BLOCK_D / VEC,
     P, S * VEC]`` -- ``P`` runs of ``S = min(PAGE_SIZE, BLOCK_N)`` tokens, one page each (a run: ``S x 16``
-    contiguous bytes, 256 at page 16) -- and the head dim's elements brought back together in registers.  A run is read whole where
-    its first token is in the sequence (its page); the scores of the keys past the sequence are masked later."""
+    contiguous bytes, 256 at page 16) -- and the head dim's elements brought back together in registers.  A run is
+    read whole where its first token is in the sequence (its page); the scores of the keys past the sequence are
+    masked later."""
     S: tl.constexpr = PAGE_SIZE if PAGE_SIZE < BLOCK_N else BLOCK_N
     P: tl.constexpr = BLOCK_N // S
     runs = tl.arange(0, P) * S
@@ -123,7 +124,7 @@ def _v_vectors(v_base, Table, tb, num_pages, start_n, seqlen_k, stride_vp, strid
                BLOCK_DV: tl.constexpr, VEC: tl.constexpr):
     """A V block ``[BLOCK_N, BLOCK_DV]`` of the vectorized layout, read as ``[BLOCK_N / VEC, BLOCK_DV * VEC]``: a group
     of VEC tokens holds its ``BLOCK_DV x VEC`` elements contiguously, so each row of that read is one run of
-    ``BLOCK_DV x VEC`` elements (a warp reads 512 contiguous bytes); the tokens are brought back to rows in
+    ``BLOCK_DV x VEC`` elements (a warp reads up to 512 contiguous bytes); the tokens are brought back to rows in
     registers.  A group is read whole where its first token is in the sequence (it lies in that token's page); its
     tokens past the sequence are zeroed after the read."""
     grp = tl.arange(0, BLOCK_N // VEC) * VEC
