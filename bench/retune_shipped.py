@@ -3,14 +3,15 @@ stale), on the device it is for, through the public API.
 
     FMHA_DSL_TUNED_SHIPPED=0 python bench/retune_shipped.py [--table fmha_dsl/data/tuned/sm90_nvidia-h200.json]
                                                             [--family fwd|bwd_dq_dk_dv] [--with-candidate TEXT]
-                                                            [--min-us US] [--out DIR]
+                                                            [--key-regex RE] [--min-us US] [--out DIR]
 
 Each decision key (:func:`fmha_dsl.runtime.autotune.key`) names a problem class: dtype, mode, flags, head dims, mask,
 GQA octave, and the octaves of seqlen_q, seqlen_k and batch x heads (with whether the lengths are multiples of 128).
-For each, a representative problem of that class -- checked to map to the same key -- is called the way a user calls
-it: ``fmha_dsl.attention`` (with ``return_lse`` for lse keys), and for backward keys a forward with tensors that
-require grad, then ``backward``.  First-use selection measures every candidate on it and records the decision in the
-cache (``FMHA_DSL_CACHE_DIR``); ``--out`` gets a copy of the recorded table.  bench/install_tuned.py then keeps the
+For each, a representative problem of that class -- checked to map to the same key; a batch-mode length off the
+tile stands for its octave by the octave's top, 2^o - 1, whose calls are the octave's longest -- is called the way a
+user calls it: ``fmha_dsl.attention`` (with ``return_lse`` for lse keys), and for backward keys a forward with tensors
+that require grad, then ``backward``.  First-use selection measures every candidate on it and records the decision in
+the cache (``FMHA_DSL_CACHE_DIR``); ``--out`` gets a copy of the recorded table.  bench/install_tuned.py then keeps the
 decisions timed over the full candidate list and writes the shipped file.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import time
 
@@ -48,7 +50,7 @@ def problem_of(key: str) -> dict | None:
         if tok.endswith("a"):
             return n if n % 128 == 0 else None
         if n >= 128 and n % 128 == 0 and mode == "batch":
-            n += 1  # same octave, not a multiple of 128
+            n = 2 * n - 1  # the octave's top, not a multiple of 128: its longest calls, where a choice costs most
         return n
     sq, sk = length(q), length(k)
     if sq is None or sk is None:
@@ -99,6 +101,9 @@ def main() -> None:
     ap.add_argument("--with-candidate", default=None,
                     help="only the keys whose recorded timings name a candidate containing this text (e.g. splitkv: "
                          "the decisions a change to the split-KV combine can move)")
+    ap.add_argument("--key-regex", default=None,
+                    help="only the keys this regular expression finds (re.search); e.g. '\\.q1[0-5]\\.': query lengths "
+                         "of 512 and more off the tile")
     ap.add_argument("--min-us", type=float, default=None,
                     help="only the keys whose recorded fastest time is at least this many microseconds (e.g. 100: the "
                          "decisions first use times sustained)")
@@ -115,6 +120,8 @@ def main() -> None:
         keys = [k for k in keys if k.split(".")[0] == args.family]
     if args.with_candidate:
         keys = [k for k in keys if any(args.with_candidate in name for name in table[k].get("times_us", {}))]
+    if args.key_regex:
+        keys = [k for k in keys if re.search(args.key_regex, k)]
     if args.min_us is not None:
         keys = [k for k in keys if min(table[k].get("times_us", {}).values() or [0.0]) >= args.min_us]
     done = skipped = 0

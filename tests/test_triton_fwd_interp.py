@@ -410,6 +410,32 @@ def test_window_edges(interp, sq, sk):
             raise AssertionError(f"{kw}: {e}") from None
 
 
+def test_partial_key_block_in_each_masked_range(interp):
+    """A mask kernel takes the partial last key block out of its masked loop and runs it alone, with the key bound
+    checked (the loop then checks none).  That block can lie in each of the loop's three ranges -- the sink columns,
+    the window's left edge, the diagonal / right edge -- or in none (BLOCK 16, Sk = 45: keys 32-44 are the partial
+    block; split-KV too, where a split may own it or not)."""
+    cases = [dict(window=(2, 0), sink=45, Sq=45),       # the sink range spans every key block
+             dict(window=(2, 0), sink=33, Sq=45),       # the sink ends inside the partial block
+             dict(window=(3, -1), Sq=16),               # the left edge's range reaches the last key
+             dict(window=(20, -1), Sq=16),
+             dict(window=(40, 2), Sq=45),
+             dict(window=(-1, 0), Sq=8),                # the diagonal range
+             dict(causal=True, Sq=45),
+             dict(causal=True, sink=5, Sq=45, num_splits=3),
+             dict(window=(3, -1), sink=40, Sq=16, num_splits=2),
+             dict(window=(5, 0), Sq=45, num_splits=4),
+             dict(causal=True, sink=40, Sq=45, pipeline="qr_async_trload"),  # TMA descriptors
+             dict(window=(3, -1), Sq=16, pipeline="qr_async_trload")]
+    for case in cases:
+        kw = dict(case)
+        q, k, v = make("fp32", Sq=kw.pop("Sq"), Sk=45, Dq=8, Hq=1, seed=len(kw))
+        try:
+            check(interp, "fp32", q, k, v, **kw)
+        except AssertionError as e:
+            raise AssertionError(f"{case}: {e}") from None
+
+
 def test_invisible_key_blocks_are_not_loaded(interp):
     """NaN in V where a query block's mask hides whole key blocks: those rows stay exact, so the kernel
     never loaded the blocks (loop bounds skip them; a masked load would give 0 * NaN = NaN)."""

@@ -9,7 +9,9 @@ soft-cap, row- or column-major V.  Online softmax in base 2 with fp32 statistics
 can see, and only the blocks that straddle the mask boundary pay for the mask.  At most two pipelined key loops
 run per program -- the fully visible blocks, then every masked block (sink, window edges, diagonal) in one loop --
 because Triton software-pipelines each top-level loop and an empty one still costs its prologue (docs/triton.md,
-"The key loop").
+"The key loop").  Padding costs only where a bound falls: a partial last key block runs alone after the loops, with
+its key bound checked (neither loop checks one), and a partial last query block reads its missing rows from the
+sequence's last row instead of through a row mask (their results are never stored).
 
 Where things are: the per-block steps (:mod:`.triton_steps`, shared with the paged and backward templates) and the
 key loops (:mod:`.triton_fwd_loops`) are device code it calls; the host side -- constexprs of a kernel key, the
@@ -42,7 +44,7 @@ import triton
 import triton.language as tl
 
 from .fwd_host import ARGS, CONSTEXPRS, DTYPES, constexprs, signature  # noqa: F401  (the template's contract: abis.py)
-from .triton_fwd_loops import _masked, _steps
+from .triton_fwd_loops import _block, _masked, _steps
 from .triton_steps import _load
 
 __all__ = ["fmha_fwd", "ARGS", "CONSTEXPRS", "DTYPES", "signature", "constexprs"]
@@ -160,8 +162,11 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
         q_first = start_m
         q_last = tl.minimum(start_m + BLOCK_M, seqlen_q) - 1
         q_base = Q + bq + off_h.to(tl.int64) * stride_qh + (q_start + start_m).to(tl.int64) * stride_qm
-        q = _load(q_base + offs_r[:, None] * stride_qm + offs_d[None, :], m_ok[:, None], offs_d[None, :] < dq_lim,
-                  PAD_M, CHECK_D)
+        q_r = offs_r
+        if PAD_M:  # rows past the sequence read its last row (their results are never stored): no row mask
+            q_r = tl.minimum(offs_r, seqlen_q - 1 - start_m)
+        q = _load(q_base + q_r[:, None] * stride_qm + offs_d[None, :], m_ok[:, None], offs_d[None, :] < dq_lim,
+                  False, CHECK_D)
     k_base = K + bk + off_hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
     v_base = V + bv + off_hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * svn
     k_src = k_base
@@ -234,6 +239,15 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
         b_end = tl.maximum(tl.minimum(f_hi, end), a_end)
         if not SOFTCAP and BIAS_TYPE == 0:  # the unmasked loop's FMA form needs qk_scale >= 0: a negative scale
             a_end = tl.where(qk_scale >= 0, a_end, b_end)  # sends those blocks to the masked loop (mask all-true)
+        a_cut = a_end
+        if PAD_N:  # a partial last key block leaves the masked loop (which then checks no key bound, as an unpadded
+            # kernel's does) for a block of its own: whichever of the three ranges holds it, cut it off there
+            full = (seqlen_k // BLOCK_N) * BLOCK_N
+            tail = (full < seqlen_k) & (((k_lo <= full) & (full < k_hi)) | ((lo <= full) & (full < a_end)) |
+                                        ((b_end <= full) & (full < end)))
+            k_hi = tl.minimum(k_hi, tl.maximum(full, k_lo))
+            a_cut = tl.minimum(a_end, tl.maximum(full, lo))
+            end = tl.minimum(end, tl.maximum(full, b_end))
         # the blocks every row sees in full, then (softmax is order-free) the masked ones -- sink, the window's left
         # edge, the diagonal / right edge -- in one loop: two loops whatever the mask (an empty loop still pays its
         # software pipeline's prologue and epilogue; under a causal mask only the first query blocks have no full one)
@@ -244,13 +258,21 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
                                0, PAD_M, False, CHECK_D, CHECK_DV, BLOCK_N,
                                BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT, TMA)
         acc, l_i, m_i = _masked(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
-                                k_lo, (k_hi - k_lo) // BLOCK_N, lo, (a_end - lo) // BLOCK_N,
+                                k_lo, (k_hi - k_lo) // BLOCK_N, lo, (a_cut - lo) // BLOCK_N,
                                 b_end, (end - b_end) // BLOCK_N,
                                 offs_m, offs_n, offs_d, offs_dv, seqlen_q, seqlen_k,
                                 mask_off, window_left, window_right, sink,
                                 stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed, dq_lim, dv_lim,
-                                PAD_M, PAD_N, CHECK_D, CHECK_DV, BLOCK_N,
+                                PAD_M, False, CHECK_D, CHECK_DV, BLOCK_N,
                                 BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE, UPCAST_DOT, TMA)
+        if PAD_N:
+            if tail:  # the partial last key block, with its bounds, under a branch (one block: no pipeline)
+                acc, l_i, m_i = _block(acc, l_i, m_i, q, k_src, v_src, b_base, b_rows, rng_lo, rng_hi, slope2,
+                                       full, offs_m, offs_n, offs_d, offs_dv, offs_d < dq_lim, offs_dv < dv_lim,
+                                       offs_m < seqlen_q, seqlen_q, seqlen_k, mask_off, window_left, window_right,
+                                       sink, stride_kn, svn, svd, qk_scale, cap_scale, cap_log2, dropout_p, seed,
+                                       2, PAD_M, True, CHECK_D, CHECK_DV, BIAS_TYPE, SOFTCAP, SINK, DROPOUT, IEEE,
+                                       UPCAST_DOT, TMA)
     else:
         if PAD_N:
             full = (seqlen_k // BLOCK_N) * BLOCK_N

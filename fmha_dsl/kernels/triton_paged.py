@@ -187,8 +187,14 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
         m_ok = offs_m < seqlen_q
         q_first = start_m
         q_last = tl.minimum(start_m + BLOCK_M, seqlen_q) - 1
-    q_rows = head_r.to(tl.int64) * stride_qh + (q_start + offs_m).to(tl.int64) * stride_qm
-    q = _load(Q + q_rows[:, None] + offs_d[None, :], m_ok[:, None], d_ok[None, :], True, CHECK_D)
+    # rows past the sequence read its last row (their results are never stored): no row mask on the Q load
+    if PACK_GQA:
+        t_last = tl.minimum(start_m + offs_r, rows_total - 1)
+        q_rows = (off_hk * group_r + t_last % group_r).to(tl.int64) * stride_qh + \
+            (q_start + t_last // group_r).to(tl.int64) * stride_qm
+    else:
+        q_rows = off_h.to(tl.int64) * stride_qh + (q_start + tl.minimum(offs_m, seqlen_q - 1)).to(tl.int64) * stride_qm
+    q = _load(Q + q_rows[:, None] + offs_d[None, :], m_ok[:, None], d_ok[None, :], False, CHECK_D)
     k_base = K + off_hk.to(tl.int64) * stride_kh
     v_base = V + off_hk.to(tl.int64) * stride_vh
     if TMA:  # descriptors over this K/V head's rows of the whole cache (pages contiguous: stride_kp = PAGE_SIZE rows)
