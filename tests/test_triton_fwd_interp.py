@@ -419,6 +419,7 @@ def test_partial_key_block_in_each_masked_range(interp):
              dict(window=(2, 0), sink=33, Sq=45),       # the sink ends inside the partial block
              dict(window=(3, -1), Sq=16),               # the left edge's range reaches the last key
              dict(window=(20, -1), Sq=16),
+             dict(window=(3, -1), Sq=16, scale=-0.5),  # a negative scale: the full blocks join the masked loop
              dict(window=(40, 2), Sq=45),
              dict(window=(-1, 0), Sq=8),                # the diagonal range
              dict(causal=True, Sq=45),
@@ -434,6 +435,33 @@ def test_partial_key_block_in_each_masked_range(interp):
             check(interp, "fp32", q, k, v, **kw)
         except AssertionError as e:
             raise AssertionError(f"{case}: {e}") from None
+
+
+@pytest.mark.parametrize("sq0,sk0,kw", [
+    (16, 45, dict(window=(3, -1))),                            # the partial key block in the window-left range
+    (16, 45, dict(window=(3, -1), scale=-0.3)),                # a negative scale sends the full blocks there too
+    (45, 45, dict(causal=True, sink=5, num_splits=3)),
+    (17, 33, dict(window=(2, 0), sink=33)),                    # in the sink range
+    (5, 15, dict(causal="bottom_right", Hq=4, Hk=2)),          # the partial block is the first block (GQA)
+    (31, 17, dict(window=(-1, 0), num_splits=2, Hq=2, Hk=1)),
+])
+def test_padded_reads_stay_inside_the_sequence(interp, sq0, sk0, kw):
+    """Group mode with a second sequence whose Q, K and V are all NaN: the first sequence's rows stay exact, so no
+    load of a padded block (the partial key block, Q rows past the sequence) reads the next sequence's rows."""
+    kw = dict(kw)
+    hq, hk = kw.pop("Hq", 1), kw.pop("Hk", 1)
+    rng = np.random.default_rng(sq0 * 100 + sk0)
+    q = rng.standard_normal((sq0 + 3, hq, 8)).astype(np.float32)
+    k = rng.standard_normal((sk0 + 30, hk, 8)).astype(np.float32)
+    v = rng.standard_normal((sk0 + 30, hk, 8)).astype(np.float32)
+    q[sq0:], k[sk0:], v[sk0:] = np.nan, np.nan, np.nan
+    cq, ck = np.array([0, sq0, sq0 + 3], np.int32), np.array([0, sk0, sk0 + 30], np.int32)
+    out, _ = interp(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, **kw)
+    splits = kw.pop("num_splits", 0)
+    ro, _ = attention_fwd(*(np.asarray(x[:n], np.float64) for x, n in ((q, sq0), (k, sk0), (v, sk0))),
+                          cu_seqlens_q=cq[:2], cu_seqlens_k=ck[:2], accum=np.float64, **kw)
+    err = np.abs(np.asarray(out[:sq0], np.float64) - ro).max()
+    assert err < 1e-4, f"splits={splits}: max |out - ref| = {err}"
 
 
 def test_invisible_key_blocks_are_not_loaded(interp):
