@@ -117,7 +117,7 @@ class _Expander:
                 return
             self.seen_err.add(key)
             notes = (f"while expanding `{self.decl.label}` for {b.get('arch')}, family {b.get('family')}",)
-            self.errors.append(Diagnostic(rule.id, text, sp, rule.hint, notes))
+            self.errors.append(Diagnostic(rule.id, text, sp, rule.help(b), notes))
 
     def run(self) -> list[Kernel]:
         d = self.decl

@@ -52,7 +52,7 @@ def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> li
         "mask": "top_left" if problem.mask != "no" else "no", "bias": problem.bias, "logits": problem.logits,
         "lse": problem.lse, "dropout": problem.dropout, "sink": problem.sink, "dbias": problem.dbias,
         "deterministic": problem.deterministic, "kv_layout": problem.kv_layout, "kv_lookup": problem.kv_lookup,
-        "page_size": problem.page_size, "rope": problem.rope, "paged_kv": problem.paged_kv,
+        "page_size": problem.page_size, "rope": problem.rope, "paged_kv": problem.paged_kv, "qscale": problem.qscale,
     }
     env = {"arch": arch, "factory": FACTORY[arch], "receipt": 0, "mask_impl": "simplified", "family": family,
            "backend": "triton", **fr.fixed}

@@ -47,32 +47,65 @@ def _is_torch(x) -> bool:
 
 
 def _dtype_name(q):
+    """The key dtype of ``q``'s torch dtype: fp16, bf16, fp32, or CK's FP8 contract ``fp8bf16`` for
+    ``torch.float8_e4m3fn`` (e4m3 inputs, bf16 output)."""
     name = torch_dtype_names().get(q.dtype)
+    if name is None and str(q.dtype) == "torch.float8_e4m3fn":
+        return "fp8bf16"
     if name is None:
-        raise _usage("usage.dtype", f"`q` must be float16, bfloat16 or float32, got {q.dtype}", "convert with q.half()")
+        raise _usage("usage.dtype", f"`q` must be float16, bfloat16, float32 or float8_e4m3fn, got {q.dtype}",
+                     "convert with q.half()")
     return name
+
+
+def _descales(dname, descales, dev):
+    """FP8's ``(q_descale, k_descale, v_descale)``, checked: float32 tensors of one element on q's device (read there,
+    never on the host); none for other dtypes."""
+    import torch
+
+    names = ("q_descale", "k_descale", "v_descale")
+    if dname != "fp8bf16":
+        for name, d in zip(names, descales):
+            if d is not None:
+                raise _usage("usage.value", f"`{name}` scales FP8 (float8_e4m3fn) inputs; q is {dname}",
+                             f"drop {name}, or pass FP8 q and caches")
+        return (None, None, None)
+    for name, d in zip(names, descales):
+        if d is None:
+            raise _usage("usage.value", f"FP8 inputs need `{name}`: a float32 tensor of one element on q's device",
+                         f"the dequantization scale of the {name[0]} tensor; torch.ones(1, device=q.device) for none")
+        if (not isinstance(d, torch.Tensor) or d.dtype != torch.float32 or d.numel() != 1
+                or d.get_device() != dev):
+            raise _usage("usage.value", f"`{name}` must be a float32 tensor of one element on q's device, got "
+                         f"{type(d).__name__} {tuple(getattr(d, 'shape', ()))} {getattr(d, 'dtype', '')} on "
+                         f"{getattr(d, 'device', '?')}", "e.g. torch.tensor([s], device=q.device)")
+    return tuple(descales)
 
 
 def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
                     cu_seqlens_q, max_seqlen_q=None, max_seqlen_k=None, causal=False, window=None, alibi_slopes=None,
-                    softcap=None, sink=None, scale=None, return_lse=False, registry=None, out=None, workspace=None):
+                    softcap=None, sink=None, scale=None, return_lse=False, registry=None, out=None, workspace=None,
+                    q_descale=None, k_descale=None, v_descale=None):
     """Attention of ``q [Tq, Hq, D]`` over the paged cache; returns ``out [Tq, Hq, Dv]`` (or ``(out, lse [Hq, Tq])``
-    with ``return_lse``).  Masks, ALiBi, soft-cap, sink tokens and scale as :func:`fmha_dsl.attention` (the mask's
+    with ``return_lse``).  FP8 (CK's ``fp8bf16``): q and both caches ``torch.float8_e4m3fn`` with per-tensor
+    ``q_descale``/``k_descale``/``v_descale`` (float32 tensors of one element on the device; NumPy: numbers, the
+    arrays holding the e4m3 values); the result is bfloat16.  Masks, ALiBi, soft-cap, sink tokens and scale as :func:`fmha_dsl.attention` (the mask's
     bottom-right corner is each sequence's last cached key), except that ``causal=True`` is bottom-right aligned here:
     a sequence's queries are its last tokens (as in FlashAttention-2's varlen and FlashInfer); ``causal="top_left"``
     aligns the first query with the first key.  ``out``: a preallocated output; ``workspace``: a float32
     buffer of :func:`workspace_numel` elements for split-KV plans (see the module docstring)."""
     if causal is True:  # the queries are each sequence's last tokens (FlashAttention-2 varlen, FlashInfer)
         causal = "bottom_right"
+    descales = (q_descale, k_descale, v_descale)
     if not _is_torch(q):
         return _numpy_paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal,
-                            window, alibi_slopes, softcap, sink, scale, return_lse)
+                            window, alibi_slopes, softcap, sink, scale, return_lse, descales)
     # the call for the replay path (fmha_dsl/replay.py): tensors in a fixed order (out, lse and the workspace
     # at 3, 4 and 11, allocated by the recipe when the call leaves them None), then the other arguments
     call = None
     if max_seqlen_q is not None and max_seqlen_k is not None:
         call = ((q, k_cache, v_cache, out, None, alibi_slopes, cu_seqlens_q, seqlens_k, block_table, kv_indptr,
-                 kv_indices, workspace),
+                 kv_indices, workspace, *descales),
                 ("paged", max_seqlen_q, max_seqlen_k, causal, window, softcap, sink, scale, bool(return_lse),
                  _fast.registry_key(registry)))
         made = _fast.run(*call)
@@ -84,7 +117,7 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     try:
         plan, dev, b, hq, msq, args, out, lse, used = _prepare(
             q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, max_seqlen_q,
-            max_seqlen_k, causal, window, alibi_slopes, softcap, sink, scale, return_lse, registry, out)
+            max_seqlen_k, causal, window, alibi_slopes, softcap, sink, scale, return_lse, registry, out, descales)
         if plan is not None:
             steps, buf = plan.launch(dev, b, hq, msq, args, workspace=workspace)
             mine = (cu_seqlens_q, seqlens_k, block_table if block_table is not None else kv_indices, kv_indptr)
@@ -123,7 +156,8 @@ def _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi, lse,
              page):
     from .keys import Problem
 
-    return Problem(family="batch_prefill", dtype=dname, arch=disp.arch, batch=max(1, int(b)), nhead_q=int(hq),
+    return Problem(family="batch_prefill", dtype=dname, qscale="pertensor" if dname == "fp8bf16" else "no",
+                   arch=disp.arch, batch=max(1, int(b)), nhead_q=int(hq),
                    nhead_k=int(hk), seqlen_q=int(msq), seqlen_k=int(msk), max_seqlen_q=int(msq),
                    max_seqlen_k=int(msk), hdim_q=int(dq), hdim_v=int(dv), mode="group", mask=mask,
                    window_left=int(wl), window_right=int(wr), bias="alibi" if alibi else "no", lse=bool(lse),
@@ -132,7 +166,7 @@ def _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi, lse,
 
 
 def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, max_seqlen_q,
-             max_seqlen_k, causal, window, alibi_slopes, softcap, sink, scale, return_lse, registry, out):
+             max_seqlen_k, causal, window, alibi_slopes, softcap, sink, scale, return_lse, registry, out, descales):
     import torch
 
     from .kernels import paged_abi
@@ -148,6 +182,8 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
                      "move the tensors with .cuda(), or pass numpy arrays to run the reference")
     tq, hq, dq = q.shape
     layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, q.dtype, dev)
+    descales = _descales(dname, descales, dev)
+    odt = torch.bfloat16 if dname == "fp8bf16" else q.dtype
     if dk != dq:
         raise _usage("usage.shape", f"`k_cache`'s head dim ({dk}) must equal q's ({dq})",
                      "q and K share the head dim (V's may differ)")
@@ -185,11 +221,12 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
 
         _check_bias(None, alibi_slopes, q, b, hq, msq, msk, True, dev)
     if out is None:
-        out = q.new_empty((tq, hq, dv))
-    elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != (tq, hq, dv) or out.dtype != q.dtype
+        out = q.new_empty((tq, hq, dv), dtype=odt)
+    elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != (tq, hq, dv) or out.dtype != odt
           or out.get_device() != dev or out.stride(2) != 1):
-        raise _usage("usage.value", f"`out` must be a [{tq}, {hq}, {dv}] {q.dtype} tensor on q's device with a "
-                     f"unit head-dim stride, got {tuple(getattr(out, 'shape', ()))}", "or leave out=None")
+        raise _usage("usage.value", f"`out` must be a [{tq}, {hq}, {dv}] {odt} tensor on q's device with a "
+                     f"unit head-dim stride, got {tuple(getattr(out, 'shape', ()))} {getattr(out, 'dtype', '')}",
+                     "or leave out=None")
     lse = q.new_empty((hq, tq), dtype=torch.float32) if return_lse else None
     if tq == 0 or b == 0:
         if lse is not None:
@@ -201,7 +238,8 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
     objects = dev < 0
     args = pack_call(q, k_cache, v_cache, out, lse, lookup=lookup, seqlens_k=lens, cu_seqlens_q=cq, max_seqlen_q=msq,
                      max_seqlen_k=msk, block_table=bt, kv_indptr=ip, kv_indices=ix, alibi_slopes=alibi_slopes,
-                     scale=scale, softcap=softcap, window=(wl, wr), bottom_right=br, sink=sink, objects=objects)
+                     scale=scale, softcap=softcap, window=(wl, wr), bottom_right=br, sink=sink, descales=descales,
+                     objects=objects)
     # binaries built with the 16-divisibility promise (and the TMA kernels, which also need each page's rows to follow
     # the previous page's: a linear NHD cache) serve only arguments that keep it; the others get builds without it
     aligned = objects or (not any(args[i] & 15 for i in paged_abi.ALIGNED_AT) and num_pages * page < 1 << 31 and (
@@ -263,6 +301,10 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
             raise _usage("usage.stride", f"`{name}`'s head dim must have stride 1, got strides {x.stride()}",
                          f"pass {name}.contiguous()")
     dname = _dtype_name(k_new)
+    if dname == "fp8bf16":
+        raise _usage("usage.dtype", "append_kv writes float16, bfloat16 or float32 caches; FP8 (float8_e4m3fn) appends "
+                     "are not implemented", "quantize the new rows yourself (k_new / k_descale, saturated to "
+                     "+-448, .to(torch.float8_e4m3fn)) and write them into their pages")
     dev = k_new.get_device()
     if dev < 0 and not (registry is not None and getattr(registry, "launcher", None) == "interpret"):
         raise _usage("usage.device", f"`k_new` is on {k_new.device}; torch tensors run on a GPU",
@@ -338,7 +380,7 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
 # NumPy: the reference
 # ---------------------------------------------------------------------------------------------------------
 def _numpy_paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal, window,
-                 alibi_slopes, softcap, sink, scale, return_lse):
+                 alibi_slopes, softcap, sink, scale, return_lse, descales):
     import numpy as np
 
     from .reference_paged import paged_attention as ref
@@ -348,8 +390,24 @@ def _numpy_paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlen
                      "numpy runs the reference; torch GPU tensors run the kernels")
     got = ref(q, k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
               seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q, causal=causal, window=window, alibi_slopes=alibi_slopes,
-              softcap=softcap, sink=0 if sink is None else sink, scale=scale, return_lse=True)
+              softcap=softcap, sink=0 if sink is None else sink, scale=scale, return_lse=True,
+              descales=_numpy_descales(descales))
     return got if return_lse else got[0]
+
+
+def _numpy_descales(descales):
+    """FP8's descales on the NumPy path: all three numbers (the arrays hold the e4m3 values), or none."""
+    given = [d is not None for d in descales]
+    if not any(given):
+        return None
+    if not all(given):
+        missing = ", ".join(n for n, g in zip(("q_descale", "k_descale", "v_descale"), given) if not g)
+        raise _usage("usage.value", f"FP8 descales come as a set: {missing} missing", "pass all three (1.0 for none)")
+    try:
+        return tuple(float(d) for d in descales)
+    except (TypeError, ValueError):
+        raise _usage("usage.value", f"on NumPy inputs the descales are numbers, got "
+                     f"{[type(d).__name__ for d in descales]}", "pass floats") from None
 
 
 def _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,

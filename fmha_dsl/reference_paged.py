@@ -169,10 +169,17 @@ def gather_kv(k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=
 
 
 def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
-                    cu_seqlens_q, layout=None, return_lse=False, **forward):
+                    cu_seqlens_q, layout=None, return_lse=False, descales=None, **forward):
     """Attention of group-mode queries ``q [Tq, Hq, D]`` over the paged cache: exactly
     :func:`fmha_dsl.reference.attention_fwd` over :func:`gather_kv`'s K/V (``forward``: its keywords -- causal,
-    window, sink, softcap, alibi_slopes, scale, ...).  Returns ``out`` (or ``(out, lse)``)."""
+    window, sink, softcap, alibi_slopes, scale, ...).  Returns ``out`` (or ``(out, lse)``).  ``descales``: FP8's
+    ``(q_descale, k_descale, v_descale)``, the inputs being the values of the e4m3 bytes (:mod:`fmha_dsl.fp8`): the
+    attention of ``q x q_descale`` over ``K x k_descale`` and ``V x v_descale``."""
+    if descales is not None:
+        qd, kd, vd = (float(np.asarray(d, np.float64).reshape(-1)[0]) for d in descales)
+        q = np.asarray(q, np.float64) * qd
+        k_cache = np.asarray(k_cache, np.float64) * kd
+        v_cache = np.asarray(v_cache, np.float64) * vd
     k, v, cu_k = gather_kv(k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
                            seqlens_k=seqlens_k, layout=layout)
     cq = _ints("cu_seqlens_q", cu_seqlens_q, 1)

@@ -44,6 +44,8 @@ def fits(dtype: str, dq: int, dv: int, batch: int, nhead_q: int, nhead_k: int, m
          max_seqlen_k: int) -> bool:
     """Whether a call within these bounds may take the gathered route (``FMHA_DSL_GATHER_MIB`` bounds the copy)."""
     limit = knobs.gather_bytes()
+    if dtype not in paged_abi.DTYPES:  # FP8 caches: the forward family has no FP8 kernels to run over the copy
+        return False
     return limit > 0 and paged_abi.gather_fits(batch, nhead_q, nhead_k, max_seqlen_q, max_seqlen_k, dq, dv, dtype,
                                                limit)
 

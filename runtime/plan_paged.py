@@ -29,15 +29,16 @@ def _ptrs(objects: bool, tensors):
 
 def pack_call(q, k_cache, v_cache, out, lse, *, lookup: str, seqlens_k, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
               block_table=None, kv_indptr=None, kv_indices=None, alibi_slopes=None, scale=None, softcap=None,
-              window=None, bottom_right=True, sink=0, objects=False) -> list:
+              window=None, bottom_right=True, sink=0, descales=(None, None, None), objects=False) -> list:
     """``fmha_paged``'s arguments for a call's tensors (``lookup``: the table form, ``"vllm"`` or ``"sglang"``;
     ``objects``: tensors in the pointer slots, for the CPU interpreter) -- what the API and :meth:`PagedPlan.args`
-    pack, through the ABI's one packer."""
+    pack, through the ABI's one packer.  ``descales``: FP8's ``(q_descale, k_descale, v_descale)`` tensors."""
     if lookup == "vllm":
         table, indptr, tb_stride, width = block_table, None, block_table.stride(0), block_table.shape[1]
     else:
         table, indptr, tb_stride, width = kv_indices, kv_indptr, 0, 0
-    ptrs = _ptrs(objects, (q, k_cache, v_cache, out, lse, alibi_slopes, cu_seqlens_q, seqlens_k, table, indptr))
+    ptrs = _ptrs(objects, (q, k_cache, v_cache, out, lse, alibi_slopes, cu_seqlens_q, seqlens_k, table, indptr,
+                           *descales))
     wl, wr = (-1, -1) if window is None else window
     num_pages, _, hk, _, dv, ks, vs = geometry(k_cache, v_cache)
     return paged_abi.pack(ptrs, q.stride()[:2], ks, vs, out.stride(), None if lse is None else lse.stride(),
@@ -101,14 +102,14 @@ class PagedPlan:
 
     def args(self, q, k_cache, v_cache, out, lse=None, *, seqlens_k, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
              block_table=None, kv_indptr=None, kv_indices=None, alibi_slopes=None, scale=None, softcap=None,
-             window=None, bottom_right=True, sink=0, objects=False):
+             window=None, bottom_right=True, sink=0, descales=(None, None, None), objects=False):
         """``(batch, nhead_q, max_seqlen_q, args)`` for :meth:`launch` (``objects``: tensors in the pointer slots, for
-        the CPU interpreter)."""
+        the CPU interpreter; ``descales``: FP8's three descale tensors)."""
         args = pack_call(q, k_cache, v_cache, out, lse, lookup=self.lookup, seqlens_k=seqlens_k,
                          cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                          block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
                          alibi_slopes=alibi_slopes, scale=scale, softcap=softcap, window=window,
-                         bottom_right=bottom_right, sink=sink, objects=objects)
+                         bottom_right=bottom_right, sink=sink, descales=descales, objects=objects)
         return cu_seqlens_q.shape[0] - 1, q.shape[1], int(max_seqlen_q), args
 
     def launch(self, device: int, batch: int, nhead_q: int, max_seqlen_q: int, args, stream=None,

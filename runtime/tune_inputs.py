@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8bf16": "float8_e4m3fn"}
 SERVING = ("batch_prefill",)   # the families of serving classes: paged_attention's problem (class_key adds the cache)
 
 
@@ -170,15 +170,17 @@ class PagedCall:
         sq, sk, b, hq, hk = pt
         self.cls, self.pt = cls, pt
         dt, dev, i32 = _dtype(cls["dtype"]), device, torch.int32
+        fp8 = cls["dtype"] == "fp8bf16"   # e4m3 values drawn as bf16 normals, then rounded; descales of 1
+        gen = torch.bfloat16 if fp8 else dt
         page = cls["page_size"]
         n = -(-sk // page)                                          # pages per sequence
         torch.manual_seed(seed)
         pages = torch.randperm(b * n + 1, device=dev)[:b * n].view(b, n).to(i32)
-        self.k_lin = torch.randn(b * n + 1, page, hk, cls["hdim_q"], device=dev, dtype=dt)
-        self.v_lin = torch.randn(b * n + 1, page, hk, cls["hdim_v"], device=dev, dtype=dt)
+        self.k_lin = torch.randn(b * n + 1, page, hk, cls["hdim_q"], device=dev, dtype=gen).to(dt)
+        self.v_lin = torch.randn(b * n + 1, page, hk, cls["hdim_v"], device=dev, dtype=gen).to(dt)
         self.k_cache, self.v_cache = serving_caches(cls["kv_layout"], self.k_lin, self.v_lin)
-        self.q = torch.randn(b * sq, hq, cls["hdim_q"], device=dev, dtype=dt)
-        self.out = self.q.new_empty(b * sq, hq, cls["hdim_v"])
+        self.q = torch.randn(b * sq, hq, cls["hdim_q"], device=dev, dtype=gen).to(dt)
+        self.out = self.q.new_empty(b * sq, hq, cls["hdim_v"], dtype=torch.bfloat16 if fp8 else dt)
         self.lse = torch.empty(hq, b * sq, device=dev, dtype=torch.float32) if cls["lse"] else None
         if cls["kv_lookup"] == "vllm":
             tables = {"block_table": pages}
@@ -189,6 +191,8 @@ class PagedCall:
         self.kw = dict(tables, seqlens_k=torch.full((b,), sk, device=dev, dtype=i32),
                        cu_seqlens_q=torch.arange(b + 1, device=dev, dtype=i32) * sq, max_seqlen_q=sq, max_seqlen_k=sk,
                        window=(-1, 0) if self.causal else (-1, -1), bottom_right=True)
+        if fp8:
+            self.kw["descales"] = tuple(torch.ones(1, device=dev) for _ in range(3))
         self._ref = None
 
     def runner(self, plan):
@@ -214,8 +218,8 @@ class PagedCall:
 
         sq, sk, b, hq, hk = self.pt
         rows = self.pages.long()
-        k, v = (c[rows].flatten(1, 2)[:, :sk].transpose(1, 2) for c in (self.k_lin, self.v_lin))
-        q = self.q.view(b, sq, hq, -1).transpose(1, 2)
+        k, v = (c[rows].flatten(1, 2)[:, :sk].transpose(1, 2).float() for c in (self.k_lin, self.v_lin))
+        q = self.q.view(b, sq, hq, -1).transpose(1, 2).float()
         mask = None
         if self.causal and sq != sk:  # bottom-right: query i sees keys j <= i + sk - sq
             mask = torch.ones(sq, sk, device=q.device, dtype=torch.bool).tril(sk - sq)

@@ -267,3 +267,36 @@ def test_append_kv_into_the_vectorized_layout(interp, form, page):
     # the reference on vectorized caches writes the same vectorized result
     rk, rv, _ = append_kv(*vectorized_caches(kc, vc), kn, vn, seqlens_k=lens, cu_seqlens_new=cn, **tab, **rot)
     assert np.abs(rk - gk).max() < 1e-5 and np.abs(rv - gv).max() < 1e-5
+
+
+FP8_CASES = {
+    "prefill_page_4": dict(page=4, causal="bottom_right"),
+    "split_kv_packed_gqa": dict(page=16, lens_q=[1, 1, 2], lens_k=[70, 0, 33],
+                                run={"num_splits": 3, "pipeline": "qr_nwarp_sshuffle"}),
+    "tma_pages": dict(page=16, run={"pipeline": "qr_async_trload"}),
+    "vectorized": dict(page=16, run={"vectorized": True}, window=(9, 0)),
+    "softcap_negative_descale": dict(page=8, softcap=3.0, descales=(-0.5, 0.75, -1.25)),
+}
+
+
+@pytest.mark.parametrize("name", list(FP8_CASES))
+def test_fp8_caches_with_per_tensor_descales(interp, name):
+    """CK's fp8bf16 contract: e4m3 q and caches (values on e4m3's grid), per-tensor descales, bf16 output; the
+    reference is the attention of the descaled values."""
+    from fmha_dsl.fp8 import round_e4m3
+
+    kw = dict(FP8_CASES[name])
+    page, run = kw.pop("page"), kw.pop("run", {})
+    lens_q, lens_k = kw.pop("lens_q", [3, 5, 0, 9]), kw.pop("lens_k", [10, 37, 5, 64])
+    ds = kw.pop("descales", (0.25, 0.5, 2.0))
+    kc, vc, tab = cache(lens_k, page, 2, 16, seed=3)
+    kc, vc = round_e4m3(kc * 4), round_e4m3(vc * 4)
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    q = round_e4m3(np.random.default_rng(4).standard_normal((cq[-1], 4, 16)).astype(np.float32) * 4)
+    want, wlse = paged_attention(q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, return_lse=True, descales=ds, **tab,
+                                 **kw)
+    out, lse = interp("run_interpreted_paged", q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, dtype="fp8bf16",
+                      descales=ds, block_m=16, block_n=16, **tab, **kw, **run)
+    assert np.abs(out - want).max() <= TOL["bf16"] * np.abs(want).max()
+    live = np.isfinite(wlse)
+    assert np.array_equal(live, np.isfinite(lse)) and np.abs(lse[live] - wlse[live]).max() <= 1e-4

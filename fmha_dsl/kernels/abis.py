@@ -20,6 +20,21 @@ from dataclasses import dataclass, field
 from . import bwd_abi, fwd_abi, paged_abi
 
 
+# CK's dtype contracts whose inputs and output differ: key dtype -> (Triton element type of Q/K/V, output dtype).
+# fp8bf16: FP8 e4m3 (OCP, "fn": no infinities) inputs with per-tensor descales, bf16 output.
+CONTRACTS: dict[str, tuple[str, str]] = {"fp8bf16": ("fp8e4nv", "bf16")}
+
+
+def element_type(dtype: str) -> str:
+    """The Triton element type of a key dtype's inputs (``fp8e4nv`` for ``fp8bf16``; else the dtype itself)."""
+    return CONTRACTS.get(dtype, (dtype, dtype))[0]
+
+
+def output_dtype(dtype: str) -> str:
+    """The dtype a key dtype's kernels write (``bf16`` for ``fp8bf16``; else the dtype itself)."""
+    return CONTRACTS.get(dtype, (dtype, dtype))[1]
+
+
 @dataclass(frozen=True)
 class KernelABI:
     family: str                                  # the registry family whose kernels take these arguments
@@ -46,9 +61,11 @@ class KernelABI:
         return self.names.index(name)
 
     def types(self, dtype: str) -> tuple[str, ...]:
-        """Parameter types for input dtype ``dtype`` (``fp16`` / ``bf16`` / ``fp32``)."""
+        """Parameter types for key dtype ``dtype`` (``fp16`` / ``bf16`` / ``fp32``, or a dtype contract such as
+        CK's ``fp8bf16``: ``"*{dtype}"`` becomes its inputs' element type, ``"*{out}"`` its output's)."""
         over = dict(self.overrides)
-        return tuple(over.get(n, t).format(dtype=dtype) for n, t in self.args)
+        el, out = element_type(dtype), output_dtype(dtype)
+        return tuple(over.get(n, t).format(dtype=el, out=out) for n, t in self.args)
 
     def promised(self, sig: dict) -> tuple[str, ...]:
         """The parameters an aligned build of key ``sig`` promises 16-divisible."""
@@ -99,6 +116,8 @@ def companion_sig(sig: dict, family: str, aligned: bool = True, alg: dict | None
     the 16-divisibility promise and the companion has promises of its own (``aligned``), which it then drops too."""
     a = ABIS[family]
     csig = {"family": family, **{f: sig[f] for f in a.project if f in sig}}
+    if family == "fwd_splitkv_combine" and "dtype" in csig:  # the combine reads fp32 partials, writes the output
+        csig["dtype"] = output_dtype(csig["dtype"])
     csig.update({f: int((alg or {}).get(f, 1)) for f in a.project_alg})
     if a.aligned and not aligned:
         csig["unaligned"] = True
@@ -124,4 +143,5 @@ def companion_name(csig: dict, arch: str) -> str:
     return "_".join(parts) + f"_triton_{arch}"
 
 
-__all__ = ["KernelABI", "ABIS", "abi_of", "companion_sig", "companion_name"]
+__all__ = ["KernelABI", "ABIS", "abi_of", "companion_sig", "companion_name", "CONTRACTS", "element_type",
+           "output_dtype"]

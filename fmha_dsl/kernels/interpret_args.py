@@ -9,14 +9,14 @@ DTYPES = ("fp16", "bf16", "fp32")
 
 
 def dtype_of(x, dtype=None) -> str:
-    """``dtype`` checked, or the kernel dtype of array ``x`` (float16 -> fp16, float32 -> fp32; bf16 must be asked
-    for: its inputs are float32 arrays rounded to bf16)."""
+    """``dtype`` checked, or the kernel dtype of array ``x`` (float16 -> fp16, float32 -> fp32; bf16 and fp8bf16 must
+    be asked for: their inputs are float32 arrays of values on the dtype's grid)."""
     if dtype is None:
         dtype = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}.get(np.asarray(x).dtype)
         if dtype is None:
             raise ValueError(f"inputs must be float16 or float32 (or pass dtype='bf16'), got {np.asarray(x).dtype}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be fp16, bf16 or fp32, got {dtype!r}")
+    if dtype not in DTYPES and dtype != "fp8bf16":
+        raise ValueError(f"dtype must be fp16, bf16, fp32 or fp8bf16, got {dtype!r}")
     return dtype
 
 

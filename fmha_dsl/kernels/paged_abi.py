@@ -20,6 +20,11 @@ keys of a sequence (it never indexes past its table), and clamps every page id i
 (CK's branchless clamp): a corrupt table gives wrong numbers, never an illegal address.  The API checks what it can
 without synchronising (shapes, dtypes, ``table_width x page_size >= max_seqlen_k``).
 
+FP8 (key dtype ``fp8bf16``, ``qscale(pertensor)``, CK's contract): Q and both caches hold FP8 e4m3 values, each
+with a per-tensor fp32 descale (``q_descale``/``k_descale``/``v_descale``, one element each, read on the device);
+the scores are ``scale x q_descale x k_descale x (q . k)`` and the output ``v_descale x (P V)`` / l, written in
+bf16.  Other keys take null descale pointers.
+
 Split-KV (``fwd_pagedkv``, decode): ``Out``/``Lse`` are the fp32 workspaces ``[B, Hq * splits, max_seqlen_q, Dv]``
 / ``[B, Hq * splits, max_seqlen_q]`` of the forward family's combine kernel (:mod:`fmha_dsl.kernels.triton_combine`),
 which then writes ``[Tq, Hq, Dv]`` / ``[Hq, Tq]``.
@@ -38,9 +43,9 @@ import math
 from .fwd_abi import combine_args
 
 ARGS: tuple[tuple[str, str], ...] = (
-    ("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Out", "*{dtype}"), ("Lse", "*fp32"),
+    ("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Out", "*{out}"), ("Lse", "*fp32"),
     ("Alibi", "*fp32"), ("cu_seqlens_q", "*i32"), ("seqlens_k", "*i32"), ("Table", "*i32"), ("kv_indptr", "*i32"),
-    ("sm_scale", "fp32"), ("softcap", "fp32"),
+    ("q_descale", "*fp32"), ("k_descale", "*fp32"), ("v_descale", "*fp32"), ("sm_scale", "fp32"), ("softcap", "fp32"),
     ("max_seqlen_q", "i32"), ("max_seqlen_k", "i32"), ("nhead_q", "i32"), ("nhead_k", "i32"),
     ("head_dim_q", "i32"), ("head_dim_v", "i32"), ("num_pages", "i32"), ("table_width", "i32"),
     ("window_left", "i32"), ("window_right", "i32"), ("mask_bottom_right", "i32"), ("sink", "i32"),
@@ -78,11 +83,11 @@ APPEND_WARPS = 4
 
 LOOKUPS = {"vllm": 0, "sglang": 1, "contiguous": 2}
 VECTOR_BYTES = 16                   # the vectorized layout's vector
-ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8bf16": 1}
 
 
 def vector_elems(dtype: str) -> int:
-    """Elements of one vector of the vectorized KV layout (8 for fp16/bf16, 4 for fp32)."""
+    """Elements of one vector of the vectorized KV layout (8 for fp16/bf16, 4 for fp32, 16 for fp8)."""
     return VECTOR_BYTES // ELEMENT_BYTES[dtype]
 
 
@@ -99,7 +104,8 @@ def cache_geometry(layout: str, k_shape, k_strides, v_shape, v_strides) -> tuple
 ROPES = {"none": 0, "inter": 1, "half": 2}
 
 
-DTYPES = ("fp16", "bf16", "fp32")  # what the serving templates take
+DTYPES = ("fp16", "bf16", "fp32")  # what the serving templates take, and (attention only) the FP8 contracts:
+FP8_DTYPES = ("fp8bf16",)          # FP8 e4m3 Q/K/V with per-tensor descales (q/k/v_descale), bf16 output
 
 
 def page_size(sig: dict) -> int:
@@ -134,7 +140,8 @@ def pack(ptrs, qs, ks, vs, os_, ls, tb_stride, as_, nhq, nhk, dq, dv, msq, msk, 
          softcap, wl, wr, br, sink) -> list:
     """``fmha_paged``'s run-time arguments in :data:`ARGS` order -- the one packer of this ABI.
 
-    ``ptrs``: the 10 pointer values (Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indptr).
+    ``ptrs``: the 13 pointer values (Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indptr, q_descale,
+    k_descale, v_descale; the descales 0 unless the key is an FP8 contract).
     ``qs``: q's strides ``[Tq, Hq, D]``; ``ks``/``vs``: the caches' ABI strides (:func:`cache_geometry`); ``os_``: out's
     ``[Tq, Hq, Dv]``; ``ls``: the LSE's ``[Hq, Tq]`` (or None); ``tb_stride``: the block table's row stride (0 for
     SGLang's table); ``as_``: ALiBi strides over ``[B, Hq]`` (or None).  ``scale`` None = ``1/sqrt(dq)``.
@@ -269,7 +276,7 @@ def append_grid(batch: int, nhead_q: int, nhead_k: int, max_new: int, with_q: bo
 
 
 __all__ = ["ARGS", "ALIGNED", "ALIGNED_AT", "APPEND_ARGS", "APPEND_ALIGNED", "APPEND_BLOCK_M", "APPEND_WARPS",
-           "LOOKUPS", "ROPES", "DTYPES", "page_size", "kv_vec", "VECTOR_BYTES", "ELEMENT_BYTES", "vector_elems",
-           "cache_geometry", "pack", "split_args", "workspace_bound", "pack_append", "append_grid", "GATHER_ARGS",
+           "LOOKUPS", "ROPES", "DTYPES", "FP8_DTYPES", "page_size", "kv_vec", "VECTOR_BYTES", "ELEMENT_BYTES",
+           "vector_elems", "cache_geometry", "pack", "split_args", "workspace_bound", "pack_append", "append_grid", "GATHER_ARGS",
            "GATHER_BLOCK_M", "GATHER_MIN_ROWS", "GATHER_ALIGNED", "GATHER_FIELDS", "gather_layout", "gather_numel",
            "gather_fits", "bounded_layout", "pack_gather", "gather_grid"]

@@ -15,14 +15,18 @@ from .fwd_interpret import _bf16_decode, _bf16_encode, _Shim
 
 __all__ = ["run_interpreted_paged", "run_interpreted_append"]
 
-_NP = {"fp16": np.float16, "fp32": np.float32, "bf16": np.uint16}
-_TNAME = {"fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}
+_NP = {"fp16": np.float16, "fp32": np.float32, "bf16": np.uint16, "fp8bf16": np.uint8}
+_TNAME = {"fp16": "float16", "fp32": "float32", "bf16": "bfloat16", "fp8bf16": "float8_e4m3fn"}
 
 
 def _prep(x, dtype):
     x = np.asarray(x)
     if dtype == "bf16":
         return _bf16_encode(np.asarray(x, dtype=np.float32))
+    if dtype == "fp8bf16":  # the e4m3 bytes of the values (rounded to e4m3 if they are not on its grid)
+        from ..fp8 import encode_e4m3
+
+        return encode_e4m3(x)
     return np.ascontiguousarray(x.astype(_NP[dtype], copy=False))
 
 
@@ -55,18 +59,20 @@ def _table(block_table, kv_indptr, kv_indices, batch):
 def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block_table=None, kv_indptr=None,
                           kv_indices=None, causal=None, window=None, sink=0, softcap=None, alibi_slopes=None,
                           scale=None, dtype=None, block_m=16, block_n=16, lse=True, num_splits=0,
-                          pipeline="qr_async", hnd=False, vectorized=False):
+                          pipeline="qr_async", hnd=False, vectorized=False, descales=None):
     """``(out [Tq, Hq, Dv], lse [Hq, Tq] | None)`` of ``fmha_paged`` for :func:`fmha_dsl.reference_paged.
     paged_attention`'s arguments (linear NHD caches ``[P, page_size, Hk, D]``; ``hnd``: run on an HND copy
     ``[P, Hk, page_size, D]`` through its strides; ``vectorized``: on a copy in CK's vectorized layout, 16-byte
     vectors of the dtype).  ``num_splits`` > 0 runs the split-KV kernel (``fwd_pagedkv``)
-    and the combine kernel; ``pipeline="qr_nwarp_sshuffle"`` packs the query heads of a GQA group."""
+    and the combine kernel; ``pipeline="qr_nwarp_sshuffle"`` packs the query heads of a GQA group.  ``dtype=
+    "fp8bf16"``: q and the caches as e4m3 bytes, ``descales`` their ``(q, k, v)`` descales, the output bf16."""
     from . import triton_combine as C
     from . import triton_paged as T
     from .fwd_abi import grid_of, workspace_strides
 
     dtype = dtype_of(q, dtype)
     qa, ka, va = _prep(q, dtype), _prep(k_cache, dtype), _prep(v_cache, dtype)
+    odt = "bf16" if dtype == "fp8bf16" else dtype
     page = ka.shape[1]
     if hnd:
         ka = np.ascontiguousarray(ka.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
@@ -80,8 +86,8 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     lookup, tab, ip, width, tb_stride = _table(block_table, kv_indptr, kv_indices, B)
     msq = int(np.diff(cq).max()) if B else 0
     msk = int(lens.max()) if B else 0
-    nan = np.uint16(0x7FC0) if dtype == "bf16" else np.nan
-    out = np.full((Tq, Hq, Dv), nan, dtype=_NP[dtype])
+    nan = np.uint16(0x7FC0) if odt == "bf16" else np.nan
+    out = np.full((Tq, Hq, Dv), nan, dtype=_NP[odt])
     lse_arr = np.full((Hq, Tq), np.nan, dtype=np.float32)
 
     mode, mask_none, left, right = mask_args(causal, window)
@@ -92,17 +98,19 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     sig = {"family": "fwd_pagedkv" if num_splits else "batch_prefill", "dtype": dtype, "hdim_q": Dq, "hdim_v": Dv,
            "mask": "no" if mask_none else "top_left", "bias": "alibi" if alibi_slopes is not None else "no",
            "lse": bool(lse), "logits": softcap is not None, "sink": sink > 0, "kv_layout": layout,
-           "kv_lookup": lookup, "page_size": page}
+           "kv_lookup": lookup, "page_size": page, "qscale": "pertensor" if dtype == "fp8bf16" else "no"}
     alg = {"tile": (block_m, block_n, 0, 0, 0, 0), "pipeline": pipeline, "pad_d": 0, "pad_dv": 0}
     const = T.constexprs(sig, alg)
-    const["UPCAST_DOT"] = dtype == "bf16"
+    const["UPCAST_DOT"] = odt == "bf16"
     g = grid_of(const["PACK_GQA"], B, Hq, Hk, msq, block_m)
     if min(g) == 0:
-        return (_bf16_decode(out) if dtype == "bf16" else out), (lse_arr if lse else None)
+        return (_bf16_decode(out) if odt == "bf16" else out), (lse_arr if lse else None)
     t = _TNAME[dtype]
+    ds = [np.asarray([1.0 if descales is None else descales[i]], np.float32) for i in range(3)]
     args = paged_abi.pack(
-        [_Shim(qa, t), _Shim(ka, t), _Shim(va, t), _Shim(out, t), _Shim(lse_arr, "float32"), _Shim(a_arr, "float32"),
-         _Shim(cq, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32")],
+        [_Shim(qa, t), _Shim(ka, t), _Shim(va, t), _Shim(out, _TNAME[odt]), _Shim(lse_arr, "float32"),
+         _Shim(a_arr, "float32"), _Shim(cq, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32"),
+         *(_Shim(d, "float32") for d in ds)],
         _el(qa)[:2], ks, vs, _el(out), _el(lse_arr), tb_stride, a_st, Hq, Hk, Dq, Dv, msq, msk,
         num_pages, width, scale, softcap, left, right, int(mode != "top_left"), int(sink))
     if num_splits:
@@ -116,7 +124,7 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
         C.fmha_fwd_combine[((msq + cconst["BLOCK_M"] - 1) // cconst["BLOCK_M"], Hq, B)](*cargs, **cconst)
     else:
         T.fmha_paged[g](*args, **const)
-    if dtype == "bf16":
+    if odt == "bf16":
         out = _bf16_decode(out)
     return out, (lse_arr if lse else None)
 

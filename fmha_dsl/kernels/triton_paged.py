@@ -6,7 +6,8 @@ results the forward family's combine kernel reduces).  It computes exactly
 :func:`fmha_dsl.reference_paged.paged_attention` (docs/semantics.md, "Paged KV cache"): group-mode queries, each
 sequence's keys gathered page by page; causal (top-left / bottom-right) and sliding-window masks with sink tokens,
 GQA/MQA (optionally the query heads of a group packed into one tile's rows, CK's ``qr_nwarp_sshuffle``), logits
-soft-cap, ALiBi, LSE.  The score, softmax and P.V steps are the forward template's (:mod:`.triton_fwd`); what is new
+soft-cap, ALiBi, LSE; FP8 (``FP8``: CK's ``fp8bf16`` contract, e4m3 Q and caches with per-tensor descales, bf16
+output -- each tile widened to bf16 after its load, exactly, so an FP8 cache moves half the bytes of a bf16 one).  The score, softmax and P.V steps are the forward template's (:mod:`.triton_fwd`); what is new
 is where a key block's rows live (:mod:`.triton_paged_rows`): with ``PAGE_SIZE >= BLOCK_N`` a block lies in one page
 (one page-id load, rows at a fixed stride); with smaller pages every row has its own page (a gather of ``BLOCK_N`` row
 addresses; K is read in V's layout, ``[BLOCK_N, D]``, and transposed for the dot, so that a thread's K and V rows are
@@ -30,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .fwd_abi import block_d, packs_gqa
-from .paged_abi import ARGS, DTYPES, LOOKUPS, kv_vec, page_size
+from .paged_abi import ARGS, DTYPES, FP8_DTYPES, LOOKUPS, kv_vec, page_size
 from .triton_paged_rows import _k_vectors, _page, _pages, _rows, _table, _v_vectors
 from .triton_steps import _dot, _load, _softmax
 
@@ -53,24 +54,24 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
     if TMA:  # PAGE_SIZE >= BLOCK_N, pages contiguous: the block is rows [row0, row0 + BLOCK_N) of the cache
         page = tl.load(Table + tb + start_n // PAGE_SIZE)
         row0 = (_page(page, num_pages) * PAGE_SIZE).to(tl.int32) + start_n % PAGE_SIZE
-        qk = _dot(q, tl.trans(k_base.load([row0, 0])), None, IEEE, UPCAST)
+        qk = _dot(q, tl.trans(k_base.load([row0, 0]).to(q.dtype)), None, IEEE, UPCAST)
     else:
         if KV_VEC:  # K^T [D, N] read page run by page run (stride_ks: the stride of the head dim's vectors)
             k = _k_vectors(k_base, Table, tb, num_pages, start_n, seqlen_k, stride_kp, stride_ks, d_ok, CHECK_N,
                            CHECK_D, PAGE_SIZE, BLOCK_N, offs_d.shape[0], KV_VEC)
-            qk = _dot(q, k, None, IEEE, UPCAST)
+            qk = _dot(q, k.to(q.dtype), None, IEEE, UPCAST)
         else:  # K [N, D], as V is read: a thread's K and V rows are the same, their page ids loaded once
             page = _pages(Table, tb, num_pages, start_n, offs_n, seqlen_k, CHECK_N, PAGE_SIZE, BLOCK_N)
             krows = _rows(page, start_n, offs_n, stride_kp, stride_ks, PAGE_SIZE, BLOCK_N, 0)
             k = _load(k_base + krows[:, None] + offs_d[None, :], n_ok[:, None], d_ok[None, :], CHECK_N, CHECK_D)
-            qk = _dot(q, tl.trans(k), None, IEEE, UPCAST)
+            qk = _dot(q, tl.trans(k.to(q.dtype)), None, IEEE, UPCAST)
     p, alpha, l_i, m_i = _softmax(l_i, m_i, qk, start_n, k_base, offs_m, offs_m.to(tl.uint32), offs_m.to(tl.uint32),
                                   slope2, offs_m, offs_n, offs_m >= 0, seqlen_q, seqlen_k, mask_off, window_left,
                                   window_right, sink, qk_scale, cap_scale, cap_log2, 0.0, 0,
                                   STEP, False, CHECK_N, 2 if ALIBI else 0, SOFTCAP, SINK, False,
                                   STEP == 0 and not SOFTCAP and not ALIBI)
     if TMA:
-        v = v_base.load([row0, 0])
+        v = v_base.load([row0, 0]).to(q.dtype)
         if CHECK_N:  # rows past the sequence hold other tokens (or never-written memory): zero them
             v = tl.where(n_ok[:, None], v, 0.0)
     elif KV_VEC:
@@ -79,6 +80,7 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
     else:
         vrows = _rows(page, start_n, offs_n, stride_vp, stride_vs, PAGE_SIZE, BLOCK_N, 0)
         v = _load(v_base + vrows[:, None] + offs_dv[None, :], n_ok[:, None], dv_ok[None, :], CHECK_N, CHECK_DV)
+    v = v.to(q.dtype)  # FP8 caches: e4m3 -> bf16 (exact); a no-op otherwise
     acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], IEEE, UPCAST)
     return acc, l_i, m_i
 
@@ -108,7 +110,7 @@ def _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
 
 
 @triton.jit
-def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indptr,
+def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indptr, q_descale, k_descale, v_descale,
                sm_scale, softcap, max_seqlen_q, max_seqlen_k, nhead_q, nhead_k, head_dim_q, head_dim_v,
                num_pages, table_width, window_left, window_right, mask_bottom_right, sink,
                stride_qm, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
@@ -118,7 +120,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, MASK: tl.constexpr, SINK: tl.constexpr,
                ALIBI: tl.constexpr, STORE_LSE: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
                UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, PACK_GQA: tl.constexpr, PAGE_SIZE: tl.constexpr,
-               LOOKUP: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr):
+               LOOKUP: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr, FP8: tl.constexpr):
     pid_m = tl.program_id(0)
     if MASK:  # the longest rows (last query blocks under a causal mask) start first
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -209,6 +211,12 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
     if SOFTCAP:
         cap_scale = sm_scale / softcap
         cap_log2 = softcap * 1.4426950408889634
+    if FP8:  # e4m3 -> bf16 is exact; the descales scale the scores (their sign carried by q) and the output
+        qk_descale = tl.load(q_descale) * tl.load(k_descale)
+        q = (q.to(tl.float32) * tl.where(qk_descale < 0, -1.0, 1.0)).to(tl.bfloat16)   # exact: e4m3 fits bf16
+        qk_descale = tl.abs(qk_descale)
+        qk_scale = qk_scale * qk_descale
+        cap_scale = cap_scale * qk_descale
     slope2 = sm_scale * 0.0
     if ALIBI:
         slope2 = tl.load(Alibi + off_b.to(tl.int64) * stride_ab + off_h * stride_ah).to(tl.float32) * \
@@ -283,7 +291,10 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
 
     # epilogue: rows that saw no allowed key (l = 0) give 0 and lse = -inf
     live = l_i > 0.0
-    out = acc * tl.where(live, 1.0 / tl.where(live, l_i, 1.0), 0.0)[:, None]
+    norm = tl.where(live, 1.0 / tl.where(live, l_i, 1.0), 0.0)
+    if FP8:
+        norm = norm * tl.load(v_descale)
+    out = acc * norm[:, None]
     r_head = head_r
     r_row = q_start + offs_m
     bo = off_b.to(tl.int64) * 0
@@ -310,7 +321,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
 CONSTEXPRS: tuple[str, ...] = (
     "BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DV", "HEAD_DIM_Q", "HEAD_DIM_V", "PAD_D", "PAD_DV", "CHECK_D",
     "CHECK_DV", "MASK", "SINK", "ALIBI", "STORE_LSE", "SOFTCAP", "IEEE", "UPCAST_DOT", "SPLIT", "PACK_GQA",
-    "PAGE_SIZE", "LOOKUP", "TMA", "KV_VEC",
+    "PAGE_SIZE", "LOOKUP", "TMA", "KV_VEC", "FP8",
 )
 def _check_names():
     import inspect
@@ -329,15 +340,19 @@ def constexprs(sig: dict, alg: dict) -> dict:
     splits the key axis; pipeline ``qr_async_trload`` reads K/V blocks through TMA descriptors)."""
     family = sig.get("family", "batch_prefill")
     dtype = sig.get("dtype", "fp16")
-    if dtype not in DTYPES:
-        raise ValueError(f"the triton serving templates take dtype fp16, bf16 or fp32, not {dtype!r}")
+    fp8 = dtype in FP8_DTYPES
+    if dtype not in DTYPES and not fp8:
+        raise ValueError(f"the triton serving templates take dtype fp16, bf16, fp32 or fp8bf16, not {dtype!r}")
+    if sig.get("qscale", "no") != ("pertensor" if fp8 else "no"):
+        raise ValueError(f"the triton paged template takes qscale=pertensor with FP8 (fp8bf16) and no qscale "
+                         f"otherwise, not qscale={sig.get('qscale')!r} with {dtype}")
     hq, hv = int(sig["hdim_q"]), int(sig["hdim_v"])
     if not (1 <= hq <= 256 and 1 <= hv <= 256):
         raise ValueError(f"head dims must be in 1..256, got {hq}, {hv}")
     if family not in ("batch_prefill", "fwd_pagedkv"):
         raise ValueError(f"the triton paged template does not implement family={family!r}")
     vec = kv_vec(sig)
-    for key, ok in {"qscale": "no", "rope": "none", "fp8_static_quant": False, "skip": False, "dbias": False,
+    for key, ok in {"rope": "none", "fp8_static_quant": False, "skip": False, "dbias": False,
                     "store_randval": False, "dropout": False, "vlayout": "r"}.items():
         if key in sig and sig[key] != ok:
             raise ValueError(f"the triton paged template does not implement {key}={sig[key]!r}")
@@ -367,5 +382,5 @@ def constexprs(sig: dict, alg: dict) -> dict:
         "MASK": mask, "SINK": bool(sig.get("sink", False)) and mask, "ALIBI": sig.get("bias", "no") == "alibi",
         "STORE_LSE": bool(sig.get("lse", False)), "SOFTCAP": bool(sig.get("logits", False)), "IEEE": dtype == "fp32",
         "UPCAST_DOT": False, "SPLIT": family == "fwd_pagedkv", "PACK_GQA": pack, "PAGE_SIZE": page_size(sig),
-        "LOOKUP": LOOKUPS[sig.get("kv_lookup", "vllm")], "TMA": tma, "KV_VEC": vec,
+        "LOOKUP": LOOKUPS[sig.get("kv_lookup", "vllm")], "TMA": tma, "KV_VEC": vec, "FP8": fp8,
     }

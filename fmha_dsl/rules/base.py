@@ -66,12 +66,16 @@ class Rule:
     deps: tuple[str, ...]
     check: Callable[[dict], bool]
     message: str | Callable[[dict], str]
-    hint: str | None = None
+    hint: str | Callable[[dict], str] | None = None
     blame: str | None = None
     filter: bool = False
 
     def text(self, b: dict) -> str:
         return self.message(b) if callable(self.message) else self.message.format(**b)
+
+    def help(self, b: dict) -> str | None:
+        """The hint for binding ``b`` (a hint may depend on it, as a message may)."""
+        return self.hint(b) if callable(self.hint) else self.hint
 
 
 @dataclass

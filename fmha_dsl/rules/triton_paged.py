@@ -20,6 +20,8 @@ CK vocabulary -> Triton (docs/triton.md, "Serving"):
                                contiguous in memory; sm90)
   max_splits_log2           -> fwd_pagedkv's split count (2 ** n, fewer when the key axis is short)
   rope(inter | half)        -> fwd_appendkv's RoPE: pairs (2i, 2i + 1) | (i, i + rotary_dim / 2)
+  dtype(fp8bf16) qscale(pertensor) -> FP8: e4m3 Q and caches, per-tensor descales, bf16 output (archs whose table
+                               lists it: ``fp8`` in ``data/archs.json``); every tile widened to bf16 after its load
 """
 
 from __future__ import annotations
@@ -29,11 +31,11 @@ import functools
 from .. import arch as arch_table
 from ..data import load
 from ..kernels.fwd_abi import block_d, packs_gqa
-from ..kernels.paged_abi import vector_elems
+from ..kernels.paged_abi import FP8_DTYPES, vector_elems
 from . import triton_fwd as fwd
 from .base import FamilyRules, Rule, Tile, pad_token, tf
 
-FIXED = {"qscale": "no", "rope": "none", "paged_kv": True, "fp8_static_quant": False, "skip": False, "dbias": False,
+FIXED = {"rope": "none", "paged_kv": True, "fp8_static_quant": False, "skip": False, "dbias": False,
          "store_randval": False, "deterministic": False, "trload": False, "kv64": False, "mode": "group",
          "vlayout": "r", "dropout": False, "pad_s": 1, "pad_sk": 1}
 
@@ -67,6 +69,8 @@ def domain(field: str, b: dict):
         return tuple(_data()["lookups"])
     if field == "page_size":
         return tuple(_data()["page_sizes"])
+    if field == "qscale":
+        return ("no", "pertensor")
     return fwd.domain(field, b)
 
 
@@ -90,6 +94,8 @@ def smem_bytes(b: dict) -> int:
     warpgroup dot reads from shared memory (compiled sm90 kernels hold it there; the other targets' dots take it
     from registers)."""
     t = b["tile"].tile
+    if b["dtype"] in FP8_DTYPES:  # counted as bf16: each e4m3 tile is widened to bf16 for the dots
+        b = dict(b, dtype="bf16")
     q_tile = t[0] * t[2] * fwd.ELEM[b["dtype"]] if fwd.arch_info(b["arch"])["matrix"] == "wgmma" else 0
     return fwd.smem_bytes(b) + q_tile
 
@@ -98,10 +104,24 @@ def _pow2(n) -> bool:
     return isinstance(n, int) and n >= 1 and n & (n - 1) == 0
 
 
+def _dtype_ok(b: dict) -> bool:
+    info = fwd.arch_info(b["arch"])
+    return b["dtype"] in info["dtypes"] or (b["family"] != "fwd_appendkv" and b["dtype"] in info["fp8"])
+
+
+def _dtype_hint(b: dict) -> str:
+    fp8 = [a for a in arch_table.backend_archs("triton") if b["dtype"] in fwd.arch_info(a)["fp8"]]
+    if b["dtype"] in FP8_DTYPES and b["family"] == "fwd_appendkv":
+        return "append-KV writes fp16, bf16 or fp32 caches; quantize new rows to FP8 before writing them yourself"
+    if fp8:
+        return f"use fp16, bf16 or fp32 (FP8 serving kernels, fp8bf16, are built for {', '.join(fp8)})"
+    return "use fp16, bf16 or fp32"
+
+
 COMMON = (
-    Rule("triton.paged.dtype", ("arch", "dtype"), lambda b: b["dtype"] in fwd.arch_info(b["arch"])["dtypes"],
-         lambda b: f"the triton backend has no {b['dtype']} serving kernels for {b['arch']}",
-         "use fp16, bf16 or fp32", blame="dtype"),
+    Rule("triton.paged.dtype", ("arch", "dtype", "family"), _dtype_ok,
+         lambda b: f"the triton backend has no {b['dtype']} {b['family']} kernels for {b['arch']}",
+         _dtype_hint, blame="dtype"),
     Rule("triton.paged.hdim", ("hdim",), lambda b: 1 <= b["hdim"][0] <= 256 and 1 <= b["hdim"][1] <= 256,
          lambda b: f"head dims above 256 are not supported (got {b['hdim']})", "split the head dim", blame="hdim"),
     Rule("triton.paged.page-size", ("page_size",), lambda b: _pow2(b["page_size"]),
@@ -124,6 +144,13 @@ def _vector_fits_page(b: dict) -> bool:
         return True
     return b["page_size"] % vector_elems(b["dtype"]) == 0
 ATTENTION = COMMON + (
+    Rule("triton.paged.qscale", ("dtype", "qscale"),
+         lambda b: b["qscale"] == ("pertensor" if b["dtype"] in FP8_DTYPES else "no"),
+         lambda b: (f"{b['dtype']} (FP8) serving kernels take per-tensor descales: qscale(pertensor), not "
+                    f"qscale({b['qscale']})") if b["dtype"] in FP8_DTYPES else
+                   f"qscale({b['qscale']}) scales FP8 inputs; {b['dtype']} kernels have none",
+         lambda b: "declare qscale(pertensor) (CK's KV block scales are not implemented)" if b["dtype"] in FP8_DTYPES
+                   else "drop qscale, or use dtype(fp8bf16)", blame="qscale"),
     Rule("triton.paged.pipeline", ("pipeline",), lambda b: b["pipeline"] in _data()["pipelines"],
          lambda b: f"the triton serving template implements pipelines {', '.join(_data()['pipelines'])}, not "
                    f"{b['pipeline']} (a page gather has no tensor-descriptor form)",
@@ -172,7 +199,8 @@ def ck_name(b: dict) -> str:
     t = b["tile"]
     split = f"_s{1 << b['max_splits_log2']}" if b["family"] == "fwd_pagedkv" else ""
     pad = pad_token(b, (("pad_d", "d"), ("pad_dv", "dv")))
-    return (f"fmha_{b['family']}{split}_d{b['hdim'][0]}x{b['hdim'][1]}_{b['dtype']}_b{t.tile[0]}x{t.tile[1]}"
+    qs = "" if b["qscale"] == "no" else f"_{b['qscale']}"
+    return (f"fmha_{b['family']}{split}_d{b['hdim'][0]}x{b['hdim'][1]}_{b['dtype']}{qs}_b{t.tile[0]}x{t.tile[1]}"
             f"_w{t.wave[0]}_{b['pipeline']}_p{b['page_size']}_{b['kv_lookup']}_{b['kv_layout']}_{pad}"
             f"_{tf(b['logits'], 'logits')}_{'alibi' if b['bias'] == 'alibi' else 'nbias'}"
             f"_{'nmask' if b['mask'] == 'no' else 'mask'}_{tf(b['lse'], 'lse')}_{tf(b['sink'], 'sink')}"
@@ -200,8 +228,8 @@ def _append_domain(field: str, b: dict):
     return domain(field, b)
 
 
-ATTN_FIELDS = ("dtype", "hdim", "pipeline", "tile", "pad_d", "pad_dv", "mask", "bias", "logits", "lse", "sink",
-               "kv_layout", "kv_lookup", "page_size")
+ATTN_FIELDS = ("dtype", "qscale", "hdim", "pipeline", "tile", "pad_d", "pad_dv", "mask", "bias", "logits", "lse",
+               "sink", "kv_layout", "kv_lookup", "page_size")
 _APPEND_RULES = COMMON + (
     Rule("triton.appendkv.rope", ("rope",), lambda b: b["rope"] in ("none", "inter", "half"),
          lambda b: f"rope must be none, inter or half, got {b['rope']}", "use rope(half) (GPT-NeoX) or rope(inter)",
@@ -225,7 +253,7 @@ FAMILIES = {
                                                                "kv_layout", "kv_lookup", "page_size"),
                                 rules=_APPEND_RULES, domain=_append_domain, ck_name=_append_name,
                                 fixed={k: v for k, v in FIXED.items() if k not in ("rope", "paged_kv")} | {
-                                    "pipeline": "appendkv", "mode": "batch",
+                                    "pipeline": "appendkv", "qscale": "no", "mode": "batch",
                                     "mask": "no", "bias": "no", "lse": False, "logits": False, "sink": False,
                                     "pad_d": 1, "pad_dv": 1},
                                 supported=_supported, doc=__doc__, defaults={"kv_layout": "linear"}),

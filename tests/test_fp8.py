@@ -1,0 +1,92 @@
+"""FP8 e4m3 in NumPy (fmha_dsl/fp8.py) against hand-checked values of the OCP format, and the serving rules,
+builds and NumPy API of the FP8 contract (CK's fp8bf16)."""
+
+import numpy as np
+import pytest
+
+import fmha_dsl
+from fmha_dsl.errors import UsageError
+from fmha_dsl.fp8 import decode_e4m3, encode_e4m3, round_e4m3
+
+
+def test_e4m3_values_by_hand():
+    # 0x38 = 0.0111.000 = 1.0; 0x7E = 0.1111.110 = 1.75 * 2^8 = 448 (largest); 0x01 = 2^-9 (smallest subnormal);
+    # 0x08 = 2^-6 (smallest normal); 0xC0 = -2.0; 0x7F / 0xFF are NaN (no infinities in the "fn" format)
+    assert decode_e4m3([0x38, 0x7E, 0x01, 0x08, 0xC0]).tolist() == [1.0, 448.0, 2.0 ** -9, 2.0 ** -6, -2.0]
+    assert np.isnan(decode_e4m3([0x7F, 0xFF])).all()
+    # 1.0625 lies halfway between 1.0 (code 0x38, even) and 1.125 (0x39): ties go to the even code
+    assert encode_e4m3([1.0625, 1.1875, 500.0, -1e9, 2.0 ** -11]).tolist() == [0x38, 0x3A, 0x7E, 0xFE, 0x00]
+    assert encode_e4m3([-0.0]).tolist() == [0x80] and encode_e4m3([np.nan]).tolist() == [0x7F]
+
+
+def test_every_finite_value_round_trips():
+    codes = np.array([c for c in range(256) if c & 0x7F != 0x7F])
+    assert np.array_equal(encode_e4m3(decode_e4m3(codes)), codes.astype(np.uint8))
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32) * 30
+    r = round_e4m3(x)
+    assert np.all(np.abs(r - x) <= np.abs(x) * 2.0 ** -4 + 2.0 ** -10)   # half an ulp: 3 mantissa bits
+
+
+FP8_SET = """kernel_set fp8 {
+    backend(triton)
+    arch(*)
+    kernel decode {
+        signature { family(fwd_pagedkv) dtype(fp8bf16) qscale(pertensor) hdim(128) kv_cache(linear, vllm, 16) }
+        algorithm { pipeline(qr_async) tile(*) }
+    }
+}
+"""
+
+
+def _check(tmp_path, text, arch):
+    p = tmp_path / "s.fmha"
+    p.write_text(text)
+    return fmha_dsl.load(str(p)).expand(arch=arch)
+
+
+def test_fp8_serving_kernels_exist_where_the_arch_has_ocp_fp8(tmp_path):
+    keys = _check(tmp_path, FP8_SET, "sm90")
+    assert keys and all(k.signature.dtype == "fp8bf16" and k.signature.qscale == "pertensor" for k in keys)
+    assert _check(tmp_path, FP8_SET, "gfx950")
+    for arch in ("gfx942", "sm80", "gfx1100"):
+        with pytest.raises(fmha_dsl.FmhaError, match="no fp8bf16 fwd_pagedkv kernels for " + arch) as err:
+            _check(tmp_path, FP8_SET.replace("arch(*)", f"arch({arch})"), arch)
+        assert "built for gfx950, sm90" in err.value.hint
+
+
+def test_fp8_needs_per_tensor_descales(tmp_path):
+    with pytest.raises(fmha_dsl.FmhaError, match="qscale"):
+        _check(tmp_path, FP8_SET.replace(" qscale(pertensor)", ""), "sm90")
+    with pytest.raises(fmha_dsl.FmhaError, match="qscale"):
+        _check(tmp_path, FP8_SET.replace("dtype(fp8bf16)", "dtype(bf16)"), "sm90")
+
+
+@pytest.mark.slow
+def test_fp8_serving_kernels_compile_for_sm90_and_gfx950(tmp_path):
+    pytest.importorskip("triton")
+    from fmha_dsl.cli import main
+
+    p = tmp_path / "s.fmha"
+    p.write_text(FP8_SET.replace("algorithm { pipeline(qr_async) tile(*) }",
+                                 "algorithm { pipeline(qr_async) tile(*) }\n        where tile_m0 == 16"))
+    assert main(["build", str(p), "--arch", "sm90,gfx950", "-o", str(tmp_path / "b"), "-j", "2", "-q"]) == 0
+    import json
+
+    reg = json.loads((tmp_path / "b" / "registry.json").read_text())
+    names = [k["name"] for k in reg["kernels"]]
+    assert names and all("fp8bf16_pertensor" in n for n in names)
+    assert {k["gfx_arch"] for k in reg["kernels"]} == {"sm90", "gfx950"}
+    combine = [k["build"]["combine"]["name"] for k in reg["kernels"]]
+    assert all("_bf16_" in c for c in combine)        # the combine writes the contract's bf16 output
+
+
+def test_numpy_paged_attention_takes_descales():
+    rng = np.random.default_rng(0)
+    kc, vc = (round_e4m3(rng.standard_normal((3, 4, 1, 8)).astype(np.float32) * 4) for _ in range(2))
+    q = round_e4m3(rng.standard_normal((2, 2, 8)).astype(np.float32))
+    kw = dict(block_table=np.array([[2, 0], [1, 0]], np.int32), seqlens_k=[6, 3], cu_seqlens_q=[0, 1, 2])
+    got = fmha_dsl.paged_attention(q, kc, vc, q_descale=0.5, k_descale=2.0, v_descale=3.0, **kw)
+    want = fmha_dsl.paged_attention(q * 0.5, kc * 2.0, vc * 3.0, **kw)
+    assert np.allclose(got, want, rtol=1e-6, atol=1e-7)
+    with pytest.raises(UsageError, match="v_descale missing"):
+        fmha_dsl.paged_attention(q, kc, vc, q_descale=0.5, k_descale=2.0, **kw)

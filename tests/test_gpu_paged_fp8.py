@@ -1,0 +1,138 @@
+"""FP8 serving on a GPU (CK's ``fp8bf16``: e4m3 q and caches, per-tensor descales, bf16 output) against the NumPy
+reference on the same e4m3 values, for prefill and decode (split-KV), both table forms, page sizes smaller and larger
+than a key block, GQA, masks, the vectorized layout, a CUDA-graph captured step whose descales change between
+replays, and the checks of the arguments.
+
+    python3 -P -m pytest -q tests/test_gpu_paged_fp8.py -p no:cacheprovider
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+import fmha_dsl  # noqa: E402
+from fmha_dsl.errors import UsageError  # noqa: E402
+from fmha_dsl.reference_paged import paged_attention as ref_paged  # noqa: E402
+from fmha_dsl.reference_paged import vectorized_caches  # noqa: E402
+
+from test_gpu_paged import make_cache  # noqa: E402
+
+TOL = 2.5e-2   # bf16 P and output on values that are exact in e4m3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    os.environ.setdefault("FMHA_DSL_TUNE_CANDIDATES", "4")
+
+
+def _case(lens_q, lens_k, *, page=16, hq=8, hk=2, d=128, form="vllm", seed=0, descales=(0.5, 0.25, 2.0),
+          vectorized=False, **kw):
+    rng = np.random.default_rng(seed + 1)
+    kc, vc, bt, ip, ix = make_cache(lens_k, page, hk, d, seed=seed, dtype=torch.float32)
+    kc8, vc8 = (x.mul(4).to(torch.float8_e4m3fn) for x in (kc, vc))
+    q8 = torch.tensor(rng.standard_normal((sum(lens_q), hq, d)).astype(np.float32) * 4).to(torch.float8_e4m3fn)
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    lens = np.asarray(lens_k, np.int32)
+    tab = {"block_table": bt} if form == "vllm" else {"kv_indptr": ip, "kv_indices": ix}
+    rkw = dict(kw, causal="bottom_right") if kw.get("causal") is True else kw
+    want, wlse = ref_paged(q8.float().numpy(), kc8.float().numpy(), vc8.float().numpy(), seqlens_k=lens,
+                           cu_seqlens_q=cq, return_lse=True, descales=descales, **tab, **rkw)
+    dev = "cuda"
+    kg, vg = kc8.to(dev), vc8.to(dev)
+    if vectorized:
+        kg, vg = (torch.from_numpy(a).to(dev).view(torch.float8_e4m3fn) for a in
+                  vectorized_caches(kc8.view(torch.uint8).numpy(), vc8.view(torch.uint8).numpy(), 16))
+    ds = [torch.tensor([x], dtype=torch.float32, device=dev) for x in descales]
+    gt = {k: torch.tensor(v, device=dev) for k, v in tab.items()}
+    out, lse = fmha_dsl.paged_attention(q8.to(dev), kg, vg, seqlens_k=torch.tensor(lens, device=dev),
+                                        cu_seqlens_q=torch.tensor(cq, device=dev), max_seqlen_q=int(max(lens_q)),
+                                        max_seqlen_k=int(max(lens_k)), return_lse=True, q_descale=ds[0],
+                                        k_descale=ds[1], v_descale=ds[2], **gt, **kw)
+    assert out.dtype == torch.bfloat16
+    got = out.float().cpu().numpy()
+    err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-6)
+    assert np.isfinite(got).all() and err < TOL, err
+    live = np.isfinite(wlse)
+    assert np.allclose(lse.cpu().numpy()[live], wlse[live], atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("page,form", [(1, "vllm"), (16, "sglang"), (1024, "vllm")])
+def test_prefill_over_an_fp8_cache(page, form):
+    _case([37, 130, 0, 64], [200, 130, 5, 1500], page=page, form=form, causal=True)
+
+
+@pytest.mark.parametrize("page", [16, 1024])
+def test_decode_over_an_fp8_cache_splits_the_keys(page):
+    _case([1] * 6, [1, 17, 4000, 9000, 333, 2048], page=page, hq=32, hk=8)
+
+
+def test_masks_softcap_and_a_negative_descale():
+    _case([20, 7], [300, 700], page=16, window=(64, 0), causal=True, softcap=30.0, descales=(-0.5, 0.75, -1.5))
+
+
+def test_the_vectorized_layout_holds_fp8():
+    _case([3, 40], [90, 600], page=16, vectorized=True)
+
+
+def test_a_captured_step_reads_the_descales_each_replay():
+    dev = "cuda"
+    kc, vc, bt, _, _ = make_cache([500, 900], 16, 2, 128, dtype=torch.float32)
+    kc8, vc8 = (x.to(torch.float8_e4m3fn).to(dev) for x in (kc, vc))
+    q8 = torch.randn(2, 8, 128).to(torch.float8_e4m3fn).to(dev)
+    kw = dict(block_table=torch.tensor(bt, device=dev), seqlens_k=torch.tensor([500, 900], device=dev, dtype=torch.int32),
+              cu_seqlens_q=torch.tensor([0, 1, 2], device=dev, dtype=torch.int32), max_seqlen_q=1, max_seqlen_k=900)
+    ds = [torch.ones(1, device=dev) for _ in range(3)]
+    ws = torch.empty(fmha_dsl.paged.workspace_numel(q8, kc8, vc8, batch=2, max_seqlen_q=1, max_seqlen_k=900),
+                     device=dev)
+    out = torch.empty(2, 8, 128, device=dev, dtype=torch.bfloat16)
+
+    def step():
+        fmha_dsl.paged_attention(q8, kc8, vc8, out=out, workspace=ws, q_descale=ds[0], k_descale=ds[1],
+                                 v_descale=ds[2], **kw)
+    step()
+    base = out.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    ds[2].fill_(3.0)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(out.float(), 3 * base.float(), rtol=1e-2, atol=1e-3)
+
+
+def test_fp8_arguments_are_checked():
+    dev = "cuda"
+    kc = torch.zeros(4, 16, 2, 64, device=dev).to(torch.float8_e4m3fn)
+    q = torch.zeros(2, 4, 64, device=dev).to(torch.float8_e4m3fn)
+    kw = dict(block_table=torch.zeros(2, 4, dtype=torch.int32, device=dev),
+              seqlens_k=torch.ones(2, dtype=torch.int32, device=dev),
+              cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32, device=dev), max_seqlen_q=1, max_seqlen_k=1)
+    one = torch.ones(1, device=dev)
+    with pytest.raises(UsageError, match="need `k_descale`"):
+        fmha_dsl.paged_attention(q, kc, kc, q_descale=one, v_descale=one, **kw)
+    with pytest.raises(UsageError, match="float32 tensor of one element"):
+        fmha_dsl.paged_attention(q, kc, kc, q_descale=one, k_descale=one.double(), v_descale=one, **kw)
+    with pytest.raises(UsageError, match="must have q's dtype"):
+        fmha_dsl.paged_attention(q, kc.to(torch.bfloat16), kc, q_descale=one, k_descale=one, v_descale=one, **kw)
+    with pytest.raises(UsageError, match="scales FP8"):
+        fmha_dsl.paged_attention(q.to(torch.bfloat16), kc.to(torch.bfloat16), kc.to(torch.bfloat16), q_descale=one,
+                                 **kw)
+    with pytest.raises(UsageError, match="bfloat16"):
+        fmha_dsl.paged_attention(q, kc, kc, q_descale=one, k_descale=one, v_descale=one,
+                                 out=torch.empty(2, 4, 64, device=dev).to(torch.float8_e4m3fn), **kw)
+
+
+def test_append_kv_into_an_fp8_cache_is_refused_with_a_way_out():
+    dev = "cuda"
+    kc = torch.zeros(4, 16, 2, 64, device=dev).to(torch.float8_e4m3fn)
+    kn = torch.zeros(2, 2, 64, device=dev).to(torch.float8_e4m3fn)
+    with pytest.raises(UsageError, match="FP8 .* appends are not implemented"):
+        fmha_dsl.append_kv(kc, kc, kn, kn, block_table=torch.zeros(2, 4, dtype=torch.int32, device=dev),
+                           seqlens_k=torch.zeros(2, dtype=torch.int32, device=dev),
+                           cu_seqlens_new=torch.tensor([0, 1, 2], dtype=torch.int32, device=dev))
