@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
 import time
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_serving import _bench, copy_bandwidth, paged_copy  # noqa: E402
 
 SHAPES = ((1, 8192), (1, 32768), (8, 8192), (32, 8192), (128, 1024), (8, 32768), (32, 32768), (1, 131072))
 HQ, HK, D, PAGE = 32, 8, 128, 16
@@ -31,6 +29,7 @@ HQ, HK, D, PAGE = 32, 8, 128, 16
 
 def row(b: int, s: int) -> dict:
     import torch
+    from bench_serving import _bench, paged_copy
 
     import fmha_dsl
 
@@ -62,6 +61,9 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_serving import copy_bandwidth
 
     doc = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "python": platform.python_version(),

@@ -189,11 +189,8 @@ class Builder:
             from .rules import triton_bwd, triton_fwd, triton_paged
 
             h = hashlib.sha256(template_sha256("fwd").encode())
-            h.update(json.dumps(load("triton"), sort_keys=True).encode())
-            archs = load("archs")  # less the serving-only FP8 fact (the paged rules' file covers it)
-            archs = {**archs, "_fields": {k: v for k, v in archs["_fields"].items() if k != "fp8"},
-                     "archs": {a: {k: v for k, v in d.items() if k != "fp8"} for a, d in archs["archs"].items()}}
-            h.update(json.dumps(archs, sort_keys=True).encode())
+            for name in ("triton", "archs"):
+                h.update(json.dumps(load(name), sort_keys=True).encode())
             with open(triton_fwd.__file__, "rb") as f:  # the rules decide which tiles and pipelines exist
                 h.update(f.read())
             if kind == "bwd":  # the backward's own template, tables and rules

@@ -37,6 +37,7 @@ import math
 from . import api_dispatch as _api
 from . import replay as _fast
 from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _mask, _usage, torch_dtype_names
+from .kernels.paged_abi import FP8_DTYPES, qscale_of
 from .paged_args import cache_pair, check_tables_on_host, host_values, max_len, rotary_tables, sequences, tables
 
 __all__ = ["paged_attention", "append_kv", "workspace_numel"]
@@ -51,7 +52,7 @@ def _dtype_name(q):
     ``torch.float8_e4m3fn`` (e4m3 inputs, bf16 output)."""
     name = torch_dtype_names().get(q.dtype)
     if name is None and str(q.dtype) == "torch.float8_e4m3fn":
-        return "fp8bf16"
+        return FP8_DTYPES[0]
     if name is None:
         raise _usage("usage.dtype", f"`q` must be float16, bfloat16, float32 or float8_e4m3fn, got {q.dtype}",
                      "convert with q.half()")
@@ -64,7 +65,7 @@ def _descales(dname, descales, dev):
     import torch
 
     names = ("q_descale", "k_descale", "v_descale")
-    if dname != "fp8bf16":
+    if dname not in FP8_DTYPES:
         for name, d in zip(names, descales):
             if d is not None:
                 raise _usage("usage.value", f"`{name}` scales FP8 (float8_e4m3fn) inputs; q is {dname}",
@@ -89,11 +90,12 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     """Attention of ``q [Tq, Hq, D]`` over the paged cache; returns ``out [Tq, Hq, Dv]`` (or ``(out, lse [Hq, Tq])``
     with ``return_lse``).  FP8 (CK's ``fp8bf16``): q and both caches ``torch.float8_e4m3fn`` with per-tensor
     ``q_descale``/``k_descale``/``v_descale`` (float32 tensors of one element on the device; NumPy: numbers, the
-    arrays holding the e4m3 values); the result is bfloat16.  Masks, ALiBi, soft-cap, sink tokens and scale as :func:`fmha_dsl.attention` (the mask's
-    bottom-right corner is each sequence's last cached key), except that ``causal=True`` is bottom-right aligned here:
-    a sequence's queries are its last tokens (as in FlashAttention-2's varlen and FlashInfer); ``causal="top_left"``
-    aligns the first query with the first key.  ``out``: a preallocated output; ``workspace``: a float32
-    buffer of :func:`workspace_numel` elements for split-KV plans (see the module docstring)."""
+    arrays holding the e4m3 values); the result is bfloat16. Masks, ALiBi, soft-cap, sink tokens and scale as
+    :func:`fmha_dsl.attention` (the mask's bottom-right corner is each sequence's last cached key), except that
+    ``causal=True`` is bottom-right aligned here: a sequence's queries are its last tokens (as in FlashAttention-2's
+    varlen and FlashInfer); ``causal="top_left"`` aligns the first query with the first key. ``out``: a preallocated
+    output; ``workspace``: a float32 buffer of :func:`workspace_numel` elements for split-KV plans (see the module
+    docstring)."""
     if causal is True:  # the queries are each sequence's last tokens (FlashAttention-2 varlen, FlashInfer)
         causal = "bottom_right"
     descales = (q_descale, k_descale, v_descale)
@@ -156,9 +158,9 @@ def _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi, lse,
              page):
     from .keys import Problem
 
-    return Problem(family="batch_prefill", dtype=dname, qscale="pertensor" if dname == "fp8bf16" else "no",
-                   arch=disp.arch, batch=max(1, int(b)), nhead_q=int(hq),
-                   nhead_k=int(hk), seqlen_q=int(msq), seqlen_k=int(msk), max_seqlen_q=int(msq),
+    return Problem(family="batch_prefill", dtype=dname, qscale=qscale_of(dname), arch=disp.arch,
+                   batch=max(1, int(b)), nhead_q=int(hq), nhead_k=int(hk), seqlen_q=int(msq), seqlen_k=int(msk),
+                   max_seqlen_q=int(msq),
                    max_seqlen_k=int(msk), hdim_q=int(dq), hdim_v=int(dv), mode="group", mask=mask,
                    window_left=int(wl), window_right=int(wr), bias="alibi" if alibi else "no", lse=bool(lse),
                    logits=bool(softcap), sink=bool(sink), paged_kv=True, kv_layout=layout, kv_lookup=lookup,
@@ -183,7 +185,7 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
     tq, hq, dq = q.shape
     layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, q.dtype, dev)
     descales = _descales(dname, descales, dev)
-    odt = torch.bfloat16 if dname == "fp8bf16" else q.dtype
+    odt = torch.bfloat16 if dname in FP8_DTYPES else q.dtype   # CK's FP8 contract writes bf16
     if dk != dq:
         raise _usage("usage.shape", f"`k_cache`'s head dim ({dk}) must equal q's ({dq})",
                      "q and K share the head dim (V's may differ)")
@@ -301,7 +303,7 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
             raise _usage("usage.stride", f"`{name}`'s head dim must have stride 1, got strides {x.stride()}",
                          f"pass {name}.contiguous()")
     dname = _dtype_name(k_new)
-    if dname == "fp8bf16":
+    if dname in FP8_DTYPES:
         raise _usage("usage.dtype", "append_kv writes float16, bfloat16 or float32 caches; FP8 (float8_e4m3fn) appends "
                      "are not implemented", "quantize the new rows yourself (k_new / k_descale, saturated to "
                      "+-448, .to(torch.float8_e4m3fn)) and write them into their pages")

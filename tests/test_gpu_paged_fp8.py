@@ -85,7 +85,8 @@ def test_a_captured_step_reads_the_descales_each_replay():
     kc, vc, bt, _, _ = make_cache([500, 900], 16, 2, 128, dtype=torch.float32)
     kc8, vc8 = (x.to(torch.float8_e4m3fn).to(dev) for x in (kc, vc))
     q8 = torch.randn(2, 8, 128).to(torch.float8_e4m3fn).to(dev)
-    kw = dict(block_table=torch.tensor(bt, device=dev), seqlens_k=torch.tensor([500, 900], device=dev, dtype=torch.int32),
+    kw = dict(block_table=torch.tensor(bt, device=dev),
+              seqlens_k=torch.tensor([500, 900], device=dev, dtype=torch.int32),
               cu_seqlens_q=torch.tensor([0, 1, 2], device=dev, dtype=torch.int32), max_seqlen_q=1, max_seqlen_k=900)
     ds = [torch.ones(1, device=dev) for _ in range(3)]
     ws = torch.empty(fmha_dsl.paged.workspace_numel(q8, kc8, vc8, batch=2, max_seqlen_q=1, max_seqlen_k=900),

@@ -52,6 +52,8 @@ class KernelABI:
     waits_prior: bool = False                    # as a companion: its template takes WAIT_PRIOR (griddepcontrol.wait
                                                  # before its first read), so on archs with programmatic dependent
                                                  # launch it is launched to overlap the end of the kernel before it
+    writes_output: bool = False                  # as a companion: it takes fp32 partials and writes the output, so its
+                                                 # dtype is the key's output dtype (one bf16 combine serves fp8bf16)
 
     @functools.cached_property
     def names(self) -> tuple[str, ...]:
@@ -86,7 +88,7 @@ ABIS: dict[str, KernelABI] = {a.family: a for a in (
               companions=(("combine", "fwd_splitkv_combine"),), overrides=(("Out", "*fp32"),), sources=_FWD),
     KernelABI("fwd_splitkv_combine", "triton_combine", "fmha_fwd_combine", fwd_abi.COMBINE_ARGS,
               project=("dtype", "hdim_v", "mode", "lse"), sources=_FWD, num_warps=fwd_abi.COMBINE_WARPS,
-              waits_prior=True),
+              waits_prior=True, writes_output=True),
     KernelABI("bwd_dq_dk_dv", "triton_bwd", "fmha_bwd_dq_dk_dv", bwd_abi.ARGS, bwd_abi.ALIGNED,
               companions=(("dot_do_o", "bwd_dot_do_o"), ("convert_dq", "bwd_convert_dq")), sources=_BWD),
     KernelABI("bwd_dot_do_o", "triton_bwd", "fmha_bwd_dot_do_o", bwd_abi.DOT_ARGS, bwd_abi.DOT_ALIGNED,
@@ -116,7 +118,7 @@ def companion_sig(sig: dict, family: str, aligned: bool = True, alg: dict | None
     the 16-divisibility promise and the companion has promises of its own (``aligned``), which it then drops too."""
     a = ABIS[family]
     csig = {"family": family, **{f: sig[f] for f in a.project if f in sig}}
-    if family == "fwd_splitkv_combine" and "dtype" in csig:  # the combine reads fp32 partials, writes the output
+    if a.writes_output and "dtype" in csig:
         csig["dtype"] = output_dtype(csig["dtype"])
     csig.update({f: int((alg or {}).get(f, 1)) for f in a.project_alg})
     if a.aligned and not aligned:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .paged_abi import FP8_DTYPES
+
 DTYPES = ("fp16", "bf16", "fp32")
 
 
@@ -15,7 +17,7 @@ def dtype_of(x, dtype=None) -> str:
         dtype = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}.get(np.asarray(x).dtype)
         if dtype is None:
             raise ValueError(f"inputs must be float16 or float32 (or pass dtype='bf16'), got {np.asarray(x).dtype}")
-    if dtype not in DTYPES and dtype != "fp8bf16":
+    if dtype not in DTYPES and dtype not in FP8_DTYPES:
         raise ValueError(f"dtype must be fp16, bf16, fp32 or fp8bf16, got {dtype!r}")
     return dtype
 

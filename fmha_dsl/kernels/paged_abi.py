@@ -108,6 +108,11 @@ DTYPES = ("fp16", "bf16", "fp32")  # what the serving templates take, and (atten
 FP8_DTYPES = ("fp8bf16",)          # FP8 e4m3 Q/K/V with per-tensor descales (q/k/v_descale), bf16 output
 
 
+def qscale_of(dtype: str) -> str:
+    """The ``qscale`` a serving attention key of ``dtype`` has: ``pertensor`` for the FP8 contracts, else ``no``."""
+    return "pertensor" if dtype in FP8_DTYPES else "no"
+
+
 def page_size(sig: dict) -> int:
     """The page size of a serving key's ``kv_cache(page_size=...)`` (a positive power of two; 1 when absent)."""
     ps = int(sig.get("page_size", 1))
@@ -276,7 +281,7 @@ def append_grid(batch: int, nhead_q: int, nhead_k: int, max_new: int, with_q: bo
 
 
 __all__ = ["ARGS", "ALIGNED", "ALIGNED_AT", "APPEND_ARGS", "APPEND_ALIGNED", "APPEND_BLOCK_M", "APPEND_WARPS",
-           "LOOKUPS", "ROPES", "DTYPES", "FP8_DTYPES", "page_size", "kv_vec", "VECTOR_BYTES", "ELEMENT_BYTES",
-           "vector_elems", "cache_geometry", "pack", "split_args", "workspace_bound", "pack_append", "append_grid", "GATHER_ARGS",
-           "GATHER_BLOCK_M", "GATHER_MIN_ROWS", "GATHER_ALIGNED", "GATHER_FIELDS", "gather_layout", "gather_numel",
-           "gather_fits", "bounded_layout", "pack_gather", "gather_grid"]
+           "LOOKUPS", "ROPES", "DTYPES", "FP8_DTYPES", "qscale_of", "page_size", "kv_vec", "VECTOR_BYTES",
+           "ELEMENT_BYTES", "vector_elems", "cache_geometry", "pack", "split_args", "workspace_bound", "pack_append",
+           "append_grid", "GATHER_ARGS", "GATHER_BLOCK_M", "GATHER_MIN_ROWS", "GATHER_ALIGNED", "GATHER_FIELDS",
+           "gather_layout", "gather_numel", "gather_fits", "bounded_layout", "pack_gather", "gather_grid"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import paged_abi
+from .abis import output_dtype
 from .interpret_args import dtype_of, mask_args
 from .fwd_interpret import _bf16_decode, _bf16_encode, _Shim
 
@@ -72,7 +73,7 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
 
     dtype = dtype_of(q, dtype)
     qa, ka, va = _prep(q, dtype), _prep(k_cache, dtype), _prep(v_cache, dtype)
-    odt = "bf16" if dtype == "fp8bf16" else dtype
+    odt = output_dtype(dtype)
     page = ka.shape[1]
     if hnd:
         ka = np.ascontiguousarray(ka.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
@@ -98,7 +99,7 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     sig = {"family": "fwd_pagedkv" if num_splits else "batch_prefill", "dtype": dtype, "hdim_q": Dq, "hdim_v": Dv,
            "mask": "no" if mask_none else "top_left", "bias": "alibi" if alibi_slopes is not None else "no",
            "lse": bool(lse), "logits": softcap is not None, "sink": sink > 0, "kv_layout": layout,
-           "kv_lookup": lookup, "page_size": page, "qscale": "pertensor" if dtype == "fp8bf16" else "no"}
+           "kv_lookup": lookup, "page_size": page, "qscale": paged_abi.qscale_of(dtype)}
     alg = {"tile": (block_m, block_n, 0, 0, 0, 0), "pipeline": pipeline, "pad_d": 0, "pad_dv": 0}
     const = T.constexprs(sig, alg)
     const["UPCAST_DOT"] = odt == "bf16"

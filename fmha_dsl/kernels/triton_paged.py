@@ -7,15 +7,15 @@ results the forward family's combine kernel reduces).  It computes exactly
 sequence's keys gathered page by page; causal (top-left / bottom-right) and sliding-window masks with sink tokens,
 GQA/MQA (optionally the query heads of a group packed into one tile's rows, CK's ``qr_nwarp_sshuffle``), logits
 soft-cap, ALiBi, LSE; FP8 (``FP8``: CK's ``fp8bf16`` contract, e4m3 Q and caches with per-tensor descales, bf16
-output -- each tile widened to bf16 after its load, exactly, so an FP8 cache moves half the bytes of a bf16 one).  The score, softmax and P.V steps are the forward template's (:mod:`.triton_fwd`); what is new
-is where a key block's rows live (:mod:`.triton_paged_rows`): with ``PAGE_SIZE >= BLOCK_N`` a block lies in one page
-(one page-id load, rows at a fixed stride); with smaller pages every row has its own page (a gather of ``BLOCK_N`` row
-addresses; K is read in V's layout, ``[BLOCK_N, D]``, and transposed for the dot, so that a thread's K and V rows are
-the same and share their page ids).  The cache
-is linear (``KV_VEC`` 0: ``[pages, page_size, Hk, D]`` by strides) or CK's vectorized layout (``KV_VEC`` elements
-of 16 bytes: K ``[pages, Hk, D / KV_VEC, page_size, KV_VEC]``, V ``[pages, Hk, page_size / KV_VEC, D, KV_VEC]``),
-which is read in memory order instead -- K a page's run of keys at a time, V a group of ``KV_VEC`` tokens, each with
-its own page-id loads -- and rebuilt into the dot's tiles in registers.
+output -- each tile widened to bf16 after its load, exactly, so an FP8 cache moves half the bytes of a bf16 one).
+The score, softmax and P.V steps are the forward template's (:mod:`.triton_fwd`); what is new is where a key block's
+rows live (:mod:`.triton_paged_rows`): with ``PAGE_SIZE >= BLOCK_N`` a block lies in one page (one page-id load, rows at
+a fixed stride); with smaller pages every row has its own page (a gather of ``BLOCK_N`` row addresses; K is read in V's
+layout, ``[BLOCK_N, D]``, and transposed for the dot, so that a thread's K and V rows are the same and share their page
+ids). The cache is linear (``KV_VEC`` 0: ``[pages, page_size, Hk, D]`` by strides) or CK's vectorized layout (``KV_VEC``
+elements of 16 bytes: K ``[pages, Hk, D / KV_VEC, page_size, KV_VEC]``, V ``[pages, Hk, page_size / KV_VEC, D,
+KV_VEC]``), which is read in memory order instead -- K a page's run of keys at a time, V a group of ``KV_VEC`` tokens,
+each with its own page-id loads -- and rebuilt into the dot's tiles in registers.
 Page ids are clamped into the cache and a sequence never reads past its table (:mod:`.paged_abi`).
 
 Append-KV (writing the new rows the kernel later reads) is :mod:`.triton_appendkv`.
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .fwd_abi import block_d, packs_gqa
-from .paged_abi import ARGS, DTYPES, FP8_DTYPES, LOOKUPS, kv_vec, page_size
+from .paged_abi import ARGS, DTYPES, FP8_DTYPES, LOOKUPS, kv_vec, page_size, qscale_of
 from .triton_paged_rows import _k_vectors, _page, _pages, _rows, _table, _v_vectors
 from .triton_steps import _dot, _load, _softmax
 
@@ -343,7 +343,7 @@ def constexprs(sig: dict, alg: dict) -> dict:
     fp8 = dtype in FP8_DTYPES
     if dtype not in DTYPES and not fp8:
         raise ValueError(f"the triton serving templates take dtype fp16, bf16, fp32 or fp8bf16, not {dtype!r}")
-    if sig.get("qscale", "no") != ("pertensor" if fp8 else "no"):
+    if sig.get("qscale", "no") != qscale_of(dtype):
         raise ValueError(f"the triton paged template takes qscale=pertensor with FP8 (fp8bf16) and no qscale "
                          f"otherwise, not qscale={sig.get('qscale')!r} with {dtype}")
     hq, hv = int(sig["hdim_q"]), int(sig["hdim_v"])

@@ -20,8 +20,8 @@ CK vocabulary -> Triton (docs/triton.md, "Serving"):
                                contiguous in memory; sm90)
   max_splits_log2           -> fwd_pagedkv's split count (2 ** n, fewer when the key axis is short)
   rope(inter | half)        -> fwd_appendkv's RoPE: pairs (2i, 2i + 1) | (i, i + rotary_dim / 2)
-  dtype(fp8bf16) qscale(pertensor) -> FP8: e4m3 Q and caches, per-tensor descales, bf16 output (archs whose table
-                               lists it: ``fp8`` in ``data/archs.json``); every tile widened to bf16 after its load
+  dtype(fp8bf16) qscale(pertensor) -> FP8: e4m3 Q and caches, per-tensor descales, bf16 output (archs listed under
+                               ``fp8`` in ``data/triton_paged.json``); every tile widened to bf16 after its load
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import functools
 from .. import arch as arch_table
 from ..data import load
 from ..kernels.fwd_abi import block_d, packs_gqa
-from ..kernels.paged_abi import FP8_DTYPES, vector_elems
+from ..kernels.paged_abi import FP8_DTYPES, qscale_of, vector_elems
 from . import triton_fwd as fwd
 from .base import FamilyRules, Rule, Tile, pad_token, tf
 
@@ -104,13 +104,18 @@ def _pow2(n) -> bool:
     return isinstance(n, int) and n >= 1 and n & (n - 1) == 0
 
 
+def _fp8(arch: str) -> list[str]:
+    """The FP8 contracts the serving templates take on ``arch`` (the table's ``fp8``)."""
+    return _data()["fp8"].get(arch, [])
+
+
 def _dtype_ok(b: dict) -> bool:
-    info = fwd.arch_info(b["arch"])
-    return b["dtype"] in info["dtypes"] or (b["family"] != "fwd_appendkv" and b["dtype"] in info["fp8"])
+    return b["dtype"] in fwd.arch_info(b["arch"])["dtypes"] or (b["family"] != "fwd_appendkv"
+                                                                 and b["dtype"] in _fp8(b["arch"]))
 
 
 def _dtype_hint(b: dict) -> str:
-    fp8 = [a for a in arch_table.backend_archs("triton") if b["dtype"] in fwd.arch_info(a)["fp8"]]
+    fp8 = [a for a in arch_table.backend_archs("triton") if b["dtype"] in _fp8(a)]
     if b["dtype"] in FP8_DTYPES and b["family"] == "fwd_appendkv":
         return "append-KV writes fp16, bf16 or fp32 caches; quantize new rows to FP8 before writing them yourself"
     if fp8:
@@ -145,7 +150,7 @@ def _vector_fits_page(b: dict) -> bool:
     return b["page_size"] % vector_elems(b["dtype"]) == 0
 ATTENTION = COMMON + (
     Rule("triton.paged.qscale", ("dtype", "qscale"),
-         lambda b: b["qscale"] == ("pertensor" if b["dtype"] in FP8_DTYPES else "no"),
+         lambda b: b["qscale"] == qscale_of(b["dtype"]),
          lambda b: (f"{b['dtype']} (FP8) serving kernels take per-tensor descales: qscale(pertensor), not "
                     f"qscale({b['qscale']})") if b["dtype"] in FP8_DTYPES else
                    f"qscale({b['qscale']}) scales FP8 inputs; {b['dtype']} kernels have none",
