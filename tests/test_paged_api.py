@@ -142,6 +142,48 @@ def test_torch_argument_errors_are_located():
                            registry=cpu)
 
 
+def test_fp8_argument_errors_are_located():
+    """FP8 (float8_e4m3fn q and caches): the three descales, their dtype/shape/device, descales on other dtypes, the
+    bf16 output, FP8 appends -- each a located UsageError with a hint, before anything is compiled."""
+    torch = pytest.importorskip("torch")
+    from fmha_dsl.runtime.dispatch import Dispatcher
+
+    cpu = Dispatcher(None, "sm90", launcher="interpret", tuned_dir="")
+    kc, vc, bt = _cache([9, 6])
+    k8, v8 = (torch.tensor(x).to(torch.float8_e4m3fn) for x in (kc, vc))
+    q8 = torch.zeros(2, 4, 16).to(torch.float8_e4m3fn)
+    one = torch.ones(1)
+    good = dict(block_table=torch.tensor(bt), seqlens_k=torch.tensor([9, 6], dtype=torch.int32),
+                cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32), registry=cpu)
+    ds = dict(q_descale=one, k_descale=one, v_descale=one)
+    for q, k, v, kw, match in (
+            (q8, k8, v8, dict(q_descale=one, v_descale=one), "FP8 inputs need `k_descale`"),
+            (q8, k8, v8, dict(ds, k_descale=one.double()), "`k_descale` must be a float32 tensor of one element"),
+            (q8, k8, v8, dict(ds, v_descale=torch.ones(2)), "`v_descale` must be a float32 tensor of one element"),
+            (q8, k8, v8, dict(ds, q_descale=1.0), "`q_descale` must be a float32 tensor"),
+            (q8, k8.to(torch.bfloat16), v8, ds, "`k_cache` must have q's dtype"),
+            (q8.float(), torch.tensor(kc), torch.tensor(vc), dict(q_descale=one), "`q_descale` scales FP8"),
+            (q8, k8, v8, dict(ds, out=torch.zeros(2, 4, 16).to(torch.float8_e4m3fn)),
+             "`out` must be a \\[2, 4, 16\\] torch.bfloat16 tensor")):
+        with pytest.raises(UsageError, match=match) as e:
+            fmha_dsl.paged_attention(q, k, v, **good, **kw)
+        assert "paged_attention()" in str(e.value) and e.value.hint
+    with pytest.raises(UsageError, match="FP8 .* appends are not implemented") as e:
+        fmha_dsl.append_kv(k8, v8, torch.zeros(2, 2, 16).to(torch.float8_e4m3fn),
+                           torch.zeros(2, 2, 16).to(torch.float8_e4m3fn), block_table=good["block_table"],
+                           seqlens_k=good["seqlens_k"], cu_seqlens_new=good["cu_seqlens_q"], registry=cpu)
+    assert "float8_e4m3fn" in e.value.hint
+
+
+def test_numpy_fp8_descales_are_numbers():
+    kc, vc, bt = _cache([9, 6])
+    kw = dict(block_table=bt, seqlens_k=[9, 6], cu_seqlens_q=[0, 1, 2])
+    q = np.zeros((2, 4, 16), np.float32)
+    with pytest.raises(UsageError, match="descales are numbers") as e:
+        fmha_dsl.paged_attention(q, kc, vc, q_descale="a", k_descale=1.0, v_descale=1.0, **kw)
+    assert e.value.hint
+
+
 SERVING_SET = """kernel_set serving_ci {
     backend(triton)
     arch(gfx942, gfx950, sm90)
