@@ -2,7 +2,7 @@
 # One GPU-machine run (see bench/README_device.md): lay the tree out as the installed package, build the
 # benchmark set for the local GPU, run the GPU tests and the benchmarks.  Logs and JSON go to $OUT.
 #   bash bench/device_run.sh [all|tests|bwdtests|pagedtests|memcheck|serving|fwd|flex|dispatch|select|seqbuild|seqtune|
-#                             seqeval|default|bwd]
+#                             seqeval|default|bwd|fp8]
 #   (several: "tests dispatch"); bwd: bench/bench_bwd.py (BWD_ARGS passes options, e.g. --quick)
 #   default: bench/bench_default.py (what fmha_dsl.attention gives with default arguments; DEFAULT_PARTS picks parts;
 #   every decision measured in the run unless DEFAULT_SHIPPED=1: then the shipped table's, as on a user's H200)
@@ -30,6 +30,15 @@ fi
 if [[ $what == *" all "* || $what == *" pagedtests "* ]]; then
   FMHA_DSL_TUNE_CANDIDATES=${PAGED_CANDIDATES:-4} python3 -P -m pytest -q tests/test_gpu_paged.py -p no:cacheprovider -ra \
     ${PAGED_K:+-k "$PAGED_K"} 2>&1 | tail -40 | tee "$OUT/test_gpu_paged.log"
+fi
+if [[ $what == *" fp8 "* ]]; then   # FP8 serving: its GPU tests, the bench (FP8_ARGS, e.g. --quick), memcheck over the tests
+  FMHA_DSL_TUNE_CANDIDATES=${PAGED_CANDIDATES:-4} python3 -P -m pytest -q tests/test_gpu_paged_fp8.py -p no:cacheprovider -ra \
+    2>&1 | tail -30 | tee "$OUT/test_gpu_paged_fp8.log"
+  timeout "${FP8_TIMEOUT:-100000}" python3 -P bench/bench_fp8_serving.py ${FP8_ARGS:-} --json "$OUT/bench_fp8.json" 2>&1 \
+    | tee "$OUT/bench_fp8.log"
+  FMHA_DSL_TUNE_CANDIDATES=2 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 20 \
+    python3 -P -m pytest -q tests/test_gpu_paged_fp8.py -p no:cacheprovider 2>&1 | tail -20 | tee "$OUT/memcheck_fp8.log"
+  echo "memcheck exit: ${PIPESTATUS[0]}" | tee -a "$OUT/memcheck_fp8.log"
 fi
 if [[ $what == *" memcheck "* ]]; then   # the serving kernels under compute-sanitizer (kernels compiled first, outside)
   FMHA_DSL_TUNE_CANDIDATES=2 python3 -P -m pytest -q tests/test_gpu_paged.py -p no:cacheprovider -k "${MEMCHECK_K:-corrupt or both_table or append}" >/dev/null 2>&1

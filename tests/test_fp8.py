@@ -67,8 +67,14 @@ def test_fp8_serving_kernels_compile_for_sm90_and_gfx950(tmp_path):
     from fmha_dsl.cli import main
 
     p = tmp_path / "s.fmha"
+    prefill = """    kernel prefill {
+        signature { family(batch_prefill) dtype(fp8bf16) qscale(pertensor) hdim(128) kv_cache(linear, vllm, 16) }
+        algorithm { pipeline(qr_nwarp_sshuffle) tile(64, 64, *, *, *, *) wave(4, *, *, *, *, *, *, *, *) }
+    }
+}"""
     p.write_text(FP8_SET.replace("algorithm { pipeline(qr_async) tile(*) }",
-                                 "algorithm { pipeline(qr_async) tile(*) }\n        where tile_m0 == 16"))
+                                 "algorithm { pipeline(qr_async) tile(*) }\n        where tile_m0 == 16")
+                 .rstrip().removesuffix("}") + prefill)
     assert main(["build", str(p), "--arch", "sm90,gfx950", "-o", str(tmp_path / "b"), "-j", "2", "-q"]) == 0
     import json
 
@@ -76,8 +82,18 @@ def test_fp8_serving_kernels_compile_for_sm90_and_gfx950(tmp_path):
     names = [k["name"] for k in reg["kernels"]]
     assert names and all("fp8bf16_pertensor" in n for n in names)
     assert {k["gfx_arch"] for k in reg["kernels"]} == {"sm90", "gfx950"}
-    combine = [k["build"]["combine"]["name"] for k in reg["kernels"]]
-    assert all("_bf16_" in c for c in combine)        # the combine writes the contract's bf16 output
+    assert {k["name"].split("_")[1] for k in reg["kernels"]} == {"fwd", "batch"}   # decode and prefill, both archs
+    combine = [k["build"]["combine"]["name"] for k in reg["kernels"] if "combine" in k["build"]]
+    assert combine and all("_bf16_" in c for c in combine)   # the combine writes the contract's bf16 output
+    from fmha_dsl.compile_triton import _cuobjdump
+
+    if _cuobjdump() is not None:   # sm90's 64-row prefill tile takes Q.K^T on the FP8 warpgroup MMA (QGMMA)
+        import subprocess
+
+        cubin = next(tmp_path / "b" / k["build"]["binary"] for k in reg["kernels"]
+                     if k["gfx_arch"] == "sm90" and "batch_prefill" in k["name"])
+        sass = subprocess.run([_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True).stdout
+        assert "QGMMA" in sass and "HGMMA" in sass, "Q.K^T not on the e4m3 MMA, or P.V not on the fp16 one"
 
 
 def test_numpy_paged_attention_takes_descales():

@@ -394,7 +394,7 @@ def _prepared(lens_q, lens_k, *, page, form, layout="linear", hq=8, hk=2, d=128,
         got = paged._prepare(
             qd, kdd, vdd, dev.get("block_table"), dev.get("kv_indptr"), dev.get("kv_indices"), lens_d, cq_d,
             max(lens_q), max(lens_k), "bottom_right" if kw.get("causal") is True else kw.get("causal", False),
-            kw.get("window"), alibi_d, kw.get("softcap"), kw.get("sink"), None, True, None, None)
+            kw.get("window"), alibi_d, kw.get("softcap"), kw.get("sink"), None, True, None, None, (None, None, None))
     finally:
         CALLER.reset(token)
     return got, (want, wlse), tensors

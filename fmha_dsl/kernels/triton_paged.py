@@ -7,7 +7,8 @@ results the forward family's combine kernel reduces).  It computes exactly
 sequence's keys gathered page by page; causal (top-left / bottom-right) and sliding-window masks with sink tokens,
 GQA/MQA (optionally the query heads of a group packed into one tile's rows, CK's ``qr_nwarp_sshuffle``), logits
 soft-cap, ALiBi, LSE; FP8 (``FP8``: CK's ``fp8bf16`` contract, e4m3 Q and caches with per-tensor descales, bf16
-output -- each tile widened to bf16 after its load, exactly, so an FP8 cache moves half the bytes of a bf16 one).
+output: Q.K^T an e4m3 dot -- sm90's warpgroup MMA takes it natively, narrower tiles' MMAs widen both to fp16 --, V
+widened to fp16 after its load, exactly, for P.V in fp16; an FP8 cache moves half the bytes of a bf16 one).
 The score, softmax and P.V steps are the forward template's (:mod:`.triton_fwd`); what is new is where a key block's
 rows live (:mod:`.triton_paged_rows`): with ``PAGE_SIZE >= BLOCK_N`` a block lies in one page (one page-id load, rows at
 a fixed stride); with smaller pages every row has its own page (a gather of ``BLOCK_N`` row addresses; K is read in V's
@@ -80,7 +81,8 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
     else:
         vrows = _rows(page, start_n, offs_n, stride_vp, stride_vs, PAGE_SIZE, BLOCK_N, 0)
         v = _load(v_base + vrows[:, None] + offs_dv[None, :], n_ok[:, None], dv_ok[None, :], CHECK_N, CHECK_DV)
-    v = v.to(q.dtype)  # FP8 caches: e4m3 -> bf16 (exact); a no-op otherwise
+    if v.dtype.is_fp8():  # FP8 caches: e4m3 -> fp16 (exact) for P @ V
+        v = v.to(tl.float16)
     acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], IEEE, UPCAST)
     return acc, l_i, m_i
 
@@ -211,9 +213,11 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
     if SOFTCAP:
         cap_scale = sm_scale / softcap
         cap_log2 = softcap * 1.4426950408889634
-    if FP8:  # e4m3 -> bf16 is exact; the descales scale the scores (their sign carried by q) and the output
+    if FP8:  # Q.K^T in e4m3 (sm90: fp8 warpgroup MMA, prefill 0.72x -> 0.99x of bf16), V widened to fp16 (one cvt
+        # per pair; bf16 took three, decode 1.2x slower: docs/triton.md); the descales scale the scores (their sign
+        # carried by q) and the output
         qk_descale = tl.load(q_descale) * tl.load(k_descale)
-        q = (q.to(tl.float32) * tl.where(qk_descale < 0, -1.0, 1.0)).to(tl.bfloat16)   # exact: e4m3 fits bf16
+        q = (q.to(tl.float32) * tl.where(qk_descale < 0, -1.0, 1.0)).to(q.dtype)   # exact: a sign
         qk_descale = tl.abs(qk_descale)
         qk_scale = qk_scale * qk_descale
         cap_scale = cap_scale * qk_descale

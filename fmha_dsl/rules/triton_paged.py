@@ -21,7 +21,7 @@ CK vocabulary -> Triton (docs/triton.md, "Serving"):
   max_splits_log2           -> fwd_pagedkv's split count (2 ** n, fewer when the key axis is short)
   rope(inter | half)        -> fwd_appendkv's RoPE: pairs (2i, 2i + 1) | (i, i + rotary_dim / 2)
   dtype(fp8bf16) qscale(pertensor) -> FP8: e4m3 Q and caches, per-tensor descales, bf16 output (archs listed under
-                               ``fp8`` in ``data/triton_paged.json``); every tile widened to bf16 after its load
+                               ``fp8`` in ``data/triton_paged.json``); Q.K^T in e4m3, V widened to fp16 after its load
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def smem_bytes(b: dict) -> int:
     warpgroup dot reads from shared memory (compiled sm90 kernels hold it there; the other targets' dots take it
     from registers)."""
     t = b["tile"].tile
-    if b["dtype"] in FP8_DTYPES:  # counted as bf16: each e4m3 tile is widened to bf16 for the dots
-        b = dict(b, dtype="bf16")
+    if b["dtype"] in FP8_DTYPES:  # counted as fp16 (the e4m3 V tile is widened to fp16)
+        b = dict(b, dtype="fp16")
     q_tile = t[0] * t[2] * fwd.ELEM[b["dtype"]] if fwd.arch_info(b["arch"])["matrix"] == "wgmma" else 0
     return fwd.smem_bytes(b) + q_tile
 
