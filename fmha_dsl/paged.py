@@ -59,19 +59,24 @@ def _dtype_name(q):
     return name
 
 
-def _descales(dname, descales, dev):
+def _append_descales(dname, descales, dev):
+    """``(k_descale, v_descale)`` of an append, checked as :func:`_descales` checks attention's (none for caches that
+    are not FP8)."""
+    return _descales(dname, (None, *descales), dev, ("q_descale", "k_descale", "v_descale"), first=1)[1:]
+
+
+def _descales(dname, descales, dev, names=("q_descale", "k_descale", "v_descale"), first=0):
     """FP8's ``(q_descale, k_descale, v_descale)``, checked: float32 tensors of one element on q's device (read there,
     never on the host); none for other dtypes."""
     import torch
 
-    names = ("q_descale", "k_descale", "v_descale")
     if dname not in FP8_DTYPES:
         for name, d in zip(names, descales):
             if d is not None:
-                raise _usage("usage.value", f"`{name}` scales FP8 (float8_e4m3fn) inputs; q is {dname}",
+                raise _usage("usage.value", f"`{name}` scales FP8 (float8_e4m3fn) inputs; the inputs are {dname}",
                              f"drop {name}, or pass FP8 q and caches")
         return (None, None, None)
-    for name, d in zip(names, descales):
+    for name, d in list(zip(names, descales))[first:]:
         if d is None:
             raise _usage("usage.value", f"FP8 inputs need `{name}`: a float32 tensor of one element on q's device",
                          f"the dequantization scale of the {name[0]} tensor; torch.ones(1, device=q.device) for none")
@@ -264,32 +269,35 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
 
 def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
               cu_seqlens_new, max_seqlen_new=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False, q=None,
-              registry=None) -> None:
+              k_descale=None, v_descale=None, registry=None) -> None:
     """Write ``k_new``/``v_new [Tnew, Hk, D|Dv]`` (``cu_seqlens_new [B + 1]``) into each sequence's tokens
     ``seqlens_k[b] ...`` of the cache, in place, RoPE applied to the new K (and to ``q [Tnew, Hq, D]``, in place) at
     those positions when ``rotary_cos``/``rotary_sin [max_position, rotary_dim / 2]`` are given: pairs ``(2i, 2i + 1)``
     with ``rotary_interleaved``, else ``(i, i + rotary_dim / 2)``.  Without a page table the caches are contiguous
-    ``[B, capacity, Hk, D]``.  ``seqlens_k`` is not updated (the caller's bookkeeping: add the new lengths)."""
+    ``[B, capacity, Hk, D]``.  ``seqlens_k`` is not updated (the caller's bookkeeping: add the new lengths).
+    FP8 caches (``torch.float8_e4m3fn``, CK's ``fp8bf16``): ``k_new``/``v_new`` (and ``q``) are bfloat16 and
+    ``k_descale``/``v_descale`` (float32 tensors of one element on the device, the ones attention reads) quantize
+    each new row: ``e4m3(clamp(x / descale, -448, 448))``, RoPE applied first; q is rotated in bfloat16."""
     if not _is_torch(k_new):
         return _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
-                             cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q)
+                             cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q, (k_descale, v_descale))
     call = None
     if max_seqlen_new is not None:  # the call for the replay path (fmha_dsl/replay.py)
         call = ((q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cu_seqlens_new, seqlens_k, block_table,
-                 kv_indptr, kv_indices),
+                 kv_indptr, kv_indices, k_descale, v_descale),
                 ("append", max_seqlen_new, bool(rotary_interleaved), _fast.registry_key(registry)))
         if _fast.run(*call) is not None:
             return
     token = CALLER.set("append_kv()")
     try:
         _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
-                max_seqlen_new, rotary_cos, rotary_sin, rotary_interleaved, q, registry, call)
+                max_seqlen_new, rotary_cos, rotary_sin, rotary_interleaved, q, registry, call, (k_descale, v_descale))
     finally:
         CALLER.reset(token)
 
 
 def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
-            max_seqlen_new, rotary_cos, rotary_sin, rotary_interleaved, q, registry, call):
+            max_seqlen_new, rotary_cos, rotary_sin, rotary_interleaved, q, registry, call, descales):
     import torch
 
     from .keys import Problem
@@ -304,9 +312,14 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
                          f"pass {name}.contiguous()")
     dname = _dtype_name(k_new)
     if dname in FP8_DTYPES:
-        raise _usage("usage.dtype", "append_kv writes float16, bfloat16 or float32 caches; FP8 (float8_e4m3fn) appends "
-                     "are not implemented", "quantize the new rows yourself (k_new / k_descale, saturated to "
-                     "+-448, .to(torch.float8_e4m3fn)) and write them into their pages")
+        raise _usage("usage.dtype", "`k_new` holds the new rows before quantization: bfloat16 for an FP8 cache, got "
+                     "float8_e4m3fn", "pass the bfloat16 rows; append_kv quantizes them with k_descale/v_descale")
+    fp8 = isinstance(k_cache, torch.Tensor) and str(k_cache.dtype) == "torch.float8_e4m3fn"
+    if fp8:
+        if k_new.dtype is not torch.bfloat16:
+            raise _usage("usage.dtype", f"an FP8 (float8_e4m3fn) cache takes bfloat16 new rows, got {k_new.dtype}",
+                         "pass k_new.bfloat16() and v_new.bfloat16() (CK's fp8bf16 contract)")
+        dname = FP8_DTYPES[0]
     dev = k_new.get_device()
     if dev < 0 and not (registry is not None and getattr(registry, "launcher", None) == "interpret"):
         raise _usage("usage.device", f"`k_new` is on {k_new.device}; torch tensors run on a GPU",
@@ -315,7 +328,8 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
         raise _usage("usage.value", f"`v_new` must match k_new's dtype, device and [Tnew, Hk] ({tuple(k_new.shape)}), "
                      f"got {tuple(v_new.shape)} {v_new.dtype} on {v_new.device}",
                      "k_new and v_new hold the same tokens")
-    layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, k_new.dtype, dev)
+    layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, k_cache.dtype if fp8 else k_new.dtype, dev)
+    kd, vd = _append_descales(dname, descales, dev)
     tn = k_new.shape[0]
     if (k_new.shape[1], k_new.shape[2], v_new.shape[2]) != (hk, dk, dv):
         raise _usage("usage.shape", f"`k_new`/`v_new` must be [Tnew, {hk}, {dk}] / [Tnew, {hk}, {dv}] like the caches, "
@@ -365,15 +379,17 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
     plan = disp.fast_paged.get(key)
     if plan is None:
         hq = q.shape[1] if q is not None else hk
-        problem = Problem(family="fwd_appendkv", dtype=dname, arch=disp.arch, batch=max(1, b), nhead_q=hq, nhead_k=hk,
+        problem = Problem(family="fwd_appendkv", dtype=dname, qscale=qscale_of(dname), arch=disp.arch,
+                          batch=max(1, b), nhead_q=hq, nhead_k=hk,
                           seqlen_q=max(1, max_new), seqlen_k=max(1, max_new), hdim_q=dk, hdim_v=dv, mode="batch",
                           rope=rope, paged_kv=paged, kv_layout=layout, kv_lookup=lookup,
                           page_size=page if paged else 1)
         plan = disp.fast_paged[key] = disp.plan(problem)
     steps = plan.run(k_cache, v_cache, k_new, v_new, seqlens_k=lens, cu_seqlens_new=cn, max_seqlen_new=max_new,
-                     block_table=bt, kv_indptr=ip, kv_indices=ix, rotary_cos=cos, rotary_sin=sin, q=q)
-    used = (cos, sin, cn, lens, bt, ip, ix)
-    mine = (rotary_cos, rotary_sin, cu_seqlens_new, seqlens_k, block_table, kv_indptr, kv_indices)
+                     block_table=bt, kv_indptr=ip, kv_indices=ix, rotary_cos=cos, rotary_sin=sin, q=q,
+                     k_descale=kd, v_descale=vd)
+    used = (cos, sin, cn, lens, bt, ip, ix, kd, vd)
+    mine = (rotary_cos, rotary_sin, cu_seqlens_new, seqlens_k, block_table, kv_indptr, kv_indices) + tuple(descales)
     if call is not None and all(a is b for a, b in zip(used, mine)):  # the caller's own tensors: replayable
         _fast.record(call[0], set(), call[1], plan, steps)
 
@@ -397,14 +413,15 @@ def _numpy_paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlen
     return got if return_lse else got[0]
 
 
-def _numpy_descales(descales):
-    """FP8's descales on the NumPy path: all three numbers (the arrays hold the e4m3 values), or none."""
+def _numpy_descales(descales, names=("q_descale", "k_descale", "v_descale")):
+    """FP8's descales on the NumPy path: all of them numbers (the arrays hold the e4m3 values), or none."""
     given = [d is not None for d in descales]
     if not any(given):
         return None
     if not all(given):
-        missing = ", ".join(n for n, g in zip(("q_descale", "k_descale", "v_descale"), given) if not g)
-        raise _usage("usage.value", f"FP8 descales come as a set: {missing} missing", "pass all three (1.0 for none)")
+        missing = ", ".join(n for n, g in zip(names, given) if not g)
+        raise _usage("usage.value", f"FP8 descales come as a set: {missing} missing",
+                     f"pass all {len(names)} (1.0 for none)")
     try:
         return tuple(float(d) for d in descales)
     except (TypeError, ValueError):
@@ -413,7 +430,7 @@ def _numpy_descales(descales):
 
 
 def _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
-                  rotary_cos, rotary_sin, rotary_interleaved, q):
+                  rotary_cos, rotary_sin, rotary_interleaved, q, descales):
     import numpy as np
 
     from .reference_paged import append_kv as ref
@@ -427,7 +444,8 @@ def _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_ind
         block_table = np.arange(np.asarray(k_cache).shape[0], dtype=np.int32)[:, None]
     kc, vc, qr = ref(k_cache, v_cache, k_new, v_new, block_table=block_table, kv_indptr=kv_indptr,
                      kv_indices=kv_indices, seqlens_k=seqlens_k, cu_seqlens_new=cu_seqlens_new,
-                     rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved, q=q)
+                     rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved, q=q,
+                     descales=_numpy_descales(descales, ("k_descale", "v_descale")))
     np.copyto(k_cache, kc, casting="unsafe")
     np.copyto(v_cache, vc, casting="unsafe")
     if q is not None:

@@ -221,10 +221,13 @@ def rotary(x, positions, cos, sin, interleaved: bool = False):
 
 
 def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
-              cu_seqlens_new, rotary_cos=None, rotary_sin=None, rotary_interleaved=False, q=None, layout=None):
+              cu_seqlens_new, rotary_cos=None, rotary_sin=None, rotary_interleaved=False, q=None, layout=None,
+              descales=None):
     """``(k_cache, v_cache, q)`` after appending: sequence ``b``'s new rows ``k_new[cu[b]:cu[b + 1]]`` (``[Tnew, Hk,
     D]``) go to its tokens ``seqlens_k[b] ...``, RoPE applied to them (and to ``q [Tnew, Hq, D]``, the same new tokens)
-    at those positions when tables are given.  Copies in the caches' layout: the arguments are not modified."""
+    at those positions when tables are given.  Copies in the caches' layout: the arguments are not modified.
+    ``descales = (k_descale, v_descale)``: FP8 caches (values on the e4m3 grid); each new row is stored as
+    ``e4m3(clamp(x / descale, -448, 448))`` in float32 (round to nearest even), RoPE applied first."""
     k_cache, v_cache, vec = _check_cache(k_cache, v_cache, layout)
     k_cache, v_cache = k_cache.copy(), v_cache.copy()
     lens = _lengths(seqlens_k)
@@ -253,12 +256,19 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
             raise _usage("usage.shape", f"`q` must be the new tokens' queries [Tnew = {k_new.shape[0]}, Hq, D], got "
                          f"{q.shape}")
         qr = rotary(q, pos, rotary_cos, rotary_sin, rotary_interleaved) if rope else q.copy()
+    vr = v_new
+    if descales is not None:
+        from .fp8 import E4M3_MAX, round_e4m3
+
+        kd, vd = (np.float32(d) for d in descales)
+        kr, vr = (round_e4m3(np.clip(np.asarray(x, np.float32) / d, -E4M3_MAX, E4M3_MAX)) for x, d in
+                  ((kr, kd), (v_new, vd)))
     for b in range(lens.shape[0]):
         t = np.arange(cn[b], cn[b + 1])
         tok = pos[t]
         pid, off = rows[b][tok // page], tok % page
         k_cache[pid, off] = kr[t]
-        v_cache[pid, off] = v_new[t]
+        v_cache[pid, off] = vr[t]
     if vec:
         k_cache, v_cache = vectorized_caches(k_cache, v_cache, vec)
     return k_cache, v_cache, qr

@@ -205,8 +205,10 @@ class AppendPlan:
         return steps
 
     def launches(self, k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seqlens_new, max_seqlen_new,
-                 block_table=None, kv_indptr=None, kv_indices=None, rotary_cos=None, rotary_sin=None, q=None):
-        """``[(kernel, grid, arguments)]``: what :meth:`run` enqueues."""
+                 block_table=None, kv_indptr=None, kv_indices=None, rotary_cos=None, rotary_sin=None, q=None,
+                 k_descale=None, v_descale=None):
+        """``[(kernel, grid, arguments)]``: what :meth:`run` enqueues (``k_descale``/``v_descale``: an FP8 cache's
+        one-element fp32 descales)."""
         device = k_new.get_device()
         kern = self._stage.kernel(device)
         if self.lookup == "vllm":
@@ -216,7 +218,7 @@ class AppendPlan:
         else:
             table, indptr, tb_stride, width = None, None, 0, k_cache.shape[1]
         ptrs = _ptrs(kern.needs_objects, (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cu_seqlens_new,
-                                          seqlens_k, table, indptr))
+                                          seqlens_k, table, indptr, k_descale, v_descale))
         half = 0 if rotary_cos is None else rotary_cos.shape[1]
         num_pages, _, _, _, _, ks, vs = geometry(k_cache, v_cache)
         args = paged_abi.pack_append(ptrs, (0, 0) if q is None else q.stride()[:2], ks, vs, k_new.stride()[:2],

@@ -54,15 +54,24 @@ def test_fp8_serving_kernels_exist_where_the_arch_has_ocp_fp8(tmp_path):
         assert "built for gfx950, sm90" in err.value.hint
 
 
-def test_fp8_needs_per_tensor_descales(tmp_path):
+@pytest.mark.parametrize("kind", ["decode", "append"])
+def test_fp8_needs_per_tensor_descales(tmp_path, kind):
+    text = FP8_SET if kind == "decode" else FP8_SET.replace(
+        "family(fwd_pagedkv)", "family(fwd_appendkv) rope(half) paged_kv(true)").replace(
+        "algorithm { pipeline(qr_async) tile(*) }", "")
+    keys = _check(tmp_path, text, "sm90")
+    assert keys and all(k.signature.qscale == "pertensor" for k in keys)
     with pytest.raises(fmha_dsl.FmhaError, match="qscale"):
-        _check(tmp_path, FP8_SET.replace(" qscale(pertensor)", ""), "sm90")
+        _check(tmp_path, text.replace(" qscale(pertensor)", ""), "sm90")
     with pytest.raises(fmha_dsl.FmhaError, match="qscale"):
-        _check(tmp_path, FP8_SET.replace("dtype(fp8bf16)", "dtype(bf16)"), "sm90")
+        _check(tmp_path, text.replace("dtype(fp8bf16)", "dtype(bf16)"), "sm90")
+    with pytest.raises(fmha_dsl.FmhaError, match="no fp8bf16 .* kernels for gfx942"):
+        _check(tmp_path, text.replace("arch(*)", "arch(gfx942)"), "gfx942")
 
 
 @pytest.mark.slow
 def test_fp8_serving_kernels_compile_for_sm90_and_gfx950(tmp_path):
+    """Decode, prefill and append-KV over FP8 caches build for both FP8 targets."""
     pytest.importorskip("triton")
     from fmha_dsl.cli import main
 
@@ -70,6 +79,10 @@ def test_fp8_serving_kernels_compile_for_sm90_and_gfx950(tmp_path):
     prefill = """    kernel prefill {
         signature { family(batch_prefill) dtype(fp8bf16) qscale(pertensor) hdim(128) kv_cache(linear, vllm, 16) }
         algorithm { pipeline(qr_nwarp_sshuffle) tile(64, 64, *, *, *, *) wave(4, *, *, *, *, *, *, *, *) }
+    }
+    kernel append {
+        signature { family(fwd_appendkv) dtype(fp8bf16) qscale(pertensor) hdim(128) rope(half) paged_kv(true)
+                    kv_cache(linear | vectorized, vllm, 16) }
     }
 }"""
     p.write_text(FP8_SET.replace("algorithm { pipeline(qr_async) tile(*) }",
@@ -82,7 +95,8 @@ def test_fp8_serving_kernels_compile_for_sm90_and_gfx950(tmp_path):
     names = [k["name"] for k in reg["kernels"]]
     assert names and all("fp8bf16_pertensor" in n for n in names)
     assert {k["gfx_arch"] for k in reg["kernels"]} == {"sm90", "gfx950"}
-    assert {k["name"].split("_")[1] for k in reg["kernels"]} == {"fwd", "batch"}   # decode and prefill, both archs
+    fams = {(k["gfx_arch"], k["name"].split("_d128")[0].removeprefix("fmha_").split("_s")[0]) for k in reg["kernels"]}
+    assert fams == {(a, f) for a in ("sm90", "gfx950") for f in ("fwd_pagedkv", "batch_prefill", "fwd_appendkv")}
     combine = [k["build"]["combine"]["name"] for k in reg["kernels"] if "combine" in k["build"]]
     assert combine and all("_bf16_" in c for c in combine)   # the combine writes the contract's bf16 output
     from fmha_dsl.compile_triton import _cuobjdump

@@ -104,3 +104,59 @@ def test_a_captured_step_reads_the_descales_each_replay():
     g.replay()
     torch.cuda.synchronize()
     assert torch.allclose(out.float(), 3 * base.float(), rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("vectorized", [False, True])
+def test_an_fp8_append_quantizes_the_new_rows_and_attention_reads_them(vectorized):
+    """bf16 new rows (RoPE'd) into FP8 caches through ``append_kv(..., k_descale=, v_descale=)``: V's bytes are
+    torch's own ``(v / v_descale).clamp(+-448).to(float8_e4m3fn)``, K's the NumPy reference's (one e4m3 step at most
+    where fp32 and float64 RoPE round apart), q rotated in bf16; then attention over the appended pages."""
+    from fmha_dsl.reference_paged import append_kv as ref_append, linear_caches
+
+    dev = "cuda"
+    lens, new = [40, 0, 300], [5, 17, 1]
+    hk, hq, d = 2, 8, 128
+    kc, vc, bt, _, _ = make_cache(lens, 16, hk, d, extra=new, dtype=torch.float32)
+    kc8, vc8 = (x.mul(4).to(torch.float8_e4m3fn) for x in (kc, vc))
+    g = torch.Generator().manual_seed(0)
+    kn, vn, q = (torch.randn(sum(new), h, d, generator=g).mul(30).to(torch.bfloat16) for h in (hk, hk, hq))
+    cn = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+    th = np.arange(400)[:, None] * (10000.0 ** (-np.arange(64) / 64))
+    cos, sin = np.cos(th).astype(np.float32), np.sin(th).astype(np.float32)
+    ds = (0.25, 0.5)
+    wk, wv, wq = ref_append(kc8.float().numpy(), vc8.float().numpy(), kn.float().numpy(), vn.float().numpy(),
+                            block_table=bt, seqlens_k=lens, cu_seqlens_new=cn, rotary_cos=cos, rotary_sin=sin,
+                            q=q.float().numpy(), descales=ds)
+    kg, vg = kc8.to(dev), vc8.to(dev)
+    if vectorized:
+        kg, vg = (torch.from_numpy(a).to(dev).view(torch.float8_e4m3fn) for a in
+                  vectorized_caches(kc8.view(torch.uint8).numpy(), vc8.view(torch.uint8).numpy(), 16))
+    qg = q.to(dev)
+    kd, vd = (torch.tensor([x], device=dev) for x in ds)
+    fmha_dsl.append_kv(kg, vg, kn.to(dev), vn.to(dev), block_table=torch.tensor(bt, device=dev),
+                       seqlens_k=torch.tensor(lens, dtype=torch.int32, device=dev),
+                       cu_seqlens_new=torch.tensor(cn, device=dev), rotary_cos=torch.tensor(cos, device=dev),
+                       rotary_sin=torch.tensor(sin, device=dev), q=qg, k_descale=kd, v_descale=vd)
+    if vectorized:
+        kg, vg = (torch.from_numpy(a).view(torch.float8_e4m3fn) for a in
+                  linear_caches(kg.cpu().view(torch.uint8).numpy(), vg.cpu().view(torch.uint8).numpy()))
+    gk, gv = kg.float().cpu().numpy(), vg.float().cpu().numpy()
+    assert np.array_equal(gv, wv)
+    mine = (vn.float() / ds[1]).clamp(-448, 448).to(torch.float8_e4m3fn).float().numpy()
+    rows = [(bt[b, (lens[b] + t) // 16], (lens[b] + t) % 16) for b in range(3) for t in range(new[b])]
+    assert np.array_equal(np.stack([gv[p, s] for p, s in rows]), mine)
+    assert np.all(np.abs(gk - wk) <= np.abs(wk) / 8 + 1e-6) and np.mean(gk != wk) < 1e-3
+    assert np.abs(qg.float().cpu().numpy() - wq).max() <= 2 ** -7 * np.abs(wq).max()
+    # attention over the appended pages: the new rows' queries (in e4m3) against the reference
+    tot = [n + m for n, m in zip(lens, new)]
+    q8 = torch.tensor(wq).to(torch.float8_e4m3fn)
+    want = ref_paged(q8.float().numpy(), wk, wv, block_table=bt, seqlens_k=np.int32(tot), cu_seqlens_q=cn,
+                     causal="bottom_right", descales=(1.0,) + ds)
+    out = fmha_dsl.paged_attention(q8.to(dev), torch.from_numpy(gk).to(torch.float8_e4m3fn).to(dev),
+                                   torch.from_numpy(gv).to(torch.float8_e4m3fn).to(dev),
+                                   block_table=torch.tensor(bt, device=dev),
+                                   seqlens_k=torch.tensor(tot, dtype=torch.int32, device=dev),
+                                   cu_seqlens_q=torch.tensor(cn, device=dev), causal=True,
+                                   q_descale=torch.ones(1, device=dev), k_descale=kd, v_descale=vd)
+    err = np.abs(out.float().cpu().numpy() - want).max() / np.abs(want).max()
+    assert err < TOL, err

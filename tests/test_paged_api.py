@@ -144,7 +144,8 @@ def test_torch_argument_errors_are_located():
 
 def test_fp8_argument_errors_are_located():
     """FP8 (float8_e4m3fn q and caches): the three descales, their dtype/shape/device, descales on other dtypes, the
-    bf16 output, FP8 appends -- each a located UsageError with a hint, before anything is compiled."""
+    bf16 output, FP8 appends' new rows and descales -- each a located UsageError with a hint, before anything is
+    compiled."""
     torch = pytest.importorskip("torch")
     from fmha_dsl.runtime.dispatch import Dispatcher
 
@@ -168,11 +169,20 @@ def test_fp8_argument_errors_are_located():
         with pytest.raises(UsageError, match=match) as e:
             fmha_dsl.paged_attention(q, k, v, **good, **kw)
         assert "paged_attention()" in str(e.value) and e.value.hint
-    with pytest.raises(UsageError, match="FP8 .* appends are not implemented") as e:
-        fmha_dsl.append_kv(k8, v8, torch.zeros(2, 2, 16).to(torch.float8_e4m3fn),
-                           torch.zeros(2, 2, 16).to(torch.float8_e4m3fn), block_table=good["block_table"],
-                           seqlens_k=good["seqlens_k"], cu_seqlens_new=good["cu_seqlens_q"], registry=cpu)
-    assert "float8_e4m3fn" in e.value.hint
+    new = torch.zeros(2, 2, 16, dtype=torch.bfloat16)
+    app = dict(block_table=good["block_table"], seqlens_k=good["seqlens_k"], cu_seqlens_new=good["cu_seqlens_q"],
+               registry=cpu)
+    for k, v, kn, kw, match in (
+            (k8, v8, new.to(torch.float8_e4m3fn), dict(k_descale=one, v_descale=one), "bfloat16 for an FP8 cache"),
+            (k8, v8, new.half(), dict(k_descale=one, v_descale=one), "FP8 .* cache takes bfloat16 new rows"),
+            (k8, v8, new, dict(k_descale=one), "FP8 inputs need `v_descale`"),
+            (k8, v8, new, dict(k_descale=one, v_descale=torch.ones(1, 1, dtype=torch.float16)),
+             "`v_descale` must be a float32 tensor of one element"),
+            (torch.tensor(kc).bfloat16(), torch.tensor(vc).bfloat16(), new, dict(k_descale=one),
+             "`k_descale` scales FP8")):
+        with pytest.raises(UsageError, match=match) as e:
+            fmha_dsl.append_kv(k, v, kn, kn, **app, **kw)
+        assert "append_kv()" in str(e.value) and e.value.hint
 
 
 def test_numpy_fp8_descales_are_numbers():

@@ -300,3 +300,39 @@ def test_fp8_caches_with_per_tensor_descales(interp, name):
     assert np.abs(out - want).max() <= TOL["bf16"] * np.abs(want).max()
     live = np.isfinite(wlse)
     assert np.array_equal(live, np.isfinite(lse)) and np.abs(lse[live] - wlse[live]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("form,rope,vectorized", [("vllm", "half", False), ("sglang", "none", False),
+                                                  ("vllm", "inter", True)])
+def test_fp8_appends_quantize_each_row_by_its_descale(interp, form, rope, vectorized):
+    """An FP8 cache (e4m3 values) takes bf16 new rows: each stored as e4m3(clamp(x / descale, +-448)), RoPE first, q
+    rotated in bf16 -- against the reference, with rows beyond 448 x descale saturating and negative values."""
+    from fmha_dsl.fp8 import round_e4m3
+    from fmha_dsl.kernels.fwd_interpret import bf16_round as round_bf16
+
+    rng = np.random.default_rng(5)
+    lens, new = [5, 0, 9, 30], [3, 4, 0, 17]
+    kc, vc, tab = cache(lens, 16, 2, 32, 16, extra=new, form=form)
+    kc, vc = round_e4m3(kc * 8), round_e4m3(vc * 8)
+    kn = round_bf16(rng.standard_normal((sum(new), 2, 32)).astype(np.float32) * 20)
+    vn = round_bf16(rng.standard_normal((sum(new), 2, 16)).astype(np.float32) * 20)
+    vn[0, 0, :4] = [1e4, -1e4, 0.0, -3.0]              # beyond 448 x 0.5: saturated to +-448
+    q = round_bf16(rng.standard_normal((sum(new), 4, 32)).astype(np.float32))
+    cn = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+    rot = {}
+    if rope != "none":
+        th = np.arange(80)[:, None] * (10000.0 ** (-np.arange(16) / 16))
+        rot = {"rotary_cos": np.cos(th).astype(np.float32), "rotary_sin": np.sin(th).astype(np.float32),
+               "rotary_interleaved": rope == "inter"}
+    ds = (0.125, 0.5)
+    wk, wv, wq = append_kv(kc, vc, kn, vn, seqlens_k=lens, cu_seqlens_new=cn, q=q, descales=ds, **tab, **rot)
+    gk, gv, gq = interp("run_interpreted_append", kc, vc, kn, vn, seqlens_k=lens, cu_seqlens_new=cn, q=q,
+                        dtype="fp8bf16", descales=ds, vectorized=vectorized, **tab, **rot)
+    if vectorized:
+        gk, gv = linear_caches(gk, gv)
+    assert np.array_equal(gv, wv)                       # V: no RoPE, the division and rounding exact
+    assert wv.max() == 448.0 and wv.min() == -448.0
+    # K after RoPE: the kernel rotates in fp32 where the reference rotates in float64, so a value on a rounding
+    # boundary may land one e4m3 step apart (3 mantissa bits: at most 1/8 of it)
+    assert np.all(np.abs(gk - wk) <= np.abs(wk) / 8 + 1e-6) and np.mean(gk != wk) < 0.01
+    assert np.abs(gq - wq).max() <= 2 ** -7 * np.abs(wq).max()   # q rotated and stored in bf16

@@ -33,7 +33,10 @@ which then writes ``[Tq, Hq, Dv]`` / ``[Hq, Tq]``.
 to each sequence's tokens ``seqlens_k[b] + t`` of the cache, RoPE applied to the new K (and to ``Q [Tnew, Hq, D]``
 in place) from fp32 ``cos``/``sin [max_position, rotary_dim / 2]`` tables; ``LOOKUP`` 2 is a contiguous cache
 ``[B, capacity, Hk, D]`` (page = the sequence, ``table_width`` = capacity).  Rows that would land outside the
-table, the cache or the rotary tables are not written.
+table, the cache or the rotary tables are not written.  FP8 caches (``fp8bf16``, ``qscale(pertensor)``): ``Q``,
+``Knew``, ``Vnew`` are bf16 (the contract's compute type, ``*{out}``), the caches e4m3, and each new row is stored as
+``e4m3(clamp(x / descale, -448, 448))`` (IEEE division, round to nearest even) with the fp32 one-element
+``k_descale``/``v_descale`` that attention reads; other dtypes pass null descale pointers.
 """
 
 from __future__ import annotations
@@ -66,9 +69,9 @@ ALIGNED: tuple[str, ...] = (
 ALIGNED_AT: tuple[int, ...] = tuple(i for i, (n, _) in enumerate(ARGS) if n in ALIGNED)  # their positions
 
 APPEND_ARGS: tuple[tuple[str, str], ...] = (
-    ("Q", "*{dtype}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Knew", "*{dtype}"), ("Vnew", "*{dtype}"),
+    ("Q", "*{out}"), ("K", "*{dtype}"), ("V", "*{dtype}"), ("Knew", "*{out}"), ("Vnew", "*{out}"),
     ("Cos", "*fp32"), ("Sin", "*fp32"), ("cu_seqlens_new", "*i32"), ("seqlens_k", "*i32"), ("Table", "*i32"),
-    ("kv_indptr", "*i32"),
+    ("kv_indptr", "*i32"), ("k_descale", "*fp32"), ("v_descale", "*fp32"),
     ("max_seqlen_new", "i32"), ("nhead_q", "i32"), ("nhead_k", "i32"), ("head_dim_q", "i32"), ("head_dim_v", "i32"),
     ("rotary_half", "i32"), ("max_position", "i32"), ("num_pages", "i32"), ("table_width", "i32"),
     ("stride_qm", "i32"), ("stride_qh", "i32"),
@@ -267,9 +270,10 @@ def gather_grid(batch: int, nhead_k: int, max_seqlen_k: int) -> tuple[int, int, 
 
 def pack_append(ptrs, qs, ks, vs, kns, vns, cos_stride, tb_stride, nhq, nhk, dq, dv, max_new, rotary_half,
                 max_position, num_pages, table_width) -> list:
-    """``fmha_appendkv``'s run-time arguments in :data:`APPEND_ARGS` order.  ``ptrs``: the 11 pointer values (Q,
-    K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Table, kv_indptr); ``qs``/``kns``/``vns``: ``[T, H, D]``
-    strides (token, head); ``ks``/``vs``: the caches' ABI strides (:func:`cache_geometry`)."""
+    """``fmha_appendkv``'s run-time arguments in :data:`APPEND_ARGS` order.  ``ptrs``: the 13 pointer values (Q,
+    K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Table, kv_indptr, k_descale, v_descale);
+    ``qs``/``kns``/``vns``: ``[T, H, D]`` strides (token, head); ``ks``/``vs``: the caches' ABI strides
+    (:func:`cache_geometry`)."""
     return [*ptrs, int(max_new), int(nhq), int(nhk), int(dq), int(dv), int(rotary_half), int(max_position),
             int(num_pages), int(table_width), qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
             kns[0], kns[1], vns[0], vns[1], int(cos_stride), int(tb_stride)]

@@ -132,18 +132,21 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
 
 def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seqlens_new, block_table=None,
                            kv_indptr=None, kv_indices=None, rotary_cos=None, rotary_sin=None,
-                           rotary_interleaved=False, q=None, dtype=None, contiguous=False, vectorized=False):
+                           rotary_interleaved=False, q=None, dtype=None, contiguous=False, vectorized=False,
+                           descales=None):
     """``(k_cache, v_cache, q)`` after ``fmha_appendkv`` (copies; as :func:`fmha_dsl.reference_paged.append_kv`).
     ``contiguous``: the caches are ``[B, capacity, Hk, D]`` (no table); ``vectorized``: the kernel writes copies in
-    CK's vectorized layout (returned in that layout)."""
+    CK's vectorized layout (returned in that layout).  ``dtype="fp8bf16"``: e4m3 caches, bf16 new rows and q,
+    ``descales`` the ``(k, v)`` descales."""
     from . import triton_appendkv as T
 
     dtype = dtype_of(k_new, dtype)
+    new_dt = output_dtype(dtype)   # the new rows' and q's dtype (bf16 for an FP8 cache)
     ka, va = _prep(k_cache, dtype).copy(), _prep(v_cache, dtype).copy()
     page = ka.shape[1]
     layout, ka, va = _layout(ka, va, vectorized)
-    kn, vn = _prep(k_new, dtype), _prep(v_new, dtype)
-    qa = _prep(q, dtype).copy() if q is not None else None
+    kn, vn = _prep(k_new, new_dt), _prep(v_new, new_dt)
+    qa = _prep(q, new_dt).copy() if q is not None else None
     cn = np.ascontiguousarray(cu_seqlens_new, dtype=np.int32)
     lens = np.ascontiguousarray(seqlens_k, dtype=np.int32)
     B = cn.shape[0] - 1
@@ -159,22 +162,29 @@ def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seql
         rope = "inter" if rotary_interleaved else "half"
         cos = np.ascontiguousarray(rotary_cos, dtype=np.float32)
         sin = np.ascontiguousarray(rotary_sin, dtype=np.float32)
-    sig = {"family": "fwd_appendkv", "dtype": dtype, "hdim_q": Dq, "hdim_v": Dv, "rope": rope,
-           "paged_kv": not contiguous, "kv_lookup": lookup if not contiguous else "vllm", "page_size": page,
-           "kv_layout": layout}
+    sig = {"family": "fwd_appendkv", "dtype": dtype, "qscale": paged_abi.qscale_of(dtype), "hdim_q": Dq, "hdim_v": Dv,
+           "rope": rope, "paged_kv": not contiguous, "kv_lookup": lookup if not contiguous else "vllm",
+           "page_size": page, "kv_layout": layout}
     const = T.constexprs(sig, {})
     max_new = int(np.diff(cn).max()) if B else 0
     g = paged_abi.append_grid(B, Hq, Hk, max_new, qa is not None)
     if min(g):
         num_pages, _, _, _, _, ks, vs = paged_abi.cache_geometry(layout, ka.shape, _el(ka), va.shape, _el(va))
-        t = _TNAME[dtype]
-        qsh = _Shim(qa, t) if qa is not None else _Shim(np.zeros(1, _NP[dtype]), t)
+        t, tn = _TNAME[dtype], _TNAME[new_dt]
+        qsh = _Shim(qa, tn) if qa is not None else _Shim(np.zeros(1, _NP[new_dt]), tn)
+        ds = [np.asarray([1.0 if descales is None else descales[i]], np.float32) for i in range(2)]
         args = paged_abi.pack_append(
-            [qsh, _Shim(ka, t), _Shim(va, t), _Shim(kn, t), _Shim(vn, t), _Shim(cos, "float32"), _Shim(sin, "float32"),
-             _Shim(cn, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32")],
+            [qsh, _Shim(ka, t), _Shim(va, t), _Shim(kn, tn), _Shim(vn, tn), _Shim(cos, "float32"),
+             _Shim(sin, "float32"), _Shim(cn, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32"),
+             *(_Shim(d, "float32") for d in ds)],
             _el(qa)[:2] if qa is not None else (0, 0), ks, vs, _el(kn)[:2], _el(vn)[:2],
             cos.strides[0] // 4, tb_stride, Hq, Hk, Dq, Dv, max_new, cos.shape[1] if rope != "none" else 0,
             cos.shape[0] if rope != "none" else 0, num_pages, width)
         T.fmha_appendkv[g](*args, **const)
-    dec = _bf16_decode if dtype == "bf16" else (lambda x: x)
-    return dec(ka), dec(va), (dec(qa) if qa is not None else None)
+    def dec(x, dt):
+        if dt == "fp8bf16":
+            from ..fp8 import decode_e4m3
+
+            return decode_e4m3(x)
+        return _bf16_decode(x) if dt == "bf16" else x
+    return dec(ka, dtype), dec(va, dtype), (dec(qa, new_dt) if qa is not None else None)

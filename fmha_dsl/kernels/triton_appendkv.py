@@ -5,7 +5,8 @@ indptr/indices into a linear or vectorized paged cache (the addressing of :mod:`
 contiguous ``[B, capacity, Hk, D]`` cache --
 applying RoPE (interleaved or half-rotated, fp32 cos/sin tables) to the new K and, in the same launch, to Q in place.
 It computes :func:`fmha_dsl.reference_paged.append_kv` (docs/semantics.md, "Paged KV cache and append-KV"); rows that
-would land outside the table, the cache or the rotary tables are not written.
+would land outside the table, the cache or the rotary tables are not written.  FP8 caches (``FP8``): bf16 new rows
+(and q), each K/V row quantized into the e4m3 cache by its per-tensor descale (:mod:`.paged_abi`).
 
 API: ``fmha_appendkv`` (parameters: :data:`fmha_dsl.kernels.paged_abi.APPEND_ARGS` in order, then
 :data:`CONSTEXPRS`) and ``constexprs(sig, alg)``.
@@ -17,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .fwd_abi import block_d
-from .paged_abi import APPEND_ARGS, APPEND_BLOCK_M, DTYPES, LOOKUPS, ROPES, kv_vec, page_size
+from .paged_abi import APPEND_ARGS, APPEND_BLOCK_M, DTYPES, FP8_DTYPES, LOOKUPS, ROPES, kv_vec, page_size, qscale_of
 from .triton_paged_rows import _table
 
 __all__ = ["fmha_appendkv", "CONSTEXPRS", "constexprs"]
@@ -48,13 +49,34 @@ def _rotate(X, rows, offs_d, d_ok, cos_rows, sin_rows, p_ok, rotary_half, ROPE: 
 
 
 @triton.jit
-def fmha_appendkv(Q, K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Table, kv_indptr,
+def _round_e4m3(x):
+    """fp32 ``x`` (``|x| <= 448``) rounded to e4m3's grid, ties to even, in fp32 arithmetic: the spacing at ``x``'s
+    exponent is ``2^(e - 3)`` (3 mantissa bits; ``2^-9`` below e4m3's smallest normal), and adding then subtracting
+    ``1.5 * 2^23`` spacings rounds to a multiple of it.  Explicit so that every target (and Triton's interpreter,
+    whose fp32 -> fp8 cast rounds ties away and drops the carry into the exponent) stores the same bytes."""
+    e = tl.maximum(((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    step = ((e + 124) << 23).to(tl.float32, bitcast=True)
+    big = step * 12582912.0
+    return (x + big) - big
+
+
+@triton.jit
+def _stored(x, Dst, descale, FP8: tl.constexpr):
+    """fp32 rows ``x`` as ``Dst``'s elements: FP8 -- ``e4m3(clamp(x / descale, -448, 448))`` (IEEE division, round to
+    nearest even: the value attention's ``x_e4m3 * descale`` comes back to); else a plain conversion."""
+    if FP8:
+        x = _round_e4m3(tl.minimum(tl.maximum(tl.div_rn(x, tl.load(descale)), -448.0), 448.0))
+    return x.to(Dst.dtype.element_ty)
+
+
+@triton.jit
+def fmha_appendkv(Q, K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Table, kv_indptr, k_descale, v_descale,
                   max_seqlen_new, nhead_q, nhead_k, head_dim_q, head_dim_v, rotary_half, max_position,
                   num_pages, table_width, stride_qm, stride_qh, stride_kp, stride_ks, stride_kh,
                   stride_vp, stride_vs, stride_vh, stride_knm, stride_knh, stride_vnm, stride_vnh,
                   stride_cos, stride_tb,
                   BLOCK_M: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DV: tl.constexpr, ROPE: tl.constexpr,
-                  PAGE_SIZE: tl.constexpr, LOOKUP: tl.constexpr, KV_VEC: tl.constexpr):
+                  PAGE_SIZE: tl.constexpr, LOOKUP: tl.constexpr, KV_VEC: tl.constexpr, FP8: tl.constexpr):
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -111,13 +133,15 @@ def fmha_appendkv(Q, K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Tabl
             k_cols = offs_d
             vdst = page * stride_vp + slot * stride_vs + off_h * stride_vh
             v_cols = offs_dv
-        tl.store(K + dst[:, None] + k_cols[None, :], x.to(K.dtype.element_ty), mask=w_ok[:, None] & d_ok[None, :])
+        tl.store(K + dst[:, None] + k_cols[None, :], _stored(x, K, k_descale, FP8), mask=w_ok[:, None] & d_ok[None, :])
         vals = tl.load(Vnew + (tok * stride_vnm + off_h * stride_vnh)[:, None] + offs_dv[None, :],
                        mask=w_ok[:, None] & dv_ok[None, :])
+        if FP8:
+            vals = _stored(vals.to(tl.float32), V, v_descale, FP8)
         tl.store(V + vdst[:, None] + v_cols[None, :], vals, mask=w_ok[:, None] & dv_ok[None, :])
 
 
-CONSTEXPRS: tuple[str, ...] = ("BLOCK_M", "BLOCK_DMODEL", "BLOCK_DV", "ROPE", "PAGE_SIZE", "LOOKUP", "KV_VEC")
+CONSTEXPRS: tuple[str, ...] = ("BLOCK_M", "BLOCK_DMODEL", "BLOCK_DV", "ROPE", "PAGE_SIZE", "LOOKUP", "KV_VEC", "FP8")
 
 
 def _check_names():
@@ -137,8 +161,11 @@ def constexprs(sig: dict, alg: dict | None = None) -> dict:
     if sig.get("family", "fwd_appendkv") != "fwd_appendkv":
         raise ValueError(f"the triton append-KV template does not implement family={sig['family']!r}")
     dtype = sig.get("dtype", "fp16")
-    if dtype not in DTYPES:
-        raise ValueError(f"the triton append-KV template takes dtype fp16, bf16 or fp32, not {dtype!r}")
+    if dtype not in DTYPES and dtype not in FP8_DTYPES:
+        raise ValueError(f"the triton append-KV template takes dtype fp16, bf16, fp32 or fp8bf16, not {dtype!r}")
+    if sig.get("qscale", "no") != qscale_of(dtype):
+        raise ValueError(f"the triton append-KV template takes qscale=pertensor with FP8 (fp8bf16) and no qscale "
+                         f"otherwise, not {sig.get('qscale')!r} with {dtype}")
     hq, hv = int(sig["hdim_q"]), int(sig["hdim_v"])
     if not (1 <= hq <= 256 and 1 <= hv <= 256):
         raise ValueError(f"head dims must be in 1..256, got {hq}, {hv}")
@@ -150,4 +177,4 @@ def constexprs(sig: dict, alg: dict | None = None) -> dict:
         raise ValueError("a contiguous cache ([B, capacity, Hk, D]) has the linear layout only")
     return {"BLOCK_M": APPEND_BLOCK_M, "BLOCK_DMODEL": block_d(hq), "BLOCK_DV": block_d(hv),
             "ROPE": ROPES[rope], "PAGE_SIZE": page_size(sig) if lookup != "contiguous" else 1,
-            "LOOKUP": LOOKUPS[lookup], "KV_VEC": kv_vec(sig)}
+            "LOOKUP": LOOKUPS[lookup], "KV_VEC": kv_vec(sig), "FP8": dtype in FP8_DTYPES}

@@ -21,7 +21,8 @@ CK vocabulary -> Triton (docs/triton.md, "Serving"):
   max_splits_log2           -> fwd_pagedkv's split count (2 ** n, fewer when the key axis is short)
   rope(inter | half)        -> fwd_appendkv's RoPE: pairs (2i, 2i + 1) | (i, i + rotary_dim / 2)
   dtype(fp8bf16) qscale(pertensor) -> FP8: e4m3 Q and caches, per-tensor descales, bf16 output (archs listed under
-                               ``fp8`` in ``data/triton_paged.json``); Q.K^T in e4m3, V widened to fp16 after its load
+                               ``fp8`` in ``data/triton_paged.json``); Q.K^T in e4m3, V widened to fp16 after its load;
+                               fwd_appendkv: e4m3 caches, bf16 new rows (and q) quantized by the per-tensor descales
 """
 
 from __future__ import annotations
@@ -110,14 +111,11 @@ def _fp8(arch: str) -> list[str]:
 
 
 def _dtype_ok(b: dict) -> bool:
-    return b["dtype"] in fwd.arch_info(b["arch"])["dtypes"] or (b["family"] != "fwd_appendkv"
-                                                                 and b["dtype"] in _fp8(b["arch"]))
+    return b["dtype"] in fwd.arch_info(b["arch"])["dtypes"] or b["dtype"] in _fp8(b["arch"])
 
 
 def _dtype_hint(b: dict) -> str:
     fp8 = [a for a in arch_table.backend_archs("triton") if b["dtype"] in _fp8(a)]
-    if b["dtype"] in FP8_DTYPES and b["family"] == "fwd_appendkv":
-        return "append-KV writes fp16, bf16 or fp32 caches; quantize new rows to FP8 before writing them yourself"
     if fp8:
         return f"use fp16, bf16 or fp32 (FP8 serving kernels, fp8bf16, are built for {', '.join(fp8)})"
     return "use fp16, bf16 or fp32"
@@ -148,14 +146,16 @@ def _vector_fits_page(b: dict) -> bool:
     if b["kv_layout"] != "vectorized" or not b.get("paged_kv", True):
         return True
     return b["page_size"] % vector_elems(b["dtype"]) == 0
+QSCALE = Rule("triton.paged.qscale", ("dtype", "qscale"),
+              lambda b: b["qscale"] == qscale_of(b["dtype"]),
+              lambda b: (f"{b['dtype']} (FP8) serving kernels take per-tensor descales: qscale(pertensor), not "
+                         f"qscale({b['qscale']})") if b["dtype"] in FP8_DTYPES else
+                        f"qscale({b['qscale']}) scales FP8 inputs; {b['dtype']} kernels have none",
+              lambda b: "declare qscale(pertensor) (CK's KV block scales are not implemented)"
+                        if b["dtype"] in FP8_DTYPES else "drop qscale, or use dtype(fp8bf16)", blame="qscale")
+
 ATTENTION = COMMON + (
-    Rule("triton.paged.qscale", ("dtype", "qscale"),
-         lambda b: b["qscale"] == qscale_of(b["dtype"]),
-         lambda b: (f"{b['dtype']} (FP8) serving kernels take per-tensor descales: qscale(pertensor), not "
-                    f"qscale({b['qscale']})") if b["dtype"] in FP8_DTYPES else
-                   f"qscale({b['qscale']}) scales FP8 inputs; {b['dtype']} kernels have none",
-         lambda b: "declare qscale(pertensor) (CK's KV block scales are not implemented)" if b["dtype"] in FP8_DTYPES
-                   else "drop qscale, or use dtype(fp8bf16)", blame="qscale"),
+    QSCALE,
     Rule("triton.paged.pipeline", ("pipeline",), lambda b: b["pipeline"] in _data()["pipelines"],
          lambda b: f"the triton serving template implements pipelines {', '.join(_data()['pipelines'])}, not "
                    f"{b['pipeline']} (a page gather has no tensor-descriptor form)",
@@ -214,7 +214,9 @@ def ck_name(b: dict) -> str:
 
 def _append_name(b: dict) -> str:
     table = f"p{b['page_size']}_{b['kv_lookup']}_{b['kv_layout']}" if b["paged_kv"] else "contiguous"
-    return f"fmha_fwd_appendkv_d{b['hdim'][0]}x{b['hdim'][1]}_{b['dtype']}_rope{b['rope']}_{table}_triton_{b['arch']}"
+    qs = "" if b["qscale"] == "no" else f"_{b['qscale']}"
+    return (f"fmha_fwd_appendkv_d{b['hdim'][0]}x{b['hdim'][1]}_{b['dtype']}{qs}_rope{b['rope']}_{table}_triton_"
+            f"{b['arch']}")
 
 
 def _supported(arch: str) -> str | None:
@@ -236,6 +238,7 @@ def _append_domain(field: str, b: dict):
 ATTN_FIELDS = ("dtype", "qscale", "hdim", "pipeline", "tile", "pad_d", "pad_dv", "mask", "bias", "logits", "lse",
                "sink", "kv_layout", "kv_lookup", "page_size")
 _APPEND_RULES = COMMON + (
+    QSCALE,
     Rule("triton.appendkv.rope", ("rope",), lambda b: b["rope"] in ("none", "inter", "half"),
          lambda b: f"rope must be none, inter or half, got {b['rope']}", "use rope(half) (GPT-NeoX) or rope(inter)",
          blame="rope"),
@@ -254,11 +257,11 @@ FAMILIES = {
                                rules=ATTENTION + fwd.SPLIT_RULES, domain=domain, ck_name=ck_name, fixed=FIXED,
                                supported=_supported, doc=__doc__,
                                defaults={"kv_layout": "linear", "pipeline": "qr_async", "max_splits_log2": 4}),
-    "fwd_appendkv": FamilyRules(family="fwd_appendkv", fields=("dtype", "hdim", "tile", "rope", "paged_kv",
+    "fwd_appendkv": FamilyRules(family="fwd_appendkv", fields=("dtype", "qscale", "hdim", "tile", "rope", "paged_kv",
                                                                "kv_layout", "kv_lookup", "page_size"),
                                 rules=_APPEND_RULES, domain=_append_domain, ck_name=_append_name,
                                 fixed={k: v for k, v in FIXED.items() if k not in ("rope", "paged_kv")} | {
-                                    "pipeline": "appendkv", "qscale": "no", "mode": "batch",
+                                    "pipeline": "appendkv", "mode": "batch",
                                     "mask": "no", "bias": "no", "lse": False, "logits": False, "sink": False,
                                     "pad_d": 1, "pad_dv": 1},
                                 supported=_supported, doc=__doc__, defaults={"kv_layout": "linear"}),
