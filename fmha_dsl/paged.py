@@ -62,29 +62,32 @@ def _dtype_name(q):
 def _append_descales(dname, descales, dev):
     """``(k_descale, v_descale)`` of an append, checked as :func:`_descales` checks attention's (none for caches that
     are not FP8)."""
-    return _descales(dname, (None, *descales), dev, ("q_descale", "k_descale", "v_descale"), first=1)[1:]
+    return _descales(dname, (None, *descales), dev, first=1)[1:]
 
 
-def _descales(dname, descales, dev, names=("q_descale", "k_descale", "v_descale"), first=0):
-    """FP8's ``(q_descale, k_descale, v_descale)``, checked: float32 tensors of one element on q's device (read there,
-    never on the host); none for other dtypes."""
+def _descales(dname, descales, dev, first=0):
+    """FP8's ``(q_descale, k_descale, v_descale)`` (from index ``first``), checked: float32 tensors of one element on
+    the inputs' device (read there, never on the host); none for other dtypes."""
     import torch
 
+    names = ("q_descale", "k_descale", "v_descale")
     if dname not in FP8_DTYPES:
         for name, d in zip(names, descales):
             if d is not None:
-                raise _usage("usage.value", f"`{name}` scales FP8 (float8_e4m3fn) inputs; the inputs are {dname}",
-                             f"drop {name}, or pass FP8 q and caches")
+                raise _usage("usage.value", f"`{name}` scales FP8 (float8_e4m3fn) data; the inputs are {dname}",
+                             f"drop {name}, or pass float8_e4m3fn caches")
         return (None, None, None)
+    where = "cpu" if dev < 0 else f"cuda:{dev}"
     for name, d in list(zip(names, descales))[first:]:
         if d is None:
-            raise _usage("usage.value", f"FP8 inputs need `{name}`: a float32 tensor of one element on q's device",
-                         f"the dequantization scale of the {name[0]} tensor; torch.ones(1, device=q.device) for none")
+            raise _usage("usage.value", f"FP8 data needs `{name}`: a float32 tensor of one element on {where}",
+                         f"the dequantization scale of the {name[0]} tensor; torch.ones(1, device='{where}') for "
+                         "none")
         if (not isinstance(d, torch.Tensor) or d.dtype != torch.float32 or d.numel() != 1
                 or d.get_device() != dev):
-            raise _usage("usage.value", f"`{name}` must be a float32 tensor of one element on q's device, got "
+            raise _usage("usage.value", f"`{name}` must be a float32 tensor of one element on {where}, got "
                          f"{type(d).__name__} {tuple(getattr(d, 'shape', ()))} {getattr(d, 'dtype', '')} on "
-                         f"{getattr(d, 'device', '?')}", "e.g. torch.tensor([s], device=q.device)")
+                         f"{getattr(d, 'device', '?')}", f"e.g. torch.tensor([s], device='{where}')")
     return tuple(descales)
 
 
@@ -105,8 +108,12 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
         causal = "bottom_right"
     descales = (q_descale, k_descale, v_descale)
     if not _is_torch(q):
-        return _numpy_paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal,
-                            window, alibi_slopes, softcap, sink, scale, return_lse, descales)
+        token = CALLER.set("paged_attention()")
+        try:
+            return _numpy_paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q,
+                                causal, window, alibi_slopes, softcap, sink, scale, return_lse, descales)
+        finally:
+            CALLER.reset(token)
     # the call for the replay path (fmha_dsl/replay.py): tensors in a fixed order (out, lse and the workspace
     # at 3, 4 and 11, allocated by the recipe when the call leaves them None), then the other arguments
     call = None
@@ -279,8 +286,12 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     ``k_descale``/``v_descale`` (float32 tensors of one element on the device, the ones attention reads) quantize
     each new row: ``e4m3(clamp(x / descale, -448, 448))``, RoPE applied first; q is rotated in bfloat16."""
     if not _is_torch(k_new):
-        return _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
-                             cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q, (k_descale, v_descale))
+        token = CALLER.set("append_kv()")
+        try:
+            return _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
+                                 cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q, (k_descale, v_descale))
+        finally:
+            CALLER.reset(token)
     call = None
     if max_seqlen_new is not None:  # the call for the replay path (fmha_dsl/replay.py)
         call = ((q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cu_seqlens_new, seqlens_k, block_table,
@@ -328,7 +339,8 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
         raise _usage("usage.value", f"`v_new` must match k_new's dtype, device and [Tnew, Hk] ({tuple(k_new.shape)}), "
                      f"got {tuple(v_new.shape)} {v_new.dtype} on {v_new.device}",
                      "k_new and v_new hold the same tokens")
-    layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, k_cache.dtype if fp8 else k_new.dtype, dev)
+    layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, k_cache.dtype if fp8 else k_new.dtype, dev,
+                                                     like="k_cache" if fp8 else "k_new", on="k_new")
     kd, vd = _append_descales(dname, descales, dev)
     tn = k_new.shape[0]
     if (k_new.shape[1], k_new.shape[2], v_new.shape[2]) != (hk, dk, dv):
@@ -366,8 +378,10 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
         if (not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[0] != tn or q.shape[2] != dk
                 or q.dtype is not k_new.dtype or q.get_device() != dev or q.shape[1] % hk):
             raise _usage("usage.value", f"`q` must be the new tokens' queries [Tnew = {tn}, Hq, {dk}] (Hq a multiple "
-                         f"of {hk}) in k_new's dtype on its device, got {tuple(getattr(q, 'shape', ()))}",
-                         "q holds the queries of the tokens being appended, one row per k_new row")
+                         f"of {hk}) in k_new's dtype {k_new.dtype} on its device, got "
+                         f"{tuple(getattr(q, 'shape', ()))} {getattr(q, 'dtype', '')} on {getattr(q, 'device', '?')}",
+                         "q holds the queries of the tokens being appended, one row per k_new row"
+                         + (" (bfloat16 for an FP8 cache: quantize it for paged_attention afterwards)" if fp8 else ""))
         if q.stride(2) != 1:
             raise _usage("usage.stride", f"`q`'s head dim must have stride 1, got strides {q.stride()}",
                          "pass q.contiguous() and use the result (q is rotated in place)")
@@ -421,12 +435,22 @@ def _numpy_descales(descales, names=("q_descale", "k_descale", "v_descale")):
     if not all(given):
         missing = ", ".join(n for n, g in zip(names, given) if not g)
         raise _usage("usage.value", f"FP8 descales come as a set: {missing} missing",
-                     f"pass all {len(names)} (1.0 for none)")
+                     ("pass all three" if len(names) == 3 else "pass both") + " (1.0 for none)")
     try:
         return tuple(float(d) for d in descales)
     except (TypeError, ValueError):
         raise _usage("usage.value", f"on NumPy inputs the descales are numbers, got "
                      f"{[type(d).__name__ for d in descales]}", "pass floats") from None
+
+
+def _numpy_append_descales(descales):
+    """An FP8 append's ``(k_descale, v_descale)`` on the NumPy path: finite, nonzero numbers (they divide), or none."""
+    got = _numpy_descales(descales, ("k_descale", "v_descale"))
+    for name, d in zip(("k_descale", "v_descale"), got or ()):
+        if not (math.isfinite(d) and d != 0):
+            raise _usage("usage.value", f"`{name}` divides the new rows into the FP8 cache: it must be a finite, "
+                         f"nonzero number, got {d}", "the scale the cache's values are multiplied by when read")
+    return got
 
 
 def _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
@@ -445,7 +469,7 @@ def _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_ind
     kc, vc, qr = ref(k_cache, v_cache, k_new, v_new, block_table=block_table, kv_indptr=kv_indptr,
                      kv_indices=kv_indices, seqlens_k=seqlens_k, cu_seqlens_new=cu_seqlens_new,
                      rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved, q=q,
-                     descales=_numpy_descales(descales, ("k_descale", "v_descale")))
+                     descales=_numpy_append_descales(descales))
     np.copyto(k_cache, kc, casting="unsafe")
     np.copyto(v_cache, vc, casting="unsafe")
     if q is not None:

@@ -95,21 +95,23 @@ def host_values(*tensors):
     return [None if t is None else t.cpu().numpy() for t in tensors]
 
 
-def cache_pair(k_cache, v_cache, dt, dev):
+def cache_pair(k_cache, v_cache, dt, dev, like="q", on=None):
     """``(layout, num_pages, page_size, Hk, D, Dv)`` of the caches, checked: same dtype/device as q, and either the
     linear layout (4-D ``[num_pages, page_size, Hk, D]``, unit head-dim stride) or CK's vectorized one (5-D, K
     ``[num_pages, Hk, D / x, page_size, x]`` and V ``[num_pages, Hk, page_size / x, D, x]``, x = 16 bytes of the
-    dtype, the last two dims contiguous)."""
+    dtype, the last two dims contiguous).  ``like``: the argument whose dtype ``dt`` they must have, ``on``: whose
+    device (default: ``like``)."""
     torch = _torch()
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(x, torch.Tensor):
             raise _usage("usage.type", f"`{name}` must be a torch tensor like q, got {type(x).__name__}",
                          "pass torch tensors throughout, or numpy arrays throughout (the reference)")
         if x.dtype is not dt:
-            raise _usage("usage.dtype", f"`{name}` must have q's dtype {dt}, got {x.dtype}", f"pass {name}.to(q.dtype)")
+            raise _usage("usage.dtype", f"`{name}` must have {like}'s dtype {dt}, got {x.dtype}",
+                         f"pass {name}.to({like}.dtype)")
         if x.get_device() != dev:
-            raise _usage("usage.device", f"`{name}` is on {x.device} but q is on "
-                         f"{'cpu' if dev < 0 else f'cuda:{dev}'}", f"move it with {name}.to(q.device)")
+            raise _usage("usage.device", f"`{name}` is on {x.device} but {on or like} is on "
+                         f"{'cpu' if dev < 0 else f'cuda:{dev}'}", f"move it with {name}.to({on or like}.device)")
     if k_cache.dim() == 5 or v_cache.dim() == 5:
         return ("vectorized",) + _vectorized_pair(k_cache, v_cache, dt)
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):

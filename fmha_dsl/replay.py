@@ -15,6 +15,10 @@ with the torch fast path in the background on first use: keying, allocation and 
 Python :class:`Recipe` until that is ready or where it cannot be built (``FMHA_DSL_TORCH_FAST=0``).
 
 A call is a tuple of tensors (or None) in the caller's fixed order plus a hashable tuple of its other arguments.
+Each pointer a recorded launch takes is tied to the call's tensor it is the base of (else to the one whose bytes hold
+it, at its offset), so views of one buffer (K and V of a combined cache) keep their own places; a call that passes
+one tensor in two places (one descale for K and V) is not recorded -- a later call of the same shapes may not alias
+them, and the recipe could not tell which of the two each pointer was.
 """
 
 from __future__ import annotations
@@ -139,8 +143,11 @@ def record(tensors, allocated, scalars, plan, steps, zeroed=frozenset()) -> None
     k = key(view, scalars)
     if k is None:
         return
-    spans = [(t.data_ptr(), t.data_ptr() + max(t.numel() * t.element_size(), 1)) if t is not None else None
-             for t in tensors]
+    ptrs = [t.data_ptr() if t is not None else None for t in tensors]
+    live = [p for p in ptrs if p is not None]
+    if len(set(live)) < len(live):  # one tensor in two places (e.g. one descale for K and V): which argument a
+        return                      # launch's pointer came from is ambiguous, and a later call may not alias
+    spans = [(p, p + max(t.numel() * t.element_size(), 1)) if t is not None else None for p, t in zip(ptrs, tensors)]
     families = [st.entry.sig["family"] for st in plan.stages]
     dtype = plan.entry.sig["dtype"]
     rec = []
@@ -150,7 +157,9 @@ def record(tensors, allocated, scalars, plan, steps, zeroed=frozenset()) -> None
             if not ty.startswith("*") or not args[i]:
                 continue
             v = args[i]
-            ti = next((j for j, sp in enumerate(spans) if sp is not None and sp[0] <= v < sp[1]), None)
+            ti = next((j for j, p in enumerate(ptrs) if p == v), None)  # a tensor's own base first: views of one
+            if ti is None:                                              # buffer (K and V of a combined cache) overlap
+                ti = next((j for j, sp in enumerate(spans) if sp is not None and sp[0] <= v < sp[1]), None)
             if ti is None:  # an address the call's tensors do not hold: not replayable
                 return
             slots.append((i, ti, v - spans[ti][0]))

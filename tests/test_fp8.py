@@ -120,3 +120,16 @@ def test_numpy_paged_attention_takes_descales():
     assert np.allclose(got, want, rtol=1e-6, atol=1e-7)
     with pytest.raises(UsageError, match="v_descale missing"):
         fmha_dsl.paged_attention(q, kc, vc, q_descale=0.5, k_descale=2.0, **kw)
+
+
+def test_numpy_append_kv_quantizes_into_fp8_caches():
+    """The NumPy path of an FP8 append: the new rows land as round_e4m3(clip(x / descale, +-448)), in place."""
+    rng = np.random.default_rng(1)
+    kc, vc = np.zeros((2, 4, 1, 8), np.float32), np.zeros((2, 4, 1, 8), np.float32)
+    kn, vn = (rng.standard_normal((3, 1, 8)).astype(np.float32) * 300 for _ in range(2))
+    fmha_dsl.append_kv(kc, vc, kn, vn, block_table=np.array([[1, 0]], np.int32), seqlens_k=[2],
+                       cu_seqlens_new=[0, 3], k_descale=0.5, v_descale=3.0)
+    rows = [(1, 2), (1, 3), (0, 0)]
+    assert np.array_equal(np.stack([kc[p, s] for p, s in rows]), round_e4m3(np.clip(kn / 0.5, -448, 448)))
+    assert np.array_equal(np.stack([vc[p, s] for p, s in rows]), round_e4m3(np.clip(vn / np.float32(3.0), -448, 448)))
+    assert np.abs(kc).max() == 448.0                     # 300 / 0.5 saturates

@@ -145,6 +145,9 @@ def test_an_fp8_append_quantizes_the_new_rows_and_attention_reads_them(vectorize
     mine = (vn.float() / ds[1]).clamp(-448, 448).to(torch.float8_e4m3fn).float().numpy()
     rows = [(bt[b, (lens[b] + t) // 16], (lens[b] + t) % 16) for b in range(3) for t in range(new[b])]
     assert np.array_equal(np.stack([gv[p, s] for p, s in rows]), mine)
+    vb = vg.cpu().view(torch.uint8).numpy()
+    assert np.array_equal(np.stack([vb[p, s] for p, s in rows]), torch.from_numpy(mine).to(torch.float8_e4m3fn)
+                          .view(torch.uint8).numpy())
     assert np.all(np.abs(gk - wk) <= np.abs(wk) / 8 + 1e-6) and np.mean(gk != wk) < 1e-3
     assert np.abs(qg.float().cpu().numpy() - wq).max() <= 2 ** -7 * np.abs(wq).max()
     # attention over the appended pages: the new rows' queries (in e4m3) against the reference
@@ -160,3 +163,24 @@ def test_an_fp8_append_quantizes_the_new_rows_and_attention_reads_them(vectorize
                                    q_descale=torch.ones(1, device=dev), k_descale=kd, v_descale=vd)
     err = np.abs(out.float().cpu().numpy() - want).max() / np.abs(want).max()
     assert err < TOL, err
+
+
+def test_an_fp8_append_keeps_nan_and_minus_zero_and_its_replay_reads_each_calls_descales():
+    """V's bytes equal torch's quantization for NaN, -0 and saturating rows; a step replayed (max_seqlen_new given)
+    after a first call that passed one tensor as both descales uses the second call's own V descale."""
+    dev = "cuda"
+    kc8, vc8 = (torch.zeros(4, 16, 1, 128, device=dev).to(torch.float8_e4m3fn) for _ in range(2))
+    bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=dev)
+    vn = torch.randn(2, 1, 128, device=dev).mul(8).to(torch.bfloat16)
+    vn[0, 0, :4] = torch.tensor([float("nan"), -1e-6, 1e5, -1e5])
+    kw = dict(block_table=bt, seqlens_k=torch.tensor([3, 20], dtype=torch.int32, device=dev),
+              cu_seqlens_new=torch.tensor([0, 1, 2], dtype=torch.int32, device=dev), max_seqlen_new=1)
+    one = torch.ones(1, device=dev)
+    fmha_dsl.append_kv(kc8, vc8, vn, vn, k_descale=one, v_descale=one, **kw)   # one tensor for both: not recorded
+    want = (vn.float() / 1.0).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    got = torch.stack([vc8[0, 3], vc8[3, 4]]).view(torch.uint8)
+    assert torch.equal(got, want), (got[0, 0, :4], want[0, 0, :4])
+    for vd in (0.5, 0.25):   # the second call replays the first's launch with this call's tensors
+        fmha_dsl.append_kv(kc8, vc8, vn, vn, k_descale=one.clone(), v_descale=torch.tensor([vd], device=dev), **kw)
+        want = (vn.float() / vd).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+        assert torch.equal(torch.stack([vc8[0, 3], vc8[3, 4]]).view(torch.uint8), want), vd

@@ -158,7 +158,7 @@ def test_fp8_argument_errors_are_located():
                 cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32), registry=cpu)
     ds = dict(q_descale=one, k_descale=one, v_descale=one)
     for q, k, v, kw, match in (
-            (q8, k8, v8, dict(q_descale=one, v_descale=one), "FP8 inputs need `k_descale`"),
+            (q8, k8, v8, dict(q_descale=one, v_descale=one), "FP8 data needs `k_descale`"),
             (q8, k8, v8, dict(ds, k_descale=one.double()), "`k_descale` must be a float32 tensor of one element"),
             (q8, k8, v8, dict(ds, v_descale=torch.ones(2)), "`v_descale` must be a float32 tensor of one element"),
             (q8, k8, v8, dict(ds, q_descale=1.0), "`q_descale` must be a float32 tensor"),
@@ -175,23 +175,37 @@ def test_fp8_argument_errors_are_located():
     for k, v, kn, kw, match in (
             (k8, v8, new.to(torch.float8_e4m3fn), dict(k_descale=one, v_descale=one), "bfloat16 for an FP8 cache"),
             (k8, v8, new.half(), dict(k_descale=one, v_descale=one), "FP8 .* cache takes bfloat16 new rows"),
-            (k8, v8, new, dict(k_descale=one), "FP8 inputs need `v_descale`"),
+            (k8, v8, new, dict(k_descale=one), "FP8 data needs `v_descale`"),
             (k8, v8, new, dict(k_descale=one, v_descale=torch.ones(1, 1, dtype=torch.float16)),
              "`v_descale` must be a float32 tensor of one element"),
             (torch.tensor(kc).bfloat16(), torch.tensor(vc).bfloat16(), new, dict(k_descale=one),
-             "`k_descale` scales FP8")):
+             "`k_descale` scales FP8"),
+            (k8, torch.tensor(vc).bfloat16(), new, dict(k_descale=one, v_descale=one),
+             "`v_cache` must have k_cache's dtype torch.float8_e4m3fn")):
         with pytest.raises(UsageError, match=match) as e:
             fmha_dsl.append_kv(k, v, kn, kn, **app, **kw)
         assert "append_kv()" in str(e.value) and e.value.hint
+    with pytest.raises(UsageError, match="`q` must be .* in k_new's dtype torch.bfloat16 .*float8_e4m3fn") as e:
+        fmha_dsl.append_kv(k8, v8, new, new, q=torch.zeros(2, 4, 16).to(torch.float8_e4m3fn), k_descale=one,
+                           v_descale=one, **app)
+    assert "bfloat16 for an FP8 cache" in e.value.hint
 
 
 def test_numpy_fp8_descales_are_numbers():
     kc, vc, bt = _cache([9, 6])
     kw = dict(block_table=bt, seqlens_k=[9, 6], cu_seqlens_q=[0, 1, 2])
     q = np.zeros((2, 4, 16), np.float32)
-    with pytest.raises(UsageError, match="descales are numbers") as e:
+    with pytest.raises(UsageError, match="paged_attention\\(\\): on NumPy inputs the descales are numbers") as e:
         fmha_dsl.paged_attention(q, kc, vc, q_descale="a", k_descale=1.0, v_descale=1.0, **kw)
     assert e.value.hint
+    new = dict(block_table=bt, seqlens_k=[9, 6], cu_seqlens_new=[0, 1, 2])
+    kn = np.zeros((2, 2, 16), np.float32)
+    for kw2, match in ((dict(k_descale=1.0), "append_kv\\(\\): FP8 descales come as a set: v_descale missing"),
+                       (dict(k_descale=0.0, v_descale=1.0), "`k_descale` divides .* finite, nonzero number, got 0.0"),
+                       (dict(k_descale=1.0, v_descale=float("inf")), "`v_descale` divides")):
+        with pytest.raises(UsageError, match=match) as e:
+            fmha_dsl.append_kv(kc.copy(), vc.copy(), kn, kn, **new, **kw2)
+        assert e.value.hint
 
 
 SERVING_SET = """kernel_set serving_ci {

@@ -52,12 +52,15 @@ def _rotate(X, rows, offs_d, d_ok, cos_rows, sin_rows, p_ok, rotary_half, ROPE: 
 def _round_e4m3(x):
     """fp32 ``x`` (``|x| <= 448``) rounded to e4m3's grid, ties to even, in fp32 arithmetic: the spacing at ``x``'s
     exponent is ``2^(e - 3)`` (3 mantissa bits; ``2^-9`` below e4m3's smallest normal), and adding then subtracting
-    ``1.5 * 2^23`` spacings rounds to a multiple of it.  Explicit so that every target (and Triton's interpreter,
-    whose fp32 -> fp8 cast rounds ties away and drops the carry into the exponent) stores the same bytes."""
-    e = tl.maximum(((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    ``1.5 * 2^23`` spacings rounds to a multiple of it; ``x``'s sign bit is put back (a negative value that rounds to
+    zero is -0, as torch stores it; NaN stays NaN).  Explicit so that every target (and Triton's interpreter, whose
+    fp32 -> fp8 cast rounds ties away and drops the carry into the exponent) stores the same bytes."""
+    bits = x.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
     step = ((e + 124) << 23).to(tl.float32, bitcast=True)
     big = step * 12582912.0
-    return (x + big) - big
+    r = (x + big) - big
+    return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -65,7 +68,7 @@ def _stored(x, Dst, descale, FP8: tl.constexpr):
     """fp32 rows ``x`` as ``Dst``'s elements: FP8 -- ``e4m3(clamp(x / descale, -448, 448))`` (IEEE division, round to
     nearest even: the value attention's ``x_e4m3 * descale`` comes back to); else a plain conversion."""
     if FP8:
-        x = _round_e4m3(tl.minimum(tl.maximum(tl.div_rn(x, tl.load(descale)), -448.0), 448.0))
+        x = _round_e4m3(tl.clamp(tl.div_rn(x, tl.load(descale)), -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL))
     return x.to(Dst.dtype.element_ty)
 
 
