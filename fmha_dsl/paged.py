@@ -35,10 +35,13 @@ from __future__ import annotations
 import math
 
 from . import api_dispatch as _api
+from . import paged_numpy
 from . import replay as _fast
 from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _mask, _usage, torch_dtype_names
 from .kernels.paged_abi import FP8_DTYPES, qscale_of
-from .paged_args import cache_pair, check_tables_on_host, host_values, max_len, rotary_tables, sequences, tables
+from .paged_args import (append_descales, cache_pair, check_tables_on_host, host_values, max_len, rotary_tables,
+                         sequences, tables)
+from .paged_args import descales as check_descales
 
 __all__ = ["paged_attention", "append_kv", "workspace_numel"]
 
@@ -57,38 +60,6 @@ def _dtype_name(q):
         raise _usage("usage.dtype", f"`q` must be float16, bfloat16, float32 or float8_e4m3fn, got {q.dtype}",
                      "convert with q.half()")
     return name
-
-
-def _append_descales(dname, descales, dev):
-    """``(k_descale, v_descale)`` of an append, checked as :func:`_descales` checks attention's (none for caches that
-    are not FP8)."""
-    return _descales(dname, (None, *descales), dev, first=1)[1:]
-
-
-def _descales(dname, descales, dev, first=0):
-    """FP8's ``(q_descale, k_descale, v_descale)`` (from index ``first``), checked: float32 tensors of one element on
-    the inputs' device (read there, never on the host); none for other dtypes."""
-    import torch
-
-    names = ("q_descale", "k_descale", "v_descale")
-    if dname not in FP8_DTYPES:
-        for name, d in zip(names, descales):
-            if d is not None:
-                raise _usage("usage.value", f"`{name}` scales FP8 (float8_e4m3fn) data; the inputs are {dname}",
-                             f"drop {name}, or pass float8_e4m3fn caches")
-        return (None, None, None)
-    where = "cpu" if dev < 0 else f"cuda:{dev}"
-    for name, d in list(zip(names, descales))[first:]:
-        if d is None:
-            raise _usage("usage.value", f"FP8 data needs `{name}`: a float32 tensor of one element on {where}",
-                         f"the dequantization scale of the {name[0]} tensor; torch.ones(1, device='{where}') for "
-                         "none")
-        if (not isinstance(d, torch.Tensor) or d.dtype != torch.float32 or d.numel() != 1
-                or d.get_device() != dev):
-            raise _usage("usage.value", f"`{name}` must be a float32 tensor of one element on {where}, got "
-                         f"{type(d).__name__} {tuple(getattr(d, 'shape', ()))} {getattr(d, 'dtype', '')} on "
-                         f"{getattr(d, 'device', '?')}", f"e.g. torch.tensor([s], device='{where}')")
-    return tuple(descales)
 
 
 def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
@@ -110,7 +81,7 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     if not _is_torch(q):
         token = CALLER.set("paged_attention()")
         try:
-            return _numpy_paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q,
+            return paged_numpy.paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q,
                                 causal, window, alibi_slopes, softcap, sink, scale, return_lse, descales)
         finally:
             CALLER.reset(token)
@@ -196,7 +167,7 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
                      "move the tensors with .cuda(), or pass numpy arrays to run the reference")
     tq, hq, dq = q.shape
     layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, q.dtype, dev)
-    descales = _descales(dname, descales, dev)
+    descales = check_descales(dname, descales, dev)
     odt = torch.bfloat16 if dname in FP8_DTYPES else q.dtype   # CK's FP8 contract writes bf16
     if dk != dq:
         raise _usage("usage.shape", f"`k_cache`'s head dim ({dk}) must equal q's ({dq})",
@@ -288,7 +259,7 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     if not _is_torch(k_new):
         token = CALLER.set("append_kv()")
         try:
-            return _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
+            return paged_numpy.append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
                                  cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q, (k_descale, v_descale))
         finally:
             CALLER.reset(token)
@@ -341,7 +312,7 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
                      "k_new and v_new hold the same tokens")
     layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, k_cache.dtype if fp8 else k_new.dtype, dev,
                                                      like="k_cache" if fp8 else "k_new", on="k_new")
-    kd, vd = _append_descales(dname, descales, dev)
+    kd, vd = append_descales(dname, descales, dev)
     tn = k_new.shape[0]
     if (k_new.shape[1], k_new.shape[2], v_new.shape[2]) != (hk, dk, dv):
         raise _usage("usage.shape", f"`k_new`/`v_new` must be [Tnew, {hk}, {dk}] / [Tnew, {hk}, {dv}] like the caches, "
@@ -406,71 +377,3 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
     mine = (rotary_cos, rotary_sin, cu_seqlens_new, seqlens_k, block_table, kv_indptr, kv_indices) + tuple(descales)
     if call is not None and all(a is b for a, b in zip(used, mine)):  # the caller's own tensors: replayable
         _fast.record(call[0], set(), call[1], plan, steps)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# NumPy: the reference
-# ---------------------------------------------------------------------------------------------------------
-def _numpy_paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal, window,
-                 alibi_slopes, softcap, sink, scale, return_lse, descales):
-    import numpy as np
-
-    from .reference_paged import paged_attention as ref
-
-    if not isinstance(q, np.ndarray):
-        raise _usage("usage.type", f"`q` must be a numpy array or a torch tensor, got {type(q).__name__}",
-                     "numpy runs the reference; torch GPU tensors run the kernels")
-    got = ref(q, k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
-              seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q, causal=causal, window=window, alibi_slopes=alibi_slopes,
-              softcap=softcap, sink=0 if sink is None else sink, scale=scale, return_lse=True,
-              descales=_numpy_descales(descales))
-    return got if return_lse else got[0]
-
-
-def _numpy_descales(descales, names=("q_descale", "k_descale", "v_descale")):
-    """FP8's descales on the NumPy path: all of them numbers (the arrays hold the e4m3 values), or none."""
-    given = [d is not None for d in descales]
-    if not any(given):
-        return None
-    if not all(given):
-        missing = ", ".join(n for n, g in zip(names, given) if not g)
-        raise _usage("usage.value", f"FP8 descales come as a set: {missing} missing",
-                     ("pass all three" if len(names) == 3 else "pass both") + " (1.0 for none)")
-    try:
-        return tuple(float(d) for d in descales)
-    except (TypeError, ValueError):
-        raise _usage("usage.value", f"on NumPy inputs the descales are numbers, got "
-                     f"{[type(d).__name__ for d in descales]}", "pass floats") from None
-
-
-def _numpy_append_descales(descales):
-    """An FP8 append's ``(k_descale, v_descale)`` on the NumPy path: finite, nonzero numbers (they divide), or none."""
-    got = _numpy_descales(descales, ("k_descale", "v_descale"))
-    for name, d in zip(("k_descale", "v_descale"), got or ()):
-        if not (math.isfinite(d) and d != 0):
-            raise _usage("usage.value", f"`{name}` divides the new rows into the FP8 cache: it must be a finite, "
-                         f"nonzero number, got {d}", "the scale the cache's values are multiplied by when read")
-    return got
-
-
-def _numpy_append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
-                  rotary_cos, rotary_sin, rotary_interleaved, q, descales):
-    import numpy as np
-
-    from .reference_paged import append_kv as ref
-
-    arrays = [("k_cache", k_cache), ("v_cache", v_cache)] + ([("q", q)] if q is not None else [])
-    for name, x in arrays:
-        if not isinstance(x, np.ndarray) or not x.flags.writeable:
-            raise _usage("usage.type", f"`{name}` must be a writable numpy array (append_kv updates it in place), got "
-                         f"{type(x).__name__}", f"pass np.array({name}) (a writable copy) and read the result from it")
-    if block_table is None and kv_indptr is None and kv_indices is None:  # contiguous [B, capacity, Hk, D]
-        block_table = np.arange(np.asarray(k_cache).shape[0], dtype=np.int32)[:, None]
-    kc, vc, qr = ref(k_cache, v_cache, k_new, v_new, block_table=block_table, kv_indptr=kv_indptr,
-                     kv_indices=kv_indices, seqlens_k=seqlens_k, cu_seqlens_new=cu_seqlens_new,
-                     rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved, q=q,
-                     descales=_numpy_append_descales(descales))
-    np.copyto(k_cache, kc, casting="unsafe")
-    np.copyto(v_cache, vc, casting="unsafe")
-    if q is not None:
-        np.copyto(q, qr, casting="unsafe")

@@ -1,4 +1,5 @@
-"""Argument checks of the serving API (:mod:`fmha_dsl.paged`): page tables, lengths, caches, rotary tables.
+"""Argument checks of the serving API (:mod:`fmha_dsl.paged`): page tables, lengths, caches, rotary tables, FP8
+descales.
 
 Each check raises a :class:`~fmha_dsl.errors.UsageError` naming the function and the argument, what was expected and
 what came, with a hint.  Checks that need device values (page ids, per-sequence lengths) run only when the caller did
@@ -8,6 +9,7 @@ not pass ``max_seqlen_*`` (one device-to-host copy then); with them nothing here
 from __future__ import annotations
 
 from .attention_args import CALLER, _is_int, _usage
+from .kernels.paged_abi import FP8_DTYPES
 
 
 def _torch():
@@ -227,5 +229,37 @@ def caller(name: str):
     return CALLER.set(name)
 
 
-__all__ = ["int_tensor", "tables", "sequences", "check_tables_on_host", "host_values", "cache_pair", "max_len", "rotary_tables",
-           "caller"]
+def append_descales(dname, given, dev):
+    """``(k_descale, v_descale)`` of an append, checked as :func:`descales` checks attention's (none for caches that
+    are not FP8)."""
+    return descales(dname, (None, *given), dev, first=1)[1:]
+
+
+def descales(dname, given, dev, first=0):
+    """FP8's ``(q_descale, k_descale, v_descale)`` (from index ``first``), checked: float32 tensors of one element on
+    the inputs' device (read there, never on the host); none for other dtypes."""
+    import torch
+
+    names = ("q_descale", "k_descale", "v_descale")
+    if dname not in FP8_DTYPES:
+        for name, d in zip(names, given):
+            if d is not None:
+                raise _usage("usage.value", f"`{name}` scales FP8 (float8_e4m3fn) data; the inputs are {dname}",
+                             f"drop {name}, or pass float8_e4m3fn caches")
+        return (None, None, None)
+    where = "cpu" if dev < 0 else f"cuda:{dev}"
+    for name, d in list(zip(names, given))[first:]:
+        if d is None:
+            raise _usage("usage.value", f"FP8 data needs `{name}`: a float32 tensor of one element on {where}",
+                         f"the dequantization scale of the {name[0]} tensor; torch.ones(1, device='{where}') for "
+                         "none")
+        if (not isinstance(d, torch.Tensor) or d.dtype != torch.float32 or d.numel() != 1
+                or d.get_device() != dev):
+            raise _usage("usage.value", f"`{name}` must be a float32 tensor of one element on {where}, got "
+                         f"{type(d).__name__} {tuple(getattr(d, 'shape', ()))} {getattr(d, 'dtype', '')} on "
+                         f"{getattr(d, 'device', '?')}", f"e.g. torch.tensor([s], device='{where}')")
+    return tuple(given)
+
+
+__all__ = ["int_tensor", "tables", "sequences", "check_tables_on_host", "host_values", "cache_pair", "max_len",
+           "rotary_tables", "caller", "descales", "append_descales"]
