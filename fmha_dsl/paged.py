@@ -82,7 +82,7 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
         token = CALLER.set("paged_attention()")
         try:
             return paged_numpy.paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q,
-                                causal, window, alibi_slopes, softcap, sink, scale, return_lse, descales)
+                                     causal, window, alibi_slopes, softcap, sink, scale, return_lse, descales)
         finally:
             CALLER.reset(token)
     # the call for the replay path (fmha_dsl/replay.py): tensors in a fixed order (out, lse and the workspace
@@ -260,7 +260,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
         token = CALLER.set("append_kv()")
         try:
             return paged_numpy.append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
-                                 cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q, (k_descale, v_descale))
+                                      cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q,
+                                      (k_descale, v_descale))
         finally:
             CALLER.reset(token)
     call = None

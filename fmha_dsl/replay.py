@@ -18,7 +18,8 @@ A call is a tuple of tensors (or None) in the caller's fixed order plus a hashab
 Each pointer a recorded launch takes is tied to the call's tensor it is the base of (else to the one whose bytes hold
 it, at its offset), so views of one buffer (K and V of a combined cache) keep their own places; a call that passes
 one tensor in two places (one descale for K and V) is not recorded -- a later call of the same shapes may not alias
-them, and the recipe could not tell which of the two each pointer was.
+them, and the recipe could not tell which of the two each pointer was; such calls take the checked path each time
+(distinct tensors, e.g. clones of one descale, keep a server's step on the replay path).
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def record(tensors, allocated, scalars, plan, steps, zeroed=frozenset()) -> None
     if k is None:
         return
     ptrs = [t.data_ptr() if t is not None else None for t in tensors]
-    live = [p for p in ptrs if p is not None]
+    live = [p for p in ptrs if p]   # (empty tensors may all have address 0: no launch reads through it)
     if len(set(live)) < len(live):  # one tensor in two places (e.g. one descale for K and V): which argument a
         return                      # launch's pointer came from is ambiguous, and a later call may not alias
     spans = [(p, p + max(t.numel() * t.element_size(), 1)) if t is not None else None for p, t in zip(ptrs, tensors)]

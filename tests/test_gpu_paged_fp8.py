@@ -165,9 +165,13 @@ def test_an_fp8_append_quantizes_the_new_rows_and_attention_reads_them(vectorize
     assert err < TOL, err
 
 
-def test_an_fp8_append_keeps_nan_and_minus_zero_and_its_replay_reads_each_calls_descales():
-    """V's bytes equal torch's quantization for NaN, -0 and saturating rows; a step replayed (max_seqlen_new given)
-    after a first call that passed one tensor as both descales uses the second call's own V descale."""
+def test_an_fp8_append_keeps_nan_and_minus_zero_and_its_replay_reads_each_calls_descales(monkeypatch):
+    """V's bytes equal torch's quantization for NaN, -0 and saturating rows; a call that passes one tensor as both
+    descales is not recorded, so the step replayed later (max_seqlen_new given, the checked path not taken) uses
+    its own V descale."""
+    checked = []
+    real = fmha_dsl.paged._append
+    monkeypatch.setattr(fmha_dsl.paged, "_append", lambda *a: (checked.append(1), real(*a))[1])
     dev = "cuda"
     kc8, vc8 = (torch.zeros(4, 16, 1, 128, device=dev).to(torch.float8_e4m3fn) for _ in range(2))
     bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=dev)
@@ -176,11 +180,13 @@ def test_an_fp8_append_keeps_nan_and_minus_zero_and_its_replay_reads_each_calls_
     kw = dict(block_table=bt, seqlens_k=torch.tensor([3, 20], dtype=torch.int32, device=dev),
               cu_seqlens_new=torch.tensor([0, 1, 2], dtype=torch.int32, device=dev), max_seqlen_new=1)
     one = torch.ones(1, device=dev)
-    fmha_dsl.append_kv(kc8, vc8, vn, vn, k_descale=one, v_descale=one, **kw)   # one tensor for both: not recorded
+    kn = vn.clone()
+    fmha_dsl.append_kv(kc8, vc8, kn, vn, k_descale=one, v_descale=one, **kw)   # one tensor for both: not recorded
     want = (vn.float() / 1.0).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
     got = torch.stack([vc8[0, 3], vc8[3, 4]]).view(torch.uint8)
     assert torch.equal(got, want), (got[0, 0, :4], want[0, 0, :4])
     for vd in (0.5, 0.25):   # the second call replays the first's launch with this call's tensors
-        fmha_dsl.append_kv(kc8, vc8, vn, vn, k_descale=one.clone(), v_descale=torch.tensor([vd], device=dev), **kw)
+        fmha_dsl.append_kv(kc8, vc8, kn, vn, k_descale=one.clone(), v_descale=torch.tensor([vd], device=dev), **kw)
         want = (vn.float() / vd).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
         assert torch.equal(torch.stack([vc8[0, 3], vc8[3, 4]]).view(torch.uint8), want), vd
+    assert len(checked) == 2   # the aliased call and the first of the loop took the checked path; the last replayed

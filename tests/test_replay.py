@@ -123,6 +123,46 @@ def test_record_declines_what_it_cannot_replay(python_only):
     assert replay.run(t, ("paged", "decline")) is None
 
 
+def test_views_of_one_buffer_keep_their_own_places(python_only):
+    """K and V as views of one buffer (a combined KV cache; V's address lies inside K's span): each launch pointer
+    is tied to the tensor it is the base of, so a later call whose K and V come from different buffers replays V at
+    its own address (tied by span, V became K's address plus the offset: another buffer's V)."""
+    torch = pytest.importorskip("torch")
+    kern, ckern = FakeKernel(), FakeKernel()
+
+    def call(k_buf, v_buf, seed):
+        t = list(_tensors(seed))
+        t[1], t[2] = k_buf[:, 0], v_buf[:, 1]
+        return tuple(t)
+    kv = [torch.randn(8, 2, 16, 2, 64).half() for _ in range(3)]
+    first = call(kv[0], kv[0], 8)
+    replay.record(first, set(), ("paged", "fused"), FakePlan(), _steps(first, kern, ckern))
+    second = call(kv[1], kv[2], 9)
+    assert replay.run(second, ("paged", "fused")) == ()
+    names = [n for n, _ in paged_abi.ARGS]
+    args = kern.calls[-1][1]
+    assert args[names.index("K")] == kv[1][:, 0].data_ptr() and args[names.index("V")] == kv[2][:, 1].data_ptr()
+
+
+def test_a_tensor_in_two_places_is_not_recorded(python_only):
+    """One tensor passed as K and V: which argument a launch pointer came from is ambiguous, and a later call with
+    two tensors would replay V at K's address -- such a call is not recorded (the checked path runs it); two empty
+    tensors (address 0) are not taken for one."""
+    torch = pytest.importorskip("torch")
+    kern, ckern = FakeKernel(), FakeKernel()
+    t = list(_tensors(10))
+    t[2] = t[1]
+    t = tuple(t)
+    replay.record(t, set(), ("paged", "alias"), FakePlan(), _steps(t, kern, ckern))
+    assert replay.run(t, ("paged", "alias")) is None
+    assert replay.run(_tensors(11), ("paged", "alias")) is None
+    e = list(_tensors(12))
+    e[9], e[10] = torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.int32)   # unused table arrays
+    e = tuple(e)
+    replay.record(e, set(), ("paged", "empty"), FakePlan(), _steps(e, kern, ckern))
+    assert replay.run(e, ("paged", "empty")) == ()
+
+
 def test_the_extensions_replayer_launches_what_the_python_path_recorded(monkeypatch):
     """The C++ Replayer (runtime/torch_replay.h, built with the torch fast path) against a ctypes stand-in for the
     driver: the same parameter slots the recorded launches had, with the new call's addresses and allocations."""
