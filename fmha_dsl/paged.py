@@ -50,11 +50,16 @@ def _is_torch(x) -> bool:
     return (type(x).__module__ or "").startswith("torch")
 
 
+def _is_fp8(x) -> bool:
+    """Whether torch tensor ``x`` holds FP8 e4m3 (``torch.float8_e4m3fn``, CK's ``fp8bf16`` storage)."""
+    return str(x.dtype) == "torch.float8_e4m3fn"
+
+
 def _dtype_name(q):
     """The key dtype of ``q``'s torch dtype: fp16, bf16, fp32, or CK's FP8 contract ``fp8bf16`` for
     ``torch.float8_e4m3fn`` (e4m3 inputs, bf16 output)."""
     name = torch_dtype_names().get(q.dtype)
-    if name is None and str(q.dtype) == "torch.float8_e4m3fn":
+    if name is None and _is_fp8(q):
         return FP8_DTYPES[0]
     if name is None:
         raise _usage("usage.dtype", f"`q` must be float16, bfloat16, float32 or float8_e4m3fn, got {q.dtype}",
@@ -78,17 +83,11 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     if causal is True:  # the queries are each sequence's last tokens (FlashAttention-2 varlen, FlashInfer)
         causal = "bottom_right"
     descales = (q_descale, k_descale, v_descale)
-    if not _is_torch(q):
-        token = CALLER.set("paged_attention()")
-        try:
-            return paged_numpy.paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q,
-                                     causal, window, alibi_slopes, softcap, sink, scale, return_lse, descales)
-        finally:
-            CALLER.reset(token)
+    torch_in = _is_torch(q)
     # the call for the replay path (fmha_dsl/replay.py): tensors in a fixed order (out, lse and the workspace
     # at 3, 4 and 11, allocated by the recipe when the call leaves them None), then the other arguments
     call = None
-    if max_seqlen_q is not None and max_seqlen_k is not None:
+    if torch_in and max_seqlen_q is not None and max_seqlen_k is not None:
         call = ((q, k_cache, v_cache, out, None, alibi_slopes, cu_seqlens_q, seqlens_k, block_table, kv_indptr,
                  kv_indices, workspace, *descales),
                 ("paged", max_seqlen_q, max_seqlen_k, causal, window, softcap, sink, scale, bool(return_lse),
@@ -100,6 +99,9 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
             return (o, lse) if return_lse else o
     token = CALLER.set("paged_attention()")
     try:
+        if not torch_in:  # NumPy arrays run the reference
+            return paged_numpy.paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q,
+                                     causal, window, alibi_slopes, softcap, sink, scale, return_lse, descales)
         plan, dev, b, hq, msq, args, out, lse, used = _prepare(
             q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, max_seqlen_q,
             max_seqlen_k, causal, window, alibi_slopes, softcap, sink, scale, return_lse, registry, out, descales)
@@ -256,16 +258,9 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     FP8 caches (``torch.float8_e4m3fn``, CK's ``fp8bf16``): ``k_new``/``v_new`` (and ``q``) are bfloat16 and
     ``k_descale``/``v_descale`` (float32 tensors of one element on the device, the ones attention reads) quantize
     each new row: ``e4m3(clamp(x / descale, -448, 448))``, RoPE applied first; q is rotated in bfloat16."""
-    if not _is_torch(k_new):
-        token = CALLER.set("append_kv()")
-        try:
-            return paged_numpy.append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
-                                      cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q,
-                                      (k_descale, v_descale))
-        finally:
-            CALLER.reset(token)
+    torch_in = _is_torch(k_new)
     call = None
-    if max_seqlen_new is not None:  # the call for the replay path (fmha_dsl/replay.py)
+    if torch_in and max_seqlen_new is not None:  # the call for the replay path (fmha_dsl/replay.py)
         call = ((q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cu_seqlens_new, seqlens_k, block_table,
                  kv_indptr, kv_indices, k_descale, v_descale),
                 ("append", max_seqlen_new, bool(rotary_interleaved), _fast.registry_key(registry)))
@@ -273,6 +268,10 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
             return
     token = CALLER.set("append_kv()")
     try:
+        if not torch_in:  # NumPy arrays run the reference
+            return paged_numpy.append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
+                                      cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q,
+                                      (k_descale, v_descale))
         _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
                 max_seqlen_new, rotary_cos, rotary_sin, rotary_interleaved, q, registry, call, (k_descale, v_descale))
     finally:
@@ -297,7 +296,7 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
     if dname in FP8_DTYPES:
         raise _usage("usage.dtype", "`k_new` holds the new rows before quantization: bfloat16 for an FP8 cache, got "
                      "float8_e4m3fn", "pass the bfloat16 rows; append_kv quantizes them with k_descale/v_descale")
-    fp8 = isinstance(k_cache, torch.Tensor) and str(k_cache.dtype) == "torch.float8_e4m3fn"
+    fp8 = isinstance(k_cache, torch.Tensor) and _is_fp8(k_cache)
     if fp8:
         if k_new.dtype is not torch.bfloat16:
             raise _usage("usage.dtype", f"an FP8 (float8_e4m3fn) cache takes bfloat16 new rows, got {k_new.dtype}",

@@ -31,6 +31,22 @@ def _prep(x, dtype):
     return np.ascontiguousarray(x.astype(_NP[dtype], copy=False))
 
 
+def _decode(x, dtype):
+    """The values of an array :func:`_prep` made for ``dtype`` (its inverse on the dtype's grid)."""
+    if dtype == "bf16":
+        return _bf16_decode(x)
+    if dtype == "fp8bf16":
+        from ..fp8 import decode_e4m3
+
+        return decode_e4m3(x)
+    return x
+
+
+def _descale_shims(descales, n: int) -> list:
+    """The ``n`` FP8 descales as one-element fp32 arrays for the kernel (1.0 each when None)."""
+    return [_Shim(np.asarray([1.0 if descales is None else descales[i]], np.float32), "float32") for i in range(n)]
+
+
 def _el(a):
     """Element strides (a size-1 dim's stride normalised)."""
     return tuple(0 if n == 1 else st // a.itemsize for n, st in zip(a.shape, a.strides))
@@ -105,13 +121,12 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     const["UPCAST_DOT"] = odt == "bf16"
     g = grid_of(const["PACK_GQA"], B, Hq, Hk, msq, block_m)
     if min(g) == 0:
-        return (_bf16_decode(out) if odt == "bf16" else out), (lse_arr if lse else None)
+        return _decode(out, odt), (lse_arr if lse else None)
     t = _TNAME[dtype]
-    ds = [np.asarray([1.0 if descales is None else descales[i]], np.float32) for i in range(3)]
     args = paged_abi.pack(
         [_Shim(qa, t), _Shim(ka, t), _Shim(va, t), _Shim(out, _TNAME[odt]), _Shim(lse_arr, "float32"),
          _Shim(a_arr, "float32"), _Shim(cq, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32"),
-         *(_Shim(d, "float32") for d in ds)],
+         *_descale_shims(descales, 3)],
         _el(qa)[:2], ks, vs, _el(out), _el(lse_arr), tb_stride, a_st, Hq, Hk, Dq, Dv, msq, msk,
         num_pages, width, scale, softcap, left, right, int(mode != "top_left"), int(sink))
     if num_splits:
@@ -125,9 +140,7 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
         C.fmha_fwd_combine[((msq + cconst["BLOCK_M"] - 1) // cconst["BLOCK_M"], Hq, B)](*cargs, **cconst)
     else:
         T.fmha_paged[g](*args, **const)
-    if odt == "bf16":
-        out = _bf16_decode(out)
-    return out, (lse_arr if lse else None)
+    return _decode(out, odt), (lse_arr if lse else None)
 
 
 def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seqlens_new, block_table=None,
@@ -172,19 +185,12 @@ def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seql
         num_pages, _, _, _, _, ks, vs = paged_abi.cache_geometry(layout, ka.shape, _el(ka), va.shape, _el(va))
         t, tn = _TNAME[dtype], _TNAME[new_dt]
         qsh = _Shim(qa, tn) if qa is not None else _Shim(np.zeros(1, _NP[new_dt]), tn)
-        ds = [np.asarray([1.0 if descales is None else descales[i]], np.float32) for i in range(2)]
         args = paged_abi.pack_append(
             [qsh, _Shim(ka, t), _Shim(va, t), _Shim(kn, tn), _Shim(vn, tn), _Shim(cos, "float32"),
              _Shim(sin, "float32"), _Shim(cn, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32"),
-             *(_Shim(d, "float32") for d in ds)],
+             *_descale_shims(descales, 2)],
             _el(qa)[:2] if qa is not None else (0, 0), ks, vs, _el(kn)[:2], _el(vn)[:2],
             cos.strides[0] // 4, tb_stride, Hq, Hk, Dq, Dv, max_new, cos.shape[1] if rope != "none" else 0,
             cos.shape[0] if rope != "none" else 0, num_pages, width)
         T.fmha_appendkv[g](*args, **const)
-    def dec(x, dt):
-        if dt == "fp8bf16":
-            from ..fp8 import decode_e4m3
-
-            return decode_e4m3(x)
-        return _bf16_decode(x) if dt == "bf16" else x
-    return dec(ka, dtype), dec(va, dtype), (dec(qa, new_dt) if qa is not None else None)
+    return _decode(ka, dtype), _decode(va, dtype), (_decode(qa, new_dt) if qa is not None else None)

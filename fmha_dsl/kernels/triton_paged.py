@@ -213,7 +213,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
     if SOFTCAP:
         cap_scale = sm_scale / softcap
         cap_log2 = softcap * 1.4426950408889634
-    if FP8:  # Q.K^T in e4m3 (sm90: fp8 warpgroup MMA, prefill 0.72x -> 0.99x of bf16), V widened to fp16 (one cvt
+    if FP8:  # Q.K^T in e4m3 (sm90: fp8 warpgroup MMA, prefill 0.72x -> 0.97x of bf16), V widened to fp16 (one cvt
         # per pair; bf16 took three, decode 1.2x slower: docs/triton.md); the descales scale the scores (their sign
         # carried by q) and the output
         qk_descale = tl.load(q_descale) * tl.load(k_descale)
