@@ -94,6 +94,9 @@ def main() -> None:
     ap.add_argument("--parts", default="decode,prefill", help="decode, prefill or both (comma-separated)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts or parts - {"decode", "prefill"}:
+        ap.error(f"--parts takes decode, prefill or decode,prefill, got {args.parts!r}")
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -103,7 +106,6 @@ def main() -> None:
            "triton": __import__("triton").__version__, "python": platform.python_version(),
            "copy_gbs": copy_bandwidth(), "rows": []}
     print(f"{doc['device']}: copy {doc['copy_gbs']:.0f} GB/s (read + write)", flush=True)
-    parts = set(args.parts.split(","))
     for b, s in (SHAPES[:1] + SHAPES[3:5] if args.quick else SHAPES) if "decode" in parts else ():
         r = row(b, s)
         doc["rows"].append(r)

@@ -14,6 +14,12 @@ import sys
 
 
 def main() -> int:
+    argv = [a for a in sys.argv[1:] if a != "--fp8-only"]
+    if any(len(a.split("x")) != 2 or not all(x.isdigit() for x in a.split("x")) for a in argv):
+        print(f"usage: probe_fp8_decode.py [--fp8-only] [BxS ...] (e.g. 32x8192), got {' '.join(argv)}",
+              file=sys.stderr)
+        return 2
+    shapes = [tuple(int(x) for x in a.split("x")) for a in argv] or [(32, 8192), (1, 8192), (128, 1024)]
     import torch
 
     import fmha_dsl
@@ -23,8 +29,6 @@ def main() -> int:
     from bench_serving import paged_copy
 
     hq, hk, d = 32, 8, 128
-    argv = [a for a in sys.argv[1:] if a != "--fp8-only"]
-    shapes = [tuple(int(x) for x in a.split("x")) for a in argv] or [(32, 8192), (1, 8192), (128, 1024)]
     for b, s in shapes:
         g = torch.Generator(device="cuda").manual_seed(0)
         k, v = (torch.randn(b, hk, s, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
