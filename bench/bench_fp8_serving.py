@@ -8,12 +8,16 @@ and times the candidates; the figures are the steady state after it), Sq = 1, GQ
 d128, page 16, pages scattered at random; the FP8 cache (``torch.float8_e4m3fn``, CK's ``fp8bf16`` contract: q in
 e4m3 too, bf16 output) holds the bf16 cache's values rounded to e4m3.  Reported: time per call, the bytes each reads
 (K + V: 1 byte an element in FP8, 2 in bf16) per second, the fraction of the device's copy bandwidth (read + write,
-measured in the run), and the FP8 call's speed-up over the bf16 one.  Timing: bench_serving's (CUDA events, median,
-the L2 flushed by a 512 MB read before each call).  FP8 output is checked against the bf16 call's (rel. err < 8 %:
-e4m3 has 3 mantissa bits).
+measured in the run), and the FP8 call's speed-up over the bf16 one.  Two FP8 caches: per-tensor descales (``fp8``,
+descales of 1) and CK's KV block scales (``fp8_blocks``: ``k_descale``/``v_descale`` of shape ``[num_pages, Hk]``,
+each page's and head's amax / 448, the pages quantized by them).  Timing: bench_serving's (CUDA events, median, the
+L2 flushed by a 512 MB read before each call).  FP8 output is checked against the bf16 call's (rel. err < 8 %: e4m3
+has 3 mantissa bits).
 
 Prefill (``--parts prefill``; default: both): one sequence of S queries over its S keys in the same pages (32 query
-heads over 8 K/V heads, causal), S = 2048 and 8192, TFLOP/s (4 * Hq * S * S * D, halved for causal) of each dtype.
+heads over 8 K/V heads, causal), S = 2048 and 8192 over pages of 16, and S = 8192 over pages of 1024 (a key block in
+one page: one block scale per block, the only case CK's kernels take), TFLOP/s (4 * Hq * S * S * D, halved for
+causal) of each dtype.
 """
 
 from __future__ import annotations
@@ -30,11 +34,46 @@ SHAPES = ((1, 8192), (1, 32768), (8, 8192), (32, 8192), (128, 1024), (8, 32768),
 HQ, HK, D, PAGE = 32, 8, 128, 16
 
 
+def fp8_calls(q, kc, vc, kw) -> dict:
+    """The calls timed on the same pages: ``bf16``; ``fp8`` (per-tensor descales of 1: the bf16 values rounded to
+    e4m3); ``fp8_blocks`` (CK's KV block scales: each page's and head's amax / 448, ``[num_pages, Hk]``)."""
+    import torch
+
+    import fmha_dsl
+
+    f8 = torch.float8_e4m3fn
+    ones = [torch.ones(1, device="cuda") for _ in range(3)]
+    q8, kc8, vc8 = (x.to(f8) for x in (q, kc, vc))
+    kd, vd = (x.abs().amax(dim=(1, 3)).float().clamp_min(1e-30) / 448 for x in (kc, vc))   # [num_pages, Hk]
+    kb8, vb8 = ((x.float() / d[:, None, :, None]).to(f8) for x, d in ((kc, kd), (vc, vd)))
+    return {"bf16": lambda: fmha_dsl.paged_attention(q, kc, vc, **kw),
+            "fp8": lambda: fmha_dsl.paged_attention(q8, kc8, vc8, q_descale=ones[0], k_descale=ones[1],
+                                                     v_descale=ones[2], **kw),
+            "fp8_blocks": lambda: fmha_dsl.paged_attention(q8, kb8, vb8, q_descale=ones[0], k_descale=kd,
+                                                           v_descale=vd, **kw)}
+
+
+def _first_calls(calls: dict, out: dict) -> None:
+    """Each call once (its first use: compile and time the candidates), the kernel first use kept for it
+    (``out["kernels"]``), and the FP8 outputs' errors against bf16's."""
+    import torch
+
+    import fmha_dsl.api_dispatch as api
+
+    disp = api.dispatcher(None, torch.cuda.current_device())   # the default path's (no registry)
+    got, out["kernels"] = {}, {}
+    for name, fn in calls.items():
+        before = set(disp.fast_paged)
+        got[name] = fn().float()
+        new = [plan for key, plan in disp.fast_paged.items() if key not in before]
+        out["kernels"][name] = new[0].entry.name if len(new) == 1 and hasattr(new[0], "entry") else ""
+    for name in ("fp8", "fp8_blocks"):
+        out[f"rel_err{name[3:]}"] = ((got[name] - got["bf16"]).norm() / got["bf16"].norm()).item()
+
+
 def row(b: int, s: int) -> dict:
     import torch
     from bench_serving import _bench, paged_copy
-
-    import fmha_dsl
 
     g = torch.Generator(device="cuda").manual_seed(0)
     k, v = (torch.randn(b, HK, s, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -43,48 +82,38 @@ def row(b: int, s: int) -> dict:
     q = torch.randn(b, HQ, D, generator=g, device="cuda", dtype=torch.bfloat16)
     kw = dict(block_table=bt, seqlens_k=torch.full((b,), s, dtype=torch.int32, device="cuda"),
               cu_seqlens_q=torch.arange(b + 1, dtype=torch.int32, device="cuda"), max_seqlen_q=1, max_seqlen_k=s)
-    ones = [torch.ones(1, device="cuda") for _ in range(3)]
-    q8, kc8, vc8 = (x.to(torch.float8_e4m3fn) for x in (q, kc, vc))
+    calls = fp8_calls(q, kc, vc, kw)
     out = {"batch": b, "seqlen_k": s}
-    ref = fmha_dsl.paged_attention(q, kc, vc, **kw)
-    got = fmha_dsl.paged_attention(q8, kc8, vc8, q_descale=ones[0], k_descale=ones[1], v_descale=ones[2], **kw)
-    out["rel_err"] = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
-    for name, elem, fn in (("bf16", 2, lambda: fmha_dsl.paged_attention(q, kc, vc, **kw)),
-                           ("fp8", 1, lambda: fmha_dsl.paged_attention(q8, kc8, vc8, q_descale=ones[0],
-                                                                        k_descale=ones[1], v_descale=ones[2], **kw))):
+    _first_calls(calls, out)
+    for name, fn in calls.items():
         ms = _bench(fn)
-        out[name] = {"us": ms * 1e3, "gbs": 2 * b * s * HK * D * elem / ms / 1e6}
+        out[name] = {"us": ms * 1e3, "gbs": 2 * b * s * HK * D * (2 if name == "bf16" else 1) / ms / 1e6}
     out["speedup"] = out["bf16"]["us"] / out["fp8"]["us"]
+    out["speedup_blocks"] = out["bf16"]["us"] / out["fp8_blocks"]["us"]
     return out
 
 
-def prefill_row(s: int) -> dict:
+def prefill_row(s: int, page: int = PAGE) -> dict:
     import torch
     from bench_serving import _bench, paged_copy
 
-    import fmha_dsl
-
     g = torch.Generator(device="cuda").manual_seed(0)
     k, v = (torch.randn(1, HK, s, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    kc, vc, bt, _, _ = paged_copy(k, v, PAGE)
+    kc, vc, bt, _, _ = paged_copy(k, v, page)
     del k, v
     q = torch.randn(s, HQ, D, generator=g, device="cuda", dtype=torch.bfloat16)
     kw = dict(block_table=bt, seqlens_k=torch.tensor([s], dtype=torch.int32, device="cuda"),
               cu_seqlens_q=torch.tensor([0, s], dtype=torch.int32, device="cuda"), max_seqlen_q=s, max_seqlen_k=s,
               causal=True)
-    ones = [torch.ones(1, device="cuda") for _ in range(3)]
-    q8, kc8, vc8 = (x.to(torch.float8_e4m3fn) for x in (q, kc, vc))
-    out = {"seqlen": s}
-    ref = fmha_dsl.paged_attention(q, kc, vc, **kw)
-    got = fmha_dsl.paged_attention(q8, kc8, vc8, q_descale=ones[0], k_descale=ones[1], v_descale=ones[2], **kw)
-    out["rel_err"] = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+    calls = fp8_calls(q, kc, vc, kw)
+    out = {"seqlen": s, "page": page}
+    _first_calls(calls, out)
     flops = 4 * HQ * s * s * D / 2
-    for name, fn in (("bf16", lambda: fmha_dsl.paged_attention(q, kc, vc, **kw)),
-                     ("fp8", lambda: fmha_dsl.paged_attention(q8, kc8, vc8, q_descale=ones[0], k_descale=ones[1],
-                                                              v_descale=ones[2], **kw))):
+    for name, fn in calls.items():
         ms = _bench(fn)
         out[name] = {"us": ms * 1e3, "tflops": flops / ms / 1e9}
     out["speedup"] = out["bf16"]["us"] / out["fp8"]["us"]
+    out["speedup_blocks"] = out["bf16"]["us"] / out["fp8_blocks"]["us"]
     return out
 
 
@@ -109,23 +138,29 @@ def main() -> None:
     for b, s in (SHAPES[:1] + SHAPES[3:5] if args.quick else SHAPES) if "decode" in parts else ():
         r = row(b, s)
         doc["rows"].append(r)
-        print(f"B={b:4d} Sk={s:6d}  bf16 {r['bf16']['us']:8.1f} us {r['bf16']['gbs']:6.0f} GB/s "
-              f"({r['bf16']['gbs'] / doc['copy_gbs']:4.0%})   fp8 {r['fp8']['us']:8.1f} us {r['fp8']['gbs']:6.0f} GB/s "
-              f"({r['fp8']['gbs'] / doc['copy_gbs']:4.0%})   fp8 speed-up {r['speedup']:.2f}x   err {r['rel_err']:.3f}",
-              flush=True)
-        if not r["rel_err"] < 0.08:
-            print(f"  FP8 output off by {r['rel_err']:.3f}", flush=True)
+        print(f"B={b:4d} Sk={s:6d}  " + "   ".join(
+            f"{n} {r[n]['us']:8.1f} us {r[n]['gbs']:6.0f} GB/s ({r[n]['gbs'] / doc['copy_gbs']:4.0%})"
+            for n in ("bf16", "fp8", "fp8_blocks")) + f"   speed-up {r['speedup']:.2f}x / {r['speedup_blocks']:.2f}x"
+              f"   err {r['rel_err']:.3f} / {r['rel_err_blocks']:.3f}", flush=True)
+        print("  kernels: " + ", ".join(f"{n} {k}" for n, k in r["kernels"].items()), flush=True)
+        for n in ("rel_err", "rel_err_blocks"):
+            if not r[n] < 0.08:
+                print(f"  FP8 output off: {n} {r[n]:.3f}", flush=True)
     if doc["rows"]:
-        sp = [r["speedup"] for r in doc["rows"]]
-        doc["geomean_speedup"] = math.exp(sum(map(math.log, sp)) / len(sp))
-        print(f"fp8 / bf16 decode speed-up: geomean {doc['geomean_speedup']:.2f}x, min {min(sp):.2f}x, "
-              f"max {max(sp):.2f}x")
+        for key, what in (("speedup", "per-tensor"), ("speedup_blocks", "block scales")):
+            sp = [r[key] for r in doc["rows"]]
+            doc[f"geomean_{key}"] = math.exp(sum(map(math.log, sp)) / len(sp))
+            print(f"fp8 ({what}) / bf16 decode speed-up: geomean {doc[f'geomean_{key}']:.2f}x, min {min(sp):.2f}x, "
+                  f"max {max(sp):.2f}x")
     doc["prefill"] = []
-    for s in (2048, 8192) if "prefill" in parts else ():
-        r = prefill_row(s)
+    for s, page in ((2048, PAGE), (8192, PAGE), (8192, 1024)) if "prefill" in parts else ():
+        r = prefill_row(s, page)
         doc["prefill"].append(r)
-        print(f"prefill S={s:5d} causal  bf16 {r['bf16']['tflops']:6.1f} TFLOP/s   fp8 {r['fp8']['tflops']:6.1f} "
-              f"TFLOP/s   fp8 speed-up {r['speedup']:.2f}x   err {r['rel_err']:.3f}", flush=True)
+        print(f"prefill S={s:5d} page {page:4d} causal  " + "   ".join(f"{n} {r[n]['tflops']:6.1f} TFLOP/s"
+                                                    for n in ("bf16", "fp8", "fp8_blocks"))
+              + f"   speed-up {r['speedup']:.2f}x / {r['speedup_blocks']:.2f}x   err {r['rel_err']:.3f} / "
+              f"{r['rel_err_blocks']:.3f}", flush=True)
+        print("  kernels: " + ", ".join(f"{n} {k}" for n, k in r["kernels"].items()), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

@@ -38,7 +38,7 @@ from . import api_dispatch as _api
 from . import paged_numpy
 from . import replay as _fast
 from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _mask, _usage, torch_dtype_names
-from .kernels.paged_abi import FP8_DTYPES, qscale_of
+from .kernels.paged_abi import FP8_DTYPES
 from .paged_args import (append_descales, cache_pair, check_tables_on_host, host_values, max_len, rotary_tables,
                          sequences, tables)
 from .paged_args import descales as check_descales
@@ -74,7 +74,8 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     """Attention of ``q [Tq, Hq, D]`` over the paged cache; returns ``out [Tq, Hq, Dv]`` (or ``(out, lse [Hq, Tq])``
     with ``return_lse``).  FP8 (CK's ``fp8bf16``): q and both caches ``torch.float8_e4m3fn`` with per-tensor
     ``q_descale``/``k_descale``/``v_descale`` (float32 tensors of one element on the device; NumPy: numbers, the
-    arrays holding the e4m3 values); the result is bfloat16. Masks, ALiBi, soft-cap, sink tokens and scale as
+    arrays holding the e4m3 values) -- or, CK's KV block scales, ``k_descale``/``v_descale`` both ``[num_pages, Hk]``
+    (one per page and K/V head, any strides); the result is bfloat16. Masks, ALiBi, soft-cap, sink tokens and scale as
     :func:`fmha_dsl.attention` (the mask's bottom-right corner is each sequence's last cached key), except that
     ``causal=True`` is bottom-right aligned here: a sequence's queries are its last tokens (as in FlashAttention-2's
     varlen and FlashInfer); ``causal="top_left"`` aligns the first query with the first key. ``out``: a preallocated
@@ -139,11 +140,11 @@ def workspace_numel(q, k_cache, v_cache, *, batch: int, max_seqlen_q: int, max_s
     return n
 
 
-def _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi, lse, softcap, sink, layout, lookup,
+def _problem(disp, dname, qscale, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi, lse, softcap, sink, layout, lookup,
              page):
     from .keys import Problem
 
-    return Problem(family="batch_prefill", dtype=dname, qscale=qscale_of(dname), arch=disp.arch,
+    return Problem(family="batch_prefill", dtype=dname, qscale=qscale, arch=disp.arch,
                    batch=max(1, int(b)), nhead_q=int(hq), nhead_k=int(hk), seqlen_q=int(msq), seqlen_k=int(msk),
                    max_seqlen_q=int(msq),
                    max_seqlen_k=int(msk), hdim_q=int(dq), hdim_v=int(dv), mode="group", mask=mask,
@@ -169,7 +170,7 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
                      "move the tensors with .cuda(), or pass numpy arrays to run the reference")
     tq, hq, dq = q.shape
     layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, q.dtype, dev)
-    descales = check_descales(dname, descales, dev)
+    descales, qscale = check_descales(dname, descales, dev, pages=(num_pages, hk))
     odt = torch.bfloat16 if dname in FP8_DTYPES else q.dtype   # CK's FP8 contract writes bf16
     if dk != dq:
         raise _usage("usage.shape", f"`k_cache`'s head dim ({dk}) must equal q's ({dq})",
@@ -232,11 +233,11 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
     aligned = objects or (not any(args[i] & 15 for i in paged_abi.ALIGNED_AT) and num_pages * page < 1 << 31 and (
         layout == "vectorized" or (k_cache.stride(0) == page * k_cache.stride(1)
                                    and v_cache.stride(0) == page * v_cache.stride(1))))
-    key = (dname, dq, dv, hq, hk, mask != "no", alibi_slopes is not None, bool(return_lse), softcap is not None,
+    key = (dname, qscale, dq, dv, hq, hk, mask != "no", alibi_slopes is not None, bool(return_lse), softcap is not None,
            sink > 0, layout, lookup, page, aligned) + disp.seq_key(msq, msk, b * hq)
     plan = disp.fast_paged.get(key)
     if plan is None:
-        problem = _problem(disp, dname, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi_slopes is not None,
+        problem = _problem(disp, dname, qscale, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi_slopes is not None,
                            return_lse, softcap is not None, sink, layout, lookup, page)
         measure = _api.timer(dev, lambda p: p.launch(dev, b, hq, msq, args))
         from .runtime.plan_gather import with_gathered
@@ -256,8 +257,9 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     with ``rotary_interleaved``, else ``(i, i + rotary_dim / 2)``.  Without a page table the caches are contiguous
     ``[B, capacity, Hk, D]``.  ``seqlens_k`` is not updated (the caller's bookkeeping: add the new lengths).
     FP8 caches (``torch.float8_e4m3fn``, CK's ``fp8bf16``): ``k_new``/``v_new`` (and ``q``) are bfloat16 and
-    ``k_descale``/``v_descale`` (float32 tensors of one element on the device, the ones attention reads) quantize
-    each new row: ``e4m3(clamp(x / descale, -448, 448))``, RoPE applied first; q is rotated in bfloat16."""
+    ``k_descale``/``v_descale`` (float32 tensors on the device, the ones attention reads: one element each, or
+    ``[num_pages, Hk]`` block scales -- a contiguous cache's pages are its sequences) quantize each new row by its
+    page's and head's: ``e4m3(clamp(x / descale, -448, 448))``, RoPE applied first; q is rotated in bfloat16."""
     torch_in = _is_torch(k_new)
     call = None
     if torch_in and max_seqlen_new is not None:  # the call for the replay path (fmha_dsl/replay.py)
@@ -312,7 +314,7 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
                      "k_new and v_new hold the same tokens")
     layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, k_cache.dtype if fp8 else k_new.dtype, dev,
                                                      like="k_cache" if fp8 else "k_new", on="k_new")
-    kd, vd = append_descales(dname, descales, dev)
+    (kd, vd), qscale = append_descales(dname, descales, dev, pages=(num_pages, hk))
     tn = k_new.shape[0]
     if (k_new.shape[1], k_new.shape[2], v_new.shape[2]) != (hk, dk, dv):
         raise _usage("usage.shape", f"`k_new`/`v_new` must be [Tnew, {hk}, {dk}] / [Tnew, {hk}, {dv}] like the caches, "
@@ -360,11 +362,11 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
         return
     disp = _api.dispatcher(registry, dev)
     rope = "none" if cos is None else ("inter" if rotary_interleaved else "half")
-    key = ("append", dname, dk, dv, rope, paged, layout, lookup, page if paged else 1)
+    key = ("append", dname, qscale, dk, dv, rope, paged, layout, lookup, page if paged else 1)
     plan = disp.fast_paged.get(key)
     if plan is None:
         hq = q.shape[1] if q is not None else hk
-        problem = Problem(family="fwd_appendkv", dtype=dname, qscale=qscale_of(dname), arch=disp.arch,
+        problem = Problem(family="fwd_appendkv", dtype=dname, qscale=qscale, arch=disp.arch,
                           batch=max(1, b), nhead_q=hq, nhead_k=hk,
                           seqlen_q=max(1, max_new), seqlen_k=max(1, max_new), hdim_q=dk, hdim_v=dv, mode="batch",
                           rope=rope, paged_kv=paged, kv_layout=layout, kv_lookup=lookup,

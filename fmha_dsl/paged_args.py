@@ -229,15 +229,18 @@ def caller(name: str):
     return CALLER.set(name)
 
 
-def append_descales(dname, given, dev):
-    """``(k_descale, v_descale)`` of an append, checked as :func:`descales` checks attention's (none for caches that
-    are not FP8)."""
-    return descales(dname, (None, *given), dev, first=1)[1:]
+def append_descales(dname, given, dev, pages=None):
+    """``((k_descale, v_descale), qscale)`` of an append, checked as :func:`descales` checks attention's (none, and
+    qscale ``no``, for caches that are not FP8)."""
+    got, qscale = descales(dname, (None, *given), dev, first=1, pages=pages)
+    return got[1:], qscale
 
 
-def descales(dname, given, dev, first=0):
-    """FP8's ``(q_descale, k_descale, v_descale)`` (from index ``first``), checked: float32 tensors of one element on
-    the inputs' device (read there, never on the host); none for other dtypes."""
+def descales(dname, given, dev, first=0, pages=None):
+    """FP8's ``(q_descale, k_descale, v_descale)`` (checked from index ``first``) and the key's ``qscale``: float32
+    tensors on the inputs' device (read there, never on the host) -- q's of one element; K's and V's both of one
+    element (``pertensor``) or both ``[num_pages, Hk]`` (``kv_blockscale``: one per page and K/V head; ``pages`` =
+    ``(num_pages, Hk)`` of the caches).  None, and ``no``, for other dtypes."""
     import torch
 
     names = ("q_descale", "k_descale", "v_descale")
@@ -246,19 +249,29 @@ def descales(dname, given, dev, first=0):
             if d is not None:
                 raise _usage("usage.value", f"`{name}` scales FP8 (float8_e4m3fn) data; the inputs are {dname}",
                              f"drop {name}, or pass float8_e4m3fn caches")
-        return (None, None, None)
+        return (None, None, None), "no"
     where = "cpu" if dev < 0 else f"cuda:{dev}"
-    for name, d in list(zip(names, given))[first:]:
+    blocks = "" if pages is None else f" or [num_pages, Hk] = [{pages[0]}, {pages[1]}] (one per page and K/V head)"
+    for i, (name, d) in list(enumerate(zip(names, given)))[first:]:
+        kinds = "of one element" + (blocks if i else "")
         if d is None:
-            raise _usage("usage.value", f"FP8 data needs `{name}`: a float32 tensor of one element on {where}",
+            raise _usage("usage.value", f"FP8 data needs `{name}`: a float32 tensor {kinds} on {where}",
                          f"the dequantization scale of the {name[0]} tensor; torch.ones(1, device='{where}') for "
                          "none")
-        if (not isinstance(d, torch.Tensor) or d.dtype != torch.float32 or d.numel() != 1
-                or d.get_device() != dev):
-            raise _usage("usage.value", f"`{name}` must be a float32 tensor of one element on {where}, got "
+        per_page = (i > 0 and pages is not None and isinstance(d, torch.Tensor) and d.dim() == 2
+                    and d.numel() != 1)   # (a [1, 1] descale is one element: per tensor)
+        if (not isinstance(d, torch.Tensor) or d.dtype != torch.float32 or d.get_device() != dev
+                or (tuple(d.shape) != tuple(pages) if per_page else d.numel() != 1)):
+            raise _usage("usage.value", f"`{name}` must be a float32 tensor {kinds} on {where}, got "
                          f"{type(d).__name__} {tuple(getattr(d, 'shape', ()))} {getattr(d, 'dtype', '')} on "
-                         f"{getattr(d, 'device', '?')}", f"e.g. torch.tensor([s], device='{where}')")
-    return tuple(given)
+                         f"{getattr(d, 'device', '?')}", f"e.g. torch.tensor([s], device='{where}')"
+                         + (f" or torch.full(({pages[0]}, {pages[1]}), s, device='{where}')" if i and pages else ""))
+    kv = [d.numel() != 1 for d in given[1:]]
+    if kv[0] != kv[1]:
+        raise _usage("usage.value", f"`k_descale` and `v_descale` must be of one kind: both one element (per tensor) "
+                     f"or both [num_pages, Hk] (KV block scales), got shapes {tuple(given[1].shape)} and "
+                     f"{tuple(given[2].shape)}", "pass the V scales in the K scales' form")
+    return tuple(given), ("kv_blockscale" if kv[0] else "pertensor")
 
 
 __all__ = ["int_tensor", "tables", "sequences", "check_tables_on_host", "host_values", "cache_pair", "max_len",

@@ -1,10 +1,8 @@
 """The NumPy path of the serving API (:mod:`fmha_dsl.paged`): NumPy arrays run the reference
 (:mod:`fmha_dsl.reference_paged`), with the API's argument checks -- writable arrays for in-place appends, FP8
-descales as numbers."""
+descales as numbers (or K's and V's as ``[num_pages, Hk]`` arrays)."""
 
 from __future__ import annotations
-
-import math
 
 from .attention_args import _usage
 
@@ -22,12 +20,15 @@ def paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu
     got = ref(q, k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
               seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q, causal=causal, window=window, alibi_slopes=alibi_slopes,
               softcap=softcap, sink=0 if sink is None else sink, scale=scale, return_lse=True,
-              descales=_descales(descales))
+              descales=_fit(_descales(descales), k_cache))
     return got if return_lse else got[0]
 
 
 def _descales(descales, names=("q_descale", "k_descale", "v_descale")):
-    """FP8's descales on the NumPy path: all of them numbers (the arrays hold the e4m3 values), or none."""
+    """FP8's descales on the NumPy path, all given or none: numbers (the arrays hold the e4m3 values), K's and V's
+    also ``[num_pages, Hk]`` arrays (KV block scales; the reference checks their shape)."""
+    import numpy as np
+
     given = [d is not None for d in descales]
     if not any(given):
         return None
@@ -35,20 +36,56 @@ def _descales(descales, names=("q_descale", "k_descale", "v_descale")):
         missing = ", ".join(n for n, g in zip(names, given) if not g)
         raise _usage("usage.value", f"FP8 descales come as a set: {missing} missing",
                      ("pass all three" if len(names) == 3 else "pass both") + " (1.0 for none)")
-    try:
-        return tuple(float(d) for d in descales)
-    except (TypeError, ValueError):
-        raise _usage("usage.value", f"on NumPy inputs the descales are numbers, got "
-                     f"{[type(d).__name__ for d in descales]}", "pass floats") from None
+    out = []
+    for name, d in zip(names, descales):
+        try:
+            a = np.asarray(d, dtype=np.float64)
+        except (TypeError, ValueError):
+            a = None
+        if a is None or (a.ndim != 2 or name == "q_descale") and a.size != 1:
+            raise _usage("usage.value", f"on NumPy inputs `{name}` is a number"
+                         + (" or a [num_pages, Hk] array (KV block scales)" if name != "q_descale" else "")
+                         + f", got {type(d).__name__}" + ("" if a is None else f" of shape {a.shape}"),
+                         "pass floats" + (" (or [num_pages, Hk] arrays of them)" if name != "q_descale" else ""))
+        out.append(a if a.size != 1 else float(a.reshape(-1)[0]))   # ([[s]]: one number, per tensor)
+    kinds = {name: isinstance(d, np.ndarray) for name, d in zip(names, out) if name != "q_descale"}
+    if len(set(kinds.values())) > 1:
+        raise _usage("usage.value", "`k_descale` and `v_descale` must be of one kind: both numbers (per tensor) or "
+                     "both [num_pages, Hk] arrays (KV block scales)", "pass the V scales in the K scales' form")
+    return tuple(out)
 
 
-def _append_descales(descales):
-    """An FP8 append's ``(k_descale, v_descale)`` on the NumPy path: finite, nonzero numbers (they divide), or none."""
-    got = _descales(descales, ("k_descale", "v_descale"))
+def _fit(got, k_cache, names=("q_descale", "k_descale", "v_descale")):
+    """``got`` (:func:`_descales`), K's and V's block scales checked against the cache's ``[num_pages, Hk]``
+    (a linear cache ``[P, page, Hk, D]`` or CK's vectorized ``[P, Hk, D / x, page, x]``)."""
+    import numpy as np
+
+    shape = np.shape(k_cache)
+    if got is None or len(shape) not in (4, 5):
+        return got   # (the reference names a cache of the wrong rank)
+    pages = (shape[0], shape[2] if len(shape) == 4 else shape[1])
+    for name, d in zip(names, got):
+        if isinstance(d, np.ndarray) and d.shape != pages:
+            raise _usage("usage.shape", f"`{name}` must be [num_pages, Hk] = [{pages[0]}, {pages[1]}] (one descale "
+                         f"per page and K/V head of the cache), got shape {d.shape}",
+                         "or one number: a per-tensor descale")
+    return got
+
+
+def _append_descales(descales, k_cache):
+    """An FP8 append's ``(k_descale, v_descale)`` on the NumPy path: finite, nonzero (they divide), or none."""
+    import numpy as np
+
+    got = _fit(_descales(descales, ("k_descale", "v_descale")), k_cache, ("k_descale", "v_descale"))
     for name, d in zip(("k_descale", "v_descale"), got or ()):
-        if not (math.isfinite(d) and d != 0):
-            raise _usage("usage.value", f"`{name}` divides the new rows into the FP8 cache: it must be a finite, "
-                         f"nonzero number, got {d}", "the scale the cache's values are multiplied by when read")
+        ok = np.isfinite(d) & (np.asarray(d) != 0)
+        if not np.all(ok):
+            at, value = "", d
+            if np.ndim(d):  # the first bad [page, head]
+                idx = tuple(int(i) for i in np.argwhere(~ok)[0])
+                at, value = f"[{', '.join(map(str, idx))}]", d[idx]
+            raise _usage("usage.value", f"`{name}{at}` divides the new rows into the FP8 cache: it must be finite and "
+                         f"nonzero, got {value}", "the scale the cache's values are multiplied by when read")
     return got
 
 
@@ -69,7 +106,7 @@ def append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, s
     kc, vc, qr = ref(k_cache, v_cache, k_new, v_new, block_table=block_table, kv_indptr=kv_indptr,
                      kv_indices=kv_indices, seqlens_k=seqlens_k, cu_seqlens_new=cu_seqlens_new,
                      rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved, q=q,
-                     descales=_append_descales(descales))
+                     descales=_append_descales(descales, k_cache))
     np.copyto(k_cache, kc, casting="unsafe")
     np.copyto(v_cache, vc, casting="unsafe")
     if q is not None:

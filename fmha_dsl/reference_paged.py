@@ -140,6 +140,18 @@ def _check_cache(k_cache, v_cache, layout: str | None):
     return k_cache, v_cache, 0
 
 
+def _kv_descale(name: str, d, num_pages: int, hk: int) -> np.ndarray:
+    """An FP8 K/V descale as float64 ``[num_pages, 1, Hk, 1]`` (broadcasting over a linear cache): one number (per
+    tensor) or ``[num_pages, Hk]`` (KV block scales: one per page and K/V head)."""
+    a = np.asarray(d, np.float64)
+    if a.size == 1 and a.ndim < 2:
+        return np.full((num_pages, 1, hk, 1), a.reshape(-1)[0])
+    if a.shape != (num_pages, hk):
+        raise _usage("usage.shape", f"`{name}` must be one number (per tensor) or [num_pages, Hk] = [{num_pages}, "
+                     f"{hk}] (one per page and K/V head), got shape {a.shape}", "num_pages and Hk are the cache's")
+    return a[:, None, :, None]
+
+
 def _lengths(seqlens_k, batch=None) -> np.ndarray:
     lens = _ints("seqlens_k", seqlens_k, 1)
     if np.any(lens < 0):
@@ -174,12 +186,15 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     :func:`fmha_dsl.reference.attention_fwd` over :func:`gather_kv`'s K/V (``forward``: its keywords -- causal,
     window, sink, softcap, alibi_slopes, scale, ...).  Returns ``out`` (or ``(out, lse)``).  ``descales``: FP8's
     ``(q_descale, k_descale, v_descale)``, the inputs being the values of the e4m3 bytes (:mod:`fmha_dsl.fp8`): the
-    attention of ``q x q_descale`` over ``K x k_descale`` and ``V x v_descale``."""
+    attention of ``q x q_descale`` over ``K x k_descale`` and ``V x v_descale``, K's and V's descales one number or
+    ``[num_pages, Hk]`` (KV block scales: a page's keys and values of head ``h`` scaled by its ``[p, h]``)."""
     if descales is not None:
-        qd, kd, vd = (float(np.asarray(d, np.float64).reshape(-1)[0]) for d in descales)
-        q = np.asarray(q, np.float64) * qd
-        k_cache = np.asarray(k_cache, np.float64) * kd
-        v_cache = np.asarray(v_cache, np.float64) * vd
+        k_cache, v_cache, _ = _check_cache(k_cache, v_cache, layout)
+        layout = "linear"
+        q = np.asarray(q, np.float64) * float(np.asarray(descales[0], np.float64).reshape(-1)[0])
+        p, _, hk, _ = k_cache.shape
+        k_cache = np.asarray(k_cache, np.float64) * _kv_descale("k_descale", descales[1], p, hk)
+        v_cache = np.asarray(v_cache, np.float64) * _kv_descale("v_descale", descales[2], p, hk)
     k, v, cu_k = gather_kv(k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
                            seqlens_k=seqlens_k, layout=layout)
     cq = _ints("cu_seqlens_q", cu_seqlens_q, 1)
@@ -227,7 +242,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     D]``) go to its tokens ``seqlens_k[b] ...``, RoPE applied to them (and to ``q [Tnew, Hq, D]``, the same new tokens)
     at those positions when tables are given.  Copies in the caches' layout: the arguments are not modified.
     ``descales = (k_descale, v_descale)``: FP8 caches (values on the e4m3 grid); each new row is stored as
-    ``e4m3(clamp(x / descale, -448, 448))`` in float32 (round to nearest even), RoPE applied first."""
+    ``e4m3(clamp(x / descale, -448, 448))`` in float32 (round to nearest even), RoPE applied first; a descale is one
+    number or ``[num_pages, Hk]`` (KV block scales: the row's page's and head's)."""
     k_cache, v_cache, vec = _check_cache(k_cache, v_cache, layout)
     k_cache, v_cache = k_cache.copy(), v_cache.copy()
     lens = _lengths(seqlens_k)
@@ -256,19 +272,21 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
             raise _usage("usage.shape", f"`q` must be the new tokens' queries [Tnew = {k_new.shape[0]}, Hq, D], got "
                          f"{q.shape}")
         qr = rotary(q, pos, rotary_cos, rotary_sin, rotary_interleaved) if rope else q.copy()
-    vr = v_new
     if descales is not None:
         from .fp8 import E4M3_MAX, round_e4m3
 
-        kd, vd = (np.float32(d) for d in descales)
-        kr, vr = (round_e4m3(np.clip(np.asarray(x, np.float32) / d, -E4M3_MAX, E4M3_MAX)) for x, d in
-                  ((kr, kd), (v_new, vd)))
+        scales = [_kv_descale(n, d, k_cache.shape[0], k_cache.shape[2])[:, 0].astype(np.float32)
+                  for n, d in zip(("k_descale", "v_descale"), descales)]   # [num_pages, Hk, 1]
     for b in range(lens.shape[0]):
         t = np.arange(cn[b], cn[b + 1])
         tok = pos[t]
         pid, off = rows[b][tok // page], tok % page
-        k_cache[pid, off] = kr[t]
-        v_cache[pid, off] = vr[t]
+        kb, vb = kr[t], v_new[t]
+        if descales is not None:  # each row divided by its page's (and head's) descale, rounded to e4m3
+            kb, vb = (round_e4m3(np.clip(np.asarray(x, np.float32) / sc[pid], -E4M3_MAX, E4M3_MAX))
+                      for x, sc in ((kb, scales[0]), (vb, scales[1])))
+        k_cache[pid, off] = kb
+        v_cache[pid, off] = vb
     if vec:
         k_cache, v_cache = vectorized_caches(k_cache, v_cache, vec)
     return k_cache, v_cache, qr

@@ -68,6 +68,8 @@ def key(p, aligned: bool = True) -> str:
         parts += [p.kv_layout, p.kv_lookup, f"p{p.page_size}"]
     if p.rope != "none":
         parts.append(f"rope{p.rope}")
+    if p.qscale not in ("no", "pertensor"):  # (an FP8 dtype's descales are per tensor unless the key says so)
+        parts.append(p.qscale)
     parts += [f"d{p.hdim_q}x{p.hdim_v}", "mask" if p.mask != "no" else "nmask", "a" if aligned else "u",
               "g%d" % gqa_octave(p.nhead_q, p.nhead_k)]
     sq, sk = p.max_seqlen_q or p.seqlen_q, p.max_seqlen_k or p.seqlen_k

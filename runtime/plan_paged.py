@@ -27,6 +27,13 @@ def _ptrs(objects: bool, tensors):
     return list(tensors) if objects else [0 if t is None else t.data_ptr() for t in tensors]
 
 
+def _descale_strides(k_descale, v_descale) -> tuple:
+    """The ABI's descale strides (:func:`fmha_dsl.kernels.paged_abi.descale_strides`) of FP8 descale tensors: a
+    block-scale tensor's ``[num_pages, Hk]`` strides, 0 for one element (whatever its shape)."""
+    return paged_abi.descale_strides(*(d.stride() if d is not None and d.numel() != 1 else None
+                                       for d in (k_descale, v_descale)))
+
+
 def pack_call(q, k_cache, v_cache, out, lse, *, lookup: str, seqlens_k, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
               block_table=None, kv_indptr=None, kv_indices=None, alibi_slopes=None, scale=None, softcap=None,
               window=None, bottom_right=True, sink=0, descales=(None, None, None), objects=False) -> list:
@@ -44,7 +51,7 @@ def pack_call(q, k_cache, v_cache, out, lse, *, lookup: str, seqlens_k, cu_seqle
     return paged_abi.pack(ptrs, q.stride()[:2], ks, vs, out.stride(), None if lse is None else lse.stride(),
                           tb_stride, None if alibi_slopes is None else alibi_strides(alibi_slopes), q.shape[1], hk,
                           q.shape[2], dv, max_seqlen_q, max_seqlen_k, num_pages, width, scale, softcap, wl, wr,
-                          int(bool(bottom_right)), int(sink))
+                          int(bool(bottom_right)), int(sink), _descale_strides(*descales[1:]))
 
 
 def layout_of(k_cache) -> str:
@@ -208,7 +215,7 @@ class AppendPlan:
                  block_table=None, kv_indptr=None, kv_indices=None, rotary_cos=None, rotary_sin=None, q=None,
                  k_descale=None, v_descale=None):
         """``[(kernel, grid, arguments)]``: what :meth:`run` enqueues (``k_descale``/``v_descale``: an FP8 cache's
-        one-element fp32 descales)."""
+        fp32 descales, one element each or ``[num_pages, Hk]``)."""
         device = k_new.get_device()
         kern = self._stage.kernel(device)
         if self.lookup == "vllm":
@@ -225,7 +232,8 @@ class AppendPlan:
                                      v_new.stride()[:2], 0 if rotary_cos is None else rotary_cos.stride(0), tb_stride,
                                      0 if q is None else q.shape[1], k_new.shape[1], k_new.shape[2],
                                      v_new.shape[2], max_seqlen_new, half,
-                                     0 if rotary_cos is None else rotary_cos.shape[0], num_pages, width)
+                                     0 if rotary_cos is None else rotary_cos.shape[0], num_pages, width,
+                                     _descale_strides(k_descale, v_descale))
         g = paged_abi.append_grid(cu_seqlens_new.shape[0] - 1, 0 if q is None else q.shape[1], k_new.shape[1],
                                   max_seqlen_new, q is not None)
         return [(kern, g, args)] if min(g) else []

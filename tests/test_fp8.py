@@ -55,14 +55,21 @@ def test_fp8_serving_kernels_exist_where_the_arch_has_ocp_fp8(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["decode", "append"])
-def test_fp8_needs_per_tensor_descales(tmp_path, kind):
+def test_fp8_needs_per_tensor_or_kv_block_descales(tmp_path, kind):
     text = FP8_SET if kind == "decode" else FP8_SET.replace(
         "family(fwd_pagedkv)", "family(fwd_appendkv) rope(half) paged_kv(true)").replace(
         "algorithm { pipeline(qr_async) tile(*) }", "")
     keys = _check(tmp_path, text, "sm90")
     assert keys and all(k.signature.qscale == "pertensor" for k in keys)
+    blocks = _check(tmp_path, text.replace("qscale(pertensor)", "qscale(kv_blockscale)"), "sm90")
+    assert len(blocks) == len(keys) and all(k.signature.qscale == "kv_blockscale" for k in blocks)
+    both = _check(tmp_path, text.replace("qscale(pertensor)", "qscale(*)"), "sm90")
+    assert {k.signature.qscale for k in both} == {"pertensor", "kv_blockscale"} and len(both) == 2 * len(keys)
     with pytest.raises(fmha_dsl.FmhaError, match="qscale"):
         _check(tmp_path, text.replace(" qscale(pertensor)", ""), "sm90")
+    with pytest.raises(fmha_dsl.FmhaError, match="qscale") as err:
+        _check(tmp_path, text.replace("qscale(pertensor)", "qscale(blockscale)"), "sm90")
+    assert "kv_blockscale" in err.value.hint
     with pytest.raises(fmha_dsl.FmhaError, match="qscale"):
         _check(tmp_path, text.replace("dtype(fp8bf16)", "dtype(bf16)"), "sm90")
     with pytest.raises(fmha_dsl.FmhaError, match="no fp8bf16 .* kernels for gfx942"):
@@ -133,3 +140,31 @@ def test_numpy_append_kv_quantizes_into_fp8_caches():
     assert np.array_equal(np.stack([kc[p, s] for p, s in rows]), round_e4m3(np.clip(kn / 0.5, -448, 448)))
     assert np.array_equal(np.stack([vc[p, s] for p, s in rows]), round_e4m3(np.clip(vn / np.float32(3.0), -448, 448)))
     assert np.abs(kc).max() == 448.0                     # 300 / 0.5 saturates
+
+
+def test_numpy_kv_block_scales_scale_each_page_and_head():
+    """``k_descale``/``v_descale`` of shape [num_pages, Hk] (CK's KV block scales): the answer is attention over the
+    cache with page p's head h multiplied by its scales, built here by hand."""
+    rng = np.random.default_rng(2)
+    kc, vc = (round_e4m3(rng.standard_normal((4, 4, 2, 8)).astype(np.float32) * 4) for _ in range(2))
+    q = round_e4m3(rng.standard_normal((2, 4, 8)).astype(np.float32))
+    kd, vd = (rng.uniform(0.1, 3.0, (4, 2)) for _ in range(2))
+    kw = dict(block_table=np.array([[2, 0], [1, 3]], np.int32), seqlens_k=[6, 7], cu_seqlens_q=[0, 1, 2])
+    got = fmha_dsl.paged_attention(q, kc, vc, q_descale=0.5, k_descale=kd, v_descale=vd, **kw)
+    ks, vs = kc.astype(np.float64).copy(), vc.astype(np.float64).copy()
+    for p in range(4):
+        for h in range(2):
+            ks[p, :, h] *= kd[p, h]
+            vs[p, :, h] *= vd[p, h]
+    want = fmha_dsl.paged_attention(q.astype(np.float64) * 0.5, ks, vs, **kw)
+    assert np.allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(got, fmha_dsl.paged_attention(q, kc, vc, q_descale=0.5, k_descale=float(kd.mean()),
+                                                         v_descale=float(vd.mean()), **kw), atol=1e-2)
+    # an append divides each new row by the descale of the page it lands in
+    kc2, vc2 = np.zeros((2, 4, 1, 8), np.float32), np.zeros((2, 4, 1, 8), np.float32)
+    kn = rng.standard_normal((3, 1, 8)).astype(np.float32) * 50
+    sd = np.array([[0.5], [4.0]], np.float32)
+    fmha_dsl.append_kv(kc2, vc2, kn, kn, block_table=np.array([[1, 0]], np.int32), seqlens_k=[2],
+                       cu_seqlens_new=[0, 3], k_descale=sd, v_descale=sd)
+    assert np.array_equal(kc2[1, 2:], round_e4m3(np.clip(kn[:2] / np.float32(4.0), -448, 448)))
+    assert np.array_equal(kc2[0, :1], round_e4m3(np.clip(kn[2:] / np.float32(0.5), -448, 448)))

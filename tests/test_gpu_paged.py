@@ -477,7 +477,8 @@ def test_a_prefill_times_the_gathered_route_and_it_replays_and_is_captured(monke
                          causal="bottom_right")
 
     step()
-    key = next(k for k, p in disp.fast_paged.items() if isinstance(p, plan_gather.GatheredPlan) and k[3] == hq)
+    # paged.py's plan keys: (dtype, qscale, dq, dv, hq, ...)
+    key = next(k for k, p in disp.fast_paged.items() if isinstance(p, plan_gather.GatheredPlan) and k[4] == hq)
     assert key
     for lens in ([900, 300, 1200], [17, 1000, 0]):   # replayed with new tables and lengths
         lens_d.copy_(torch.tensor(lens, dtype=torch.int32))

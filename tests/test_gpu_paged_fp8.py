@@ -1,7 +1,8 @@
-"""FP8 serving on a GPU (CK's ``fp8bf16``: e4m3 q and caches, per-tensor descales, bf16 output) against the NumPy
-reference on the same e4m3 values, for prefill and decode (split-KV), both table forms, page sizes smaller and larger
-than a key block, GQA, masks, the vectorized layout, a CUDA-graph captured step whose descales change between
-replays.  (The argument checks run on the CPU: tests/test_paged_api.py.)
+"""FP8 serving on a GPU (CK's ``fp8bf16``: e4m3 q and caches, per-tensor descales or KV block scales, bf16 output)
+against the NumPy reference on the same e4m3 values, for prefill and decode (split-KV), both table forms, page sizes
+smaller and larger than a key block, GQA, masks, the vectorized layout, a CUDA-graph captured step whose descales
+change between replays, appends quantized by a per-tensor or a per-page descale.  (The argument checks run on the
+CPU: tests/test_paged_api.py.)
 
     python3 -P -m pytest -q tests/test_gpu_paged_fp8.py -p no:cacheprovider
 """
@@ -30,10 +31,27 @@ def gpu():
     os.environ.setdefault("FMHA_DSL_TUNE_CANDIDATES", "4")
 
 
+def block_scales(kc, lens_k, bt, page, seed=0):
+    """K/V block scales ``[num_pages, Hk]`` spread 16-fold (K: 2^-5 .. 2^-1, keeping the scores in a range where
+    the FP8 MMA's accumulation is as close as the tolerances say) and 256-fold (V: 2^-5 .. 2^3), NaN on pages no
+    sequence reads."""
+    rng = np.random.default_rng(seed + 9)
+    num_pages, hk = kc.shape[0], kc.shape[2]
+    used = {int(bt[b, j]) for b, n in enumerate(lens_k) for j in range(-(-n // page))}
+    out = []
+    for top in (0, 4):
+        d = (2.0 ** rng.integers(-5, top, (num_pages, hk)) * rng.uniform(0.6, 1.0, (num_pages, hk))).astype(np.float32)
+        d[[p for p in range(num_pages) if p not in used]] = np.nan
+        out.append(d)
+    return out
+
+
 def _case(lens_q, lens_k, *, page=16, hq=8, hk=2, d=128, form="vllm", seed=0, descales=(0.5, 0.25, 2.0),
-          vectorized=False, **kw):
+          vectorized=False, blocks=False, **kw):
     rng = np.random.default_rng(seed + 1)
     kc, vc, bt, ip, ix = make_cache(lens_k, page, hk, d, seed=seed, dtype=torch.float32)
+    if blocks:  # CK's KV block scales: a descale per page and K/V head
+        descales = (descales[0], *block_scales(kc, lens_k, bt, page, seed))
     kc8, vc8 = (x.mul(4).to(torch.float8_e4m3fn) for x in (kc, vc))
     q8 = torch.tensor(rng.standard_normal((sum(lens_q), hq, d)).astype(np.float32) * 4).to(torch.float8_e4m3fn)
     cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
@@ -47,7 +65,7 @@ def _case(lens_q, lens_k, *, page=16, hq=8, hk=2, d=128, form="vllm", seed=0, de
     if vectorized:
         kg, vg = (torch.from_numpy(a).to(dev).view(torch.float8_e4m3fn) for a in
                   vectorized_caches(kc8.view(torch.uint8).numpy(), vc8.view(torch.uint8).numpy(), 16))
-    ds = [torch.tensor([x], dtype=torch.float32, device=dev) for x in descales]
+    ds = [torch.tensor(np.float32(x).reshape(np.shape(x) or (1,)), device=dev) for x in descales]
     gt = {k: torch.tensor(v, device=dev) for k, v in tab.items()}
     out, lse = fmha_dsl.paged_attention(q8.to(dev), kg, vg, seqlens_k=torch.tensor(lens, device=dev),
                                         cu_seqlens_q=torch.tensor(cq, device=dev), max_seqlen_q=int(max(lens_q)),
@@ -79,38 +97,95 @@ def test_the_vectorized_layout_holds_fp8():
     _case([3, 40], [90, 600], page=16, vectorized=True)
 
 
+@pytest.mark.parametrize("page,form,vectorized", [(1, "vllm", False), (16, "sglang", False), (1024, "vllm", False),
+                                                  (16, "vllm", True)])
+def test_kv_block_scales_over_prefill_and_decode(page, form, vectorized):
+    """CK's KV block scales (``k_descale``/``v_descale`` of shape [num_pages, Hk]): prefill (causal) and decode
+    (split-KV, GQA 4:1) against the reference on the scaled values; pages of 1 and 16 (a key block spans pages: a
+    descale per key) and 1024 (one per block)."""
+    _case([37, 130, 0, 64], [200, 130, 5, 1500], page=page, form=form, causal=True, blocks=True,
+          vectorized=vectorized)
+    _case([1] * 6, [1, 17, 4000, 9000, 333, 2048], page=page, form=form, hq=32, hk=8, blocks=True,
+          vectorized=vectorized, seed=2)
+
+
 def test_a_captured_step_reads_the_descales_each_replay():
+    """A server step (maxima, out and workspace given: replayed, CUDA-graph captured) over one cache, called with
+    per-tensor descales, then block scales, then per-tensor again (one shape: each keeps its own plan and recipe),
+    each against the reference; a captured block-scale step replayed after some pages' K and V scales changed."""
     dev = "cuda"
-    kc, vc, bt, _, _ = make_cache([500, 900], 16, 2, 128, dtype=torch.float32)
-    kc8, vc8 = (x.to(torch.float8_e4m3fn).to(dev) for x in (kc, vc))
-    q8 = torch.randn(2, 8, 128).to(torch.float8_e4m3fn).to(dev)
+    lens = [500, 900]
+    kc, vc, bt, _, _ = make_cache(lens, 16, 2, 128, dtype=torch.float32)
+    kc8, vc8 = (x.to(torch.float8_e4m3fn) for x in (kc, vc))
+    q8 = torch.randn(2, 8, 128).to(torch.float8_e4m3fn)
     kw = dict(block_table=torch.tensor(bt, device=dev),
-              seqlens_k=torch.tensor([500, 900], device=dev, dtype=torch.int32),
+              seqlens_k=torch.tensor(lens, device=dev, dtype=torch.int32),
               cu_seqlens_q=torch.tensor([0, 1, 2], device=dev, dtype=torch.int32), max_seqlen_q=1, max_seqlen_k=900)
-    ds = [torch.ones(1, device=dev) for _ in range(3)]
-    ws = torch.empty(fmha_dsl.paged.workspace_numel(q8, kc8, vc8, batch=2, max_seqlen_q=1, max_seqlen_k=900),
+    qg, kg, vg = (x.to(dev) for x in (q8, kc8, vc8))
+    ws = torch.empty(fmha_dsl.paged.workspace_numel(qg, kg, vg, batch=2, max_seqlen_q=1, max_seqlen_k=900),
                      device=dev)
     out = torch.empty(2, 8, 128, device=dev, dtype=torch.bfloat16)
+    per_tensor = [torch.tensor([x], device=dev) for x in (0.5, 0.25, 2.0)]
+    blocks = [torch.tensor([0.5], device=dev)] + [torch.tensor(d, device=dev) for d in
+                                                  block_scales(kc, lens, bt, 16, seed=4)]
 
-    def step():
-        fmha_dsl.paged_attention(q8, kc8, vc8, out=out, workspace=ws, q_descale=ds[0], k_descale=ds[1],
+    def step(ds):
+        fmha_dsl.paged_attention(qg, kg, vg, out=out, workspace=ws, q_descale=ds[0], k_descale=ds[1],
                                  v_descale=ds[2], **kw)
-    step()
-    base = out.clone()
+
+    def check(ds):
+        want = ref_paged(q8.float().numpy(), kc8.float().numpy(), vc8.float().numpy(), block_table=bt,
+                         seqlens_k=np.int32(lens), cu_seqlens_q=np.array([0, 1, 2]),
+                         descales=[d.cpu().numpy().reshape(-1)[0] if d.numel() == 1 else d.cpu().numpy()
+                                   for d in ds])
+        err = np.abs(out.float().cpu().numpy() - want).max() / np.abs(want).max()
+        assert err < TOL, err
+
+    for ds in (per_tensor, blocks, per_tensor, blocks):   # the second pair replays the first pair's recipes
+        step(ds)
+        check(ds)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        step()
-    ds[2].fill_(3.0)
+        step(blocks)
+    for d in blocks[1:]:   # a server rescales some pages: every third page's K and V scales
+        d[::3] *= 3.0
     g.replay()
     torch.cuda.synchronize()
-    assert torch.allclose(out.float(), 3 * base.float(), rtol=1e-2, atol=1e-3)
+    check(blocks)
+    per_tensor[2].fill_(3.0)
+    step(per_tensor)
+    check(per_tensor)
 
 
-@pytest.mark.parametrize("vectorized", [False, True])
-def test_an_fp8_append_quantizes_the_new_rows_and_attention_reads_them(vectorized):
+def test_block_scales_may_be_strided_views():
+    """Block-scale tensors are read through their strides: a transposed view, and a per-head scale expanded over the
+    pages (page stride 0)."""
+    lens = [37, 300]
+    kc, vc, bt, _, _ = make_cache(lens, 16, 2, 128, dtype=torch.float32)
+    kc8, vc8 = (x.to(torch.float8_e4m3fn) for x in (kc, vc))
+    q8 = torch.randn(40, 8, 128).to(torch.float8_e4m3fn)
+    kd, vd = block_scales(kc, lens, bt, 16, seed=1)
+    kd_t = torch.tensor(kd.T.copy(), device="cuda").t()                       # [P, Hk] with strides (1, P)
+    vd_e = torch.tensor([0.5, 2.0], device="cuda")[None, :].expand(kc.shape[0], 2)   # strides (0, 1)
+    assert kd_t.stride() == (1, kc.shape[0]) and vd_e.stride() == (0, 1)
+    cq = np.array([0, 3, 40], np.int32)
+    want = ref_paged(q8.float().numpy(), kc8.float().numpy(), vc8.float().numpy(), block_table=bt,
+                     seqlens_k=np.int32(lens), cu_seqlens_q=cq, causal="bottom_right",
+                     descales=(1.0, kd, np.broadcast_to(np.float32([0.5, 2.0]), kd.shape)))
+    out = fmha_dsl.paged_attention(q8.cuda(), kc8.cuda(), vc8.cuda(), block_table=torch.tensor(bt, device="cuda"),
+                                   seqlens_k=torch.tensor(lens, dtype=torch.int32, device="cuda"),
+                                   cu_seqlens_q=torch.tensor(cq, device="cuda"), causal=True,
+                                   q_descale=torch.ones(1, device="cuda"), k_descale=kd_t, v_descale=vd_e)
+    err = np.abs(out.float().cpu().numpy() - want).max() / np.abs(want).max()
+    assert err < TOL, err
+
+
+@pytest.mark.parametrize("vectorized,blocks", [(False, False), (True, False), (False, True), (True, True)])
+def test_an_fp8_append_quantizes_the_new_rows_and_attention_reads_them(vectorized, blocks):
     """bf16 new rows (RoPE'd) into FP8 caches through ``append_kv(..., k_descale=, v_descale=)``: V's bytes are
-    torch's own ``(v / v_descale).clamp(+-448).to(float8_e4m3fn)``, K's the NumPy reference's (one e4m3 step at most
-    where fp32 and float64 RoPE round apart), q rotated in bf16; then attention over the appended pages."""
+    torch's own ``(v / v_descale).clamp(+-448).to(float8_e4m3fn)`` -- with KV block scales, the descale of the page
+    and head a row lands in --, K's the NumPy reference's (one e4m3 step at most where fp32 and float64 RoPE round
+    apart), q rotated in bf16; then attention over the appended pages with the same descales."""
     from fmha_dsl.reference_paged import append_kv as ref_append, linear_caches
 
     dev = "cuda"
@@ -124,6 +199,9 @@ def test_an_fp8_append_quantizes_the_new_rows_and_attention_reads_them(vectorize
     th = np.arange(400)[:, None] * (10000.0 ** (-np.arange(64) / 64))
     cos, sin = np.cos(th).astype(np.float32), np.sin(th).astype(np.float32)
     ds = (0.25, 0.5)
+    if blocks:
+        ds = tuple(np.float32(2.0) ** np.random.default_rng(i).integers(-4, 3, (kc.shape[0], hk)).astype(np.float32)
+                   for i in range(2))
     wk, wv, wq = ref_append(kc8.float().numpy(), vc8.float().numpy(), kn.float().numpy(), vn.float().numpy(),
                             block_table=bt, seqlens_k=lens, cu_seqlens_new=cn, rotary_cos=cos, rotary_sin=sin,
                             q=q.float().numpy(), descales=ds)
@@ -132,7 +210,7 @@ def test_an_fp8_append_quantizes_the_new_rows_and_attention_reads_them(vectorize
         kg, vg = (torch.from_numpy(a).to(dev).view(torch.float8_e4m3fn) for a in
                   vectorized_caches(kc8.view(torch.uint8).numpy(), vc8.view(torch.uint8).numpy(), 16))
     qg = q.to(dev)
-    kd, vd = (torch.tensor([x], device=dev) for x in ds)
+    kd, vd = (torch.tensor(np.float32(x).reshape(np.shape(x) or (1,)), device=dev) for x in ds)
     fmha_dsl.append_kv(kg, vg, kn.to(dev), vn.to(dev), block_table=torch.tensor(bt, device=dev),
                        seqlens_k=torch.tensor(lens, dtype=torch.int32, device=dev),
                        cu_seqlens_new=torch.tensor(cn, device=dev), rotary_cos=torch.tensor(cos, device=dev),
@@ -142,8 +220,9 @@ def test_an_fp8_append_quantizes_the_new_rows_and_attention_reads_them(vectorize
                   linear_caches(kg.cpu().view(torch.uint8).numpy(), vg.cpu().view(torch.uint8).numpy()))
     gk, gv = kg.float().cpu().numpy(), vg.float().cpu().numpy()
     assert np.array_equal(gv, wv)
-    mine = (vn.float() / ds[1]).clamp(-448, 448).to(torch.float8_e4m3fn).float().numpy()
     rows = [(bt[b, (lens[b] + t) // 16], (lens[b] + t) % 16) for b in range(3) for t in range(new[b])]
+    div = torch.tensor(np.stack([ds[1][p] for p, _ in rows])[:, :, None]) if blocks else ds[1]
+    mine = (vn.float() / div).clamp(-448, 448).to(torch.float8_e4m3fn).float().numpy()
     assert np.array_equal(np.stack([gv[p, s] for p, s in rows]), mine)
     vb = vg.cpu().view(torch.uint8).numpy()
     assert np.array_equal(np.stack([vb[p, s] for p, s in rows]), torch.from_numpy(mine).to(torch.float8_e4m3fn)

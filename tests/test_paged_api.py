@@ -165,7 +165,12 @@ def test_fp8_argument_errors_are_located():
             (q8, k8.to(torch.bfloat16), v8, ds, "`k_cache` must have q's dtype"),
             (q8.float(), torch.tensor(kc), torch.tensor(vc), dict(q_descale=one), "`q_descale` scales FP8"),
             (q8, k8, v8, dict(ds, out=torch.zeros(2, 4, 16).to(torch.float8_e4m3fn)),
-             "`out` must be a \\[2, 4, 16\\] torch.bfloat16 tensor")):
+             "`out` must be a \\[2, 4, 16\\] torch.bfloat16 tensor"),
+            (q8, k8, v8, dict(ds, k_descale=torch.ones(5, 2)), "`k_descale` must be a float32 tensor of one element "
+             "or \\[num_pages, Hk\\] = \\[6, 2\\] .* got Tensor \\(5, 2\\)"),
+            (q8, k8, v8, dict(ds, k_descale=torch.ones(6, 2)), "`k_descale` and `v_descale` must be of one kind"),
+            (q8, k8, v8, dict(ds, q_descale=torch.ones(6, 2)), "`q_descale` must be a float32 tensor of one element "
+             "on")):
         with pytest.raises(UsageError, match=match) as e:
             fmha_dsl.paged_attention(q, k, v, **good, **kw)
         assert "paged_attention()" in str(e.value) and e.value.hint
@@ -178,6 +183,8 @@ def test_fp8_argument_errors_are_located():
             (k8, v8, new, dict(k_descale=one), "FP8 data needs `v_descale`"),
             (k8, v8, new, dict(k_descale=one, v_descale=torch.ones(1, 1, dtype=torch.float16)),
              "`v_descale` must be a float32 tensor of one element"),
+            (k8, v8, new, dict(k_descale=torch.ones(6, 2), v_descale=torch.ones(6, 3)),
+             "`v_descale` must be .* or \\[num_pages, Hk\\] = \\[6, 2\\]"),
             (torch.tensor(kc).bfloat16(), torch.tensor(vc).bfloat16(), new, dict(k_descale=one),
              "`k_descale` scales FP8"),
             (k8, torch.tensor(vc).bfloat16(), new, dict(k_descale=one, v_descale=one),
@@ -191,18 +198,46 @@ def test_fp8_argument_errors_are_located():
     assert "bfloat16 for an FP8 cache" in e.value.hint
 
 
+def test_a_one_element_descale_of_any_shape_is_per_tensor():
+    """[1, 1] K/V descales are one number (per tensor), not block scales of a one-page cache; block scales are
+    exactly [num_pages, Hk]."""
+    torch = pytest.importorskip("torch")
+    from fmha_dsl.paged_args import descales
+
+    one, sq = torch.ones(1), torch.ones(1, 1)
+    assert descales("fp8bf16", (one, sq, sq), -1, pages=(6, 2))[1] == "pertensor"
+    assert descales("fp8bf16", (sq, torch.ones(6, 2), torch.ones(6, 2)), -1, pages=(6, 2))[1] == "kv_blockscale"
+    assert descales("bf16", (None, None, None), -1, pages=(6, 2)) == ((None, None, None), "no")
+    kc, vc, bt = _cache([9, 6])
+    kw = dict(block_table=bt, seqlens_k=[9, 6], cu_seqlens_q=[0, 1, 2])
+    q = np.ones((2, 4, 16), np.float32)
+    got = fmha_dsl.paged_attention(q, kc, vc, q_descale=[[0.5]], k_descale=[[2.0]], v_descale=np.array([3.0]), **kw)
+    assert np.allclose(got, fmha_dsl.paged_attention(q, kc, vc, q_descale=0.5, k_descale=2.0, v_descale=3.0, **kw))
+
+
 def test_numpy_fp8_descales_are_numbers():
     kc, vc, bt = _cache([9, 6])
     kw = dict(block_table=bt, seqlens_k=[9, 6], cu_seqlens_q=[0, 1, 2])
     q = np.zeros((2, 4, 16), np.float32)
-    with pytest.raises(UsageError, match="paged_attention\\(\\): on NumPy inputs the descales are numbers") as e:
-        fmha_dsl.paged_attention(q, kc, vc, q_descale="a", k_descale=1.0, v_descale=1.0, **kw)
-    assert e.value.hint
+    for kw2, match in ((dict(q_descale="a", k_descale=1.0, v_descale=1.0), "on NumPy inputs `q_descale` is a number"),
+                       (dict(q_descale=np.ones((2, 2)), k_descale=1.0, v_descale=1.0),
+                        "`q_descale` is a number, got ndarray of shape \\(2, 2\\)"),
+                       (dict(q_descale=1.0, k_descale=np.ones(3), v_descale=1.0),
+                        "`k_descale` is a number or a \\[num_pages, Hk\\] array .* shape \\(3,\\)"),
+                       (dict(q_descale=1.0, k_descale=np.ones((3, 2)), v_descale=1.0),
+                        "`k_descale` and `v_descale` must be of one kind"),
+                       (dict(q_descale=1.0, k_descale=np.ones((3, 2)), v_descale=np.ones((3, 2))),
+                        "`k_descale` must be \\[num_pages, Hk\\] = \\[6, 2\\] .* got shape \\(3, 2\\)")):
+        with pytest.raises(UsageError, match="paged_attention\\(\\): .*" + match) as e:
+            fmha_dsl.paged_attention(q, kc, vc, **kw, **kw2)
+        assert e.value.hint
     new = dict(block_table=bt, seqlens_k=[9, 6], cu_seqlens_new=[0, 1, 2])
     kn = np.zeros((2, 2, 16), np.float32)
     for kw2, match in ((dict(k_descale=1.0), "append_kv\\(\\): FP8 descales come as a set: v_descale missing"),
-                       (dict(k_descale=0.0, v_descale=1.0), "`k_descale` divides .* finite, nonzero number, got 0.0"),
-                       (dict(k_descale=1.0, v_descale=float("inf")), "`v_descale` divides")):
+                       (dict(k_descale=0.0, v_descale=1.0), "`k_descale` divides .* finite and nonzero, got 0.0"),
+                       (dict(k_descale=1.0, v_descale=float("inf")), "`v_descale` divides"),
+                       (dict(k_descale=np.ones((6, 2)), v_descale=np.array([[1.0, 0.0]] * 6)),
+                        "`v_descale\\[0, 1\\]` divides .* got 0.0")):
         with pytest.raises(UsageError, match=match) as e:
             fmha_dsl.append_kv(kc.copy(), vc.copy(), kn, kn, **new, **kw2)
         assert e.value.hint

@@ -302,6 +302,21 @@ def test_fp8_caches_with_per_tensor_descales(interp, name):
     assert np.array_equal(live, np.isfinite(lse)) and np.abs(lse[live] - wlse[live]).max() <= 1e-4
 
 
+def _fp8_append_inputs(seed, new, form):
+    """``(lens, k_cache, v_cache, table, k_new, v_new, cu_seqlens_new)``: e4m3 caches of 4 sequences with room for
+    ``new`` rows each, and bf16 new rows of spread magnitudes."""
+    from fmha_dsl.fp8 import round_e4m3
+    from fmha_dsl.kernels.fwd_interpret import bf16_round as round_bf16
+
+    rng = np.random.default_rng(seed)
+    lens = [5, 0, 9, 30]
+    kc, vc, tab = cache(lens, 16, 2, 32, 16, extra=new, form=form)
+    kn = round_bf16(rng.standard_normal((sum(new), 2, 32)).astype(np.float32) * 20)
+    vn = round_bf16(rng.standard_normal((sum(new), 2, 16)).astype(np.float32) * 20)
+    cn = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+    return lens, round_e4m3(kc * 8), round_e4m3(vc * 8), tab, kn, vn, cn
+
+
 @pytest.mark.parametrize("form,rope,vectorized", [("vllm", "half", False), ("sglang", "none", False),
                                                   ("vllm", "inter", True)])
 def test_fp8_appends_quantize_each_row_by_its_descale(interp, form, rope, vectorized):
@@ -309,19 +324,14 @@ def test_fp8_appends_quantize_each_row_by_its_descale(interp, form, rope, vector
     rotated in bf16 -- against the reference, byte for byte on V: values beyond 448 x descale saturate, a tie after
     an inexact division rounds to even (x * (1 / 3) would round it up), e4m3 subnormals, -0 kept.  (NaN: on the GPU,
     tests/test_gpu_paged_fp8.py -- the interpreter's fp32 -> fp8 cast turns NaN into 384.)"""
-    from fmha_dsl.fp8 import encode_e4m3, round_e4m3
+    from fmha_dsl.fp8 import encode_e4m3
     from fmha_dsl.kernels.fwd_interpret import bf16_round as round_bf16
 
     rng = np.random.default_rng(5)
-    lens, new = [5, 0, 9, 30], [3, 4, 0, 17]
-    kc, vc, tab = cache(lens, 16, 2, 32, 16, extra=new, form=form)
-    kc, vc = round_e4m3(kc * 8), round_e4m3(vc * 8)
-    kn = round_bf16(rng.standard_normal((sum(new), 2, 32)).astype(np.float32) * 20)
-    vn = round_bf16(rng.standard_normal((sum(new), 2, 16)).astype(np.float32) * 20)
+    lens, kc, vc, tab, kn, vn, cn = _fp8_append_inputs(5, [3, 4, 0, 17], form)
     vn[0, 0, :7] = [1e4, -1e4, 0.0, -3.0, 3.1875, -1e-5, 0.009]   # saturated, exact, a tie (1.0625 -> 1), -0,
     vn[1, 0, :4] = [0.0035, -0.006, 0.012, 0.045]                 # subnormals (spacing 2^-9)
-    q = round_bf16(rng.standard_normal((sum(new), 4, 32)).astype(np.float32))
-    cn = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+    q = round_bf16(rng.standard_normal((cn[-1], 4, 32)).astype(np.float32))
     rot = {}
     if rope != "none":
         th = np.arange(80)[:, None] * (10000.0 ** (-np.arange(16) / 16))
@@ -340,3 +350,100 @@ def test_fp8_appends_quantize_each_row_by_its_descale(interp, form, rope, vector
     # boundary may land one e4m3 step apart (3 mantissa bits: at most 1/8 of it)
     assert np.all(np.abs(gk - wk) <= np.abs(wk) / 8 + 1e-6) and np.mean(gk != wk) < 0.01
     assert np.abs(gq - wq).max() <= 2 ** -7 * np.abs(wq).max()   # q rotated and stored in bf16
+
+
+def _block_descales(tab, lens_k, page, num_pages, hk, seed):
+    """K/V block scales ``[num_pages, Hk]``: a spread of magnitudes (2^-5 .. 2^3, so a key block's pages differ),
+    NaN on the pages no sequence reads (a kernel that read one would show it)."""
+    rng = np.random.default_rng(seed)
+    used = set()
+    for b, n in enumerate(lens_k):
+        k = -(-n // page)
+        if "block_table" in tab:
+            used |= set(tab["block_table"][b, :k].tolist())
+        else:
+            lo = tab["kv_indptr"][b]
+            used |= set(tab["kv_indices"][lo:lo + k].tolist())
+    out = []
+    for _ in range(2):
+        d = (2.0 ** rng.integers(-5, 4, (num_pages, hk)) * rng.uniform(0.6, 1.0, (num_pages, hk))).astype(np.float32)
+        d[[p for p in range(num_pages) if p not in used]] = np.nan
+        out.append(d)
+    return out
+
+
+KV_BLOCK_CASES = {
+    "page_4_a_descale_per_key": dict(page=4, causal="bottom_right"),
+    "page_16_one_per_block": dict(page=16),
+    "tma_pages": dict(page=16, run={"pipeline": "qr_async_trload"}),
+    "vectorized": dict(page=16, run={"vectorized": True}, window=(9, 0)),
+    "split_kv_packed_gqa_page_8": dict(page=8, lens_q=[1, 1, 2], lens_k=[70, 0, 33], form="sglang",
+                                       run={"num_splits": 3, "pipeline": "qr_nwarp_sshuffle"}),
+    "zero_and_negative_softcap": dict(page=8, softcap=3.0, zero=True),
+}
+
+
+@pytest.mark.parametrize("name", list(KV_BLOCK_CASES))
+def test_fp8_kv_block_scales(interp, name):
+    """CK's KV block scales (qscale kv_blockscale): K/V descales [num_pages, Hk], each page's keys and values of a
+    head scaled by its own -- a block that spans pages (pages of 4 and 8 under 16-key blocks) reads one per key --,
+    against the reference on the scaled values; scales that differ 256-fold between pages, zero and negative ones,
+    NaN (descales and values) on pages no sequence reads -- page 0 among them, vLLM's null page, whose descales the
+    keys past a sequence's end in a block that spans pages load (and must drop)."""
+    from fmha_dsl.fp8 import round_e4m3
+
+    kw = dict(KV_BLOCK_CASES[name])
+    page, run, form, zero = kw.pop("page"), kw.pop("run", {}), kw.pop("form", "vllm"), kw.pop("zero", False)
+    lens_q, lens_k = kw.pop("lens_q", [3, 5, 0, 9]), kw.pop("lens_k", [10, 37, 5, 64])
+    kc, vc, tab = cache(lens_k, page, 2, 16, seed=3, form=form)
+    kc, vc = (np.concatenate([np.full_like(x[:1], np.nan), round_e4m3(x * 4)]) for x in (kc, vc))  # a null page 0
+    tab = {k: v + 1 if k in ("block_table", "kv_indices") else v for k, v in tab.items()}
+    kd, vd = _block_descales(tab, lens_k, page, kc.shape[0], 2, seed=len(name))
+    assert np.isnan(kd[0]).all() and np.isnan(vd[0]).all()
+    if zero:
+        used = tab["kv_indices"][0] if "kv_indices" in tab else tab["block_table"][0, 0]
+        kd[used, 1], vd[used, 0] = -kd[used, 1], 0.0
+        vd[np.isfinite(vd) & (vd > 0.5)] *= -1
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    q = round_e4m3(np.random.default_rng(4).standard_normal((cq[-1], 4, 16)).astype(np.float32) * 4)
+    ds = (0.25, kd, vd)
+    want, wlse = paged_attention(q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, return_lse=True, descales=ds, **tab,
+                                 **kw)
+    # per-tensor descales of the pages' mean would give another answer: the test can tell the scales apart
+    flat = (0.25, float(np.nanmean(kd)), float(np.nanmean(vd)))
+    other = paged_attention(q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, descales=flat, **tab, **kw)
+    assert np.abs(other - want).max() > 0.2 * np.abs(want).max()
+    out, lse = interp("run_interpreted_paged", q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, dtype="fp8bf16",
+                      descales=ds, block_m=16, block_n=16, **tab, **kw, **run)
+    assert np.isfinite(out).all()
+    assert np.abs(out - want).max() <= TOL["bf16"] * np.abs(want).max()
+    live = np.isfinite(wlse)
+    assert np.array_equal(live, np.isfinite(lse)) and np.abs(lse[live] - wlse[live]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("form,vectorized", [("vllm", False), ("sglang", True)])
+def test_fp8_appends_quantize_each_row_by_its_pages_block_scale(interp, form, vectorized):
+    """KV block scales in an append: each new row divided by the descale of the page (and head) it lands in, byte
+    for byte on V against the reference, and a contiguous cache (page = sequence) by its sequence's."""
+    from fmha_dsl.fp8 import encode_e4m3
+
+    rng = np.random.default_rng(6)
+    lens, kc, vc, tab, kn, vn, cn = _fp8_append_inputs(6, [3, 14, 0, 17], form)
+    kd, vd = (2.0 ** rng.integers(-3, 3, (kc.shape[0], 2)).astype(np.float32) * 0.75 for _ in range(2))
+    ds = (kd, vd)
+    wk, wv, _ = append_kv(kc, vc, kn, vn, seqlens_k=lens, cu_seqlens_new=cn, descales=ds, **tab)
+    assert not np.array_equal(wv, append_kv(kc, vc, kn, vn, seqlens_k=lens, cu_seqlens_new=cn,
+                                            descales=(0.75, 0.75), **tab)[1])
+    gk, gv, _ = interp("run_interpreted_append", kc, vc, kn, vn, seqlens_k=lens, cu_seqlens_new=cn,
+                       dtype="fp8bf16", descales=ds, vectorized=vectorized, **tab)
+    if vectorized:
+        gk, gv = linear_caches(gk, gv)
+    assert np.array_equal(encode_e4m3(gv), encode_e4m3(wv)) and np.array_equal(encode_e4m3(gk), encode_e4m3(wk))
+    # a contiguous cache [B, capacity, Hk, D]: its "pages" are the sequences
+    cc = np.zeros((4, 48, 2, 32), np.float32), np.zeros((4, 48, 2, 16), np.float32)
+    sd = (kd[:4], vd[:4])
+    wk, wv, _ = append_kv(*cc, kn, vn, seqlens_k=lens, cu_seqlens_new=cn, descales=sd,
+                          block_table=np.arange(4, dtype=np.int32)[:, None])
+    gk, gv, _ = interp("run_interpreted_append", *cc, kn, vn, seqlens_k=lens, cu_seqlens_new=cn, dtype="fp8bf16",
+                       descales=sd, contiguous=True)
+    assert np.array_equal(encode_e4m3(gv), encode_e4m3(wv)) and np.array_equal(encode_e4m3(gk), encode_e4m3(wk))

@@ -20,10 +20,13 @@ keys of a sequence (it never indexes past its table), and clamps every page id i
 (CK's branchless clamp): a corrupt table gives wrong numbers, never an illegal address.  The API checks what it can
 without synchronising (shapes, dtypes, ``table_width x page_size >= max_seqlen_k``).
 
-FP8 (key dtype ``fp8bf16``, ``qscale(pertensor)``, CK's contract): Q and both caches hold FP8 e4m3 values, each
-with a per-tensor fp32 descale (``q_descale``/``k_descale``/``v_descale``, one element each, read on the device);
-the scores are ``scale x q_descale x k_descale x (q . k)`` and the output ``v_descale x (P V)`` / l, written in
-bf16.  Other keys take null descale pointers.
+FP8 (key dtype ``fp8bf16``, CK's contract): Q and both caches hold FP8 e4m3 values, with fp32 descales read on the
+device: ``q_descale`` one element; ``k_descale``/``v_descale`` one element each (``qscale(pertensor)``) or one per
+page and K/V head (``qscale(kv_blockscale)``, CK's KV block scales: ``[num_pages, Hk]`` addressed by the strides
+``stride_kdp``/``stride_kdh`` and ``stride_vdp``/``stride_vdh``, 0 for per-tensor descales).  Key ``j`` of a
+sequence, in page ``p`` and K/V head ``h``, stands for ``k_descale[p, h] x K[j]`` and ``v_descale[p, h] x V[j]``;
+the scores are ``scale x q_descale x (q . k)`` and the output ``(P V)`` / l over those values, written in bf16.
+Other keys take null descale pointers.
 
 Split-KV (``fwd_pagedkv``, decode): ``Out``/``Lse`` are the fp32 workspaces ``[B, Hq * splits, max_seqlen_q, Dv]``
 / ``[B, Hq * splits, max_seqlen_q]`` of the forward family's combine kernel (:mod:`fmha_dsl.kernels.triton_combine`),
@@ -35,8 +38,10 @@ in place) from fp32 ``cos``/``sin [max_position, rotary_dim / 2]`` tables; ``LOO
 ``[B, capacity, Hk, D]`` (page = the sequence, ``table_width`` = capacity).  Rows that would land outside the
 table, the cache or the rotary tables are not written.  FP8 caches (``fp8bf16``, ``qscale(pertensor)``): ``Q``,
 ``Knew``, ``Vnew`` are bf16 (the contract's compute type, ``*{out}``), the caches e4m3, and each new row is stored as
-``e4m3(clamp(x / descale, -448, 448))`` (IEEE division, round to nearest even) with the fp32 one-element
-``k_descale``/``v_descale`` that attention reads; other dtypes pass null descale pointers.
+``e4m3(clamp(x / descale, -448, 448))`` (IEEE division, round to nearest even) with the fp32 descale that attention
+reads: the one element of ``k_descale``/``v_descale`` (per-tensor, strides 0), or with ``qscale(kv_blockscale)``
+the element of the row's page and head (a contiguous cache: of its sequence and head); other dtypes pass null
+descale pointers.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ ARGS: tuple[tuple[str, str], ...] = (
     ("stride_ob", "i32"), ("stride_oh", "i32"), ("stride_om", "i32"),
     ("stride_lb", "i32"), ("stride_lh", "i32"), ("stride_lm", "i32"),
     ("stride_tb", "i32"), ("stride_ab", "i32"), ("stride_ah", "i32"),
+    ("stride_kdp", "i32"), ("stride_kdh", "i32"), ("stride_vdp", "i32"), ("stride_vdh", "i32"),
 )
 
 # 16-divisible in the usual case: 16-byte aligned tensors and head dims that are multiples of 16
@@ -79,6 +85,7 @@ APPEND_ARGS: tuple[tuple[str, str], ...] = (
     ("stride_vp", "i32"), ("stride_vs", "i32"), ("stride_vh", "i32"),
     ("stride_knm", "i32"), ("stride_knh", "i32"), ("stride_vnm", "i32"), ("stride_vnh", "i32"),
     ("stride_cos", "i32"), ("stride_tb", "i32"),
+    ("stride_kdp", "i32"), ("stride_kdh", "i32"), ("stride_vdp", "i32"), ("stride_vdh", "i32"),
 )
 APPEND_ALIGNED: tuple[str, ...] = ()
 APPEND_BLOCK_M = 16   # new rows per append program; grid (cdiv(max_seqlen_new, 16), Hk [+ Hq], B)
@@ -107,13 +114,26 @@ def cache_geometry(layout: str, k_shape, k_strides, v_shape, v_strides) -> tuple
 ROPES = {"none": 0, "inter": 1, "half": 2}
 
 
-DTYPES = ("fp16", "bf16", "fp32")  # what the serving templates take, and (attention only) the FP8 contracts:
-FP8_DTYPES = ("fp8bf16",)          # FP8 e4m3 Q/K/V with per-tensor descales (q/k/v_descale), bf16 output
+DTYPES = ("fp16", "bf16", "fp32")  # what the serving templates take, and the FP8 contracts:
+FP8_DTYPES = ("fp8bf16",)          # FP8 e4m3 Q/K/V with fp32 descales (q/k/v_descale), bf16 output
+FP8_QSCALES = ("pertensor", "kv_blockscale")  # their descales: one per tensor; K/V's one per page and head
 
 
 def qscale_of(dtype: str) -> str:
-    """The ``qscale`` a serving attention key of ``dtype`` has: ``pertensor`` for the FP8 contracts, else ``no``."""
+    """The default ``qscale`` of a serving key of ``dtype``: ``pertensor`` for the FP8 contracts, else ``no``."""
     return "pertensor" if dtype in FP8_DTYPES else "no"
+
+
+def qscales_of(dtype: str) -> tuple[str, ...]:
+    """The ``qscale`` values the serving templates implement for ``dtype``: :data:`FP8_QSCALES` for the FP8
+    contracts, else ``no``."""
+    return FP8_QSCALES if dtype in FP8_DTYPES else ("no",)
+
+
+def descale_strides(k_strides=None, v_strides=None) -> tuple[int, int, int, int]:
+    """``(stride_kdp, stride_kdh, stride_vdp, stride_vdh)``: the element strides ``(page, head)`` of K's and V's FP8
+    block-scale tensors ``[num_pages, Hk]`` (``kv_blockscale``), 0 for a one-element descale (None)."""
+    return tuple(int(x) for st in (k_strides, v_strides) for x in ((0, 0) if st is None else st[:2]))
 
 
 def page_size(sig: dict) -> int:
@@ -145,20 +165,21 @@ def kv_vec(sig: dict) -> int:
 
 
 def pack(ptrs, qs, ks, vs, os_, ls, tb_stride, as_, nhq, nhk, dq, dv, msq, msk, num_pages, table_width, scale,
-         softcap, wl, wr, br, sink) -> list:
+         softcap, wl, wr, br, sink, ds=(0, 0, 0, 0)) -> list:
     """``fmha_paged``'s run-time arguments in :data:`ARGS` order -- the one packer of this ABI.
 
     ``ptrs``: the 13 pointer values (Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indptr, q_descale,
     k_descale, v_descale; the descales 0 unless the key is an FP8 contract).
     ``qs``: q's strides ``[Tq, Hq, D]``; ``ks``/``vs``: the caches' ABI strides (:func:`cache_geometry`); ``os_``: out's
     ``[Tq, Hq, Dv]``; ``ls``: the LSE's ``[Hq, Tq]`` (or None); ``tb_stride``: the block table's row stride (0 for
-    SGLang's table); ``as_``: ALiBi strides over ``[B, Hq]`` (or None).  ``scale`` None = ``1/sqrt(dq)``.
+    SGLang's table); ``as_``: ALiBi strides over ``[B, Hq]`` (or None); ``ds``: :func:`descale_strides`.  ``scale``
+    None = ``1/sqrt(dq)``.
     """
     ls = (0, 0, 1) if ls is None else (0, ls[0], ls[1])
     return [*ptrs, 1.0 / math.sqrt(dq) if scale is None else float(scale), 0.0 if softcap is None else float(softcap),
             int(msq), int(msk), int(nhq), int(nhk), int(dq), int(dv), int(num_pages), int(table_width),
             int(wl), int(wr), int(br), int(sink), qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
-            0, os_[1], os_[0], *ls, int(tb_stride), *((0, 1) if as_ is None else as_)]
+            0, os_[1], os_[0], *ls, int(tb_stride), *((0, 1) if as_ is None else as_), *ds]
 
 
 _AT = {name: i for i, (name, _) in enumerate(ARGS)}
@@ -269,14 +290,14 @@ def gather_grid(batch: int, nhead_k: int, max_seqlen_k: int) -> tuple[int, int, 
 
 
 def pack_append(ptrs, qs, ks, vs, kns, vns, cos_stride, tb_stride, nhq, nhk, dq, dv, max_new, rotary_half,
-                max_position, num_pages, table_width) -> list:
+                max_position, num_pages, table_width, ds=(0, 0, 0, 0)) -> list:
     """``fmha_appendkv``'s run-time arguments in :data:`APPEND_ARGS` order.  ``ptrs``: the 13 pointer values (Q,
     K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Table, kv_indptr, k_descale, v_descale);
     ``qs``/``kns``/``vns``: ``[T, H, D]`` strides (token, head); ``ks``/``vs``: the caches' ABI strides
-    (:func:`cache_geometry`)."""
+    (:func:`cache_geometry`); ``ds``: :func:`descale_strides`."""
     return [*ptrs, int(max_new), int(nhq), int(nhk), int(dq), int(dv), int(rotary_half), int(max_position),
             int(num_pages), int(table_width), qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
-            kns[0], kns[1], vns[0], vns[1], int(cos_stride), int(tb_stride)]
+            kns[0], kns[1], vns[0], vns[1], int(cos_stride), int(tb_stride), *ds]
 
 
 def append_grid(batch: int, nhead_q: int, nhead_k: int, max_new: int, with_q: bool) -> tuple[int, int, int]:
@@ -285,7 +306,8 @@ def append_grid(batch: int, nhead_q: int, nhead_k: int, max_new: int, with_q: bo
 
 
 __all__ = ["ARGS", "ALIGNED", "ALIGNED_AT", "APPEND_ARGS", "APPEND_ALIGNED", "APPEND_BLOCK_M", "APPEND_WARPS",
-           "LOOKUPS", "ROPES", "DTYPES", "FP8_DTYPES", "qscale_of", "page_size", "kv_vec", "VECTOR_BYTES",
+           "LOOKUPS", "ROPES", "DTYPES", "FP8_DTYPES", "FP8_QSCALES", "qscale_of", "qscales_of", "descale_strides",
+           "page_size", "kv_vec", "VECTOR_BYTES",
            "ELEMENT_BYTES", "vector_elems", "cache_geometry", "pack", "split_args", "workspace_bound", "pack_append",
            "append_grid", "GATHER_ARGS", "GATHER_BLOCK_M", "GATHER_MIN_ROWS", "GATHER_ALIGNED", "GATHER_FIELDS",
            "gather_layout", "gather_numel", "gather_fits", "bounded_layout", "pack_gather", "gather_grid"]

@@ -42,9 +42,19 @@ def _decode(x, dtype):
     return x
 
 
-def _descale_shims(descales, n: int) -> list:
-    """The ``n`` FP8 descales as one-element fp32 arrays for the kernel (1.0 each when None)."""
-    return [_Shim(np.asarray([1.0 if descales is None else descales[i]], np.float32), "float32") for i in range(n)]
+def _descale_args(descales, n: int) -> tuple[list, tuple, str]:
+    """``(shims, strides, qscale)`` of the ``n`` FP8 descales (q's, K's, V's, or the last two): fp32 arrays for the
+    kernel -- one element each (1.0 when None), or K's and V's ``[num_pages, Hk]`` block scales --, the ABI's descale
+    strides (:func:`~fmha_dsl.kernels.paged_abi.descale_strides`) and the key's ``qscale`` for them."""
+    arrs = []
+    for i in range(n):
+        d = np.asarray(1.0 if descales is None else descales[i], np.float32)
+        arrs.append(np.ascontiguousarray(d if d.size > 1 else d.reshape(-1)))
+    blocks = arrs[-1].size > 1
+    if (arrs[-2].size > 1) != blocks:
+        raise ValueError("K's and V's descales must be of one kind: numbers, or [num_pages, Hk] arrays")
+    strides = paged_abi.descale_strides(*(_el(a) if a.size > 1 else None for a in arrs[-2:]))
+    return [_Shim(a, "float32") for a in arrs], strides, ("kv_blockscale" if blocks else "pertensor")
 
 
 def _el(a):
@@ -82,7 +92,8 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     ``[P, Hk, page_size, D]`` through its strides; ``vectorized``: on a copy in CK's vectorized layout, 16-byte
     vectors of the dtype).  ``num_splits`` > 0 runs the split-KV kernel (``fwd_pagedkv``)
     and the combine kernel; ``pipeline="qr_nwarp_sshuffle"`` packs the query heads of a GQA group.  ``dtype=
-    "fp8bf16"``: q and the caches as e4m3 bytes, ``descales`` their ``(q, k, v)`` descales, the output bf16."""
+    "fp8bf16"``: q and the caches as e4m3 bytes, ``descales`` their ``(q, k, v)`` descales (numbers, or K's and V's
+    ``[num_pages, Hk]`` arrays: KV block scales), the output bf16."""
     from . import triton_combine as C
     from . import triton_paged as T
     from .fwd_abi import grid_of, workspace_strides
@@ -116,6 +127,9 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
            "mask": "no" if mask_none else "top_left", "bias": "alibi" if alibi_slopes is not None else "no",
            "lse": bool(lse), "logits": softcap is not None, "sink": sink > 0, "kv_layout": layout,
            "kv_lookup": lookup, "page_size": page, "qscale": paged_abi.qscale_of(dtype)}
+    shims, dstrides, qscale = _descale_args(descales, 3)
+    if dtype in paged_abi.FP8_DTYPES:
+        sig["qscale"] = qscale
     alg = {"tile": (block_m, block_n, 0, 0, 0, 0), "pipeline": pipeline, "pad_d": 0, "pad_dv": 0}
     const = T.constexprs(sig, alg)
     const["UPCAST_DOT"] = odt == "bf16"
@@ -126,9 +140,9 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     args = paged_abi.pack(
         [_Shim(qa, t), _Shim(ka, t), _Shim(va, t), _Shim(out, _TNAME[odt]), _Shim(lse_arr, "float32"),
          _Shim(a_arr, "float32"), _Shim(cq, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32"),
-         *_descale_shims(descales, 3)],
+         *shims],
         _el(qa)[:2], ks, vs, _el(out), _el(lse_arr), tb_stride, a_st, Hq, Hk, Dq, Dv, msq, msk,
-        num_pages, width, scale, softcap, left, right, int(mode != "top_left"), int(sink))
+        num_pages, width, scale, softcap, left, right, int(mode != "top_left"), int(sink), dstrides)
     if num_splits:
         ws = np.full((B, Hq * num_splits, msq, Dv), np.nan, np.float32)
         lws = np.full((B, Hq * num_splits, msq), np.nan, np.float32)
@@ -150,7 +164,7 @@ def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seql
     """``(k_cache, v_cache, q)`` after ``fmha_appendkv`` (copies; as :func:`fmha_dsl.reference_paged.append_kv`).
     ``contiguous``: the caches are ``[B, capacity, Hk, D]`` (no table); ``vectorized``: the kernel writes copies in
     CK's vectorized layout (returned in that layout).  ``dtype="fp8bf16"``: e4m3 caches, bf16 new rows and q,
-    ``descales`` the ``(k, v)`` descales."""
+    ``descales`` the ``(k, v)`` descales (numbers, or ``[num_pages, Hk]`` arrays: KV block scales)."""
     from . import triton_appendkv as T
 
     dtype = dtype_of(k_new, dtype)
@@ -178,6 +192,9 @@ def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seql
     sig = {"family": "fwd_appendkv", "dtype": dtype, "qscale": paged_abi.qscale_of(dtype), "hdim_q": Dq, "hdim_v": Dv,
            "rope": rope, "paged_kv": not contiguous, "kv_lookup": lookup if not contiguous else "vllm",
            "page_size": page, "kv_layout": layout}
+    shims, dstrides, qscale = _descale_args(descales, 2)
+    if dtype in paged_abi.FP8_DTYPES:
+        sig["qscale"] = qscale
     const = T.constexprs(sig, {})
     max_new = int(np.diff(cn).max()) if B else 0
     g = paged_abi.append_grid(B, Hq, Hk, max_new, qa is not None)
@@ -188,9 +205,9 @@ def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seql
         args = paged_abi.pack_append(
             [qsh, _Shim(ka, t), _Shim(va, t), _Shim(kn, tn), _Shim(vn, tn), _Shim(cos, "float32"),
              _Shim(sin, "float32"), _Shim(cn, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32"),
-             *_descale_shims(descales, 2)],
+             *shims],
             _el(qa)[:2] if qa is not None else (0, 0), ks, vs, _el(kn)[:2], _el(vn)[:2],
             cos.strides[0] // 4, tb_stride, Hq, Hk, Dq, Dv, max_new, cos.shape[1] if rope != "none" else 0,
-            cos.shape[0] if rope != "none" else 0, num_pages, width)
+            cos.shape[0] if rope != "none" else 0, num_pages, width, dstrides)
         T.fmha_appendkv[g](*args, **const)
     return _decode(ka, dtype), _decode(va, dtype), (_decode(qa, new_dt) if qa is not None else None)

@@ -6,7 +6,8 @@ contiguous ``[B, capacity, Hk, D]`` cache --
 applying RoPE (interleaved or half-rotated, fp32 cos/sin tables) to the new K and, in the same launch, to Q in place.
 It computes :func:`fmha_dsl.reference_paged.append_kv` (docs/semantics.md, "Paged KV cache and append-KV"); rows that
 would land outside the table, the cache or the rotary tables are not written.  FP8 caches (``FP8``): bf16 new rows
-(and q), each K/V row quantized into the e4m3 cache by its per-tensor descale (:mod:`.paged_abi`).
+(and q), each K/V row quantized into the e4m3 cache by its descale -- per tensor, or its page's and head's with KV
+block scales (the descale strides tell; :mod:`.paged_abi`).
 
 API: ``fmha_appendkv`` (parameters: :data:`fmha_dsl.kernels.paged_abi.APPEND_ARGS` in order, then
 :data:`CONSTEXPRS`) and ``constexprs(sig, alg)``.
@@ -18,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .fwd_abi import block_d
-from .paged_abi import APPEND_ARGS, APPEND_BLOCK_M, DTYPES, FP8_DTYPES, LOOKUPS, ROPES, kv_vec, page_size, qscale_of
+from .paged_abi import APPEND_ARGS, APPEND_BLOCK_M, DTYPES, FP8_DTYPES, LOOKUPS, ROPES, kv_vec, page_size, qscales_of
 from .triton_paged_rows import _table
 
 __all__ = ["fmha_appendkv", "CONSTEXPRS", "constexprs"]
@@ -66,9 +67,10 @@ def _round_e4m3(x):
 @triton.jit
 def _stored(x, Dst, descale, FP8: tl.constexpr):
     """fp32 rows ``x`` as ``Dst``'s elements: FP8 -- ``e4m3(clamp(x / descale, -448, 448))`` (IEEE division, round to
-    nearest even: the value attention's ``x_e4m3 * descale`` comes back to); else a plain conversion."""
+    nearest even: the value attention's ``x_e4m3 * descale`` comes back to; ``descale``: each row's, ``[BLOCK_M]``);
+    else a plain conversion."""
     if FP8:
-        x = _round_e4m3(tl.clamp(tl.div_rn(x, tl.load(descale)), -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL))
+        x = _round_e4m3(tl.clamp(tl.div_rn(x, descale[:, None]), -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL))
     return x.to(Dst.dtype.element_ty)
 
 
@@ -77,7 +79,7 @@ def fmha_appendkv(Q, K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Tabl
                   max_seqlen_new, nhead_q, nhead_k, head_dim_q, head_dim_v, rotary_half, max_position,
                   num_pages, table_width, stride_qm, stride_qh, stride_kp, stride_ks, stride_kh,
                   stride_vp, stride_vs, stride_vh, stride_knm, stride_knh, stride_vnm, stride_vnh,
-                  stride_cos, stride_tb,
+                  stride_cos, stride_tb, stride_kdp, stride_kdh, stride_vdp, stride_vdh,
                   BLOCK_M: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DV: tl.constexpr, ROPE: tl.constexpr,
                   PAGE_SIZE: tl.constexpr, LOOKUP: tl.constexpr, KV_VEC: tl.constexpr, FP8: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -136,11 +138,16 @@ def fmha_appendkv(Q, K, V, Knew, Vnew, Cos, Sin, cu_seqlens_new, seqlens_k, Tabl
             k_cols = offs_d
             vdst = page * stride_vp + slot * stride_vs + off_h * stride_vh
             v_cols = offs_dv
-        tl.store(K + dst[:, None] + k_cols[None, :], _stored(x, K, k_descale, FP8), mask=w_ok[:, None] & d_ok[None, :])
+        kd = 1.0
+        vd = 1.0
+        if FP8:  # each row's descales: the one element (strides 0), or its page's and head's (KV block scales)
+            kd = tl.load(k_descale + page * stride_kdp + off_h * stride_kdh, mask=w_ok, other=1.0)
+            vd = tl.load(v_descale + page * stride_vdp + off_h * stride_vdh, mask=w_ok, other=1.0)
+        tl.store(K + dst[:, None] + k_cols[None, :], _stored(x, K, kd, FP8), mask=w_ok[:, None] & d_ok[None, :])
         vals = tl.load(Vnew + (tok * stride_vnm + off_h * stride_vnh)[:, None] + offs_dv[None, :],
                        mask=w_ok[:, None] & dv_ok[None, :])
         if FP8:
-            vals = _stored(vals.to(tl.float32), V, v_descale, FP8)
+            vals = _stored(vals.to(tl.float32), V, vd, FP8)
         tl.store(V + vdst[:, None] + v_cols[None, :], vals, mask=w_ok[:, None] & dv_ok[None, :])
 
 
@@ -166,9 +173,9 @@ def constexprs(sig: dict, alg: dict | None = None) -> dict:
     dtype = sig.get("dtype", "fp16")
     if dtype not in DTYPES and dtype not in FP8_DTYPES:
         raise ValueError(f"the triton append-KV template takes dtype fp16, bf16, fp32 or fp8bf16, not {dtype!r}")
-    if sig.get("qscale", "no") != qscale_of(dtype):
-        raise ValueError(f"the triton append-KV template takes qscale=pertensor with FP8 (fp8bf16) and no qscale "
-                         f"otherwise, not {sig.get('qscale')!r} with {dtype}")
+    if sig.get("qscale", "no") not in qscales_of(dtype):
+        raise ValueError(f"the triton append-KV template takes qscale=pertensor or kv_blockscale with FP8 (fp8bf16) "
+                         f"and no qscale otherwise, not {sig.get('qscale')!r} with {dtype}")
     hq, hv = int(sig["hdim_q"]), int(sig["hdim_v"])
     if not (1 <= hq <= 256 and 1 <= hv <= 256):
         raise ValueError(f"head dims must be in 1..256, got {hq}, {hv}")

@@ -6,9 +6,10 @@ results the forward family's combine kernel reduces).  It computes exactly
 :func:`fmha_dsl.reference_paged.paged_attention` (docs/semantics.md, "Paged KV cache"): group-mode queries, each
 sequence's keys gathered page by page; causal (top-left / bottom-right) and sliding-window masks with sink tokens,
 GQA/MQA (optionally the query heads of a group packed into one tile's rows, CK's ``qr_nwarp_sshuffle``), logits
-soft-cap, ALiBi, LSE; FP8 (``FP8``: CK's ``fp8bf16`` contract, e4m3 Q and caches with per-tensor descales, bf16
-output: Q.K^T an e4m3 dot -- sm90's warpgroup MMA takes it natively, narrower tiles' MMAs widen both to fp16 --, V
-widened to fp16 after its load, exactly, for P.V in fp16; an FP8 cache moves half the bytes of a bf16 one).
+soft-cap, ALiBi, LSE; FP8 (``FP8``: CK's ``fp8bf16`` contract, e4m3 Q and caches with per-tensor descales -- or,
+``KV_SCALE``, CK's KV block scales: K/V descales per page and head --, bf16 output: Q.K^T an e4m3 dot -- sm90's
+warpgroup MMA takes it natively, narrower tiles' MMAs widen both to fp16 --, V widened to fp16 after its load,
+exactly, for P.V in fp16; an FP8 cache moves half the bytes of a bf16 one).
 The score, softmax and P.V steps are the forward template's (:mod:`.triton_fwd`); what is new is where a key block's
 rows live (:mod:`.triton_paged_rows`): with ``PAGE_SIZE >= BLOCK_N`` a block lies in one page (one page-id load, rows at
 a fixed stride); with smaller pages every row has its own page (a gather of ``BLOCK_N`` row addresses; K is read in V's
@@ -32,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .fwd_abi import block_d, packs_gqa
-from .paged_abi import ARGS, DTYPES, FP8_DTYPES, LOOKUPS, kv_vec, page_size, qscale_of
+from .paged_abi import ARGS, DTYPES, FP8_DTYPES, LOOKUPS, kv_vec, page_size, qscales_of
 from .triton_paged_rows import _k_vectors, _page, _pages, _rows, _table, _v_vectors
 from .triton_steps import _dot, _load, _softmax
 
@@ -43,18 +44,24 @@ __all__ = ["fmha_paged", "CONSTEXPRS", "constexprs"]
 # device code
 # ------------------------------------------------------------------------------------------------------
 @triton.jit
-def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start_n, offs_m, offs_n, offs_d, offs_dv,
-           d_ok, dv_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
-           stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
+def _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb, num_pages, slope2, start_n, offs_m,
+           offs_n, offs_d, offs_dv, d_ok, dv_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
+           stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, qk_scale, cap_scale, cap_log2,
            STEP: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
            ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-           PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr):
+           PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr,
+           KV_SCALE: tl.constexpr):
     """One key block of the paged cache: gathered K and V tiles (TMA: the block's page through the descriptors
-    ``k_base``/``v_base`` over the cache's rows), the forward template's online-softmax step."""
+    ``k_base``/``v_base`` over the cache's rows), the forward template's online-softmax step.  ``KV_SCALE`` (FP8
+    KV block scales): the scores take each key's ``k_descale`` of its page; ``acc`` is kept in units of ``v_ref``,
+    the largest ``|v_descale|`` seen so far, and each key's probability is scaled by its ``v_descale / v_ref``
+    (at most 1 in magnitude, and exactly 1 where the pages share a scale) before the fp16 P.V dot.  Keys past the
+    sequence in a block that spans pages read page 0's descales: the mask drops their scores, and their V descale
+    is zeroed (page 0 may be a server's null page, its descales anything)."""
     n_ok = (start_n + offs_n) < seqlen_k
     if TMA:  # PAGE_SIZE >= BLOCK_N, pages contiguous: the block is rows [row0, row0 + BLOCK_N) of the cache
-        page = tl.load(Table + tb + start_n // PAGE_SIZE)
-        row0 = (_page(page, num_pages) * PAGE_SIZE).to(tl.int32) + start_n % PAGE_SIZE
+        page = _page(tl.load(Table + tb + start_n // PAGE_SIZE), num_pages)
+        row0 = (page * PAGE_SIZE).to(tl.int32) + start_n % PAGE_SIZE
         qk = _dot(q, tl.trans(k_base.load([row0, 0]).to(q.dtype)), None, IEEE, UPCAST)
     else:
         if KV_VEC:  # K^T [D, N] read page run by page run (stride_ks: the stride of the head dim's vectors)
@@ -66,6 +73,19 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
             krows = _rows(page, start_n, offs_n, stride_kp, stride_ks, PAGE_SIZE, BLOCK_N, 0)
             k = _load(k_base + krows[:, None] + offs_d[None, :], n_ok[:, None], d_ok[None, :], CHECK_N, CHECK_D)
             qk = _dot(q, tl.trans(k.to(q.dtype)), None, IEEE, UPCAST)
+    if KV_SCALE:  # the keys' pages (one for the block when PAGE_SIZE >= BLOCK_N) and their descales
+        if KV_VEC:
+            page = _pages(Table, tb, num_pages, start_n, offs_n, seqlen_k, CHECK_N, PAGE_SIZE, BLOCK_N)
+        kd = tl.load(kd_base + page.to(tl.int64) * stride_kdp)
+        vd = tl.load(vd_base + page.to(tl.int64) * stride_vdp)
+        if PAGE_SIZE >= BLOCK_N:
+            qk = qk * kd
+            v_top = tl.abs(vd)
+        else:
+            qk = qk * kd[None, :]
+            if CHECK_N:  # keys past the sequence read page 0's descale: keep them out of v_ref
+                vd = tl.where(n_ok, vd, 0.0)
+            v_top = tl.max(tl.abs(vd), 0)
     p, alpha, l_i, m_i = _softmax(l_i, m_i, qk, start_n, k_base, offs_m, offs_m.to(tl.uint32), offs_m.to(tl.uint32),
                                   slope2, offs_m, offs_n, offs_m >= 0, seqlen_q, seqlen_k, mask_off, window_left,
                                   window_right, sink, qk_scale, cap_scale, cap_log2, 0.0, 0,
@@ -83,18 +103,31 @@ def _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start
         v = _load(v_base + vrows[:, None] + offs_dv[None, :], n_ok[:, None], dv_ok[None, :], CHECK_N, CHECK_DV)
     if v.dtype.is_fp8():  # FP8 caches: e4m3 -> fp16 (exact) for P @ V
         v = v.to(tl.float16)
+    if KV_SCALE:  # acc in units of v_ref (see above); a block of zero descales adds nothing
+        ref = tl.maximum(v_ref, v_top)
+        live = ref > 0.0
+        inv = tl.where(live, 1.0 / tl.where(live, ref, 1.0), 0.0)
+        # ratios of equal scales exactly 1 (x * fl(1 / x) is 1 - 2^-24 for some x: a drift per block otherwise)
+        alpha = alpha * tl.where(live & (v_ref != ref), v_ref * inv, 1.0)
+        scale = tl.where(vd == ref, 1.0, vd * inv)
+        if PAGE_SIZE >= BLOCK_N:
+            p = p * scale
+        else:
+            p = p * scale[None, :]
+        v_ref = ref
     acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], IEEE, UPCAST)
-    return acc, l_i, m_i
+    return acc, l_i, m_i, v_ref
 
 
 @triton.jit
-def _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
+def _loop(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb, num_pages, slope2,
           lo1, n1, lo2, n2, lo3, n3, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok, seqlen_q, seqlen_k,
-          mask_off, window_left, window_right, sink, stride_kp, stride_ks, stride_vp, stride_vs,
-          qk_scale, cap_scale, cap_log2,
+          mask_off, window_left, window_right, sink, stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp,
+          stride_vdp, qk_scale, cap_scale, cap_log2,
           STEP: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
           ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-          PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr):
+          PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr,
+          KV_SCALE: tl.constexpr):
     """One pipelined loop over up to three ranges of key blocks: ``n1`` blocks from ``lo1``, ``n2`` from ``lo2``,
     ``n3`` from ``lo3`` (negative counts are none)."""
     n1 = tl.maximum(n1, 0)
@@ -103,12 +136,13 @@ def _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
         start_n = tl.where(i < n1, lo1 + i * BLOCK_N, tl.where(i < n12, lo2 + (i - n1) * BLOCK_N,
                                                                lo3 + (i - n12) * BLOCK_N))
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        acc, l_i, m_i = _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, start_n, offs_m,
-                               offs_n, offs_d, offs_dv, d_ok, dv_ok, seqlen_q, seqlen_k, mask_off, window_left,
-                               window_right, sink, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale,
-                               cap_log2, STEP, CHECK_N, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST,
-                               PAGE_SIZE, BLOCK_N, TMA, KV_VEC)
-    return acc, l_i, m_i
+        acc, l_i, m_i, v_ref = _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
+                                      num_pages, slope2, start_n, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok,
+                                      seqlen_q, seqlen_k, mask_off, window_left, window_right, sink, stride_kp,
+                                      stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, qk_scale, cap_scale,
+                                      cap_log2, STEP, CHECK_N, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE,
+                                      UPCAST, PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE)
+    return acc, l_i, m_i, v_ref
 
 
 @triton.jit
@@ -117,12 +151,14 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                num_pages, table_width, window_left, window_right, mask_bottom_right, sink,
                stride_qm, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm, stride_tb, stride_ab, stride_ah,
+               stride_kdp, stride_kdh, stride_vdp, stride_vdh,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DV: tl.constexpr,
                HEAD_DIM_Q: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAD_D: tl.constexpr, PAD_DV: tl.constexpr,
                CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, MASK: tl.constexpr, SINK: tl.constexpr,
                ALIBI: tl.constexpr, STORE_LSE: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
                UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, PACK_GQA: tl.constexpr, PAGE_SIZE: tl.constexpr,
-               LOOKUP: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr, FP8: tl.constexpr):
+               LOOKUP: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr, FP8: tl.constexpr,
+               KV_SCALE: tl.constexpr):
     pid_m = tl.program_id(0)
     if MASK:  # the longest rows (last query blocks under a causal mask) start first
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -213,10 +249,15 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
     if SOFTCAP:
         cap_scale = sm_scale / softcap
         cap_log2 = softcap * 1.4426950408889634
+    kd_base = k_descale + off_hk * stride_kdh   # KV block scales: this K/V head's column of [num_pages, Hk]
+    vd_base = v_descale + off_hk * stride_vdh
+    v_ref = sm_scale * 0.0
     if FP8:  # Q.K^T in e4m3 (sm90: fp8 warpgroup MMA, prefill 0.72x -> 0.97x of bf16), V widened to fp16 (one cvt
         # per pair; bf16 took three, decode 1.2x slower: docs/triton.md); the descales scale the scores (their sign
-        # carried by q) and the output
-        qk_descale = tl.load(q_descale) * tl.load(k_descale)
+        # carried by q) and the output (KV block scales: per key block, in _block)
+        qk_descale = tl.load(q_descale)
+        if not KV_SCALE:
+            qk_descale = qk_descale * tl.load(k_descale)
         q = (q.to(tl.float32) * tl.where(qk_descale < 0, -1.0, 1.0)).to(q.dtype)   # exact: a sign
         qk_descale = tl.abs(qk_descale)
         qk_scale = qk_scale * qk_descale
@@ -259,17 +300,21 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
         a_end = tl.maximum(tl.minimum(f_lo, end), lo)
         b_end = tl.maximum(tl.minimum(f_hi, end), a_end)
         # the blocks every row sees in full (no mask), then the masked ones -- sink, left edge, diagonal -- in one loop
-        acc, l_i, m_i = _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
+        acc, l_i, m_i, v_ref = _loop(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
+                                     num_pages, slope2,
                               a_end, (b_end - a_end) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, offs_d, offs_dv, d_ok,
                               dv_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
-                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
-                              0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC)
-        acc, l_i, m_i = _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
+                              stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, qk_scale, cap_scale,
+                              cap_log2, 0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE,
+                              BLOCK_N, TMA, KV_VEC, KV_SCALE)
+        acc, l_i, m_i, v_ref = _loop(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
+                                     num_pages, slope2,
                               k_lo, (k_hi - k_lo) // BLOCK_N, lo, (a_end - lo) // BLOCK_N, b_end,
                               (end - b_end) // BLOCK_N, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok,
                               seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
-                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
-                              2, True, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC)
+                              stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, qk_scale, cap_scale,
+                              cap_log2, 2, True, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE,
+                              BLOCK_N, TMA, KV_VEC, KV_SCALE)
     else:
         full = (seqlen_k // BLOCK_N) * BLOCK_N
         k_lo = full * 0
@@ -281,22 +326,27 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
             k_hi = tl.maximum(tl.minimum(full, s_hi), s_lo)
             t_lo = tl.maximum(full, s_lo)
             t_hi = tl.minimum(seqlen_k, s_hi)
-        acc, l_i, m_i = _loop(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2,
+        acc, l_i, m_i, v_ref = _loop(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
+                                     num_pages, slope2,
                               k_lo, (k_hi - k_lo) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, offs_d, offs_dv, d_ok,
                               dv_ok, seqlen_q, seqlen_k, 0, -1, -1, 0,
-                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
-                              0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC)
+                              stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, qk_scale, cap_scale,
+                              cap_log2, 0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT,
+                              PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE)
         if t_lo < t_hi:  # the tail block, under a branch: a length that is a multiple of BLOCK_N pays nothing
-            acc, l_i, m_i = _block(acc, l_i, m_i, q, k_base, v_base, Table, tb, num_pages, slope2, t_lo, offs_m,
-                                   offs_n, offs_d, offs_dv, d_ok, dv_ok, seqlen_q, seqlen_k, 0, -1, -1, 0,
-                                   stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_scale, cap_log2,
-                                   1, True, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE,
-                                   BLOCK_N, TMA, KV_VEC)
+            acc, l_i, m_i, v_ref = _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
+                                          num_pages, slope2, t_lo, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok,
+                                          seqlen_q, seqlen_k, 0, -1, -1, 0, stride_kp, stride_ks, stride_vp,
+                                          stride_vs, stride_kdp, stride_vdp, qk_scale, cap_scale, cap_log2, 1, True,
+                                          CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE,
+                                          BLOCK_N, TMA, KV_VEC, KV_SCALE)
 
     # epilogue: rows that saw no allowed key (l = 0) give 0 and lse = -inf
     live = l_i > 0.0
     norm = tl.where(live, 1.0 / tl.where(live, l_i, 1.0), 0.0)
-    if FP8:
+    if KV_SCALE:
+        norm = norm * v_ref
+    elif FP8:
         norm = norm * tl.load(v_descale)
     out = acc * norm[:, None]
     r_head = head_r
@@ -325,7 +375,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
 CONSTEXPRS: tuple[str, ...] = (
     "BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DV", "HEAD_DIM_Q", "HEAD_DIM_V", "PAD_D", "PAD_DV", "CHECK_D",
     "CHECK_DV", "MASK", "SINK", "ALIBI", "STORE_LSE", "SOFTCAP", "IEEE", "UPCAST_DOT", "SPLIT", "PACK_GQA",
-    "PAGE_SIZE", "LOOKUP", "TMA", "KV_VEC", "FP8",
+    "PAGE_SIZE", "LOOKUP", "TMA", "KV_VEC", "FP8", "KV_SCALE",
 )
 def _check_names():
     import inspect
@@ -347,9 +397,9 @@ def constexprs(sig: dict, alg: dict) -> dict:
     fp8 = dtype in FP8_DTYPES
     if dtype not in DTYPES and not fp8:
         raise ValueError(f"the triton serving templates take dtype fp16, bf16, fp32 or fp8bf16, not {dtype!r}")
-    if sig.get("qscale", "no") != qscale_of(dtype):
-        raise ValueError(f"the triton paged template takes qscale=pertensor with FP8 (fp8bf16) and no qscale "
-                         f"otherwise, not qscale={sig.get('qscale')!r} with {dtype}")
+    if sig.get("qscale", "no") not in qscales_of(dtype):
+        raise ValueError(f"the triton paged template takes qscale=pertensor or kv_blockscale with FP8 (fp8bf16) and "
+                         f"no qscale otherwise, not qscale={sig.get('qscale')!r} with {dtype}")
     hq, hv = int(sig["hdim_q"]), int(sig["hdim_v"])
     if not (1 <= hq <= 256 and 1 <= hv <= 256):
         raise ValueError(f"head dims must be in 1..256, got {hq}, {hv}")
@@ -387,4 +437,5 @@ def constexprs(sig: dict, alg: dict) -> dict:
         "STORE_LSE": bool(sig.get("lse", False)), "SOFTCAP": bool(sig.get("logits", False)), "IEEE": dtype == "fp32",
         "UPCAST_DOT": False, "SPLIT": family == "fwd_pagedkv", "PACK_GQA": pack, "PAGE_SIZE": page_size(sig),
         "LOOKUP": LOOKUPS[sig.get("kv_lookup", "vllm")], "TMA": tma, "KV_VEC": vec, "FP8": fp8,
+        "KV_SCALE": sig.get("qscale", "no") == "kv_blockscale",
     }

@@ -23,6 +23,9 @@ CK vocabulary -> Triton (docs/triton.md, "Serving"):
   dtype(fp8bf16) qscale(pertensor) -> FP8: e4m3 Q and caches, per-tensor descales, bf16 output (archs listed under
                                ``fp8`` in ``data/triton_paged.json``); Q.K^T in e4m3, V widened to fp16 after its load;
                                fwd_appendkv: e4m3 caches, bf16 new rows (and q) quantized by the per-tensor descales
+  dtype(fp8bf16) qscale(kv_blockscale) -> the same with CK's KV block scales: K/V descales ``[num_pages, Hk]``, one
+                               per page and head, any page size (CK's kernels need page_size >= n0; these read a
+                               descale per key where a block spans pages); fwd_appendkv quantizes by the row's page
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import functools
 from .. import arch as arch_table
 from ..data import load
 from ..kernels.fwd_abi import block_d, packs_gqa
-from ..kernels.paged_abi import FP8_DTYPES, qscale_of, vector_elems
+from ..kernels.paged_abi import FP8_DTYPES, FP8_QSCALES, qscales_of, vector_elems
 from . import triton_fwd as fwd
 from .base import FamilyRules, Rule, Tile, pad_token, tf
 
@@ -71,7 +74,7 @@ def domain(field: str, b: dict):
     if field == "page_size":
         return tuple(_data()["page_sizes"])
     if field == "qscale":
-        return ("no", "pertensor")
+        return ("no",) + FP8_QSCALES
     return fwd.domain(field, b)
 
 
@@ -147,11 +150,12 @@ def _vector_fits_page(b: dict) -> bool:
         return True
     return b["page_size"] % vector_elems(b["dtype"]) == 0
 QSCALE = Rule("triton.paged.qscale", ("dtype", "qscale"),
-              lambda b: b["qscale"] == qscale_of(b["dtype"]),
-              lambda b: (f"{b['dtype']} (FP8) serving kernels take per-tensor descales: qscale(pertensor), not "
-                         f"qscale({b['qscale']})") if b["dtype"] in FP8_DTYPES else
+              lambda b: b["qscale"] in qscales_of(b["dtype"]),
+              lambda b: (f"{b['dtype']} (FP8) serving kernels take per-tensor descales (qscale(pertensor)) or KV "
+                         f"block scales (qscale(kv_blockscale)), not qscale({b['qscale']})")
+                        if b["dtype"] in FP8_DTYPES else
                         f"qscale({b['qscale']}) scales FP8 inputs; {b['dtype']} kernels have none",
-              lambda b: "declare qscale(pertensor) (CK's KV block scales are not implemented)"
+              lambda b: "declare qscale(pertensor) or qscale(kv_blockscale)"
                         if b["dtype"] in FP8_DTYPES else "drop qscale, or use dtype(fp8bf16)", blame="qscale")
 
 ATTENTION = COMMON + (
