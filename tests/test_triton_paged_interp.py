@@ -400,9 +400,10 @@ def test_fp8_kv_block_scales(interp, name):
     tab = {k: v + 1 if k in ("block_table", "kv_indices") else v for k, v in tab.items()}
     kd, vd = _block_descales(tab, lens_k, page, kc.shape[0], 2, seed=len(name))
     assert np.isnan(kd[0]).all() and np.isnan(vd[0]).all()
-    if zero:
-        used = tab["kv_indices"][0] if "kv_indices" in tab else tab["block_table"][0, 0]
-        kd[used, 1], vd[used, 0] = -kd[used, 1], 0.0
+    if zero:  # sequence 0's V scales of head 0 all zero (v_ref stays 0 through its blocks), a negative K scale
+        n0 = -(-lens_k[0] // page)
+        seq0 = tab["kv_indices"][:n0] if "kv_indices" in tab else tab["block_table"][0, :n0]
+        kd[seq0[0], 1], vd[seq0, 0] = -kd[seq0[0], 1], 0.0
         vd[np.isfinite(vd) & (vd > 0.5)] *= -1
     cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
     q = round_e4m3(np.random.default_rng(4).standard_normal((cq[-1], 4, 16)).astype(np.float32) * 4)
