@@ -35,6 +35,7 @@ import triton.language as tl
 from .fwd_abi import block_d, packs_gqa
 from .paged_abi import ARGS, DTYPES, FP8_DTYPES, LOOKUPS, kv_vec, page_size, qscales_of
 from .triton_paged_rows import _k_vectors, _page, _pages, _rows, _table, _v_vectors
+from .triton_paged_scales import _descaled_scores, _v_units
 from .triton_steps import _dot, _load, _softmax
 
 __all__ = ["fmha_paged", "CONSTEXPRS", "constexprs"]
@@ -52,12 +53,8 @@ def _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
            PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr,
            KV_SCALE: tl.constexpr):
     """One key block of the paged cache: gathered K and V tiles (TMA: the block's page through the descriptors
-    ``k_base``/``v_base`` over the cache's rows), the forward template's online-softmax step.  ``KV_SCALE`` (FP8
-    KV block scales): the scores take each key's ``k_descale`` of its page; ``acc`` is kept in units of ``v_ref``,
-    the largest ``|v_descale|`` seen so far, and each key's probability is scaled by its ``v_descale / v_ref``
-    (at most 1 in magnitude, and exactly 1 where the pages share a scale) before the fp16 P.V dot.  Keys past the
-    sequence in a block that spans pages read page 0's descales: the mask drops their scores, and their V descale
-    is zeroed (page 0 may be a server's null page, its descales anything)."""
+    ``k_base``/``v_base`` over the cache's rows), the forward template's online-softmax step; ``KV_SCALE``: FP8 KV
+    block scales (:mod:`.triton_paged_scales`; ``acc`` in units of ``v_ref``)."""
     n_ok = (start_n + offs_n) < seqlen_k
     if TMA:  # PAGE_SIZE >= BLOCK_N, pages contiguous: the block is rows [row0, row0 + BLOCK_N) of the cache
         page = _page(tl.load(Table + tb + start_n // PAGE_SIZE), num_pages)
@@ -76,16 +73,8 @@ def _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
     if KV_SCALE:  # the keys' pages (one for the block when PAGE_SIZE >= BLOCK_N) and their descales
         if KV_VEC:
             page = _pages(Table, tb, num_pages, start_n, offs_n, seqlen_k, CHECK_N, PAGE_SIZE, BLOCK_N)
-        kd = tl.load(kd_base + page.to(tl.int64) * stride_kdp)
-        vd = tl.load(vd_base + page.to(tl.int64) * stride_vdp)
-        if PAGE_SIZE >= BLOCK_N:
-            qk = qk * kd
-            v_top = tl.abs(vd)
-        else:
-            qk = qk * kd[None, :]
-            if CHECK_N:  # keys past the sequence read page 0's descale: keep them out of v_ref
-                vd = tl.where(n_ok, vd, 0.0)
-            v_top = tl.max(tl.abs(vd), 0)
+        qk, vd, v_top = _descaled_scores(qk, kd_base, vd_base, page, n_ok, stride_kdp, stride_vdp, CHECK_N,
+                                         PAGE_SIZE, BLOCK_N)
     p, alpha, l_i, m_i = _softmax(l_i, m_i, qk, start_n, k_base, offs_m, offs_m.to(tl.uint32), offs_m.to(tl.uint32),
                                   slope2, offs_m, offs_n, offs_m >= 0, seqlen_q, seqlen_k, mask_off, window_left,
                                   window_right, sink, qk_scale, cap_scale, cap_log2, 0.0, 0,
@@ -103,18 +92,8 @@ def _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
         v = _load(v_base + vrows[:, None] + offs_dv[None, :], n_ok[:, None], dv_ok[None, :], CHECK_N, CHECK_DV)
     if v.dtype.is_fp8():  # FP8 caches: e4m3 -> fp16 (exact) for P @ V
         v = v.to(tl.float16)
-    if KV_SCALE:  # acc in units of v_ref (see above); a block of zero descales adds nothing
-        ref = tl.maximum(v_ref, v_top)
-        live = ref > 0.0
-        inv = tl.where(live, 1.0 / tl.where(live, ref, 1.0), 0.0)
-        # ratios of equal scales exactly 1 (x * fl(1 / x) is 1 - 2^-24 for some x: a drift per block otherwise)
-        alpha = alpha * tl.where(live & (v_ref != ref), v_ref * inv, 1.0)
-        scale = tl.where(vd == ref, 1.0, vd * inv)
-        if PAGE_SIZE >= BLOCK_N:
-            p = p * scale
-        else:
-            p = p * scale[None, :]
-        v_ref = ref
+    if KV_SCALE:  # acc in units of v_ref, the largest |v_descale| so far
+        p, alpha, v_ref = _v_units(p, alpha, v_ref, vd, v_top, PAGE_SIZE, BLOCK_N)
     acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], IEEE, UPCAST)
     return acc, l_i, m_i, v_ref
 

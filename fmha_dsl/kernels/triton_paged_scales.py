@@ -1,0 +1,56 @@
+"""[kernels] FP8 KV block scales in the paged template (:mod:`.triton_paged`, constexpr ``KV_SCALE``).
+
+CK's ``kv_blockscale``: ``k_descale``/``v_descale`` are ``[num_pages, Hk]`` (:mod:`.paged_abi`), so key ``j`` in page
+``p`` of K/V head ``h`` stands for ``k_descale[p, h] x K[j]`` and ``v_descale[p, h] x V[j]``.  A key block reads its
+page's descales (one scalar when ``PAGE_SIZE >= BLOCK_N``, one per key when the block spans pages), multiplies its
+scores by K's (:func:`_descaled_scores`) and accumulates P.V in units of ``v_ref``, the largest ``|v_descale|`` met
+so far (:func:`_v_units`: CK's fold of the V scale into the softmax's rescale factor), so that each probability is
+scaled by ``v_descale / v_ref`` -- at most 1 in magnitude, exactly 1 where the pages share a scale -- before its fp16
+rounding; the epilogue multiplies by ``v_ref``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["_descaled_scores", "_v_units"]
+
+
+@triton.jit
+def _descaled_scores(qk, kd_base, vd_base, page, n_ok, stride_kdp, stride_vdp, CHECK_N: tl.constexpr,
+                     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(qk, vd, v_top)``: a key block's raw scores ``qk [BLOCK_M, BLOCK_N]`` times each key's K descale, its V
+    descales and their largest magnitude -- the descales of the block's ``page`` (clamped ids,
+    :mod:`.triton_paged_rows`; a scalar, or one per key).  Keys past the sequence in a block that spans pages read
+    page 0's descales (a server's null page: anything, NaN included): the mask drops their scores, and their V
+    descale is zeroed here, out of ``v_top`` and P."""
+    kd = tl.load(kd_base + page.to(tl.int64) * stride_kdp)
+    vd = tl.load(vd_base + page.to(tl.int64) * stride_vdp)
+    if PAGE_SIZE >= BLOCK_N:
+        qk = qk * kd
+        v_top = tl.abs(vd)
+    else:
+        qk = qk * kd[None, :]
+        if CHECK_N:
+            vd = tl.where(n_ok, vd, 0.0)
+        v_top = tl.max(tl.abs(vd), 0)
+    return qk, vd, v_top
+
+
+@triton.jit
+def _v_units(p, alpha, v_ref, vd, v_top, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(p, alpha, v_ref)`` of a key block for an accumulator in units of ``v_ref``: the new reference ``max(v_ref,
+    v_top)``, ``alpha`` also rescaling the old units into it, each probability times ``vd / v_ref``.  Ratios of equal
+    scales are exactly 1 (``x * fl(1 / x)`` is ``1 - 2^-24`` for some ``x``: a drift per block otherwise); while the
+    reference is 0 (zero descales so far) what is accumulated is multiplied away when it grows."""
+    ref = tl.maximum(v_ref, v_top)
+    live = ref > 0.0
+    inv = tl.where(live, 1.0 / tl.where(live, ref, 1.0), 0.0)
+    alpha = alpha * tl.where(live & (v_ref != ref), v_ref * inv, 1.0)
+    scale = tl.where(vd == ref, 1.0, vd * inv)
+    if PAGE_SIZE >= BLOCK_N:
+        p = p * scale
+    else:
+        p = p * scale[None, :]
+    return p, alpha, ref
