@@ -78,7 +78,8 @@ def test_fp8_needs_per_tensor_or_kv_block_descales(tmp_path, kind):
 
 @pytest.mark.slow
 def test_fp8_serving_kernels_compile_for_sm90_and_gfx950(tmp_path):
-    """Decode, prefill and append-KV over FP8 caches build for both FP8 targets."""
+    """Decode, prefill and append-KV over FP8 caches, per-tensor descales and KV block scales, build for both FP8
+    targets (gfx950's never run here)."""
     pytest.importorskip("triton")
     from fmha_dsl.cli import main
 
@@ -92,15 +93,17 @@ def test_fp8_serving_kernels_compile_for_sm90_and_gfx950(tmp_path):
                     kv_cache(linear | vectorized, vllm, 16) }
     }
 }"""
-    p.write_text(FP8_SET.replace("algorithm { pipeline(qr_async) tile(*) }",
-                                 "algorithm { pipeline(qr_async) tile(*) }\n        where tile_m0 == 16")
-                 .rstrip().removesuffix("}") + prefill)
+    p.write_text((FP8_SET.replace("algorithm { pipeline(qr_async) tile(*) }",
+                                  "algorithm { pipeline(qr_async) tile(*) }\n        where tile_m0 == 16")
+                  .rstrip().removesuffix("}") + prefill)
+                 .replace("qscale(pertensor)", "qscale(pertensor | kv_blockscale)"))
     assert main(["build", str(p), "--arch", "sm90,gfx950", "-o", str(tmp_path / "b"), "-j", "2", "-q"]) == 0
     import json
 
     reg = json.loads((tmp_path / "b" / "registry.json").read_text())
     names = [k["name"] for k in reg["kernels"]]
-    assert names and all("fp8bf16_pertensor" in n for n in names)
+    assert names and all("fp8bf16_pertensor" in n or "fp8bf16_kv_blockscale" in n for n in names)
+    assert sum("kv_blockscale" in n for n in names) * 2 == len(names)   # KV block scales build wherever per-tensor do
     assert {k["gfx_arch"] for k in reg["kernels"]} == {"sm90", "gfx950"}
     fams = {(k["gfx_arch"], k["name"].split("_d128")[0].removeprefix("fmha_").split("_s")[0]) for k in reg["kernels"]}
     assert fams == {(a, f) for a in ("sm90", "gfx950") for f in ("fwd_pagedkv", "batch_prefill", "fwd_appendkv")}
