@@ -170,7 +170,7 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
                      "move the tensors with .cuda(), or pass numpy arrays to run the reference")
     tq, hq, dq = q.shape
     layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, q.dtype, dev)
-    descales, qscale = check_descales(dname, descales, dev, pages=(num_pages, hk))
+    descales, qscale = check_descales(dname, descales, dev, (num_pages, hk))
     odt = torch.bfloat16 if dname in FP8_DTYPES else q.dtype   # CK's FP8 contract writes bf16
     if dk != dq:
         raise _usage("usage.shape", f"`k_cache`'s head dim ({dk}) must equal q's ({dq})",
@@ -314,7 +314,7 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
                      "k_new and v_new hold the same tokens")
     layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, k_cache.dtype if fp8 else k_new.dtype, dev,
                                                      like="k_cache" if fp8 else "k_new", on="k_new")
-    (kd, vd), qscale = append_descales(dname, descales, dev, pages=(num_pages, hk))
+    (kd, vd), qscale = append_descales(dname, descales, dev, (num_pages, hk))
     tn = k_new.shape[0]
     if (k_new.shape[1], k_new.shape[2], v_new.shape[2]) != (hk, dk, dv):
         raise _usage("usage.shape", f"`k_new`/`v_new` must be [Tnew, {hk}, {dk}] / [Tnew, {hk}, {dv}] like the caches, "

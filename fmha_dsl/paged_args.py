@@ -88,8 +88,14 @@ def check_tables_on_host(bt, ip, ix, lens, page: int, num_pages: int, extra=None
     try:
         _pages_of(bt, ip, ix, lens.shape[0], num_pages, tokens, page, what)
     except UsageError as exc:
-        d = exc.diagnostics[0]
-        raise _usage(d.rule, d.message, d.hint) from None
+        raise named(exc) from None
+
+
+def named(exc):
+    """A reference's :class:`~fmha_dsl.errors.UsageError` (which names no API function) again, naming the function
+    being called (:data:`~fmha_dsl.attention_args.CALLER`)."""
+    d = exc.diagnostics[0]
+    return _usage(d.rule, d.message, d.hint)
 
 
 def host_values(*tensors):
@@ -229,14 +235,14 @@ def caller(name: str):
     return CALLER.set(name)
 
 
-def append_descales(dname, given, dev, pages=None):
+def append_descales(dname, given, dev, pages):
     """``((k_descale, v_descale), qscale)`` of an append, checked as :func:`descales` checks attention's (none, and
     qscale ``no``, for caches that are not FP8)."""
-    got, qscale = descales(dname, (None, *given), dev, first=1, pages=pages)
+    got, qscale = descales(dname, (None, *given), dev, pages, first=1)
     return got[1:], qscale
 
 
-def descales(dname, given, dev, first=0, pages=None):
+def descales(dname, given, dev, pages, first=0):
     """FP8's ``(q_descale, k_descale, v_descale)`` (checked from index ``first``) and the key's ``qscale``: float32
     tensors on the inputs' device (read there, never on the host) -- q's of one element; K's and V's both of one
     element (``pertensor``) or both ``[num_pages, Hk]`` (``kv_blockscale``: one per page and K/V head; ``pages`` =
@@ -251,21 +257,21 @@ def descales(dname, given, dev, first=0, pages=None):
                              f"drop {name}, or pass float8_e4m3fn caches")
         return (None, None, None), "no"
     where = "cpu" if dev < 0 else f"cuda:{dev}"
-    blocks = "" if pages is None else f" or [num_pages, Hk] = [{pages[0]}, {pages[1]}] (one per page and K/V head)"
+    blocks = f" or [num_pages, Hk] = [{pages[0]}, {pages[1]}] (one per page and K/V head)"
     for i, (name, d) in list(enumerate(zip(names, given)))[first:]:
         kinds = "of one element" + (blocks if i else "")
         if d is None:
             raise _usage("usage.value", f"FP8 data needs `{name}`: a float32 tensor {kinds} on {where}",
                          f"the dequantization scale of the {name[0]} tensor; torch.ones(1, device='{where}') for "
                          "none")
-        per_page = (i > 0 and pages is not None and isinstance(d, torch.Tensor) and d.dim() == 2
+        per_page = (i > 0 and isinstance(d, torch.Tensor) and d.dim() == 2
                     and d.numel() != 1)   # (a [1, 1] descale is one element: per tensor)
         if (not isinstance(d, torch.Tensor) or d.dtype != torch.float32 or d.get_device() != dev
                 or (tuple(d.shape) != tuple(pages) if per_page else d.numel() != 1)):
             raise _usage("usage.value", f"`{name}` must be a float32 tensor {kinds} on {where}, got "
                          f"{type(d).__name__} {tuple(getattr(d, 'shape', ()))} {getattr(d, 'dtype', '')} on "
                          f"{getattr(d, 'device', '?')}", f"e.g. torch.tensor([s], device='{where}')"
-                         + (f" or torch.full(({pages[0]}, {pages[1]}), s, device='{where}')" if i and pages else ""))
+                         + (f" or torch.full(({pages[0]}, {pages[1]}), s, device='{where}')" if i else ""))
     kv = [d.numel() != 1 for d in given[1:]]
     if kv[0] != kv[1]:
         raise _usage("usage.value", f"`k_descale` and `v_descale` must be of one kind: both one element (per tensor) "
@@ -275,4 +281,4 @@ def descales(dname, given, dev, first=0, pages=None):
 
 
 __all__ = ["int_tensor", "tables", "sequences", "check_tables_on_host", "host_values", "cache_pair", "max_len",
-           "rotary_tables", "caller", "descales", "append_descales"]
+           "rotary_tables", "caller", "named", "descales", "append_descales"]

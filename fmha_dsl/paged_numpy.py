@@ -1,10 +1,13 @@
 """The NumPy path of the serving API (:mod:`fmha_dsl.paged`): NumPy arrays run the reference
 (:mod:`fmha_dsl.reference_paged`), with the API's argument checks -- writable arrays for in-place appends, FP8
-descales as numbers (or K's and V's as ``[num_pages, Hk]`` arrays)."""
+descales as numbers (or K's and V's as ``[num_pages, Hk]`` arrays) -- and the reference's own errors naming the API
+function."""
 
 from __future__ import annotations
 
 from .attention_args import _usage
+from .errors import UsageError
+from .paged_args import named
 
 
 def paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal, window,
@@ -17,16 +20,20 @@ def paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu
     if not isinstance(q, np.ndarray):
         raise _usage("usage.type", f"`q` must be a numpy array or a torch tensor, got {type(q).__name__}",
                      "numpy runs the reference; torch GPU tensors run the kernels")
-    got = ref(q, k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
-              seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q, causal=causal, window=window, alibi_slopes=alibi_slopes,
-              softcap=softcap, sink=0 if sink is None else sink, scale=scale, return_lse=True,
-              descales=_fit(_descales(descales), k_cache))
+    ds = _descales(descales)
+    try:
+        got = ref(q, k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                  seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q, causal=causal, window=window,
+                  alibi_slopes=alibi_slopes, softcap=softcap, sink=0 if sink is None else sink, scale=scale,
+                  return_lse=True, descales=ds)
+    except UsageError as exc:
+        raise named(exc) from None
     return got if return_lse else got[0]
 
 
 def _descales(descales, names=("q_descale", "k_descale", "v_descale")):
     """FP8's descales on the NumPy path, all given or none: numbers (the arrays hold the e4m3 values), K's and V's
-    also ``[num_pages, Hk]`` arrays (KV block scales; the reference checks their shape)."""
+    also ``[num_pages, Hk]`` arrays (KV block scales; the reference checks them against the cache)."""
     import numpy as np
 
     given = [d is not None for d in descales]
@@ -55,40 +62,6 @@ def _descales(descales, names=("q_descale", "k_descale", "v_descale")):
     return tuple(out)
 
 
-def _fit(got, k_cache, names=("q_descale", "k_descale", "v_descale")):
-    """``got`` (:func:`_descales`), K's and V's block scales checked against the cache's ``[num_pages, Hk]``
-    (a linear cache ``[P, page, Hk, D]`` or CK's vectorized ``[P, Hk, D / x, page, x]``)."""
-    import numpy as np
-
-    shape = np.shape(k_cache)
-    if got is None or len(shape) not in (4, 5):
-        return got   # (the reference names a cache of the wrong rank)
-    pages = (shape[0], shape[2] if len(shape) == 4 else shape[1])
-    for name, d in zip(names, got):
-        if isinstance(d, np.ndarray) and d.shape != pages:
-            raise _usage("usage.shape", f"`{name}` must be [num_pages, Hk] = [{pages[0]}, {pages[1]}] (one descale "
-                         f"per page and K/V head of the cache), got shape {d.shape}",
-                         "or one number: a per-tensor descale")
-    return got
-
-
-def _append_descales(descales, k_cache):
-    """An FP8 append's ``(k_descale, v_descale)`` on the NumPy path: finite, nonzero (they divide), or none."""
-    import numpy as np
-
-    got = _fit(_descales(descales, ("k_descale", "v_descale")), k_cache, ("k_descale", "v_descale"))
-    for name, d in zip(("k_descale", "v_descale"), got or ()):
-        ok = np.isfinite(d) & (np.asarray(d) != 0)
-        if not np.all(ok):
-            at, value = "", d
-            if np.ndim(d):  # the first bad [page, head]
-                idx = tuple(int(i) for i in np.argwhere(~ok)[0])
-                at, value = f"[{', '.join(map(str, idx))}]", d[idx]
-            raise _usage("usage.value", f"`{name}{at}` divides the new rows into the FP8 cache: it must be finite and "
-                         f"nonzero, got {value}", "the scale the cache's values are multiplied by when read")
-    return got
-
-
 def append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
            rotary_cos, rotary_sin, rotary_interleaved, q, descales):
     """``append_kv`` on NumPy arrays: the caches (and q) updated in place by the reference's result."""
@@ -103,10 +76,14 @@ def append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, s
                          f"{type(x).__name__}", f"pass np.array({name}) (a writable copy) and read the result from it")
     if block_table is None and kv_indptr is None and kv_indices is None:  # contiguous [B, capacity, Hk, D]
         block_table = np.arange(np.asarray(k_cache).shape[0], dtype=np.int32)[:, None]
-    kc, vc, qr = ref(k_cache, v_cache, k_new, v_new, block_table=block_table, kv_indptr=kv_indptr,
-                     kv_indices=kv_indices, seqlens_k=seqlens_k, cu_seqlens_new=cu_seqlens_new,
-                     rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved, q=q,
-                     descales=_append_descales(descales, k_cache))
+    ds = _descales(descales, ("k_descale", "v_descale"))
+    try:
+        kc, vc, qr = ref(k_cache, v_cache, k_new, v_new, block_table=block_table, kv_indptr=kv_indptr,
+                         kv_indices=kv_indices, seqlens_k=seqlens_k, cu_seqlens_new=cu_seqlens_new,
+                         rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved, q=q,
+                         descales=ds)
+    except UsageError as exc:
+        raise named(exc) from None
     np.copyto(k_cache, kc, casting="unsafe")
     np.copyto(v_cache, vc, casting="unsafe")
     if q is not None:

@@ -140,16 +140,24 @@ def _check_cache(k_cache, v_cache, layout: str | None):
     return k_cache, v_cache, 0
 
 
-def _kv_descale(name: str, d, num_pages: int, hk: int) -> np.ndarray:
+def _kv_descale(name: str, d, num_pages: int, hk: int, divides: bool = False) -> np.ndarray:
     """An FP8 K/V descale as float64 ``[num_pages, 1, Hk, 1]`` (broadcasting over a linear cache): one number (per
-    tensor) or ``[num_pages, Hk]`` (KV block scales: one per page and K/V head)."""
+    tensor; a one-element array of any shape too) or ``[num_pages, Hk]`` (KV block scales: one per page and K/V
+    head).  ``divides`` (an append's): every entry finite and nonzero."""
     a = np.asarray(d, np.float64)
-    if a.size == 1 and a.ndim < 2:
-        return np.full((num_pages, 1, hk, 1), a.reshape(-1)[0])
-    if a.shape != (num_pages, hk):
-        raise _usage("usage.shape", f"`{name}` must be one number (per tensor) or [num_pages, Hk] = [{num_pages}, "
-                     f"{hk}] (one per page and K/V head), got shape {a.shape}", "num_pages and Hk are the cache's")
-    return a[:, None, :, None]
+    if a.size != 1 and a.shape != (num_pages, hk):
+        raise _usage("usage.shape", f"`{name}` must be [num_pages, Hk] = [{num_pages}, {hk}] (one per page and K/V "
+                     f"head of the cache) or one number (per tensor), got shape {a.shape}",
+                     "num_pages and Hk are the cache's")
+    if divides and not np.all(np.isfinite(a) & (a != 0)):
+        at = ""
+        if a.size != 1:  # the first bad [page, head]
+            idx = tuple(int(i) for i in np.argwhere(~(np.isfinite(a) & (a != 0)))[0])
+            at, a = f"[{', '.join(map(str, idx))}]", a[idx]
+        raise _usage("usage.value", f"`{name}{at}` divides the new rows into the FP8 cache: it must be finite and "
+                     f"nonzero, got {float(a.reshape(-1)[0])}", "the scale the cache's values are multiplied by "
+                     "when read")
+    return np.full((num_pages, 1, hk, 1), a.reshape(-1)[0]) if a.size == 1 else a[:, None, :, None]
 
 
 def _lengths(seqlens_k, batch=None) -> np.ndarray:
@@ -275,7 +283,7 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     if descales is not None:
         from .fp8 import E4M3_MAX, round_e4m3
 
-        scales = [_kv_descale(n, d, k_cache.shape[0], k_cache.shape[2])[:, 0].astype(np.float32)
+        scales = [_kv_descale(n, d, k_cache.shape[0], k_cache.shape[2], divides=True)[:, 0].astype(np.float32)
                   for n, d in zip(("k_descale", "v_descale"), descales)]   # [num_pages, Hk, 1]
     for b in range(lens.shape[0]):
         t = np.arange(cn[b], cn[b + 1])

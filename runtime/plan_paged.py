@@ -28,10 +28,8 @@ def _ptrs(objects: bool, tensors):
 
 
 def _descale_strides(k_descale, v_descale) -> tuple:
-    """The ABI's descale strides (:func:`fmha_dsl.kernels.paged_abi.descale_strides`) of FP8 descale tensors: a
-    block-scale tensor's ``[num_pages, Hk]`` strides, 0 for one element (whatever its shape)."""
-    return paged_abi.descale_strides(*(d.stride() if d is not None and d.numel() != 1 else None
-                                       for d in (k_descale, v_descale)))
+    """The ABI's descale strides (:func:`fmha_dsl.kernels.paged_abi.descale_strides`) of FP8 descale tensors."""
+    return paged_abi.descale_strides(*(None if d is None else (d.shape, d.stride()) for d in (k_descale, v_descale)))
 
 
 def pack_call(q, k_cache, v_cache, out, lse, *, lookup: str, seqlens_k, cu_seqlens_q, max_seqlen_q, max_seqlen_k,

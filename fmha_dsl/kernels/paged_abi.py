@@ -119,21 +119,21 @@ FP8_DTYPES = ("fp8bf16",)          # FP8 e4m3 Q/K/V with fp32 descales (q/k/v_de
 FP8_QSCALES = ("pertensor", "kv_blockscale")  # their descales: one per tensor; K/V's one per page and head
 
 
-def qscale_of(dtype: str) -> str:
-    """The default ``qscale`` of a serving key of ``dtype``: ``pertensor`` for the FP8 contracts, else ``no``."""
-    return "pertensor" if dtype in FP8_DTYPES else "no"
-
-
 def qscales_of(dtype: str) -> tuple[str, ...]:
     """The ``qscale`` values the serving templates implement for ``dtype``: :data:`FP8_QSCALES` for the FP8
     contracts, else ``no``."""
     return FP8_QSCALES if dtype in FP8_DTYPES else ("no",)
 
 
-def descale_strides(k_strides=None, v_strides=None) -> tuple[int, int, int, int]:
-    """``(stride_kdp, stride_kdh, stride_vdp, stride_vdh)``: the element strides ``(page, head)`` of K's and V's FP8
-    block-scale tensors ``[num_pages, Hk]`` (``kv_blockscale``), 0 for a one-element descale (None)."""
-    return tuple(int(x) for st in (k_strides, v_strides) for x in ((0, 0) if st is None else st[:2]))
+def descale_strides(k=None, v=None) -> tuple[int, int, int, int]:
+    """``(stride_kdp, stride_kdh, stride_vdp, stride_vdh)`` of K's and V's FP8 descales, each given as ``(shape,
+    element strides)`` (or None): a block-scale tensor's ``[num_pages, Hk]`` strides (``kv_blockscale``), 0 for a
+    descale of one element, whatever its shape, or none."""
+    out = []
+    for d in (k, v):
+        one = d is None or math.prod(d[0]) == 1
+        out += (0, 0) if one else (int(d[1][0]), int(d[1][1]))
+    return tuple(out)
 
 
 def page_size(sig: dict) -> int:
@@ -306,7 +306,7 @@ def append_grid(batch: int, nhead_q: int, nhead_k: int, max_new: int, with_q: bo
 
 
 __all__ = ["ARGS", "ALIGNED", "ALIGNED_AT", "APPEND_ARGS", "APPEND_ALIGNED", "APPEND_BLOCK_M", "APPEND_WARPS",
-           "LOOKUPS", "ROPES", "DTYPES", "FP8_DTYPES", "FP8_QSCALES", "qscale_of", "qscales_of", "descale_strides",
+           "LOOKUPS", "ROPES", "DTYPES", "FP8_DTYPES", "FP8_QSCALES", "qscales_of", "descale_strides",
            "page_size", "kv_vec", "VECTOR_BYTES",
            "ELEMENT_BYTES", "vector_elems", "cache_geometry", "pack", "split_args", "workspace_bound", "pack_append",
            "append_grid", "GATHER_ARGS", "GATHER_BLOCK_M", "GATHER_MIN_ROWS", "GATHER_ALIGNED", "GATHER_FIELDS",

@@ -42,19 +42,18 @@ def _decode(x, dtype):
     return x
 
 
-def _descale_args(descales, n: int) -> tuple[list, tuple, str]:
+def _descale_args(descales, n: int, dtype: str) -> tuple[list, tuple, str]:
     """``(shims, strides, qscale)`` of the ``n`` FP8 descales (q's, K's, V's, or the last two): fp32 arrays for the
     kernel -- one element each (1.0 when None), or K's and V's ``[num_pages, Hk]`` block scales --, the ABI's descale
-    strides (:func:`~fmha_dsl.kernels.paged_abi.descale_strides`) and the key's ``qscale`` for them."""
-    arrs = []
-    for i in range(n):
-        d = np.asarray(1.0 if descales is None else descales[i], np.float32)
-        arrs.append(np.ascontiguousarray(d if d.size > 1 else d.reshape(-1)))
+    strides (:func:`~fmha_dsl.kernels.paged_abi.descale_strides`) and the key's ``qscale`` (``no`` unless ``dtype``
+    is an FP8 contract)."""
+    arrs = [np.ascontiguousarray(np.asarray(1.0 if descales is None else descales[i], np.float32)) for i in range(n)]
     blocks = arrs[-1].size > 1
     if (arrs[-2].size > 1) != blocks:
         raise ValueError("K's and V's descales must be of one kind: numbers, or [num_pages, Hk] arrays")
-    strides = paged_abi.descale_strides(*(_el(a) if a.size > 1 else None for a in arrs[-2:]))
-    return [_Shim(a, "float32") for a in arrs], strides, ("kv_blockscale" if blocks else "pertensor")
+    strides = paged_abi.descale_strides(*((a.shape, _el(a)) for a in arrs[-2:]))
+    qscale = "no" if dtype not in paged_abi.FP8_DTYPES else "kv_blockscale" if blocks else "pertensor"
+    return [_Shim(a.reshape(-1) if a.size == 1 else a, "float32") for a in arrs], strides, qscale
 
 
 def _el(a):
@@ -123,13 +122,11 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     if alibi_slopes is not None:
         a_arr = np.ascontiguousarray(alibi_slopes, dtype=np.float32)
         a_st = (0, 1) if a_arr.ndim == 1 else (a_arr.strides[0] // 4, a_arr.strides[1] // 4)
+    shims, dstrides, qscale = _descale_args(descales, 3, dtype)
     sig = {"family": "fwd_pagedkv" if num_splits else "batch_prefill", "dtype": dtype, "hdim_q": Dq, "hdim_v": Dv,
            "mask": "no" if mask_none else "top_left", "bias": "alibi" if alibi_slopes is not None else "no",
            "lse": bool(lse), "logits": softcap is not None, "sink": sink > 0, "kv_layout": layout,
-           "kv_lookup": lookup, "page_size": page, "qscale": paged_abi.qscale_of(dtype)}
-    shims, dstrides, qscale = _descale_args(descales, 3)
-    if dtype in paged_abi.FP8_DTYPES:
-        sig["qscale"] = qscale
+           "kv_lookup": lookup, "page_size": page, "qscale": qscale}
     alg = {"tile": (block_m, block_n, 0, 0, 0, 0), "pipeline": pipeline, "pad_d": 0, "pad_dv": 0}
     const = T.constexprs(sig, alg)
     const["UPCAST_DOT"] = odt == "bf16"
@@ -189,12 +186,10 @@ def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seql
         rope = "inter" if rotary_interleaved else "half"
         cos = np.ascontiguousarray(rotary_cos, dtype=np.float32)
         sin = np.ascontiguousarray(rotary_sin, dtype=np.float32)
-    sig = {"family": "fwd_appendkv", "dtype": dtype, "qscale": paged_abi.qscale_of(dtype), "hdim_q": Dq, "hdim_v": Dv,
+    shims, dstrides, qscale = _descale_args(descales, 2, dtype)
+    sig = {"family": "fwd_appendkv", "dtype": dtype, "qscale": qscale, "hdim_q": Dq, "hdim_v": Dv,
            "rope": rope, "paged_kv": not contiguous, "kv_lookup": lookup if not contiguous else "vllm",
            "page_size": page, "kv_layout": layout}
-    shims, dstrides, qscale = _descale_args(descales, 2)
-    if dtype in paged_abi.FP8_DTYPES:
-        sig["qscale"] = qscale
     const = T.constexprs(sig, {})
     max_new = int(np.diff(cn).max()) if B else 0
     g = paged_abi.append_grid(B, Hq, Hk, max_new, qa is not None)
