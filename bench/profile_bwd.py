@@ -5,11 +5,17 @@
         --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \\
         python3 -P bench/profile_bwd.py one [SEQLEN]
     python3 -P bench/profile_bwd.py kernels            # every kernel's time per backward, by torch.profiler
+    python3 -P bench/profile_bwd.py gap                # benchmark time against GPU-bound time, and host time
 
 ``warm`` / ``one`` (for Nsight Compute): bf16, d128, causal, 4 x 16 heads x SEQLEN (default 4096);
 bench/results/2026-11-24_h200_ncu_bwd_s12run2.txt is their output.  ``kernels``: bf16, 16 heads, 16k tokens, the
 small-S shapes where the 1-d stages (``bwd_dot_do_o``) weigh most (d128 S=512 non-causal, S=1024 causal and not,
-d64 S=512), ours next to FlexAttention's and cuDNN's; warmed up, then five backwards profiled.  Every backward is
+d64 S=512), ours next to FlexAttention's and cuDNN's; warmed up, then five backwards profiled.  ``gap``: the same
+shapes (and d128 S=4096), each backward timed three ways -- as bench_bwd.py times it (``do_bench``: the L2 flushed,
+then the call, whose host work runs while the flush does), GPU-bound (the flush followed by a 0.5 ms
+``torch.cuda._sleep`` before the start event, so the call's launches are queued before the GPU reaches them) and its
+host time alone (``perf_counter`` around one call on an idle GPU, medians): what bench_bwd.py counts beyond the
+GPU's own time is the host latency a call leaves exposed.  Every backward is
 ``torch.autograd.grad`` of a forward through the public API with default arguments (FlexAttention through
 ``torch.compile`` with a block mask).  Diagnostics, not benchmarks (bench_bwd.py is the benchmark).
 """
@@ -71,15 +77,51 @@ def _kernel_times(flex) -> None:
                 print(f"    {t:8.1f} us  {kname[:110]}", flush=True)
 
 
+def _gap(flex) -> None:
+    import statistics
+    import time
+
+    import torch
+    from triton.testing import do_bench
+
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    for d, s, causal in KERNEL_SHAPES + ((128, 4096, False),):
+        (q, k, v, do), calls = _calls(flex, 16384 // s, 16, s, d, causal, cudnn=True)
+        for name, forward in calls:
+            out = forward()
+
+            def run():
+                torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+
+            bench = do_bench(run, warmup=25, rep=100, return_mode="median") * 1e3
+            gpu, host = [], []
+            for _ in range(40):
+                flush.zero_()
+                torch.cuda._sleep(1_000_000)  # about 0.5 ms: the call's launches are queued before the GPU gets there
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                run()
+                b.record()
+                torch.cuda.synchronize()
+                gpu.append(a.elapsed_time(b) * 1e3)
+                t0 = time.perf_counter()
+                run()
+                host.append((time.perf_counter() - t0) * 1e6)
+                torch.cuda.synchronize()
+            g, h = statistics.median(gpu), statistics.median(host)
+            print(f"d{d} S={s} causal={causal} {name:9s} bench {bench:8.1f} us  gpu-bound {g:8.1f} us  "
+                  f"exposed {bench - g:7.1f} us ({(bench - g) / bench:6.1%})  host per call {h:7.1f} us", flush=True)
+
+
 def main() -> None:
-    if not (len(sys.argv) in (2, 3) and sys.argv[1] in ("warm", "one") or sys.argv[1:] == ["kernels"]):
-        sys.exit("usage: python3 -P bench/profile_bwd.py warm|one [SEQLEN] | kernels")
+    if not (len(sys.argv) in (2, 3) and sys.argv[1] in ("warm", "one") or sys.argv[1:] in (["kernels"], ["gap"])):
+        sys.exit("usage: python3 -P bench/profile_bwd.py warm|one [SEQLEN] | kernels | gap")
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
     flex = torch.compile(flex_attention, dynamic=False)
-    if sys.argv[1] == "kernels":
-        _kernel_times(flex)
+    if sys.argv[1] in ("kernels", "gap"):
+        (_kernel_times if sys.argv[1] == "kernels" else _gap)(flex)
         return
 
     s = int(sys.argv[2]) if len(sys.argv) == 3 else 4096

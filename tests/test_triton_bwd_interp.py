@@ -235,8 +235,12 @@ def test_deterministic_dq_is_stored_in_the_input_dtype(interp, dtype):
 
 
 @pytest.mark.parametrize("kw", [{}, {"causal": "bottom_right", "Sq": 45, "Sk": 64},
-                                {"Hq": 4, "Hk": 2, "window": (9, 3)}],
-                         ids=["plain", "causal", "gqa-window"])
+                                {"Hq": 4, "Hk": 2, "window": (9, 3)},
+                                # the deterministic dQ programs read K and V through descriptors too: a partial last
+                                # key block (zero-filled past the sequence) and a GQA group
+                                {"deterministic": True, "causal": "bottom_right", "Sq": 45, "Sk": 50},
+                                {"deterministic": True, "Hq": 4, "Hk": 2, "Sk": 40, "window": (9, 3)}],
+                         ids=["plain", "causal", "gqa-window", "det-causal-partial", "det-gqa-window"])
 def test_tma_pipeline_matches_the_reference(interp, kw):
     kw = dict(kw)
     shape = {k: kw.pop(k) for k in ("Hq", "Hk", "Sq", "Sk") if k in kw}

@@ -130,6 +130,14 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, L2, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi,
             n_ab = n_a + tl.cdiv(k_hi - g_hi, BLOCK_M)
             k_base = K + bk + off_hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
             v_base = V + bv + off_hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
+            k_src = k_base
+            v_src = v_base
+            if TMA:  # K and V through descriptors over this (sequence, K/V head)'s rows, as Q and dO are below
+                rows_k = tl.maximum(seqlen_k, 1)
+                k_src = tl.make_tensor_descriptor(k_base, shape=[rows_k, dq_lim], strides=[stride_kn, 1],
+                                                  block_shape=[BLOCK_M, BLOCK_DMODEL])
+                v_src = tl.make_tensor_descriptor(v_base, shape=[rows_k, dv_lim], strides=[stride_vn, 1],
+                                                  block_shape=[BLOCK_M, BLOCK_DV])
             for i in range(0, group_r):
                 off_h = off_hk * group_r + i
                 rows = (q_start + offs_m).to(tl.int64)
@@ -150,21 +158,21 @@ def fmha_bwd_dq_dk_dv(Q, K, V, dO, L2, D, DQacc, dQ, dK, dV, dBias, Bias, Alibi,
                 dq = tl.zeros([BLOCK_N, BLOCK_DMODEL], dtype=tl.float32)
                 for start_n in range(g_lo, g_hi, BLOCK_M):  # the key blocks every row sees in full
                     start_n = tl.multiple_of(start_n, BLOCK_M)
-                    dq = _key_block(dq, q, do, lse, delta, K, V, k_base, v_base, b_ptr, start_m, start_n, offs_m,
-                                    offs_n0, offs_d, offs_dv, m_ok, seqlen_q, seqlen_k, lo_off, hi_off, sink, stride_kn,
-                                    stride_vn, stride_bm, stride_bn, qk_scale,
+                    dq = _key_block(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, b_ptr, start_m, start_n,
+                                    offs_m, offs_n0, offs_d, offs_dv, m_ok, seqlen_q, seqlen_k, lo_off, hi_off, sink,
+                                    stride_kn, stride_vn, stride_bm, stride_bn, qk_scale,
                                     cap_scale, softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim,
                                     False, SINK, PAD_M, False, CHECK_D, CHECK_DV, BIAS_TYPE, SOFTCAP, DROPOUT, IEEE,
-                                    UPCAST_DOT)
+                                    UPCAST_DOT, TMA)
                 for j in range(0, n_ab):  # then the masked (or partial) ones on either side: a fixed order
                     start_n = tl.where(j < n_a, k_lo + j * BLOCK_M, g_hi + (j - n_a) * BLOCK_M)
                     start_n = tl.multiple_of(start_n, BLOCK_M)
-                    dq = _key_block(dq, q, do, lse, delta, K, V, k_base, v_base, b_ptr, start_m, start_n, offs_m,
-                                    offs_n0, offs_d, offs_dv, m_ok, seqlen_q, seqlen_k, lo_off, hi_off, sink, stride_kn,
-                                    stride_vn, stride_bm, stride_bn, qk_scale,
+                    dq = _key_block(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, b_ptr, start_m, start_n,
+                                    offs_m, offs_n0, offs_d, offs_dv, m_ok, seqlen_q, seqlen_k, lo_off, hi_off, sink,
+                                    stride_kn, stride_vn, stride_bm, stride_bn, qk_scale,
                                     cap_scale, softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim, dv_lim,
                                     MASK, SINK, PAD_M, True, CHECK_D, CHECK_DV, BIAS_TYPE, SOFTCAP, DROPOUT, IEEE,
-                                    UPCAST_DOT)
+                                    UPCAST_DOT, TMA)
                 # these rows' dQ is complete: stored as dQ itself (no accumulator, no convert stage)
                 dq_ptrs = dQ + bdq + off_h.to(tl.int64) * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :]
                 dq = (dq * sm_scale).to(dQ.dtype.element_ty)

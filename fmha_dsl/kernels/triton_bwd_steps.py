@@ -140,20 +140,25 @@ def _query_block(dk, dv, k, v, dBias, b_ptr, q_base, do_base, l_base, d_base, ac
 
 
 @triton.jit
-def _key_block(dq, q, do, lse, delta, K, V, k_base, v_base, b_ptr, start_m, start_n, offs_m, offs_n0, offs_d,
-               offs_dv, m_ok, seqlen_q, seqlen_k, lo_off, hi_off, sink, stride_kn, stride_vn,
+def _key_block(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, b_ptr, start_m, start_n, offs_m, offs_n0,
+               offs_d, offs_dv, m_ok, seqlen_q, seqlen_k, lo_off, hi_off, sink, stride_kn, stride_vn,
                stride_bm, stride_bn, qk_scale, cap_scale, softcap, slope, dropout_p, seed, rng_base, sk_max, dq_lim,
                dv_lim, MASK: tl.constexpr, SINK: tl.constexpr, CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
                CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, BIAS_TYPE: tl.constexpr, SOFTCAP: tl.constexpr,
-               DROPOUT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+               DROPOUT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
     """The deterministic dQ pass: one key block against this program's query rows, ``dq += dS K`` (queries along the
-    rows, its key blocks in a fixed order: the unmasked ones, then the masked ones)."""
+    rows, its key blocks in a fixed order: the unmasked ones, then the masked ones).  TMA: K and V come through the
+    descriptors ``k_src``/``v_src`` (zero-filled past the sequence), else by pointers from ``k_base``/``v_base``."""
     cols = start_n + offs_n0
     n_ok = cols < seqlen_k
-    k = _load(k_base + start_n.to(tl.int64) * stride_kn + offs_n0[:, None] * stride_kn + offs_d[None, :],
-              n_ok[:, None], offs_d[None, :] < dq_lim, CHECK_N, CHECK_D)
-    v = _load(v_base + start_n.to(tl.int64) * stride_vn + offs_n0[:, None] * stride_vn + offs_dv[None, :],
-              n_ok[:, None], offs_dv[None, :] < dv_lim, CHECK_N, CHECK_DV)
+    if TMA:
+        k = k_src.load([start_n, 0])
+        v = v_src.load([start_n, 0])
+    else:
+        k = _load(k_base + start_n.to(tl.int64) * stride_kn + offs_n0[:, None] * stride_kn + offs_d[None, :],
+                  n_ok[:, None], offs_d[None, :] < dq_lim, CHECK_N, CHECK_D)
+        v = _load(v_base + start_n.to(tl.int64) * stride_vn + offs_n0[:, None] * stride_vn + offs_dv[None, :],
+                  n_ok[:, None], offs_dv[None, :] < dv_lim, CHECK_N, CHECK_DV)
     qk = _dot(q, tl.trans(k), None, IEEE, UPCAST)              # S [rows, keys]
     p, t = _probs(qk, offs_m[:, None], cols[None, :], m_ok[:, None], n_ok[None, :], lse[:, None], b_ptr,
                   stride_bm, stride_bn, seqlen_q, seqlen_k, lo_off, hi_off, sink, qk_scale,
