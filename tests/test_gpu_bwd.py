@@ -279,7 +279,7 @@ TMA_SET = """kernel_set bwd_tma {
     arch(sm90)
     kernel main {
         signature { family(bwd_dq_dk_dv) dtype(fp16) mode(batch | group) hdim(64) mask(causal) bias(no) dropout(false)
-                    deterministic(false) }
+                    deterministic(false | true) }
         algorithm { pipeline(bwd_trload) tile(64, 64, 64, 64, 64, 64, 64, 64, 64) wave(4, 1, 1, 4, 1, 1, 4, 1, 1)
                     padding(true, true, false, false) }
     }
@@ -287,9 +287,11 @@ TMA_SET = """kernel_set bwd_tma {
 """
 
 
-def test_tma_pipeline_from_a_prebuilt_registry(tmp_path):
-    """The bulk-reduction dQ path (bwd_trload; the CPU interpreter cannot run it) from a registry built ahead of time,
-    batch and group mode, against the reference."""
+@pytest.mark.parametrize("det", [False, True], ids=["atomic", "deterministic"])
+def test_tma_pipeline_from_a_prebuilt_registry(tmp_path, det):
+    """The bulk-reduction dQ path (bwd_trload; the CPU interpreter cannot run it) and the deterministic dQ programs
+    that read K/V through descriptors, from a registry built ahead of time, batch and group mode (lengths off the
+    tile, an empty sequence), against the reference."""
     from fmha_dsl.build import build
     from fmha_dsl.runtime.dispatch import detect_arch
 
@@ -303,7 +305,7 @@ def test_tma_pipeline_from_a_prebuilt_registry(tmp_path):
     t = torch.float16
     q, k, v, do = (_rand((2, 4, 300, 64), t, i) for i in range(4))
     out, lse = fmha_dsl.attention(q, k, v, causal=True, return_lse=True)
-    got = fmha_dsl.attention_backward(q, k, v, out, lse, do, causal=True, registry=reg)
+    got = fmha_dsl.attention_backward(q, k, v, out, lse, do, causal=True, registry=reg, deterministic=det)
     want = attention_bwd(_f64(q), _f64(k), _f64(v), _f64(out), _f64(lse), _f64(do), causal=True, accum=np.float64)
     for g, w in zip(got, want):
         assert float(np.abs(_f64(g) - w).max()) <= TOL[t] * max(1.0, float(np.abs(w).max()))
@@ -312,7 +314,7 @@ def test_tma_pipeline_from_a_prebuilt_registry(tmp_path):
     qg, kg, vg, dog = (_rand((357, 4, 64), t, i) for i in range(4))
     kw = dict(cu_seqlens_q=cq, cu_seqlens_k=cq, max_seqlen_q=257, max_seqlen_k=257, causal=True)
     out, lse = fmha_dsl.attention(qg, kg, vg, return_lse=True, **kw)
-    got = fmha_dsl.attention_backward(qg, kg, vg, out, lse, dog, registry=reg, **kw)
+    got = fmha_dsl.attention_backward(qg, kg, vg, out, lse, dog, registry=reg, deterministic=det, **kw)
     want = attention_bwd(_f64(qg), _f64(kg), _f64(vg), _f64(out), _f64(lse), _f64(dog), causal=True,
                          cu_seqlens_q=cq.cpu().numpy(), cu_seqlens_k=cq.cpu().numpy(), accum=np.float64)
     for g, w in zip(got, want):
