@@ -64,6 +64,8 @@ class SeqtuneClassKeyModel(_Strict):
     kv_layout: Optional[Literal["linear", "vectorized"]] = None
     kv_lookup: Optional[Literal["vllm", "sglang"]] = None
     page_size: Optional[int] = Field(None, ge=1)
+    # FP8 classes: their descales' granularity (other kernels)
+    qscale: Optional[Literal["pertensor", "kv_blockscale"]] = None
 
 
 class SeqtunePointModel(_Strict):

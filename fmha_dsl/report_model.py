@@ -99,7 +99,7 @@ def point_tflops(cls: dict, point: dict, time_us: float) -> float:
 
 
 DECODE_ROWS = 16          # a serving point of at most this many query rows per sequence is plotted as bandwidth
-_ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+_ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8bf16": 1}   # (FP8: e4m3 caches)
 BANDWIDTH_NOTE = "effective K/V bandwidth = K + V bytes read / time (B x Sk x Hk x (Dq + Dv) x element bytes)"
 
 

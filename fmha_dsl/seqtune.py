@@ -9,7 +9,8 @@ Pure Python (no torch / triton at import).  The table lives in ``registry.json``
                              "nhead_q", "nhead_k", "times_us": {kernel id: us}, "failed": {kernel id: why}}]}]}
 
 A signature class is :data:`CLASS_FIELDS`; a serving class (a paged KV cache: ``fmha_dsl.paged_attention``) adds
-:data:`PAGED_FIELDS`, so a table measured for one cache ranks only that cache's problems.
+:data:`PAGED_FIELDS`, so a table measured for one cache ranks only that cache's problems, and an FP8 one
+:data:`SCALE_FIELDS` (per-tensor or per-page descales: other kernels).
 
 Prediction of a kernel's time for a problem from the table (:func:`predict`, documented there): the kernel's
 measured points of the problem's signature class, in rows of equal seqlen_q; interpolation in log seqlen_k inside
@@ -40,6 +41,8 @@ CLASS_FIELDS = ("family", "dtype", "mode", "vlayout", "hdim_q", "hdim_v", "mask"
 # table measured for one never ranks the candidates of another (absent from the other classes, whose keys stay as
 # they were)
 PAGED_FIELDS = ("kv_layout", "kv_lookup", "page_size")
+# what an FP8 class adds (its descales' granularity, CK's qscale: pertensor or kv_blockscale); absent elsewhere
+SCALE_FIELDS = ("qscale",)
 POINT_FIELDS = ("seqlen_q", "seqlen_k", "batch", "nhead_q", "nhead_k")
 
 
@@ -62,17 +65,20 @@ def class_of_problem(p) -> dict:
            "dropout": bool(p.dropout), "logits": bool(p.logits), "sink": bool(p.sink)}
     if p.paged_kv:
         cls.update(kv_layout=p.kv_layout, kv_lookup=p.kv_lookup, page_size=int(p.page_size))
+    if p.qscale != "no":
+        cls["qscale"] = p.qscale
     return cls
 
 
 def class_key(cls: dict) -> tuple:
-    """The key of a class dict: :data:`CLASS_FIELDS`, then :data:`PAGED_FIELDS` (None where a class has none)."""
-    return tuple(cls[f] for f in CLASS_FIELDS) + tuple(cls.get(f) for f in PAGED_FIELDS)
+    """The key of a class dict: :data:`CLASS_FIELDS`, then :data:`PAGED_FIELDS` and :data:`SCALE_FIELDS` (None where
+    a class has none)."""
+    return tuple(cls[f] for f in CLASS_FIELDS) + tuple(cls.get(f) for f in PAGED_FIELDS + SCALE_FIELDS)
 
 
 def _class_dict(cls: dict) -> dict:
-    """``cls`` reduced to its key fields (the paged ones only where present)."""
-    return {f: cls[f] for f in CLASS_FIELDS + PAGED_FIELDS if f in cls}
+    """``cls`` reduced to its key fields (the paged and scale ones only where present)."""
+    return {f: cls[f] for f in CLASS_FIELDS + PAGED_FIELDS + SCALE_FIELDS if f in cls}
 
 
 def _class_sort(cls: dict) -> str:
@@ -385,4 +391,5 @@ def ck_first_fit(p, candidates: Iterable):
 
 __all__ = ["Table", "SeqtuneDeviceWarning", "class_of_problem", "class_key",
            "device_mismatch", "bucket", "bucket_rep", "programs", "waves", "split_limit", "splits_at", "occupancy", "cost", "predict", "rank",
-           "excluded_by_table", "ck_first_fit", "compute_units", "CLASS_FIELDS", "PAGED_FIELDS", "POINT_FIELDS"]
+           "excluded_by_table", "ck_first_fit", "compute_units", "CLASS_FIELDS", "PAGED_FIELDS", "SCALE_FIELDS",
+           "POINT_FIELDS"]

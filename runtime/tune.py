@@ -12,8 +12,9 @@
   or a serving class, ``batch_prefill`` / ``fwd_pagedkv`` (the same problem: ``fmha_dsl.paged_attention``'s, whose
   candidates are the batch_prefill kernels and the split-KV fwd_pagedkv ones with their combine) with lists
   ``page_size`` (powers of two, default 16), ``lookup`` (``vllm``/``sglang``, default vllm) and ``kv_layout``
-  (:data:`KV_LAYOUTS`) in its class; its points need seqlen_k >= seqlen_q.  Classes no kernel of the build serves
-  are skipped.
+  (:data:`KV_LAYOUTS`) in its class; its points need seqlen_k >= seqlen_q.  A serving class may take dtype
+  ``fp8bf16`` (e4m3 caches, descales of 1) with a list ``qscale`` (:data:`QSCALES`, default per tensor).  Classes no
+  kernel of the build serves are skipped.
 * Each kernel that serves a point (the dispatcher's matching) is timed with CUDA events through
   ``triton.testing.do_bench`` (warm-up, L2 flushed between runs, median of the repeats): the whole plan (a split-KV
   kernel with its combine, the backward's stages); inputs per family: :mod:`.tune_inputs`.
@@ -100,13 +101,15 @@ def _list(v):
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
-_DTYPES = ("fp16", "bf16", "fp32")
+_DTYPES = ("fp16", "bf16", "fp32", "fp8bf16")
+FP8_DTYPES = ("fp8bf16",)   # serving classes only: CK's FP8 contract (e4m3 q and caches, bf16 out) of paged_attention
+QSCALES = ("pertensor", "kv_blockscale")   # an FP8 class's descales: one per tensor, or one per (page, K/V head)
 _MASKS = {"no": "no", "none": "no", False: "no", "causal": "causal", "top_left": "causal", True: "causal"}  # 0/1 == False/True
 
 
 _PAGED_KEYS = ("page_size", "lookup", "kv_layout")   # the fields of serving classes only
 _CLASS_KEYS = frozenset({"family", "dtype", "hdim", "hdim_q", "hdim_v", "mask", "lse", "nhead_q", "nhead_k", "seqlens",
-                         "seqlens_k", "seqlen_k_ratio", "tokens", "batch", "extra_batches", *_PAGED_KEYS})
+                         "seqlens_k", "seqlen_k_ratio", "tokens", "batch", "extra_batches", "qscale", *_PAGED_KEYS})
 # a class's `family` field -> the problem family it times.  Serving: paged_attention's problem (batch_prefill), whose
 # candidates are the batch_prefill kernels and the split-KV fwd_pagedkv kernels with their combine alike (what the
 # dispatcher weighs against each other), so `fwd_pagedkv` (decode shapes, by convention) names the same problem
@@ -153,6 +156,21 @@ def _caches(where: str, i: int, c: dict, serving: bool) -> list:
     return list(itertools.product(layouts, lookups, pages))
 
 
+def _scales(where: str, i: int, c: dict, dtypes: list) -> list:
+    """An FP8 class's ``qscale`` values (default per tensor), with None for its other dtypes; ``[None]`` without
+    FP8."""
+    fp8 = any(dt in FP8_DTYPES for dt in dtypes)
+    if "qscale" in c and not fp8:
+        raise _bad(where, i, "`qscale` is a field of FP8 classes (dtype fp8bf16)", "add \"dtype\": \"fp8bf16\" or "
+                   "drop `qscale`")
+    if not fp8:
+        return [None]
+    scales = _choice(where, i, "qscale", _list(c.get("qscale", "pertensor")), QSCALES,
+                     "pertensor: one descale per tensor; kv_blockscale: one per (page, K/V head)",
+                     "use \"qscale\": [\"pertensor\", \"kv_blockscale\"]")
+    return scales + ([None] if any(dt not in FP8_DTYPES for dt in dtypes) else [])
+
+
 def _pos_int(where, i, name, v) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise _bad(where, i, f"`{name}` must be a positive integer, got {v!r}")
@@ -197,6 +215,11 @@ def expand_shapes(doc: dict, where: str = "<shapes>") -> list[tuple[dict, list[t
         for dt in dtypes:
             if dt not in _DTYPES:
                 raise _bad(where, i, f"unknown dtype {dt!r} (one of {', '.join(_DTYPES)})")
+            if dt in FP8_DTYPES and not serving:
+                raise _bad(where, i, f"dtype {dt} is the serving kernels' FP8 contract, not one of family "
+                           f"{c.get('family', 'fwd')!r}", "give it with \"family\": \"batch_prefill\" or "
+                           "\"fwd_pagedkv\" (paged_attention over e4m3 caches)")
+        scales = _scales(where, i, c, dtypes)
         masks = []
         for m in _list(c.get("mask", "no")):
             if m not in _MASKS:
@@ -225,12 +248,17 @@ def expand_shapes(doc: dict, where: str = "<shapes>") -> list[tuple[dict, list[t
                 if sk < s:
                     raise _bad(where, i, f"seqlen_k {sk} < seqlen_q {s}: a serving point's queries are the last of "
                                "its sequence's seqlen_k cached tokens", "give `seqlens_k` >= every `seqlens` value")
-        for dtype, (dq, dv), mask, lse, cache in itertools.product(dtypes, hdims, masks, lses, caches):
+        for dtype, (dq, dv), mask, lse, cache, qscale in itertools.product(dtypes, hdims, masks, lses, caches,
+                                                                            scales):
+            if (qscale is None) != (dtype not in FP8_DTYPES):
+                continue  # (descales belong to the FP8 dtypes of a class that lists others too)
             cls = {"family": family, "dtype": dtype, "mode": "group" if serving else "batch", "vlayout": "r",
                    "hdim_q": dq, "hdim_v": dv, "mask": mask, "bias": "no",
                    "lse": bool(lse) and family != "bwd_dq_dk_dv", "dropout": False, "logits": False, "sink": False}
             if cache is not None:
                 cls.update(zip(seqtune.PAGED_FIELDS, cache))
+            if qscale is not None:
+                cls["qscale"] = qscale
             _, pts = out.setdefault(seqtune.class_key(cls), (cls, set()))
             for s, sk in grid:
                 for b in (fixed if fixed is not None else [max(1, tokens // max(s, sk))]) + extra:
@@ -241,7 +269,8 @@ def expand_shapes(doc: dict, where: str = "<shapes>") -> list[tuple[dict, list[t
 def problem_of(cls: dict, pt: tuple, arch: str | None = None):
     """The dispatcher's :class:`~fmha_dsl.keys.Problem` of one point of ``cls``: a serving class's is the problem
     ``fmha_dsl.paged_attention`` builds (group mode, the maxima given, causal bottom-right aligned, the cache's
-    layout, table form and page size), so its seqtune class is the one the API's selection looks up."""
+    layout, table form and page size, an FP8 class's qscale), so its seqtune class is the one the API's selection
+    looks up."""
     from fmha_dsl.keys import Problem
 
     sq, sk, b, hq, hk = pt
@@ -251,6 +280,8 @@ def problem_of(cls: dict, pt: tuple, arch: str | None = None):
         kw = {"mask": "bottom_right" if causal else "no", "window_right": 0 if causal else -1, "max_seqlen_q": sq,
               "max_seqlen_k": sk, "paged_kv": True, "kv_layout": cls["kv_layout"], "kv_lookup": cls["kv_lookup"],
               "page_size": cls["page_size"]}
+        if "qscale" in cls:  # an FP8 class: its descales' granularity
+            kw["qscale"] = cls["qscale"]
     return Problem(family=cls["family"], dtype=cls["dtype"], arch=arch, batch=b, nhead_q=hq, nhead_k=hk,
                    seqlen_q=sq, seqlen_k=sk, hdim_q=cls["hdim_q"], hdim_v=cls["hdim_v"], mode=cls["mode"],
                    vlayout=cls["vlayout"], bias=cls["bias"], lse=cls["lse"], dropout=cls["dropout"],

@@ -49,21 +49,28 @@ def gpu():
         pytest.skip("needs a GPU")
 
 
-def test_tune_measures_a_serving_set_and_the_table_steers_paged_attention(tmp_path):
-    from fmha_dsl import api_dispatch
+def _built(tmp_path, text):
+    """``(arch, build folder, registry)`` of kernel set ``text`` (an ``{arch}`` template) built for this GPU."""
     from fmha_dsl.build import build
     from fmha_dsl.registry import Registry
     from fmha_dsl.runtime.dispatch import detect_arch
-    from fmha_dsl.runtime.tune import expand_shapes, problem_of, tune
-    from fmha_dsl.runtime.tune_inputs import PagedCall, relative_error
 
     arch = detect_arch()
-    src = tmp_path / "serving_tune.fmha"
-    src.write_text(SET.format(arch=arch))
+    src = tmp_path / "set.fmha"
+    src.write_text(text.format(arch=arch))
     out_dir = tmp_path / "out"
     res = build(fmha_dsl.load(str(src)), str(out_dir), arch=arch, jobs=2)
     assert not res.failures, res.failures
-    reg = Registry.load(str(out_dir / "registry.json"))
+    return arch, out_dir, Registry.load(str(out_dir / "registry.json"))
+
+
+def test_tune_measures_a_serving_set_and_the_table_steers_paged_attention(tmp_path):
+    from fmha_dsl import api_dispatch
+    from fmha_dsl.registry import Registry
+    from fmha_dsl.runtime.tune import expand_shapes, problem_of, tune
+    from fmha_dsl.runtime.tune_inputs import PagedCall, relative_error
+
+    arch, out_dir, reg = _built(tmp_path, SET)
     families = {e.identifier: e.sig["family"] for e in reg}
     assert sorted(families.values()) == ["batch_prefill", "fwd_pagedkv"]
     split = next(e for e in reg if e.sig["family"] == "fwd_pagedkv")
@@ -115,3 +122,72 @@ def test_tune_measures_a_serving_set_and_the_table_steers_paged_attention(tmp_pa
     assert done.returncode == 0, done.stderr
     text = html.read_text()
     assert "page_size=16 lookup=vllm kv_layout=linear" in text and "K/V GB/s" in text
+
+
+FP8_SET = """kernel_set fp8_tune {{
+    backend(triton)
+    arch({arch})
+    kernel prefill {{
+        signature {{ family(batch_prefill) dtype(fp8bf16) qscale(pertensor | kv_blockscale) hdim(128) mask(causal)
+                    kv_cache(linear, vllm, 16) }}
+        algorithm {{ pipeline(qr_nwarp_sshuffle) tile(64, 64, *, *, *, *) wave(4, *, *, *, *, *, *, *, *) }}
+    }}
+    kernel decode {{
+        signature {{ family(fwd_pagedkv) dtype(fp8bf16) qscale(pertensor | kv_blockscale) hdim(128) mask(causal)
+                    kv_cache(linear, vllm, 16) }}
+        algorithm {{ pipeline(qr_nwarp_sshuffle) tile(16, 64, *, *, *, *) wave(4, *, *, *, *, *, *, *, *)
+                    max_splits_log2(4) }}
+    }}
+}}
+"""
+
+
+def test_tune_measures_fp8_serving_classes_of_both_descale_kinds(tmp_path):
+    """An FP8 serving set (per-tensor and KV block-scale kernels) tuned offline: one class per qscale, every kernel
+    of a class checked against SDPA and timed at each point, none of the other kind's; the table then steers
+    paged_attention(registry=DIR) with each kind of descales, and the output matches the truth."""
+    from fmha_dsl import api_dispatch
+    from fmha_dsl.registry import Registry
+    from fmha_dsl.runtime.dispatch import detect_arch
+    from fmha_dsl.runtime.tune import expand_shapes, problem_of, tune
+    from fmha_dsl.runtime.tune_inputs import PagedCall, relative_error
+
+    if detect_arch() != "sm90":
+        pytest.skip("the FP8 serving kernels run on sm90 here (gfx950 builds them too)")
+    arch, out_dir, reg = _built(tmp_path, FP8_SET)
+    kinds = {e.identifier: e.sig["qscale"] for e in reg}
+    assert sorted(kinds.values()) == ["kv_blockscale", "kv_blockscale", "pertensor", "pertensor"]
+    matrix = {"name": "fp8-test", "version": 1, "classes": [
+        dict(CACHE, dtype="fp8bf16", qscale=["pertensor", "kv_blockscale"], family="fwd_pagedkv", seqlens=[1],
+             seqlens_k=[8192]),
+        dict(CACHE, dtype="fp8bf16", qscale=["pertensor", "kv_blockscale"], family="batch_prefill", seqlens=[1024])]}
+    shapes = tmp_path / "fp8.json"
+    shapes.write_text(json.dumps(matrix))
+    classes = expand_shapes(matrix)
+    assert sorted(c["qscale"] for c, _ in classes) == ["kv_blockscale", "pertensor"]
+    got = tune(str(out_dir), shapes=str(shapes), warmup_ms=5, rep_ms=20)
+    assert got.measured == 8 and got.failed == 0, got      # 2 kernels x 2 points in each of the 2 classes
+
+    table = Registry.load(str(out_dir / "registry.json")).seqtune
+    entries = {e["class"]["qscale"]: e for e in table["classes"]}
+    assert sorted(entries) == ["kv_blockscale", "pertensor"]
+    dev = torch.cuda.current_device()
+    disp = api_dispatch.dispatcher(str(out_dir), dev)
+    for cls, pts in classes:
+        entry = entries[cls["qscale"]]
+        assert entry["class"] == dict(cls)
+        for p in entry["points"]:
+            assert {kinds[k] for k in p["times_us"]} == {cls["qscale"]}        # only its own kind's kernels
+        for pt in pts:
+            times = next(p["times_us"] for p in entry["points"]
+                         if (p["seqlen_q"], p["seqlen_k"], p["batch"]) == pt[:3])
+            rows = disp.explain(problem_of(cls, pt, arch))
+            assert rows[0]["source"] == "seqtune" and rows[0]["kernel"] == min(times, key=times.get), rows
+            call = PagedCall(cls, pt, seed=1)
+            q_d, k_d, v_d = call.kw["descales"]
+            out = fmha_dsl.paged_attention(call.q, call.k_cache, call.v_cache, block_table=call.kw["block_table"],
+                                           seqlens_k=call.kw["seqlens_k"], cu_seqlens_q=call.kw["cu_seqlens_q"],
+                                           max_seqlen_q=pt[0], max_seqlen_k=pt[1], causal=True, q_descale=q_d,
+                                           k_descale=k_d, v_descale=v_d, registry=str(out_dir))
+            err = relative_error(out.view(pt[2], pt[0], pt[3], -1).transpose(1, 2), call.truth())
+            assert err <= 2e-2, (cls["qscale"], pt, err)

@@ -54,6 +54,10 @@ def _matrix(tmp_path, *classes):
     (dict(SERVING, seqlens=[512], seqlens_k=[64]), "seqlen_k 64 < seqlen_q 512", "seqlens_k"),
     (dict(SERVING, family="pagedkv", seqlens=[1]), "unknown family 'pagedkv'", ""),
     (dict(SERVING, seqlens=[1], pagesize=16), "unknown field `pagesize`", ""),
+    (dict(SERVING, seqlens=[1], qscale="pertensor"), "`qscale` is a field of FP8 classes", "fp8bf16"),
+    (dict(SERVING, dtype="fp8bf16", seqlens=[1], qscale="blockscale"), "unknown qscale 'blockscale'",
+     "kv_blockscale"),
+    ({"dtype": "fp8bf16", "seqlens": [128]}, "dtype fp8bf16 is the serving kernels' FP8 contract", "batch_prefill"),
 ])
 def test_bad_serving_classes_are_located_usage_errors(tmp_path, cls, msg, hint):
     with pytest.raises(UsageError) as info:
@@ -87,6 +91,58 @@ def test_serving_classes_expand_to_paged_attention_problems(tmp_path):
     assert seqtune.class_key(seqtune.class_of_problem(p)) == seqtune.class_key(cls)
     only_page_1024 = [c for c, _ in classes if c["page_size"] == 1024]
     assert all(pts for c, pts in classes if c in only_page_1024)
+
+
+def test_fp8_classes_carry_their_descales_granularity(tmp_path):
+    """FP8 serving classes (dtype fp8bf16) expand per qscale (per tensor by default); their problems are
+    paged_attention's over e4m3 caches, and their table class is the API's (a KV block-scale class is another
+    class: other kernels).  A class listing bf16 too keeps bf16 without a qscale."""
+    classes = expand_shapes(_matrix(tmp_path, dict(SERVING, dtype=["fp8bf16", "bf16"], seqlens=[1],
+                                                   seqlens_k=[4096], batch=[8]),
+                                    dict(SERVING, dtype="fp8bf16", qscale=["pertensor", "kv_blockscale"],
+                                         seqlens=[512], tokens=1024)))
+    got = sorted((c["dtype"], c.get("qscale")) for c, _ in classes)
+    assert got == [("bf16", None), ("fp8bf16", "kv_blockscale"), ("fp8bf16", "pertensor")]
+    pts = {(c["dtype"], c.get("qscale")): p for c, p in classes}
+    assert pts[("fp8bf16", "pertensor")] == [(1, 4096, 8, 32, 8), (512, 512, 2, 32, 8)]
+    assert pts[("fp8bf16", "kv_blockscale")] == [(512, 512, 2, 32, 8)]
+    keys = set()
+    for c, p in classes:
+        prob = problem_of(c, p[0], "sm90")
+        assert prob.dtype == c["dtype"] and prob.qscale == c.get("qscale", "no")
+        assert seqtune.class_key(seqtune.class_of_problem(prob)) == seqtune.class_key(c)
+        keys.add(seqtune.class_key(c))
+    assert len(keys) == 3
+
+
+def test_an_fp8_points_inputs_are_e4m3_caches_with_descales_of_their_kind():
+    """A tuned FP8 point runs over e4m3 caches with descales of 1 (the truth reads the e4m3 values as they are):
+    one-element descales per tensor, ``[num_pages, Hk]`` ones for KV block scales."""
+    torch = pytest.importorskip("torch")
+    from fmha_dsl.runtime.tune_inputs import PagedCall
+
+    base = {"family": "batch_prefill", "dtype": "fp8bf16", "mode": "group", "vlayout": "r", "hdim_q": 32,
+            "hdim_v": 32, "mask": "causal", "bias": "no", "lse": False, "dropout": False, "logits": False,
+            "sink": False, "kv_layout": "linear", "kv_lookup": "vllm", "page_size": 4}
+    pt = (3, 10, 2, 4, 2)                                    # 3 pages a sequence, 2 sequences, one spare page
+    for qscale, kv in (("pertensor", (1,)), ("kv_blockscale", (7, 2))):
+        call = PagedCall(dict(base, qscale=qscale), pt, device="cpu")
+        assert call.q.dtype == call.k_cache.dtype == call.v_cache.dtype == torch.float8_e4m3fn
+        assert call.out.dtype == torch.bfloat16
+        q_d, k_d, v_d = call.kw["descales"]
+        assert tuple(q_d.shape) == (1,) and tuple(k_d.shape) == tuple(v_d.shape) == kv
+        assert all(bool((d == 1).all()) for d in (q_d, k_d, v_d))
+        assert call.truth().shape == (2, 4, 3, 32)
+
+
+def test_fp8_decode_bandwidth_counts_one_byte_an_element():
+    from fmha_dsl.report_model import point_gbps
+
+    point = {"seqlen_q": 1, "seqlen_k": 4096, "batch": 8, "nhead_q": 32, "nhead_k": 8}
+    cls = {"hdim_q": 128, "hdim_v": 128}
+    bf16 = point_gbps(dict(cls, dtype="bf16"), point, 100.0)
+    assert bf16 == pytest.approx(8 * 4096 * 8 * 256 * 2 / 100e-6 / 1e9)
+    assert point_gbps(dict(cls, dtype="fp8bf16", qscale="pertensor"), point, 100.0) == pytest.approx(bf16 / 2)
 
 
 def test_the_default_matrix_ships_serving_classes_and_a_build_without_them_skips_them():
@@ -130,7 +186,7 @@ def test_paged_problems_carry_the_cache_in_their_class():
     assert len(keys) == 3 and seqtune.class_key(base) not in keys
     fwd = seqtune.class_of_problem(Problem(dtype="bf16", seqlen_q=512, seqlen_k=512))
     assert not set(seqtune.PAGED_FIELDS) & set(fwd)       # other classes (and their stored tables) unchanged
-    assert seqtune.class_key(fwd) == tuple(fwd[f] for f in seqtune.CLASS_FIELDS) + (None, None, None)
+    assert seqtune.class_key(fwd) == tuple(fwd[f] for f in seqtune.CLASS_FIELDS) + (None, None, None, None)
 
 
 def _built() -> Registry:
@@ -184,6 +240,43 @@ def test_a_serving_table_ranks_paged_attention_candidates_and_only_for_its_cache
 # ---------------------------------------------------------------------------------------------------------
 # the report
 # ---------------------------------------------------------------------------------------------------------
+FP8_SET = """kernel_set f { backend(triton) arch(sm90) dtype(fp8bf16) hdim(128)
+  kernel p { signature { family(batch_prefill) qscale(pertensor | kv_blockscale) mask(causal)
+                         kv_cache(linear, vllm, 16) }
+             algorithm { pipeline(qr_nwarp_sshuffle) tile(64 | 128, 64, *, *, *, *) wave(4, *, *, *, *, *, *, *, *) } }
+}"""
+
+
+def test_an_fp8_table_ranks_only_its_descale_kind(tmp_path):
+    """A registry with a table of an FP8 KV block-scale class loads (the schema takes its qscale) and ranks that
+    class's kernels by it; per-tensor problems over the same cache keep the cost model's ranking."""
+    reg = fmha_dsl.loads(FP8_SET).registry(arch="sm90")
+    blocks = [e for e in reg if e.sig["qscale"] == "kv_blockscale"]
+    assert len(blocks) == 2 and len(reg) == 4
+    prob = _paged_problem(PREFILL).model_copy(update={"dtype": "fp8bf16", "qscale": "kv_blockscale"})
+    cls = seqtune.class_of_problem(prob)
+    assert cls["qscale"] == "kv_blockscale"
+    table = seqtune.Table(DEV, "fp8-test")
+    fast, slow = sorted(blocks, key=lambda e: e.alg["tile"][0])     # the 64-row tile measured fastest (not the
+    assert Dispatcher(reg, "sm90", tuned_dir="").explain(prob)[0]["kernel"] == slow.identifier   # static choice)
+    table.record(cls, PREFILL, slow.identifier, 900.0)
+    table.record(cls, PREFILL, fast.identifier, 600.0)
+    table.store(reg)
+    path = tmp_path / "registry.json"
+    reg.save(path)
+    back = Registry.load(path)
+    assert back.seqtune["classes"][0]["class"]["qscale"] == "kv_blockscale"
+    disp = Dispatcher(str(path), "sm90", device_name=DEV["name"], tuned_dir="")
+    rows = disp.explain(prob)
+    assert rows[0]["source"] == "seqtune" and rows[0]["kernel"] == fast.identifier
+    assert {r["kernel"] for r in rows if not r.get("excluded")} == {e.identifier for e in blocks}
+    assert all("qscale" in r["why"][0] for r in rows if r.get("excluded"))    # the per-tensor kernels: not its kind
+    per_tensor = disp.explain(prob.model_copy(update={"qscale": "pertensor"}))
+    assert per_tensor and all(r.get("source") != "seqtune" for r in per_tensor)
+    assert {r["kernel"] for r in per_tensor if not r.get("excluded")} == {e.identifier for e in reg} - {
+        e.identifier for e in blocks}
+
+
 def test_the_report_draws_a_serving_table(tmp_path):
     from fmha_dsl import report
 
