@@ -8,11 +8,12 @@ and times the candidates; the figures are the steady state after it), Sq = 1, GQ
 d128, page 16, pages scattered at random; the FP8 cache (``torch.float8_e4m3fn``, CK's ``fp8bf16`` contract: q in
 e4m3 too, bf16 output) holds the bf16 cache's values rounded to e4m3.  Reported: time per call, the bytes each reads
 (K + V: 1 byte an element in FP8, 2 in bf16) per second, the fraction of the device's copy bandwidth (read + write,
-measured in the run), and the FP8 call's speed-up over the bf16 one.  Two FP8 caches: per-tensor descales (``fp8``,
-descales of 1) and CK's KV block scales (``fp8_blocks``: ``k_descale``/``v_descale`` of shape ``[num_pages, Hk]``,
-each page's and head's amax / 448, the pages quantized by them).  Timing: bench_serving's (CUDA events, median, the
-L2 flushed by a 512 MB read before each call).  FP8 output is checked against the bf16 call's (rel. err < 8 %: e4m3
-has 3 mantissa bits).
+measured in the run), and the FP8 call's speed-up over the bf16 one.  Three FP8 caches: per-tensor descales
+(``fp8``, descales of 1), CK's KV block scales (``fp8_blocks``: ``k_descale``/``v_descale`` of shape ``[num_pages,
+Hk]``, each page's and head's amax / 448, the pages quantized by them) and CK's per-token-head scales
+(``fp8_tokens``: ``[num_pages, page_size, Hk]``, each cached token's and head's amax / 448, and q's ``[Tq, Hq]``).
+Timing: bench_serving's (CUDA events, median, the L2 flushed by a 512 MB read before each call).  FP8 output is
+checked against the bf16 call's (rel. err < 8 %: e4m3 has 3 mantissa bits).
 
 Prefill (``--parts prefill``; default: both): one sequence of S queries over its S keys in the same pages (32 query
 heads over 8 K/V heads, causal), S = 2048 and 8192 over pages of 16, and S = 8192 over pages of 1024 (a key block in
@@ -34,9 +35,13 @@ SHAPES = ((1, 8192), (1, 32768), (8, 8192), (32, 8192), (128, 1024), (8, 32768),
 HQ, HK, D, PAGE = 32, 8, 128, 16
 
 
+FP8_KINDS = {"fp8": "", "fp8_blocks": "_blocks", "fp8_tokens": "_tokens"}   # call -> suffix of its figures
+
+
 def fp8_calls(q, kc, vc, kw) -> dict:
     """The calls timed on the same pages: ``bf16``; ``fp8`` (per-tensor descales of 1: the bf16 values rounded to
-    e4m3); ``fp8_blocks`` (CK's KV block scales: each page's and head's amax / 448, ``[num_pages, Hk]``)."""
+    e4m3); ``fp8_blocks`` (CK's KV block scales: each page's and head's amax / 448, ``[num_pages, Hk]``);
+    ``fp8_tokens`` (CK's per_token_head: each token's and head's amax / 448, q's too)."""
     import torch
 
     import fmha_dsl
@@ -46,11 +51,15 @@ def fp8_calls(q, kc, vc, kw) -> dict:
     q8, kc8, vc8 = (x.to(f8) for x in (q, kc, vc))
     kd, vd = (x.abs().amax(dim=(1, 3)).float().clamp_min(1e-30) / 448 for x in (kc, vc))   # [num_pages, Hk]
     kb8, vb8 = ((x.float() / d[:, None, :, None]).to(f8) for x, d in ((kc, kd), (vc, vd)))
+    qt, kt, vt = (x.abs().amax(dim=-1).float().clamp_min(1e-30) / 448 for x in (q, kc, vc))   # [Tq, Hq], [P, page, Hk]
+    qt8, kt8, vt8 = ((x.float() / d[..., None]).to(f8) for x, d in ((q, qt), (kc, kt), (vc, vt)))
     return {"bf16": lambda: fmha_dsl.paged_attention(q, kc, vc, **kw),
             "fp8": lambda: fmha_dsl.paged_attention(q8, kc8, vc8, q_descale=ones[0], k_descale=ones[1],
                                                      v_descale=ones[2], **kw),
             "fp8_blocks": lambda: fmha_dsl.paged_attention(q8, kb8, vb8, q_descale=ones[0], k_descale=kd,
-                                                           v_descale=vd, **kw)}
+                                                           v_descale=vd, **kw),
+            "fp8_tokens": lambda: fmha_dsl.paged_attention(qt8, kt8, vt8, q_descale=qt, k_descale=kt, v_descale=vt,
+                                                           **kw)}
 
 
 def _first_calls(calls: dict, out: dict) -> None:
@@ -67,8 +76,26 @@ def _first_calls(calls: dict, out: dict) -> None:
         got[name] = fn().float()
         new = [plan for key, plan in disp.fast_paged.items() if key not in before]
         out["kernels"][name] = new[0].entry.name if len(new) == 1 and hasattr(new[0], "entry") else ""
-    for name in ("fp8", "fp8_blocks"):
-        out[f"rel_err{name[3:]}"] = ((got[name] - got["bf16"]).norm() / got["bf16"].norm()).item()
+    for name, suffix in FP8_KINDS.items():
+        out[f"rel_err{suffix}"] = ((got[name] - got["bf16"]).norm() / got["bf16"].norm()).item()
+        out[f"speedup{suffix}"] = None
+
+
+def _speedups(out: dict) -> None:
+    for name, suffix in FP8_KINDS.items():
+        out[f"speedup{suffix}"] = out["bf16"]["us"] / out[name]["us"]
+
+
+def _line(r: dict, unit: str, copy=None) -> str:
+    """A row's figures: each call's (``unit``: ``gbs`` with the fraction of ``copy``, or ``tflops``), speed-ups over
+    bf16 and FP8 errors (per tensor / block scales / per token)."""
+    def fig(n):
+        if unit == "gbs":
+            return f"{n} {r[n]['us']:8.1f} us {r[n]['gbs']:6.0f} GB/s ({r[n]['gbs'] / copy:4.0%})"
+        return f"{n} {r[n]['tflops']:6.1f} TFLOP/s"
+    return ("   ".join(fig(n) for n in ("bf16", *FP8_KINDS)) + "   speed-up "
+            + " / ".join(f"{r['speedup' + x]:.2f}x" for x in FP8_KINDS.values()) + "   err "
+            + " / ".join(f"{r['rel_err' + x]:.3f}" for x in FP8_KINDS.values()))
 
 
 def row(b: int, s: int) -> dict:
@@ -88,8 +115,7 @@ def row(b: int, s: int) -> dict:
     for name, fn in calls.items():
         ms = _bench(fn)
         out[name] = {"us": ms * 1e3, "gbs": 2 * b * s * HK * D * (2 if name == "bf16" else 1) / ms / 1e6}
-    out["speedup"] = out["bf16"]["us"] / out["fp8"]["us"]
-    out["speedup_blocks"] = out["bf16"]["us"] / out["fp8_blocks"]["us"]
+    _speedups(out)
     return out
 
 
@@ -112,8 +138,7 @@ def prefill_row(s: int, page: int = PAGE) -> dict:
     for name, fn in calls.items():
         ms = _bench(fn)
         out[name] = {"us": ms * 1e3, "tflops": flops / ms / 1e9}
-    out["speedup"] = out["bf16"]["us"] / out["fp8"]["us"]
-    out["speedup_blocks"] = out["bf16"]["us"] / out["fp8_blocks"]["us"]
+    _speedups(out)
     return out
 
 
@@ -138,16 +163,14 @@ def main() -> None:
     for b, s in (SHAPES[:1] + SHAPES[3:5] if args.quick else SHAPES) if "decode" in parts else ():
         r = row(b, s)
         doc["rows"].append(r)
-        print(f"B={b:4d} Sk={s:6d}  " + "   ".join(
-            f"{n} {r[n]['us']:8.1f} us {r[n]['gbs']:6.0f} GB/s ({r[n]['gbs'] / doc['copy_gbs']:4.0%})"
-            for n in ("bf16", "fp8", "fp8_blocks")) + f"   speed-up {r['speedup']:.2f}x / {r['speedup_blocks']:.2f}x"
-              f"   err {r['rel_err']:.3f} / {r['rel_err_blocks']:.3f}", flush=True)
+        print(f"B={b:4d} Sk={s:6d}  " + _line(r, "gbs", doc["copy_gbs"]), flush=True)
         print("  kernels: " + ", ".join(f"{n} {k}" for n, k in r["kernels"].items()), flush=True)
-        for n in ("rel_err", "rel_err_blocks"):
+        for n in ("rel_err" + x for x in FP8_KINDS.values()):
             if not r[n] < 0.08:
                 print(f"  FP8 output off: {n} {r[n]:.3f}", flush=True)
     if doc["rows"]:
-        for key, what in (("speedup", "per-tensor"), ("speedup_blocks", "block scales")):
+        for key, what in (("speedup", "per-tensor"), ("speedup_blocks", "block scales"),
+                          ("speedup_tokens", "per-token-head scales")):
             sp = [r[key] for r in doc["rows"]]
             doc[f"geomean_{key}"] = math.exp(sum(map(math.log, sp)) / len(sp))
             print(f"fp8 ({what}) / bf16 decode speed-up: geomean {doc[f'geomean_{key}']:.2f}x, min {min(sp):.2f}x, "
@@ -156,10 +179,7 @@ def main() -> None:
     for s, page in ((2048, PAGE), (8192, PAGE), (8192, 1024)) if "prefill" in parts else ():
         r = prefill_row(s, page)
         doc["prefill"].append(r)
-        print(f"prefill S={s:5d} page {page:4d} causal  " + "   ".join(f"{n} {r[n]['tflops']:6.1f} TFLOP/s"
-                                                    for n in ("bf16", "fp8", "fp8_blocks"))
-              + f"   speed-up {r['speedup']:.2f}x / {r['speedup_blocks']:.2f}x   err {r['rel_err']:.3f} / "
-              f"{r['rel_err_blocks']:.3f}", flush=True)
+        print(f"prefill S={s:5d} page {page:4d} causal  " + _line(r, "tflops"), flush=True)
         print("  kernels: " + ", ".join(f"{n} {k}" for n, k in r["kernels"].items()), flush=True)
     if args.json:
         with open(args.json, "w") as f:

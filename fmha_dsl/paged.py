@@ -170,7 +170,7 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
                      "move the tensors with .cuda(), or pass numpy arrays to run the reference")
     tq, hq, dq = q.shape
     layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, q.dtype, dev)
-    descales, qscale = check_descales(dname, descales, dev, (num_pages, hk))
+    descales, qscale = check_descales(dname, descales, dev, (num_pages, hk), page=page, tokens=(tq, q.shape[1]))
     odt = torch.bfloat16 if dname in FP8_DTYPES else q.dtype   # CK's FP8 contract writes bf16
     if dk != dq:
         raise _usage("usage.shape", f"`k_cache`'s head dim ({dk}) must equal q's ({dq})",

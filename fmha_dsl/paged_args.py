@@ -242,11 +242,13 @@ def append_descales(dname, given, dev, pages):
     return got[1:], qscale
 
 
-def descales(dname, given, dev, pages, first=0):
+def descales(dname, given, dev, pages, first=0, page=None, tokens=None):
     """FP8's ``(q_descale, k_descale, v_descale)`` (checked from index ``first``) and the key's ``qscale``: float32
-    tensors on the inputs' device (read there, never on the host) -- q's of one element; K's and V's both of one
-    element (``pertensor``) or both ``[num_pages, Hk]`` (``kv_blockscale``: one per page and K/V head; ``pages`` =
-    ``(num_pages, Hk)`` of the caches).  None, and ``no``, for other dtypes."""
+    tensors on the inputs' device (read there, never on the host) -- K's and V's both of one element
+    (``pertensor``), both ``[num_pages, Hk]`` (``kv_blockscale``: one per page and K/V head; ``pages`` =
+    ``(num_pages, Hk)`` of the caches) or, where ``page`` (the page size) is given, both ``[num_pages, page_size,
+    Hk]`` (``per_token_head``: one per cached token and K/V head, CK's newest); q's of one element, or with
+    per-token-head K/V scales ``[Tq, Hq]`` (``tokens``).  None, and ``no``, for other dtypes."""
     import torch
 
     names = ("q_descale", "k_descale", "v_descale")
@@ -257,27 +259,47 @@ def descales(dname, given, dev, pages, first=0):
                              f"drop {name}, or pass float8_e4m3fn caches")
         return (None, None, None), "no"
     where = "cpu" if dev < 0 else f"cuda:{dev}"
-    blocks = f" or [num_pages, Hk] = [{pages[0]}, {pages[1]}] (one per page and K/V head)"
+    forms = {"pertensor": "of one element", "kv_blockscale": f"[num_pages, Hk] = [{pages[0]}, {pages[1]}] (one per "
+             "page and K/V head)"}
+    if page is not None:
+        forms["per_token_head"] = (f"[num_pages, page_size, Hk] = [{pages[0]}, {page}, {pages[1]}] (one per token "
+                                   "and K/V head)")
+    q_forms = "of one element" + (f" or [Tq, Hq] = [{tokens[0]}, {tokens[1]}] (one per token and head, with "
+                                  "per-token-head K/V descales)" if tokens is not None and page is not None else "")
+    kinds = []
     for i, (name, d) in list(enumerate(zip(names, given)))[first:]:
-        kinds = "of one element" + (blocks if i else "")
+        accepted = " or ".join(forms.values()) if i else q_forms
         if d is None:
-            raise _usage("usage.value", f"FP8 data needs `{name}`: a float32 tensor {kinds} on {where}",
+            raise _usage("usage.value", f"FP8 data needs `{name}`: a float32 tensor {accepted} on {where}",
                          f"the dequantization scale of the {name[0]} tensor; torch.ones(1, device='{where}') for "
                          "none")
-        per_page = (i > 0 and isinstance(d, torch.Tensor) and d.dim() == 2
-                    and d.numel() != 1)   # (a [1, 1] descale is one element: per tensor)
-        if (not isinstance(d, torch.Tensor) or d.dtype != torch.float32 or d.get_device() != dev
-                or (tuple(d.shape) != tuple(pages) if per_page else d.numel() != 1)):
-            raise _usage("usage.value", f"`{name}` must be a float32 tensor {kinds} on {where}, got "
-                         f"{type(d).__name__} {tuple(getattr(d, 'shape', ()))} {getattr(d, 'dtype', '')} on "
-                         f"{getattr(d, 'device', '?')}", f"e.g. torch.tensor([s], device='{where}')"
-                         + (f" or torch.full(({pages[0]}, {pages[1]}), s, device='{where}')" if i else ""))
-    kv = [d.numel() != 1 for d in given[1:]]
+        shape = tuple(getattr(d, "shape", ()))
+        kind = None
+        if isinstance(d, torch.Tensor) and d.dtype == torch.float32 and d.get_device() == dev:
+            if d.numel() == 1:
+                kind = "pertensor"
+            elif i == 0:
+                kind = "per_token_head" if tokens is not None and page is not None and shape == tuple(tokens) else None
+            elif shape == tuple(pages):
+                kind = "kv_blockscale"
+            elif page is not None and shape == (pages[0], page, pages[1]):
+                kind = "per_token_head"
+        if kind is None:
+            raise _usage("usage.value", f"`{name}` must be a float32 tensor {accepted} on {where}, got "
+                         f"{type(d).__name__} {shape} {getattr(d, 'dtype', '')} on {getattr(d, 'device', '?')}",
+                         f"e.g. torch.tensor([s], device='{where}')" + (
+                             f" or torch.full(({pages[0]}, {pages[1]}), s, device='{where}')" if i else ""))
+        kinds.append(kind)
+    kv = kinds[-2:]
     if kv[0] != kv[1]:
-        raise _usage("usage.value", f"`k_descale` and `v_descale` must be of one kind: both one element (per tensor) "
-                     f"or both [num_pages, Hk] (KV block scales), got shapes {tuple(given[1].shape)} and "
-                     f"{tuple(given[2].shape)}", "pass the V scales in the K scales' form")
-    return tuple(given), ("kv_blockscale" if kv[0] else "pertensor")
+        raise _usage("usage.value", f"`k_descale` and `v_descale` must be of one kind, got {kv[0]} "
+                     f"{tuple(given[1].shape)} and {kv[1]} {tuple(given[2].shape)}",
+                     "pass the V scales in the K scales' form")
+    if first == 0 and kinds[0] == "per_token_head" and kv[0] != "per_token_head":
+        raise _usage("usage.value", f"a per-token `q_descale` {tuple(given[0].shape)} goes with per-token-head K/V "
+                     f"descales [num_pages, page_size, Hk], got {kv[0]} ones",
+                     "pass a q_descale of one element, or K/V descales per token and head")
+    return tuple(given), kv[0]
 
 
 __all__ = ["int_tensor", "tables", "sequences", "check_tables_on_host", "host_values", "cache_pair", "max_len",

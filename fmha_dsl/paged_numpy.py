@@ -1,6 +1,6 @@
 """The NumPy path of the serving API (:mod:`fmha_dsl.paged`): NumPy arrays run the reference
 (:mod:`fmha_dsl.reference_paged`), with the API's argument checks -- writable arrays for in-place appends, FP8
-descales as numbers (or K's and V's as ``[num_pages, Hk]`` arrays) -- and the reference's own errors naming the API
+descales as numbers (or arrays: per page or per token and head) -- and the reference's own errors naming the API
 function."""
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu
 
 
 def _descales(descales, names=("q_descale", "k_descale", "v_descale")):
-    """FP8's descales on the NumPy path, all given or none: numbers (the arrays hold the e4m3 values), K's and V's
-    also ``[num_pages, Hk]`` arrays (KV block scales; the reference checks them against the cache)."""
+    """FP8's descales on the NumPy path, all given or none: numbers (the arrays hold the e4m3 values); K's and V's
+    also ``[num_pages, Hk]`` arrays (KV block scales) or, for attention, ``[num_pages, page_size, Hk]`` ones (per
+    token and head), q's then a number or ``[Tq, Hq]`` (the reference checks the shapes against the inputs)."""
     import numpy as np
 
     given = [d is not None for d in descales]
@@ -43,22 +44,32 @@ def _descales(descales, names=("q_descale", "k_descale", "v_descale")):
         missing = ", ".join(n for n, g in zip(names, given) if not g)
         raise _usage("usage.value", f"FP8 descales come as a set: {missing} missing",
                      ("pass all three" if len(names) == 3 else "pass both") + " (1.0 for none)")
+    attention = len(names) == 3
+    forms = {"q_descale": (2,) if attention else (), "k_descale": (2, 3) if attention else (2,)}
+    what = {2: "a [num_pages, Hk] array (KV block scales)",
+            3: "a [num_pages, page_size, Hk] array (per token and head)"}
     out = []
     for name, d in zip(names, descales):
+        ok = forms.get(name, forms["k_descale"])
         try:
             a = np.asarray(d, dtype=np.float64)
         except (TypeError, ValueError):
             a = None
-        if a is None or (a.ndim != 2 or name == "q_descale") and a.size != 1:
-            raise _usage("usage.value", f"on NumPy inputs `{name}` is a number"
-                         + (" or a [num_pages, Hk] array (KV block scales)" if name != "q_descale" else "")
+        if a is None or a.ndim not in ok and a.size != 1:
+            alts = ["[Tq, Hq] array (per token and head)"] if name == "q_descale" and ok else \
+                [what[n] for n in ok]
+            raise _usage("usage.value", f"on NumPy inputs `{name}` is a number" + "".join(f" or {w}" for w in alts)
                          + f", got {type(d).__name__}" + ("" if a is None else f" of shape {a.shape}"),
-                         "pass floats" + (" (or [num_pages, Hk] arrays of them)" if name != "q_descale" else ""))
+                         "pass floats" + (" (or arrays of them, as above)" if alts else ""))
         out.append(a if a.size != 1 else float(a.reshape(-1)[0]))   # ([[s]]: one number, per tensor)
-    kinds = {name: isinstance(d, np.ndarray) for name, d in zip(names, out) if name != "q_descale"}
+    kinds = {name: np.ndim(d) for name, d in zip(names, out) if name != "q_descale"}
     if len(set(kinds.values())) > 1:
-        raise _usage("usage.value", "`k_descale` and `v_descale` must be of one kind: both numbers (per tensor) or "
-                     "both [num_pages, Hk] arrays (KV block scales)", "pass the V scales in the K scales' form")
+        raise _usage("usage.value", "`k_descale` and `v_descale` must be of one kind: both numbers (per tensor), both "
+                     "[num_pages, Hk] arrays (KV block scales) or both [num_pages, page_size, Hk] ones (per token)",
+                     "pass the V scales in the K scales' form")
+    if attention and np.ndim(out[0]) == 2 and kinds["k_descale"] != 3:
+        raise _usage("usage.value", "a [Tq, Hq] `q_descale` (per token and head) goes with per-token-head K/V "
+                     "descales [num_pages, page_size, Hk]", "pass a number for q_descale, or K/V descales per token")
     return tuple(out)
 
 

@@ -140,15 +140,18 @@ def _check_cache(k_cache, v_cache, layout: str | None):
     return k_cache, v_cache, 0
 
 
-def _kv_descale(name: str, d, num_pages: int, hk: int, divides: bool = False) -> np.ndarray:
-    """An FP8 K/V descale as float64 ``[num_pages, 1, Hk, 1]`` (broadcasting over a linear cache): one number (per
-    tensor; a one-element array of any shape too) or ``[num_pages, Hk]`` (KV block scales: one per page and K/V
-    head).  ``divides`` (an append's): every entry finite and nonzero."""
+def _kv_descale(name: str, d, num_pages: int, hk: int, divides: bool = False, page: int | None = None) -> np.ndarray:
+    """An FP8 K/V descale as float64 ``[num_pages, 1 | page_size, Hk, 1]`` (broadcasting over a linear cache): one
+    number (per tensor; a one-element array of any shape too), ``[num_pages, Hk]`` (KV block scales: one per page and
+    K/V head) or, where ``page`` (the page size) is given, ``[num_pages, page_size, Hk]`` (per token and K/V head).
+    ``divides`` (an append's): every entry finite and nonzero."""
     a = np.asarray(d, np.float64)
-    if a.size != 1 and a.shape != (num_pages, hk):
+    per_token = page is not None and a.shape == (num_pages, page, hk)
+    if a.size != 1 and a.shape != (num_pages, hk) and not per_token:
+        tokens = f", [num_pages, page_size, Hk] = [{num_pages}, {page}, {hk}] (one per token)" if page else ""
         raise _usage("usage.shape", f"`{name}` must be [num_pages, Hk] = [{num_pages}, {hk}] (one per page and K/V "
-                     f"head of the cache) or one number (per tensor), got shape {a.shape}",
-                     "num_pages and Hk are the cache's")
+                     f"head of the cache){tokens} or one number (per tensor), got shape {a.shape}",
+                     "num_pages, page_size and Hk are the cache's")
     if divides and not np.all(np.isfinite(a) & (a != 0)):
         at = ""
         if a.size != 1:  # the first bad [page, head]
@@ -157,6 +160,8 @@ def _kv_descale(name: str, d, num_pages: int, hk: int, divides: bool = False) ->
         raise _usage("usage.value", f"`{name}{at}` divides the new rows into the FP8 cache: it must be finite and "
                      f"nonzero, got {float(a.reshape(-1)[0])}", "the scale the cache's values are multiplied by "
                      "when read")
+    if per_token:
+        return a[:, :, :, None]
     return np.full((num_pages, 1, hk, 1), a.reshape(-1)[0]) if a.size == 1 else a[:, None, :, None]
 
 
@@ -194,15 +199,22 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     :func:`fmha_dsl.reference.attention_fwd` over :func:`gather_kv`'s K/V (``forward``: its keywords -- causal,
     window, sink, softcap, alibi_slopes, scale, ...).  Returns ``out`` (or ``(out, lse)``).  ``descales``: FP8's
     ``(q_descale, k_descale, v_descale)``, the inputs being the values of the e4m3 bytes (:mod:`fmha_dsl.fp8`): the
-    attention of ``q x q_descale`` over ``K x k_descale`` and ``V x v_descale``, K's and V's descales one number or
-    ``[num_pages, Hk]`` (KV block scales: a page's keys and values of head ``h`` scaled by its ``[p, h]``)."""
+    attention of ``q x q_descale`` over ``K x k_descale`` and ``V x v_descale``, K's and V's descales one number,
+    ``[num_pages, Hk]`` (KV block scales: a page's keys and values of head ``h`` scaled by its ``[p, h]``) or
+    ``[num_pages, page_size, Hk]`` (per token and head: slot ``s`` of page ``p`` by its ``[p, s, h]``; q's then one
+    number or ``[Tq, Hq]``, one per query token and head)."""
     if descales is not None:
         k_cache, v_cache, _ = _check_cache(k_cache, v_cache, layout)
         layout = "linear"
-        q = np.asarray(q, np.float64) * float(np.asarray(descales[0], np.float64).reshape(-1)[0])
-        p, _, hk, _ = k_cache.shape
-        k_cache = np.asarray(k_cache, np.float64) * _kv_descale("k_descale", descales[1], p, hk)
-        v_cache = np.asarray(v_cache, np.float64) * _kv_descale("v_descale", descales[2], p, hk)
+        p, page, hk, _ = k_cache.shape
+        qd = np.asarray(descales[0], np.float64)
+        q = np.asarray(q, np.float64)
+        if qd.size != 1 and qd.shape != q.shape[:2]:
+            raise _usage("usage.shape", f"`q_descale` must be one number or [Tq, Hq] = {list(q.shape[:2])} (one per "
+                         f"query token and head), got shape {qd.shape}", "Tq and Hq are q's")
+        q = q * (qd.reshape(-1)[0] if qd.size == 1 else qd[:, :, None])
+        k_cache = np.asarray(k_cache, np.float64) * _kv_descale("k_descale", descales[1], p, hk, page=page)
+        v_cache = np.asarray(v_cache, np.float64) * _kv_descale("v_descale", descales[2], p, hk, page=page)
     k, v, cu_k = gather_kv(k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
                            seqlens_k=seqlens_k, layout=layout)
     cq = _ints("cu_seqlens_q", cu_seqlens_q, 1)

@@ -64,7 +64,15 @@ def test_fp8_needs_per_tensor_or_kv_block_descales(tmp_path, kind):
     blocks = _check(tmp_path, text.replace("qscale(pertensor)", "qscale(kv_blockscale)"), "sm90")
     assert len(blocks) == len(keys) and all(k.signature.qscale == "kv_blockscale" for k in blocks)
     both = _check(tmp_path, text.replace("qscale(pertensor)", "qscale(*)"), "sm90")
-    assert {k.signature.qscale for k in both} == {"pertensor", "kv_blockscale"} and len(both) == 2 * len(keys)
+    kinds = {"pertensor", "kv_blockscale"} | ({"per_token_head"} if kind == "decode" else set())   # (attention's)
+    assert {k.signature.qscale for k in both} == kinds and len(both) == len(kinds) * len(keys)
+    if kind == "append":   # an append does not choose its rows' scales: per-token ones are refused, with a hint
+        with pytest.raises(fmha_dsl.FmhaError, match="qscale") as err:
+            _check(tmp_path, text.replace("qscale(pertensor)", "qscale(per_token_head)"), "sm90")
+        assert "per-token ones are the caller's" in err.value.hint
+    else:
+        tokens = _check(tmp_path, text.replace("qscale(pertensor)", "qscale(per_token_head)"), "sm90")
+        assert len(tokens) == len(keys) and all(k.signature.qscale == "per_token_head" for k in tokens)
     with pytest.raises(fmha_dsl.FmhaError, match="qscale"):
         _check(tmp_path, text.replace(" qscale(pertensor)", ""), "sm90")
     with pytest.raises(fmha_dsl.FmhaError, match="qscale") as err:
@@ -78,8 +86,8 @@ def test_fp8_needs_per_tensor_or_kv_block_descales(tmp_path, kind):
 
 @pytest.mark.slow
 def test_fp8_serving_kernels_compile_for_sm90_and_gfx950(tmp_path):
-    """Decode, prefill and append-KV over FP8 caches, per-tensor descales and KV block scales, build for both FP8
-    targets (gfx950's never run here)."""
+    """Decode, prefill and append-KV over FP8 caches, per-tensor descales and KV block scales (and per-token-head
+    scales for attention), build for both FP8 targets (gfx950's never run here)."""
     pytest.importorskip("triton")
     from fmha_dsl.cli import main
 
@@ -89,21 +97,24 @@ def test_fp8_serving_kernels_compile_for_sm90_and_gfx950(tmp_path):
         algorithm { pipeline(qr_nwarp_sshuffle) tile(64, 64, *, *, *, *) wave(4, *, *, *, *, *, *, *, *) }
     }
     kernel append {
-        signature { family(fwd_appendkv) dtype(fp8bf16) qscale(pertensor) hdim(128) rope(half) paged_kv(true)
+        signature { family(fwd_appendkv) dtype(fp8bf16) qscale(pertensor | kv_blockscale) hdim(128) rope(half)
+                    paged_kv(true)
                     kv_cache(linear | vectorized, vllm, 16) }
     }
 }"""
     p.write_text((FP8_SET.replace("algorithm { pipeline(qr_async) tile(*) }",
                                   "algorithm { pipeline(qr_async) tile(*) }\n        where tile_m0 == 16")
                   .rstrip().removesuffix("}") + prefill)
-                 .replace("qscale(pertensor)", "qscale(pertensor | kv_blockscale)"))
+                 .replace("qscale(pertensor)", "qscale(*)"))   # attention's three kinds, an append's two
     assert main(["build", str(p), "--arch", "sm90,gfx950", "-o", str(tmp_path / "b"), "-j", "2", "-q"]) == 0
     import json
 
     reg = json.loads((tmp_path / "b" / "registry.json").read_text())
     names = [k["name"] for k in reg["kernels"]]
-    assert names and all("fp8bf16_pertensor" in n or "fp8bf16_kv_blockscale" in n for n in names)
-    assert sum("kv_blockscale" in n for n in names) * 2 == len(names)   # KV block scales build wherever per-tensor do
+    kinds = ("fp8bf16_pertensor", "fp8bf16_kv_blockscale", "fp8bf16_per_token_head")
+    assert names and all(any(k in n for k in kinds) for n in names)
+    per = [sum(k in n for n in names) for k in kinds]   # block scales build wherever per-tensor do, per-token ones
+    assert per[0] == per[1] and per[2] == sum("fwd_appendkv" not in n and "_pertensor" in n for n in names)  # too
     assert {k["gfx_arch"] for k in reg["kernels"]} == {"sm90", "gfx950"}
     fams = {(k["gfx_arch"], k["name"].split("_d128")[0].removeprefix("fmha_").split("_s")[0]) for k in reg["kernels"]}
     assert fams == {(a, f) for a in ("sm90", "gfx950") for f in ("fwd_pagedkv", "batch_prefill", "fwd_appendkv")}

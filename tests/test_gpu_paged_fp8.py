@@ -46,12 +46,32 @@ def block_scales(kc, lens_k, bt, page, seed=0):
     return out
 
 
+def token_scales(kc, lens_k, bt, page, tq, hq, seed=0):
+    """CK's per_token_head scales: q's ``[Tq, Hq]`` (some negative) and K/V ``[num_pages, page_size, Hk]`` spread
+    token by token as :func:`block_scales` spreads pages, NaN in every slot no sequence reads."""
+    rng = np.random.default_rng(seed + 11)
+    num_pages, hk = kc.shape[0], kc.shape[2]
+    read = np.zeros((num_pages, page), bool)
+    for b, n in enumerate(lens_k):
+        for j in range(n):
+            read[bt[b, j // page], j % page] = True
+    out = [(rng.uniform(0.1, 0.6, (tq, hq)) * rng.choice([-1, 1], (tq, hq))).astype(np.float32)]
+    for top in (0, 4):
+        d = (2.0 ** rng.integers(-5, top, (num_pages, page, hk)) * rng.uniform(0.6, 1.0, (num_pages, page, hk)))
+        d = d.astype(np.float32)
+        d[~read] = np.nan
+        out.append(d)
+    return out
+
+
 def _case(lens_q, lens_k, *, page=16, hq=8, hk=2, d=128, form="vllm", seed=0, descales=(0.5, 0.25, 2.0),
-          vectorized=False, blocks=False, **kw):
+          vectorized=False, blocks=False, tokens=False, **kw):
     rng = np.random.default_rng(seed + 1)
     kc, vc, bt, ip, ix = make_cache(lens_k, page, hk, d, seed=seed, dtype=torch.float32)
     if blocks:  # CK's KV block scales: a descale per page and K/V head
         descales = (descales[0], *block_scales(kc, lens_k, bt, page, seed))
+    if tokens:  # CK's per_token_head: a descale per query token and head, and per cached token and K/V head
+        descales = token_scales(kc, lens_k, bt, page, sum(lens_q), hq, seed)
     kc8, vc8 = (x.mul(4).to(torch.float8_e4m3fn) for x in (kc, vc))
     q8 = torch.tensor(rng.standard_normal((sum(lens_q), hq, d)).astype(np.float32) * 4).to(torch.float8_e4m3fn)
     cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
@@ -106,6 +126,18 @@ def test_kv_block_scales_over_prefill_and_decode(page, form, vectorized):
     _case([37, 130, 0, 64], [200, 130, 5, 1500], page=page, form=form, causal=True, blocks=True,
           vectorized=vectorized)
     _case([1] * 6, [1, 17, 4000, 9000, 333, 2048], page=page, form=form, hq=32, hk=8, blocks=True,
+          vectorized=vectorized, seed=2)
+
+
+@pytest.mark.parametrize("page,form,vectorized", [(1, "vllm", False), (16, "sglang", False), (1024, "vllm", False),
+                                                  (16, "vllm", True)])
+def test_per_token_head_scales_over_prefill_and_decode(page, form, vectorized):
+    """CK's per_token_head scales (q_descale [Tq, Hq], k_descale/v_descale [num_pages, page_size, Hk]): prefill
+    (causal) and decode (split-KV, GQA 4:1) against the reference on the scaled values, NaN in the slots no sequence
+    reads."""
+    _case([37, 130, 0, 64], [200, 130, 5, 1500], page=page, form=form, causal=True, tokens=True,
+          vectorized=vectorized)
+    _case([1] * 6, [1, 17, 4000, 9000, 333, 2048], page=page, form=form, hq=32, hk=8, tokens=True,
           vectorized=vectorized, seed=2)
 
 

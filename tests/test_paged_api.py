@@ -170,7 +170,14 @@ def test_fp8_argument_errors_are_located():
              "or \\[num_pages, Hk\\] = \\[6, 2\\] .* got Tensor \\(5, 2\\)"),
             (q8, k8, v8, dict(ds, k_descale=torch.ones(6, 2)), "`k_descale` and `v_descale` must be of one kind"),
             (q8, k8, v8, dict(ds, q_descale=torch.ones(6, 2)), "`q_descale` must be a float32 tensor of one element "
-             "on")):
+             "or \\[Tq, Hq\\] = \\[2, 4\\] .* got Tensor \\(6, 2\\)"),
+            # CK's per_token_head: K/V [num_pages, page_size, Hk], q's one element or [Tq, Hq]
+            (q8, k8, v8, dict(ds, k_descale=torch.ones(6, 5, 2), v_descale=torch.ones(6, 5, 2)),
+             "`k_descale` must be .* or \\[num_pages, page_size, Hk\\] = \\[6, 4, 2\\] .* got Tensor \\(6, 5, 2\\)"),
+            (q8, k8, v8, dict(ds, k_descale=torch.ones(6, 4, 2), v_descale=torch.ones(6, 2)),
+             "`k_descale` and `v_descale` must be of one kind, got per_token_head"),
+            (q8, k8, v8, dict(ds, q_descale=torch.ones(2, 4)), "a per-token `q_descale` \\(2, 4\\) goes with "
+             "per-token-head K/V descales")):
         with pytest.raises(UsageError, match=match) as e:
             fmha_dsl.paged_attention(q, k, v, **good, **kw)
         assert "paged_attention()" in str(e.value) and e.value.hint
@@ -185,6 +192,9 @@ def test_fp8_argument_errors_are_located():
              "`v_descale` must be a float32 tensor of one element"),
             (k8, v8, new, dict(k_descale=torch.ones(6, 2), v_descale=torch.ones(6, 3)),
              "`v_descale` must be .* or \\[num_pages, Hk\\] = \\[6, 2\\]"),
+            (k8, v8, new, dict(k_descale=torch.ones(6, 4, 2), v_descale=torch.ones(6, 4, 2)),   # (attention only)
+             "`k_descale` must be a float32 tensor of one element or \\[num_pages, Hk\\] = \\[6, 2\\] \\(one per "
+             "page and K/V head\\) on cpu, got"),
             (torch.tensor(kc).bfloat16(), torch.tensor(vc).bfloat16(), new, dict(k_descale=one),
              "`k_descale` scales FP8"),
             (k8, torch.tensor(vc).bfloat16(), new, dict(k_descale=one, v_descale=one),
@@ -208,6 +218,10 @@ def test_a_one_element_descale_of_any_shape_is_per_tensor():
     assert descales("fp8bf16", (one, sq, sq), -1, pages=(6, 2))[1] == "pertensor"
     assert descales("fp8bf16", (sq, torch.ones(6, 2), torch.ones(6, 2)), -1, pages=(6, 2))[1] == "kv_blockscale"
     assert descales("bf16", (None, None, None), -1, pages=(6, 2)) == ((None, None, None), "no")
+    tok = torch.ones(6, 4, 2)   # per token and head: q's one element or [Tq, Hq]
+    assert descales("fp8bf16", (one, tok, tok), -1, pages=(6, 2), page=4, tokens=(3, 8))[1] == "per_token_head"
+    assert descales("fp8bf16", (torch.ones(3, 8), tok, tok), -1, pages=(6, 2), page=4,
+                    tokens=(3, 8))[1] == "per_token_head"
     kc, vc, bt = _cache([9, 6])
     kw = dict(block_table=bt, seqlens_k=[9, 6], cu_seqlens_q=[0, 1, 2])
     q = np.ones((2, 4, 16), np.float32)
@@ -221,7 +235,15 @@ def test_numpy_fp8_descales_are_numbers():
     q = np.zeros((2, 4, 16), np.float32)
     for kw2, match in ((dict(q_descale="a", k_descale=1.0, v_descale=1.0), "on NumPy inputs `q_descale` is a number"),
                        (dict(q_descale=np.ones((2, 2)), k_descale=1.0, v_descale=1.0),
-                        "`q_descale` is a number, got ndarray of shape \\(2, 2\\)"),
+                        "a \\[Tq, Hq\\] `q_descale` \\(per token and head\\) goes with per-token-head K/V"),
+                       (dict(q_descale=np.ones((2, 2)), k_descale=np.ones((6, 4, 2)), v_descale=np.ones((6, 4, 2))),
+                        "`q_descale` must be one number or \\[Tq, Hq\\] = \\[2, 4\\] .* got shape \\(2, 2\\)"),
+                       (dict(q_descale=1.0, k_descale=np.ones((6, 3, 2)), v_descale=np.ones((6, 3, 2))),
+                        "`k_descale` must be .* \\[num_pages, page_size, Hk\\] = \\[6, 4, 2\\] .* shape \\(6, 3, 2\\)"),
+                       (dict(q_descale=1.0, k_descale=np.ones((6, 4, 2)), v_descale=np.ones((6, 2))),
+                        "`k_descale` and `v_descale` must be of one kind"),
+                       (dict(q_descale=np.ones((2, 4, 1)), k_descale=1.0, v_descale=1.0),
+                        "`q_descale` is a number or \\[Tq, Hq\\] array"),
                        (dict(q_descale=1.0, k_descale=np.ones(3), v_descale=1.0),
                         "`k_descale` is a number or a \\[num_pages, Hk\\] array .* shape \\(3,\\)"),
                        (dict(q_descale=1.0, k_descale=np.ones((3, 2)), v_descale=1.0),

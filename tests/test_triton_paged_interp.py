@@ -372,6 +372,19 @@ def _block_descales(tab, lens_k, page, num_pages, hk, seed):
     return out
 
 
+def _fp8_run_matches(interp, q, kc, vc, lens_k, cq, tab, kw, run, ds, flat, want, wlse):
+    """The FP8 kernel (descales ``ds``) against the reference's ``want``/``wlse``; coarser descales ``flat`` give
+    another answer, so the comparison can tell the scales apart."""
+    other = paged_attention(q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, descales=flat, **tab, **kw)
+    assert np.abs(other - want).max() > 0.2 * np.abs(want).max()
+    out, lse = interp("run_interpreted_paged", q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, dtype="fp8bf16",
+                      descales=ds, block_m=16, block_n=16, **tab, **kw, **run)
+    assert np.isfinite(out).all()
+    assert np.abs(out - want).max() <= TOL["bf16"] * np.abs(want).max()
+    live = np.isfinite(wlse)
+    assert np.array_equal(live, np.isfinite(lse)) and np.abs(lse[live] - wlse[live]).max() <= 1e-4
+
+
 KV_BLOCK_CASES = {
     "page_4_a_descale_per_key": dict(page=4, causal="bottom_right"),
     "page_16_one_per_block": dict(page=16),
@@ -412,14 +425,7 @@ def test_fp8_kv_block_scales(interp, name):
                                  **kw)
     # per-tensor descales of the pages' mean would give another answer: the test can tell the scales apart
     flat = (0.25, float(np.nanmean(kd)), float(np.nanmean(vd)))
-    other = paged_attention(q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, descales=flat, **tab, **kw)
-    assert np.abs(other - want).max() > 0.2 * np.abs(want).max()
-    out, lse = interp("run_interpreted_paged", q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, dtype="fp8bf16",
-                      descales=ds, block_m=16, block_n=16, **tab, **kw, **run)
-    assert np.isfinite(out).all()
-    assert np.abs(out - want).max() <= TOL["bf16"] * np.abs(want).max()
-    live = np.isfinite(wlse)
-    assert np.array_equal(live, np.isfinite(lse)) and np.abs(lse[live] - wlse[live]).max() <= 1e-4
+    _fp8_run_matches(interp, q, kc, vc, lens_k, cq, tab, kw, run, ds, flat, want, wlse)
 
 
 @pytest.mark.parametrize("form,vectorized", [("vllm", False), ("sglang", True)])
@@ -448,3 +454,70 @@ def test_fp8_appends_quantize_each_row_by_its_pages_block_scale(interp, form, ve
     gk, gv, _ = interp("run_interpreted_append", *cc, kn, vn, seqlens_k=lens, cu_seqlens_new=cn, dtype="fp8bf16",
                        descales=sd, contiguous=True)
     assert np.array_equal(encode_e4m3(gv), encode_e4m3(wv)) and np.array_equal(encode_e4m3(gk), encode_e4m3(wk))
+
+
+def _token_descales(tab, lens_k, page, num_pages, hk, seed):
+    """Per-token-head K/V descales ``[num_pages, page_size, Hk]``: magnitudes spread 2^-5 .. 2^3 token by token,
+    NaN on every slot no sequence reads (unused pages, and the slots past a sequence's end in its last page)."""
+    rng = np.random.default_rng(seed)
+    read = np.zeros((num_pages, page), bool)
+    for b, n in enumerate(lens_k):
+        pages = tab["block_table"][b] if "block_table" in tab else \
+            tab["kv_indices"][tab["kv_indptr"][b]:tab["kv_indptr"][b + 1]]
+        for j in range(n):
+            read[pages[j // page], j % page] = True
+    out = []
+    for _ in range(2):
+        d = (2.0 ** rng.integers(-5, 4, (num_pages, page, hk)) * rng.uniform(0.6, 1.0, (num_pages, page, hk)))
+        d = d.astype(np.float32)
+        d[~read] = np.nan
+        out.append(d)
+    return out
+
+
+TOKEN_CASES = {
+    "page_4_spans": dict(page=4, causal="bottom_right"),
+    "page_16_slots_in_a_block": dict(page=16),
+    "page_32_half_a_page_per_block": dict(page=32, window=(20, 0)),
+    "tma_pages": dict(page=16, run={"pipeline": "qr_async_trload"}),
+    "vectorized": dict(page=16, run={"vectorized": True}),
+    "split_kv_packed_gqa": dict(page=8, lens_q=[1, 1, 2], lens_k=[70, 0, 33], form="sglang",
+                                run={"num_splits": 3, "pipeline": "qr_nwarp_sshuffle"}),
+    "q_per_tensor_negative_softcap": dict(page=8, softcap=3.0, q_scalar=True),
+}
+
+
+@pytest.mark.parametrize("name", list(TOKEN_CASES))
+def test_fp8_per_token_head_scales(interp, name):
+    """CK's per_token_head scales: K/V descales [num_pages, page_size, Hk], each cached token's key and value of a
+    head scaled by its own (NaN in every slot no sequence reads: a kernel that read one would show it), q's one per
+    query token and head (some negative) or one number; the kernel against the reference, and the reference against
+    the same attention over values dequantized by hand."""
+    from fmha_dsl.fp8 import round_e4m3
+
+    kw = dict(TOKEN_CASES[name])
+    page, run, form = kw.pop("page"), kw.pop("run", {}), kw.pop("form", "vllm")
+    q_scalar = kw.pop("q_scalar", False)
+    lens_q, lens_k = kw.pop("lens_q", [3, 5, 0, 9]), kw.pop("lens_k", [10, 37, 5, 64])
+    kc, vc, tab = cache(lens_k, page, 2, 16, seed=5, form=form)
+    kc, vc = (np.concatenate([np.full_like(x[:1], np.nan), round_e4m3(x * 4)]) for x in (kc, vc))  # a null page 0
+    tab = {k: v + 1 if k in ("block_table", "kv_indices") else v for k, v in tab.items()}
+    kd, vd = _token_descales(tab, lens_k, page, kc.shape[0], 2, seed=len(name))
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    rng = np.random.default_rng(7)
+    q = round_e4m3(rng.standard_normal((cq[-1], 4, 16)).astype(np.float32) * 4)
+    qd = -0.3 if q_scalar else (rng.uniform(0.05, 0.5, (cq[-1], 4)) * rng.choice([-1, 1], (cq[-1], 4))).astype(
+        np.float32)
+    ds = (qd, kd, vd)
+    want, wlse = paged_attention(q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, return_lse=True, descales=ds, **tab,
+                                 **kw)
+    # the reference against values dequantized by hand (unread slots zeroed: NaN times anything stays NaN)
+    hand = [np.nan_to_num(x * d[..., None].astype(np.float64)) for x, d in ((kc, kd), (vc, vd))]
+    hq = q.astype(np.float64) * (qd if q_scalar else qd[:, :, None])
+    again = paged_attention(hq, *hand, seqlens_k=lens_k, cu_seqlens_q=cq, **tab, **kw)
+    assert np.allclose(again, want, rtol=1e-6, atol=1e-6)
+    # one descale per page (each page's mean over its read slots) gives another answer: the test tells them apart
+    flat = (qd, *(np.nansum(d, axis=1) / np.maximum(np.isfinite(d).sum(axis=1), 1) for d in (kd, vd)))
+    if not q_scalar:
+        flat = (float(np.abs(qd).mean()),) + flat[1:]
+    _fp8_run_matches(interp, q, kc, vc, lens_k, cq, tab, kw, run, ds, flat, want, wlse)

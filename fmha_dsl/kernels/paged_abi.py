@@ -26,7 +26,10 @@ page and K/V head (``qscale(kv_blockscale)``, CK's KV block scales: ``[num_pages
 ``stride_kdp``/``stride_kdh`` and ``stride_vdp``/``stride_vdh``, 0 for per-tensor descales).  Key ``j`` of a
 sequence, in page ``p`` and K/V head ``h``, stands for ``k_descale[p, h] x K[j]`` and ``v_descale[p, h] x V[j]``;
 the scores are ``scale x q_descale x (q . k)`` and the output ``(P V)`` / l over those values, written in bf16.
-Other keys take null descale pointers.
+``qscale(per_token_head)`` (CK's newest): one descale per cached token and K/V head, ``[num_pages, page_size, Hk]``
+(the slot strides ``stride_kds``/``stride_vds`` beside the page and head ones), and ``q_descale`` one element or
+one per query token and head, ``[Tq, Hq]`` (strides ``stride_qdm``/``stride_qdh``; 0 otherwise).  Other keys take
+null descale pointers.
 
 Split-KV (``fwd_pagedkv``, decode): ``Out``/``Lse`` are the fp32 workspaces ``[B, Hq * splits, max_seqlen_q, Dv]``
 / ``[B, Hq * splits, max_seqlen_q]`` of the forward family's combine kernel (:mod:`fmha_dsl.kernels.triton_combine`),
@@ -64,6 +67,7 @@ ARGS: tuple[tuple[str, str], ...] = (
     ("stride_lb", "i32"), ("stride_lh", "i32"), ("stride_lm", "i32"),
     ("stride_tb", "i32"), ("stride_ab", "i32"), ("stride_ah", "i32"),
     ("stride_kdp", "i32"), ("stride_kdh", "i32"), ("stride_vdp", "i32"), ("stride_vdh", "i32"),
+    ("stride_qdm", "i32"), ("stride_qdh", "i32"), ("stride_kds", "i32"), ("stride_vds", "i32"),
 )
 
 # 16-divisible in the usual case: 16-byte aligned tensors and head dims that are multiples of 16
@@ -116,24 +120,51 @@ ROPES = {"none": 0, "inter": 1, "half": 2}
 
 DTYPES = ("fp16", "bf16", "fp32")  # what the serving templates take, and the FP8 contracts:
 FP8_DTYPES = ("fp8bf16",)          # FP8 e4m3 Q/K/V with fp32 descales (q/k/v_descale), bf16 output
-FP8_QSCALES = ("pertensor", "kv_blockscale")  # their descales: one per tensor; K/V's one per page and head
+# their descales: one per tensor; K/V's one per page and head; one per token and head (attention only: an append
+# does not choose its rows' scales)
+FP8_QSCALES = ("pertensor", "kv_blockscale", "per_token_head")
+APPEND_QSCALES = ("pertensor", "kv_blockscale")
+KV_SCALES = {"kv_blockscale": 1, "per_token_head": 2}   # the paged template's KV_SCALE (0: none or per tensor)
 
 
-def qscales_of(dtype: str) -> tuple[str, ...]:
-    """The ``qscale`` values the serving templates implement for ``dtype``: :data:`FP8_QSCALES` for the FP8
-    contracts, else ``no``."""
-    return FP8_QSCALES if dtype in FP8_DTYPES else ("no",)
+def qscales_of(dtype: str, family: str = "batch_prefill") -> tuple[str, ...]:
+    """The ``qscale`` values the serving templates implement for ``dtype`` in ``family``: :data:`FP8_QSCALES` (an
+    append: :data:`APPEND_QSCALES`) for the FP8 contracts, else ``no``."""
+    if dtype not in FP8_DTYPES:
+        return ("no",)
+    return APPEND_QSCALES if family == "fwd_appendkv" else FP8_QSCALES
+
+
+def descale_kind(k_shape, v_shape) -> str:
+    """The ``qscale`` of K's and V's FP8 descales by their shapes: ``pertensor`` (one element each),
+    ``kv_blockscale`` (``[num_pages, Hk]``) or ``per_token_head`` (``[num_pages, page_size, Hk]``); ValueError when
+    the two differ in kind."""
+    kinds = ["pertensor" if math.prod(s) == 1 else "per_token_head" if len(s) == 3 else "kv_blockscale"
+             for s in (k_shape, v_shape)]
+    if kinds[0] != kinds[1]:
+        raise ValueError(f"K's and V's descales must be of one kind, got {kinds[0]} and {kinds[1]}")
+    return kinds[0]
 
 
 def descale_strides(k=None, v=None) -> tuple[int, int, int, int]:
     """``(stride_kdp, stride_kdh, stride_vdp, stride_vdh)`` of K's and V's FP8 descales, each given as ``(shape,
-    element strides)`` (or None): a block-scale tensor's ``[num_pages, Hk]`` strides (``kv_blockscale``), 0 for a
-    descale of one element, whatever its shape, or none."""
+    element strides)`` (or None): the page and head strides of a ``[num_pages, Hk]`` (``kv_blockscale``) or
+    ``[num_pages, page_size, Hk]`` (``per_token_head``) tensor, 0 for a descale of one element, whatever its shape,
+    or none."""
     out = []
     for d in (k, v):
         one = d is None or math.prod(d[0]) == 1
-        out += (0, 0) if one else (int(d[1][0]), int(d[1][1]))
+        out += (0, 0) if one else (int(d[1][0]), int(d[1][-1]))
     return tuple(out)
+
+
+def token_strides(q=None, k=None, v=None) -> tuple[int, int, int, int]:
+    """``(stride_qdm, stride_qdh, stride_kds, stride_vds)``: a ``[Tq, Hq]`` q descale's token and head strides and
+    the slot strides of ``[num_pages, page_size, Hk]`` K/V descales (``per_token_head``), each given as ``(shape,
+    element strides)``; 0 for descales of one element, of one per page, or none."""
+    qs = (0, 0) if q is None or math.prod(q[0]) == 1 else (int(q[1][0]), int(q[1][1]))
+    return qs + tuple(int(d[1][1]) if d is not None and len(d[0]) == 3 and math.prod(d[0]) != 1 else 0
+                      for d in (k, v))
 
 
 def page_size(sig: dict) -> int:
@@ -165,21 +196,21 @@ def kv_vec(sig: dict) -> int:
 
 
 def pack(ptrs, qs, ks, vs, os_, ls, tb_stride, as_, nhq, nhk, dq, dv, msq, msk, num_pages, table_width, scale,
-         softcap, wl, wr, br, sink, ds=(0, 0, 0, 0)) -> list:
+         softcap, wl, wr, br, sink, ds=(0, 0, 0, 0), ts=(0, 0, 0, 0)) -> list:
     """``fmha_paged``'s run-time arguments in :data:`ARGS` order -- the one packer of this ABI.
 
     ``ptrs``: the 13 pointer values (Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indptr, q_descale,
     k_descale, v_descale; the descales 0 unless the key is an FP8 contract).
     ``qs``: q's strides ``[Tq, Hq, D]``; ``ks``/``vs``: the caches' ABI strides (:func:`cache_geometry`); ``os_``: out's
     ``[Tq, Hq, Dv]``; ``ls``: the LSE's ``[Hq, Tq]`` (or None); ``tb_stride``: the block table's row stride (0 for
-    SGLang's table); ``as_``: ALiBi strides over ``[B, Hq]`` (or None); ``ds``: :func:`descale_strides`.  ``scale``
-    None = ``1/sqrt(dq)``.
+    SGLang's table); ``as_``: ALiBi strides over ``[B, Hq]`` (or None); ``ds``: :func:`descale_strides`; ``ts``:
+    :func:`token_strides`.  ``scale`` None = ``1/sqrt(dq)``.
     """
     ls = (0, 0, 1) if ls is None else (0, ls[0], ls[1])
     return [*ptrs, 1.0 / math.sqrt(dq) if scale is None else float(scale), 0.0 if softcap is None else float(softcap),
             int(msq), int(msk), int(nhq), int(nhk), int(dq), int(dv), int(num_pages), int(table_width),
             int(wl), int(wr), int(br), int(sink), qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
-            0, os_[1], os_[0], *ls, int(tb_stride), *((0, 1) if as_ is None else as_), *ds]
+            0, os_[1], os_[0], *ls, int(tb_stride), *((0, 1) if as_ is None else as_), *ds, *ts]
 
 
 _AT = {name: i for i, (name, _) in enumerate(ARGS)}
@@ -306,7 +337,8 @@ def append_grid(batch: int, nhead_q: int, nhead_k: int, max_new: int, with_q: bo
 
 
 __all__ = ["ARGS", "ALIGNED", "ALIGNED_AT", "APPEND_ARGS", "APPEND_ALIGNED", "APPEND_BLOCK_M", "APPEND_WARPS",
-           "LOOKUPS", "ROPES", "DTYPES", "FP8_DTYPES", "FP8_QSCALES", "qscales_of", "descale_strides",
+           "LOOKUPS", "ROPES", "DTYPES", "FP8_DTYPES", "FP8_QSCALES", "APPEND_QSCALES", "KV_SCALES", "qscales_of",
+           "descale_kind", "descale_strides", "token_strides",
            "page_size", "kv_vec", "VECTOR_BYTES",
            "ELEMENT_BYTES", "vector_elems", "cache_geometry", "pack", "split_args", "workspace_bound", "pack_append",
            "append_grid", "GATHER_ARGS", "GATHER_BLOCK_M", "GATHER_MIN_ROWS", "GATHER_ALIGNED", "GATHER_FIELDS",

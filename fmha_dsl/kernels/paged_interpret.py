@@ -42,18 +42,18 @@ def _decode(x, dtype):
     return x
 
 
-def _descale_args(descales, n: int, dtype: str) -> tuple[list, tuple, str]:
-    """``(shims, strides, qscale)`` of the ``n`` FP8 descales (q's, K's, V's, or the last two): fp32 arrays for the
-    kernel -- one element each (1.0 when None), or K's and V's ``[num_pages, Hk]`` block scales --, the ABI's descale
-    strides (:func:`~fmha_dsl.kernels.paged_abi.descale_strides`) and the key's ``qscale`` (``no`` unless ``dtype``
-    is an FP8 contract)."""
+def _descale_args(descales, n: int, dtype: str) -> tuple[list, tuple, tuple, str]:
+    """``(shims, strides, token strides, qscale)`` of the ``n`` FP8 descales (q's, K's, V's, or the last two): fp32
+    arrays for the kernel -- one element each (1.0 when None), K's and V's ``[num_pages, Hk]`` block scales or
+    ``[num_pages, page_size, Hk]`` per-token ones (q's then one element or ``[Tq, Hq]``) --, the ABI's descale and
+    token strides (:func:`~fmha_dsl.kernels.paged_abi.descale_strides`, :func:`~.paged_abi.token_strides`) and the
+    key's ``qscale`` (``no`` unless ``dtype`` is an FP8 contract)."""
     arrs = [np.ascontiguousarray(np.asarray(1.0 if descales is None else descales[i], np.float32)) for i in range(n)]
-    blocks = arrs[-1].size > 1
-    if (arrs[-2].size > 1) != blocks:
-        raise ValueError("K's and V's descales must be of one kind: numbers, or [num_pages, Hk] arrays")
+    kind = paged_abi.descale_kind(arrs[-2].shape, arrs[-1].shape)
     strides = paged_abi.descale_strides(*((a.shape, _el(a)) for a in arrs[-2:]))
-    qscale = "no" if dtype not in paged_abi.FP8_DTYPES else "kv_blockscale" if blocks else "pertensor"
-    return [_Shim(a.reshape(-1) if a.size == 1 else a, "float32") for a in arrs], strides, qscale
+    tokens = paged_abi.token_strides(*((None,) * (3 - n) + tuple((a.shape, _el(a)) for a in arrs)))
+    qscale = kind if dtype in paged_abi.FP8_DTYPES else "no"
+    return [_Shim(a.reshape(-1) if a.size == 1 else a, "float32") for a in arrs], strides, tokens, qscale
 
 
 def _el(a):
@@ -91,8 +91,9 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     ``[P, Hk, page_size, D]`` through its strides; ``vectorized``: on a copy in CK's vectorized layout, 16-byte
     vectors of the dtype).  ``num_splits`` > 0 runs the split-KV kernel (``fwd_pagedkv``)
     and the combine kernel; ``pipeline="qr_nwarp_sshuffle"`` packs the query heads of a GQA group.  ``dtype=
-    "fp8bf16"``: q and the caches as e4m3 bytes, ``descales`` their ``(q, k, v)`` descales (numbers, or K's and V's
-    ``[num_pages, Hk]`` arrays: KV block scales), the output bf16."""
+    "fp8bf16"``: q and the caches as e4m3 bytes, ``descales`` their ``(q, k, v)`` descales (numbers; K's and V's
+    ``[num_pages, Hk]`` arrays: KV block scales, or ``[num_pages, page_size, Hk]`` ones with q's a number or ``[Tq,
+    Hq]``: per token and head), the output bf16."""
     from . import triton_combine as C
     from . import triton_paged as T
     from .fwd_abi import grid_of, workspace_strides
@@ -122,7 +123,7 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     if alibi_slopes is not None:
         a_arr = np.ascontiguousarray(alibi_slopes, dtype=np.float32)
         a_st = (0, 1) if a_arr.ndim == 1 else (a_arr.strides[0] // 4, a_arr.strides[1] // 4)
-    shims, dstrides, qscale = _descale_args(descales, 3, dtype)
+    shims, dstrides, tstrides, qscale = _descale_args(descales, 3, dtype)
     sig = {"family": "fwd_pagedkv" if num_splits else "batch_prefill", "dtype": dtype, "hdim_q": Dq, "hdim_v": Dv,
            "mask": "no" if mask_none else "top_left", "bias": "alibi" if alibi_slopes is not None else "no",
            "lse": bool(lse), "logits": softcap is not None, "sink": sink > 0, "kv_layout": layout,
@@ -139,7 +140,7 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
          _Shim(a_arr, "float32"), _Shim(cq, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32"),
          *shims],
         _el(qa)[:2], ks, vs, _el(out), _el(lse_arr), tb_stride, a_st, Hq, Hk, Dq, Dv, msq, msk,
-        num_pages, width, scale, softcap, left, right, int(mode != "top_left"), int(sink), dstrides)
+        num_pages, width, scale, softcap, left, right, int(mode != "top_left"), int(sink), dstrides, tstrides)
     if num_splits:
         ws = np.full((B, Hq * num_splits, msq, Dv), np.nan, np.float32)
         lws = np.full((B, Hq * num_splits, msq), np.nan, np.float32)
@@ -186,7 +187,7 @@ def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seql
         rope = "inter" if rotary_interleaved else "half"
         cos = np.ascontiguousarray(rotary_cos, dtype=np.float32)
         sin = np.ascontiguousarray(rotary_sin, dtype=np.float32)
-    shims, dstrides, qscale = _descale_args(descales, 2, dtype)
+    shims, dstrides, _, qscale = _descale_args(descales, 2, dtype)
     sig = {"family": "fwd_appendkv", "dtype": dtype, "qscale": qscale, "hdim_q": Dq, "hdim_v": Dv,
            "rope": rope, "paged_kv": not contiguous, "kv_lookup": lookup if not contiguous else "vllm",
            "page_size": page, "kv_layout": layout}

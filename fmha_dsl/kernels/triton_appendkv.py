@@ -173,7 +173,7 @@ def constexprs(sig: dict, alg: dict | None = None) -> dict:
     dtype = sig.get("dtype", "fp16")
     if dtype not in DTYPES and dtype not in FP8_DTYPES:
         raise ValueError(f"the triton append-KV template takes dtype fp16, bf16, fp32 or fp8bf16, not {dtype!r}")
-    if sig.get("qscale", "no") not in qscales_of(dtype):
+    if sig.get("qscale", "no") not in qscales_of(dtype, "fwd_appendkv"):
         raise ValueError(f"the triton append-KV template takes qscale=pertensor or kv_blockscale with FP8 (fp8bf16) "
                          f"and no qscale otherwise, not {sig.get('qscale')!r} with {dtype}")
     hq, hv = int(sig["hdim_q"]), int(sig["hdim_v"])

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .fwd_abi import block_d, packs_gqa
-from .paged_abi import ARGS, DTYPES, FP8_DTYPES, LOOKUPS, kv_vec, page_size, qscales_of
+from .paged_abi import ARGS, DTYPES, FP8_DTYPES, KV_SCALES, LOOKUPS, kv_vec, page_size, qscales_of
 from .triton_paged_rows import _k_vectors, _page, _pages, _rows, _table, _v_vectors
 from .triton_paged_scales import _descaled_scores, _v_units
 from .triton_steps import _dot, _load, _softmax
@@ -47,14 +47,16 @@ __all__ = ["fmha_paged", "CONSTEXPRS", "constexprs"]
 @triton.jit
 def _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb, num_pages, slope2, start_n, offs_m,
            offs_n, offs_d, offs_dv, d_ok, dv_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
-           stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, qk_scale, cap_scale, cap_log2,
+           stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, stride_kds, stride_vds, q_row,
+           qk_scale, cap_scale, cap_log2,
            STEP: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
            ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
            PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr,
            KV_SCALE: tl.constexpr):
     """One key block of the paged cache: gathered K and V tiles (TMA: the block's page through the descriptors
     ``k_base``/``v_base`` over the cache's rows), the forward template's online-softmax step; ``KV_SCALE``: FP8 KV
-    block scales (:mod:`.triton_paged_scales`; ``acc`` in units of ``v_ref``)."""
+    block scales, 2 per-token-head scales (:mod:`.triton_paged_scales`; ``acc`` in units of ``v_ref``; ``q_row``:
+    each row's q descale with 2)."""
     n_ok = (start_n + offs_n) < seqlen_k
     if TMA:  # PAGE_SIZE >= BLOCK_N, pages contiguous: the block is rows [row0, row0 + BLOCK_N) of the cache
         page = _page(tl.load(Table + tb + start_n // PAGE_SIZE), num_pages)
@@ -73,8 +75,8 @@ def _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
     if KV_SCALE:  # the keys' pages (one for the block when PAGE_SIZE >= BLOCK_N) and their descales
         if KV_VEC:
             page = _pages(Table, tb, num_pages, start_n, offs_n, seqlen_k, CHECK_N, PAGE_SIZE, BLOCK_N)
-        qk, vd, v_top = _descaled_scores(qk, kd_base, vd_base, page, n_ok, stride_kdp, stride_vdp, CHECK_N,
-                                         PAGE_SIZE, BLOCK_N)
+        qk, vd, v_top = _descaled_scores(qk, kd_base, vd_base, page, start_n, offs_n, n_ok, q_row, stride_kdp,
+                                         stride_vdp, stride_kds, stride_vds, CHECK_N, PAGE_SIZE, BLOCK_N, KV_SCALE)
     p, alpha, l_i, m_i = _softmax(l_i, m_i, qk, start_n, k_base, offs_m, offs_m.to(tl.uint32), offs_m.to(tl.uint32),
                                   slope2, offs_m, offs_n, offs_m >= 0, seqlen_q, seqlen_k, mask_off, window_left,
                                   window_right, sink, qk_scale, cap_scale, cap_log2, 0.0, 0,
@@ -93,7 +95,7 @@ def _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
     if v.dtype.is_fp8():  # FP8 caches: e4m3 -> fp16 (exact) for P @ V
         v = v.to(tl.float16)
     if KV_SCALE:  # acc in units of v_ref, the largest |v_descale| so far
-        p, alpha, v_ref = _v_units(p, alpha, v_ref, vd, v_top, PAGE_SIZE, BLOCK_N)
+        p, alpha, v_ref = _v_units(p, alpha, v_ref, vd, v_top, PAGE_SIZE < BLOCK_N or KV_SCALE == 2)
     acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], IEEE, UPCAST)
     return acc, l_i, m_i, v_ref
 
@@ -102,7 +104,7 @@ def _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
 def _loop(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb, num_pages, slope2,
           lo1, n1, lo2, n2, lo3, n3, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok, seqlen_q, seqlen_k,
           mask_off, window_left, window_right, sink, stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp,
-          stride_vdp, qk_scale, cap_scale, cap_log2,
+          stride_vdp, stride_kds, stride_vds, q_row, qk_scale, cap_scale, cap_log2,
           STEP: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
           ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
           PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr,
@@ -118,9 +120,10 @@ def _loop(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb, 
         acc, l_i, m_i, v_ref = _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
                                       num_pages, slope2, start_n, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok,
                                       seqlen_q, seqlen_k, mask_off, window_left, window_right, sink, stride_kp,
-                                      stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, qk_scale, cap_scale,
-                                      cap_log2, STEP, CHECK_N, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE,
-                                      UPCAST, PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE)
+                                      stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, stride_kds,
+                                      stride_vds, q_row, qk_scale, cap_scale, cap_log2, STEP, CHECK_N, CHECK_D,
+                                      CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST, PAGE_SIZE, BLOCK_N, TMA, KV_VEC,
+                                      KV_SCALE)
     return acc, l_i, m_i, v_ref
 
 
@@ -130,7 +133,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                num_pages, table_width, window_left, window_right, mask_bottom_right, sink,
                stride_qm, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm, stride_tb, stride_ab, stride_ah,
-               stride_kdp, stride_kdh, stride_vdp, stride_vdh,
+               stride_kdp, stride_kdh, stride_vdp, stride_vdh, stride_qdm, stride_qdh, stride_kds, stride_vds,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DV: tl.constexpr,
                HEAD_DIM_Q: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAD_D: tl.constexpr, PAD_DV: tl.constexpr,
                CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr, MASK: tl.constexpr, SINK: tl.constexpr,
@@ -229,11 +232,17 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
         cap_scale = sm_scale / softcap
         cap_log2 = softcap * 1.4426950408889634
     kd_base = k_descale + off_hk * stride_kdh   # KV block scales: this K/V head's column of [num_pages, Hk]
-    vd_base = v_descale + off_hk * stride_vdh
+    vd_base = v_descale + off_hk * stride_vdh   # (per-token-head ones: of [num_pages, page_size, Hk])
     v_ref = sm_scale * 0.0
-    if FP8:  # Q.K^T in e4m3 (sm90: fp8 warpgroup MMA, prefill 0.72x -> 0.97x of bf16), V widened to fp16 (one cvt
-        # per pair; bf16 took three, decode 1.2x slower: docs/triton.md); the descales scale the scores (their sign
-        # carried by q) and the output (KV block scales: per key block, in _block)
+    q_row = sm_scale * 0.0 + 1.0
+    if KV_SCALE == 2:  # per-token-head scales: each row's q descale (its token's and head's), its sign carried by q
+        q_tok = (q_start + tl.minimum(offs_m, seqlen_q - 1)).to(tl.int64)
+        q_row = tl.load(q_descale + q_tok * stride_qdm + head_r.to(tl.int64) * stride_qdh)
+        q = (q.to(tl.float32) * tl.where(q_row < 0, -1.0, 1.0)[:, None]).to(q.dtype)   # exact: a sign
+        q_row = tl.abs(q_row)
+    elif FP8:  # Q.K^T in e4m3 (sm90: fp8 warpgroup MMA, prefill 0.72x -> 0.97x of bf16), V widened to fp16 (one
+        # cvt per pair; bf16 took three, decode 1.2x slower: docs/triton.md); the descales scale the scores (their
+        # sign carried by q) and the output (KV block scales: per key block, in _block)
         qk_descale = tl.load(q_descale)
         if not KV_SCALE:
             qk_descale = qk_descale * tl.load(k_descale)
@@ -283,16 +292,18 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                                      num_pages, slope2,
                               a_end, (b_end - a_end) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, offs_d, offs_dv, d_ok,
                               dv_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
-                              stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, qk_scale, cap_scale,
-                              cap_log2, 0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE,
+                              stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, stride_kds,
+                              stride_vds, q_row, qk_scale, cap_scale, cap_log2, 0, False, CHECK_D, CHECK_DV, ALIBI,
+                              SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE,
                               BLOCK_N, TMA, KV_VEC, KV_SCALE)
         acc, l_i, m_i, v_ref = _loop(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
                                      num_pages, slope2,
                               k_lo, (k_hi - k_lo) // BLOCK_N, lo, (a_end - lo) // BLOCK_N, b_end,
                               (end - b_end) // BLOCK_N, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok,
                               seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
-                              stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, qk_scale, cap_scale,
-                              cap_log2, 2, True, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE,
+                              stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, stride_kds,
+                              stride_vds, q_row, qk_scale, cap_scale, cap_log2, 2, True, CHECK_D, CHECK_DV, ALIBI,
+                              SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE,
                               BLOCK_N, TMA, KV_VEC, KV_SCALE)
     else:
         full = (seqlen_k // BLOCK_N) * BLOCK_N
@@ -309,14 +320,16 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                                      num_pages, slope2,
                               k_lo, (k_hi - k_lo) // BLOCK_N, 0, 0, 0, 0, offs_m, offs_n, offs_d, offs_dv, d_ok,
                               dv_ok, seqlen_q, seqlen_k, 0, -1, -1, 0,
-                              stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, qk_scale, cap_scale,
-                              cap_log2, 0, False, CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT,
+                              stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, stride_kds,
+                              stride_vds, q_row, qk_scale, cap_scale, cap_log2, 0, False, CHECK_D, CHECK_DV, ALIBI,
+                              SOFTCAP, False, IEEE, UPCAST_DOT,
                               PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE)
         if t_lo < t_hi:  # the tail block, under a branch: a length that is a multiple of BLOCK_N pays nothing
             acc, l_i, m_i, v_ref = _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
                                           num_pages, slope2, t_lo, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok,
                                           seqlen_q, seqlen_k, 0, -1, -1, 0, stride_kp, stride_ks, stride_vp,
-                                          stride_vs, stride_kdp, stride_vdp, qk_scale, cap_scale, cap_log2, 1, True,
+                                          stride_vs, stride_kdp, stride_vdp, stride_kds, stride_vds, q_row,
+                                          qk_scale, cap_scale, cap_log2, 1, True,
                                           CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE,
                                           BLOCK_N, TMA, KV_VEC, KV_SCALE)
 
@@ -377,8 +390,8 @@ def constexprs(sig: dict, alg: dict) -> dict:
     if dtype not in DTYPES and not fp8:
         raise ValueError(f"the triton serving templates take dtype fp16, bf16, fp32 or fp8bf16, not {dtype!r}")
     if sig.get("qscale", "no") not in qscales_of(dtype):
-        raise ValueError(f"the triton paged template takes qscale=pertensor or kv_blockscale with FP8 (fp8bf16) and "
-                         f"no qscale otherwise, not qscale={sig.get('qscale')!r} with {dtype}")
+        raise ValueError(f"the triton paged template takes qscale=pertensor, kv_blockscale or per_token_head with "
+                         f"FP8 (fp8bf16) and no qscale otherwise, not qscale={sig.get('qscale')!r} with {dtype}")
     hq, hv = int(sig["hdim_q"]), int(sig["hdim_v"])
     if not (1 <= hq <= 256 and 1 <= hv <= 256):
         raise ValueError(f"head dims must be in 1..256, got {hq}, {hv}")
@@ -416,5 +429,5 @@ def constexprs(sig: dict, alg: dict) -> dict:
         "STORE_LSE": bool(sig.get("lse", False)), "SOFTCAP": bool(sig.get("logits", False)), "IEEE": dtype == "fp32",
         "UPCAST_DOT": False, "SPLIT": family == "fwd_pagedkv", "PACK_GQA": pack, "PAGE_SIZE": page_size(sig),
         "LOOKUP": LOOKUPS[sig.get("kv_lookup", "vllm")], "TMA": tma, "KV_VEC": vec, "FP8": fp8,
-        "KV_SCALE": sig.get("qscale", "no") == "kv_blockscale",
+        "KV_SCALE": KV_SCALES.get(sig.get("qscale", "no"), 0),
     }

@@ -7,6 +7,11 @@ scores by K's (:func:`_descaled_scores`) and accumulates P.V in units of ``v_ref
 so far (:func:`_v_units`: CK's fold of the V scale into the softmax's rescale factor), so that each probability is
 scaled by ``v_descale / v_ref`` -- at most 1 in magnitude, exactly 1 where the pages share a scale -- before its fp16
 rounding; the epilogue multiplies by ``v_ref``.
+
+CK's ``per_token_head`` (``KV_SCALE`` 2): ``k_descale``/``v_descale`` are ``[num_pages, page_size, Hk]``, read per
+key from its page and slot, and the q descale is one per query row (``[Tq, Hq]``: the row's token and head), which
+multiplies that row's scores here (its sign already folded into q); V's take the same path as block scales read per
+key.
 """
 
 from __future__ import annotations
@@ -18,28 +23,39 @@ __all__ = ["_descaled_scores", "_v_units"]
 
 
 @triton.jit
-def _descaled_scores(qk, kd_base, vd_base, page, n_ok, stride_kdp, stride_vdp, CHECK_N: tl.constexpr,
-                     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``(qk, vd, v_top)``: a key block's raw scores ``qk [BLOCK_M, BLOCK_N]`` times each key's K descale, its V
-    descales and their largest magnitude -- the descales of the block's ``page`` (clamped ids,
-    :mod:`.triton_paged_rows`; a scalar, or one per key).  Keys past the sequence in a block that spans pages read
-    page 0's descales (a server's null page: anything, NaN included): the mask drops their scores, and their V
-    descale is zeroed here, out of ``v_top`` and P."""
-    kd = tl.load(kd_base + page.to(tl.int64) * stride_kdp)
-    vd = tl.load(vd_base + page.to(tl.int64) * stride_vdp)
-    if PAGE_SIZE >= BLOCK_N:
-        qk = qk * kd
-        v_top = tl.abs(vd)
-    else:
-        qk = qk * kd[None, :]
+def _descaled_scores(qk, kd_base, vd_base, page, start_n, offs_n, n_ok, q_row, stride_kdp, stride_vdp, stride_kds,
+                     stride_vds, CHECK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                     KV_SCALE: tl.constexpr):
+    """``(qk, vd, v_top)``: a key block's raw scores ``qk [BLOCK_M, BLOCK_N]`` times each key's K descale (and,
+    ``KV_SCALE`` 2, each row's q descale ``q_row``), its V descales and their largest magnitude -- the descales of the
+    block's ``page`` (clamped ids, :mod:`.triton_paged_rows`; a scalar, or one per key), and with ``KV_SCALE`` 2 of
+    each key's slot in it.  Keys past the sequence in a block read some page's descales (a server's null page, or
+    slots never written: anything, NaN included): the mask drops their scores, and their V descale is zeroed here,
+    out of ``v_top`` and P."""
+    if KV_SCALE == 2:
+        slot = (start_n + offs_n) % PAGE_SIZE
+        kd = tl.load(kd_base + page.to(tl.int64) * stride_kdp + slot * stride_kds)
+        vd = tl.load(vd_base + page.to(tl.int64) * stride_vdp + slot * stride_vds)
+        qk = qk * q_row[:, None] * kd[None, :]
         if CHECK_N:
             vd = tl.where(n_ok, vd, 0.0)
         v_top = tl.max(tl.abs(vd), 0)
+    else:
+        kd = tl.load(kd_base + page.to(tl.int64) * stride_kdp)
+        vd = tl.load(vd_base + page.to(tl.int64) * stride_vdp)
+        if PAGE_SIZE >= BLOCK_N:
+            qk = qk * kd
+            v_top = tl.abs(vd)
+        else:
+            qk = qk * kd[None, :]
+            if CHECK_N:
+                vd = tl.where(n_ok, vd, 0.0)
+            v_top = tl.max(tl.abs(vd), 0)
     return qk, vd, v_top
 
 
 @triton.jit
-def _v_units(p, alpha, v_ref, vd, v_top, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+def _v_units(p, alpha, v_ref, vd, v_top, PER_KEY: tl.constexpr):
     """``(p, alpha, v_ref)`` of a key block for an accumulator in units of ``v_ref``: the new reference ``max(v_ref,
     v_top)``, ``alpha`` also rescaling the old units into it, each probability times ``vd / v_ref``.  Ratios of equal
     scales are exactly 1 (``x * fl(1 / x)`` is ``1 - 2^-24`` for some ``x``: a drift per block otherwise); while the
@@ -49,8 +65,8 @@ def _v_units(p, alpha, v_ref, vd, v_top, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.co
     inv = tl.where(live, 1.0 / tl.where(live, ref, 1.0), 0.0)
     alpha = alpha * tl.where(live & (v_ref != ref), v_ref * inv, 1.0)
     scale = tl.where(vd == ref, 1.0, vd * inv)
-    if PAGE_SIZE >= BLOCK_N:
-        p = p * scale
-    else:
+    if PER_KEY:  # (a V descale per key: the block spans pages, or one per token)
         p = p * scale[None, :]
+    else:
+        p = p * scale
     return p, alpha, ref

@@ -26,6 +26,8 @@ CK vocabulary -> Triton (docs/triton.md, "Serving"):
   dtype(fp8bf16) qscale(kv_blockscale) -> the same with CK's KV block scales: K/V descales ``[num_pages, Hk]``, one
                                per page and head, any page size (CK's kernels need page_size >= n0; these read a
                                descale per key where a block spans pages); fwd_appendkv quantizes by the row's page
+  dtype(fp8bf16) qscale(per_token_head) -> CK's newest: K/V descales ``[num_pages, page_size, Hk]``, one per cached
+                               token and head, and q's one per query token and head (or one); attention only
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import functools
 from .. import arch as arch_table
 from ..data import load
 from ..kernels.fwd_abi import block_d, packs_gqa
-from ..kernels.paged_abi import FP8_DTYPES, FP8_QSCALES, qscales_of, vector_elems
+from ..kernels.paged_abi import APPEND_QSCALES, FP8_DTYPES, FP8_QSCALES, qscales_of, vector_elems
 from . import triton_fwd as fwd
 from .base import FamilyRules, Rule, Tile, pad_token, tf
 
@@ -74,7 +76,7 @@ def domain(field: str, b: dict):
     if field == "page_size":
         return tuple(_data()["page_sizes"])
     if field == "qscale":
-        return ("no",) + FP8_QSCALES
+        return ("no",) + (APPEND_QSCALES if b.get("family") == "fwd_appendkv" else FP8_QSCALES)
     return fwd.domain(field, b)
 
 
@@ -149,13 +151,18 @@ def _vector_fits_page(b: dict) -> bool:
     if b["kv_layout"] != "vectorized" or not b.get("paged_kv", True):
         return True
     return b["page_size"] % vector_elems(b["dtype"]) == 0
-QSCALE = Rule("triton.paged.qscale", ("dtype", "qscale"),
-              lambda b: b["qscale"] in qscales_of(b["dtype"]),
-              lambda b: (f"{b['dtype']} (FP8) serving kernels take per-tensor descales (qscale(pertensor)) or KV "
-                         f"block scales (qscale(kv_blockscale)), not qscale({b['qscale']})")
+QSCALE = Rule("triton.paged.qscale", ("family", "dtype", "qscale"),
+              lambda b: b["qscale"] in qscales_of(b["dtype"], b["family"]),
+              lambda b: (f"{b['dtype']} (FP8) {b['family']} kernels take "
+                         + " or ".join(f"qscale({q})" for q in qscales_of(b["dtype"], b["family"]))
+                         + f", not qscale({b['qscale']})")
                         if b["dtype"] in FP8_DTYPES else
                         f"qscale({b['qscale']}) scales FP8 inputs; {b['dtype']} kernels have none",
-              lambda b: "declare qscale(pertensor) or qscale(kv_blockscale)"
+              lambda b: ("per-tensor descales: qscale(pertensor); one per page and K/V head: qscale(kv_blockscale)"
+                         + ("" if b["family"] == "fwd_appendkv" else
+                            "; one per token and head: qscale(per_token_head)")
+                         + (" (an append quantizes by the scales attention reads; per-token ones are the caller's)"
+                            if b["qscale"] == "per_token_head" else ""))
                         if b["dtype"] in FP8_DTYPES else "drop qscale, or use dtype(fp8bf16)", blame="qscale")
 
 ATTENTION = COMMON + (
