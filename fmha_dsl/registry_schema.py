@@ -65,7 +65,7 @@ class SeqtuneClassKeyModel(_Strict):
     kv_lookup: Optional[Literal["vllm", "sglang"]] = None
     page_size: Optional[int] = Field(None, ge=1)
     # FP8 classes: their descales' granularity (other kernels)
-    qscale: Optional[Literal["pertensor", "kv_blockscale"]] = None
+    qscale: Optional[Literal["pertensor", "kv_blockscale", "per_token_head"]] = None
 
 
 class SeqtunePointModel(_Strict):

@@ -103,7 +103,8 @@ def _list(v):
 
 _DTYPES = ("fp16", "bf16", "fp32", "fp8bf16")
 FP8_DTYPES = ("fp8bf16",)   # serving classes only: CK's FP8 contract (e4m3 q and caches, bf16 out) of paged_attention
-QSCALES = ("pertensor", "kv_blockscale")   # an FP8 class's descales: one per tensor, or one per (page, K/V head)
+QSCALES = ("pertensor", "kv_blockscale", "per_token_head")   # an FP8 class's descales: one per tensor, per (page, K/V
+# head), or per (token, head)
 _MASKS = {"no": "no", "none": "no", False: "no", "causal": "causal", "top_left": "causal", True: "causal"}  # 0/1 == False/True
 
 
@@ -166,8 +167,8 @@ def _scales(where: str, i: int, c: dict, dtypes: list) -> list:
     if not fp8:
         return [None]
     scales = _choice(where, i, "qscale", _list(c.get("qscale", "pertensor")), QSCALES,
-                     "pertensor: one descale per tensor; kv_blockscale: one per (page, K/V head)",
-                     "use \"qscale\": [\"pertensor\", \"kv_blockscale\"]")
+                     "pertensor: one descale per tensor; kv_blockscale: one per (page, K/V head); per_token_head: "
+                     "one per (token, head)", "use \"qscale\": [\"pertensor\", \"kv_blockscale\", \"per_token_head\"]")
     return scales + ([None] if any(dt not in FP8_DTYPES for dt in dtypes) else [])
 
 

@@ -191,9 +191,12 @@ class PagedCall:
         self.kw = dict(tables, seqlens_k=torch.full((b,), sk, device=dev, dtype=i32),
                        cu_seqlens_q=torch.arange(b + 1, device=dev, dtype=i32) * sq, max_seqlen_q=sq, max_seqlen_k=sk,
                        window=(-1, 0) if self.causal else (-1, -1), bottom_right=True)
-        if fp8:  # descales of 1 (the truth reads the e4m3 values as they are): per tensor, or per (page, K/V head)
-            kv = (b * n + 1, hk) if cls.get("qscale") == "kv_blockscale" else (1,)
-            self.kw["descales"] = (torch.ones(1, device=dev),) + tuple(torch.ones(kv, device=dev) for _ in range(2))
+        if fp8:  # descales of 1 (the truth reads the e4m3 values as they are): per tensor, per (page, K/V head) or
+            # per (token, head)
+            kind = cls.get("qscale")
+            kv = {"kv_blockscale": (b * n + 1, hk), "per_token_head": (b * n + 1, page, hk)}.get(kind, (1,))
+            qd = (b * sq, hq) if kind == "per_token_head" else (1,)
+            self.kw["descales"] = (torch.ones(qd, device=dev),) + tuple(torch.ones(kv, device=dev) for _ in range(2))
         self._ref = None
 
     def runner(self, plan):

@@ -128,12 +128,12 @@ FP8_SET = """kernel_set fp8_tune {{
     backend(triton)
     arch({arch})
     kernel prefill {{
-        signature {{ family(batch_prefill) dtype(fp8bf16) qscale(pertensor | kv_blockscale) hdim(128) mask(causal)
+        signature {{ family(batch_prefill) dtype(fp8bf16) qscale(*) hdim(128) mask(causal)
                     kv_cache(linear, vllm, 16) }}
         algorithm {{ pipeline(qr_nwarp_sshuffle) tile(64, 64, *, *, *, *) wave(4, *, *, *, *, *, *, *, *) }}
     }}
     kernel decode {{
-        signature {{ family(fwd_pagedkv) dtype(fp8bf16) qscale(pertensor | kv_blockscale) hdim(128) mask(causal)
+        signature {{ family(fwd_pagedkv) dtype(fp8bf16) qscale(*) hdim(128) mask(causal)
                     kv_cache(linear, vllm, 16) }}
         algorithm {{ pipeline(qr_nwarp_sshuffle) tile(16, 64, *, *, *, *) wave(4, *, *, *, *, *, *, *, *)
                     max_splits_log2(4) }}
@@ -142,35 +142,34 @@ FP8_SET = """kernel_set fp8_tune {{
 """
 
 
-def test_tune_measures_fp8_serving_classes_of_both_descale_kinds(tmp_path):
-    """An FP8 serving set (per-tensor and KV block-scale kernels) tuned offline: one class per qscale, every kernel
+def test_tune_measures_fp8_serving_classes_of_every_descale_kind(tmp_path):
+    """An FP8 serving set (per-tensor, KV block-scale and per-token-head kernels) tuned offline: one class per qscale, every kernel
     of a class checked against SDPA and timed at each point, none of the other kind's; the table then steers
     paged_attention(registry=DIR) with each kind of descales, and the output matches the truth."""
     from fmha_dsl import api_dispatch
     from fmha_dsl.registry import Registry
     from fmha_dsl.runtime.dispatch import detect_arch
-    from fmha_dsl.runtime.tune import expand_shapes, problem_of, tune
+    from fmha_dsl.runtime.tune import QSCALES, expand_shapes, problem_of, tune
     from fmha_dsl.runtime.tune_inputs import PagedCall, relative_error
 
     if detect_arch() != "sm90":
         pytest.skip("the FP8 serving kernels run on sm90 here (gfx950 builds them too)")
     arch, out_dir, reg = _built(tmp_path, FP8_SET)
     kinds = {e.identifier: e.sig["qscale"] for e in reg}
-    assert sorted(kinds.values()) == ["kv_blockscale", "kv_blockscale", "pertensor", "pertensor"]
+    assert sorted(kinds.values()) == sorted(QSCALES * 2)
     matrix = {"name": "fp8-test", "version": 1, "classes": [
-        dict(CACHE, dtype="fp8bf16", qscale=["pertensor", "kv_blockscale"], family="fwd_pagedkv", seqlens=[1],
-             seqlens_k=[8192]),
-        dict(CACHE, dtype="fp8bf16", qscale=["pertensor", "kv_blockscale"], family="batch_prefill", seqlens=[1024])]}
+        dict(CACHE, dtype="fp8bf16", qscale=list(QSCALES), family="fwd_pagedkv", seqlens=[1], seqlens_k=[8192]),
+        dict(CACHE, dtype="fp8bf16", qscale=list(QSCALES), family="batch_prefill", seqlens=[1024])]}
     shapes = tmp_path / "fp8.json"
     shapes.write_text(json.dumps(matrix))
     classes = expand_shapes(matrix)
-    assert sorted(c["qscale"] for c, _ in classes) == ["kv_blockscale", "pertensor"]
+    assert sorted(c["qscale"] for c, _ in classes) == sorted(QSCALES)
     got = tune(str(out_dir), shapes=str(shapes), warmup_ms=5, rep_ms=20)
-    assert got.measured == 8 and got.failed == 0, got      # 2 kernels x 2 points in each of the 2 classes
+    assert got.measured == 12 and got.failed == 0, got      # 2 kernels x 2 points in each of the 3 classes
 
     table = Registry.load(str(out_dir / "registry.json")).seqtune
     entries = {e["class"]["qscale"]: e for e in table["classes"]}
-    assert sorted(entries) == ["kv_blockscale", "pertensor"]
+    assert sorted(entries) == sorted(QSCALES)
     dev = torch.cuda.current_device()
     disp = api_dispatch.dispatcher(str(out_dir), dev)
     for cls, pts in classes:

@@ -117,7 +117,8 @@ def test_fp8_classes_carry_their_descales_granularity(tmp_path):
 
 def test_an_fp8_points_inputs_are_e4m3_caches_with_descales_of_their_kind():
     """A tuned FP8 point runs over e4m3 caches with descales of 1 (the truth reads the e4m3 values as they are):
-    one-element descales per tensor, ``[num_pages, Hk]`` ones for KV block scales."""
+    one-element descales per tensor, ``[num_pages, Hk]`` ones for KV block scales, ``[Tq, Hq]`` and ``[num_pages,
+    page_size, Hk]`` ones per token and head."""
     torch = pytest.importorskip("torch")
     from fmha_dsl.runtime.tune_inputs import PagedCall
 
@@ -125,12 +126,13 @@ def test_an_fp8_points_inputs_are_e4m3_caches_with_descales_of_their_kind():
             "hdim_v": 32, "mask": "causal", "bias": "no", "lse": False, "dropout": False, "logits": False,
             "sink": False, "kv_layout": "linear", "kv_lookup": "vllm", "page_size": 4}
     pt = (3, 10, 2, 4, 2)                                    # 3 pages a sequence, 2 sequences, one spare page
-    for qscale, kv in (("pertensor", (1,)), ("kv_blockscale", (7, 2))):
+    for qscale, qs, kv in (("pertensor", (1,), (1,)), ("kv_blockscale", (1,), (7, 2)),
+                           ("per_token_head", (6, 4), (7, 4, 2))):
         call = PagedCall(dict(base, qscale=qscale), pt, device="cpu")
         assert call.q.dtype == call.k_cache.dtype == call.v_cache.dtype == torch.float8_e4m3fn
         assert call.out.dtype == torch.bfloat16
         q_d, k_d, v_d = call.kw["descales"]
-        assert tuple(q_d.shape) == (1,) and tuple(k_d.shape) == tuple(v_d.shape) == kv
+        assert tuple(q_d.shape) == qs and tuple(k_d.shape) == tuple(v_d.shape) == kv
         assert all(bool((d == 1).all()) for d in (q_d, k_d, v_d))
         assert call.truth().shape == (2, 4, 3, 32)
 
