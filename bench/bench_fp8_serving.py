@@ -153,6 +153,8 @@ def main() -> None:
         ap.error(f"--parts takes decode, prefill or decode,prefill, got {args.parts!r}")
     import torch
 
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (torch.cuda.is_available() is False)")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_serving import copy_bandwidth
 

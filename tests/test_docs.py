@@ -56,7 +56,8 @@ GPU_BENCH = ("bench/bench_fwd.py", "bench/bench_dispatch.py", "bench/bench_launc
              "bench/profile_decode.py", "bench/profile_bwd.py", "bench/probe_pdl.py", "bench/probe_padcost.py",
              "bench/probe_firstuse.py", "bench/probe_thermal.py", "bench/probe_sustain.py", "bench/bench_serving.py",
              "bench/probe_flush.py", "bench/probe_splits.py", "bench/probe_decode_latency.py",
-             "bench/probe_placement.py", "bench/probe_vectorized.py")
+             "bench/probe_placement.py", "bench/probe_vectorized.py", "bench/bench_fp8_serving.py",
+             "bench/probe_fp8_decode.py")
 TRITON_SETS = ("bench_fwd", "seqtune_fwd")
 
 
