@@ -75,7 +75,8 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     with ``return_lse``).  FP8 (CK's ``fp8bf16``): q and both caches ``torch.float8_e4m3fn`` with per-tensor
     ``q_descale``/``k_descale``/``v_descale`` (float32 tensors of one element on the device; NumPy: numbers, the
     arrays holding the e4m3 values) -- or, CK's KV block scales, ``k_descale``/``v_descale`` both ``[num_pages, Hk]``
-    (one per page and K/V head, any strides); the result is bfloat16. Masks, ALiBi, soft-cap, sink tokens and scale as
+    (one per page and K/V head, any strides), or CK's per-token-head scales, both ``[num_pages, page_size, Hk]`` with
+    ``q_descale`` one element or ``[Tq, Hq]``; the result is bfloat16. Masks, ALiBi, soft-cap, sink tokens and scale as
     :func:`fmha_dsl.attention` (the mask's bottom-right corner is each sequence's last cached key), except that
     ``causal=True`` is bottom-right aligned here: a sequence's queries are its last tokens (as in FlashAttention-2's
     varlen and FlashInfer); ``causal="top_left"`` aligns the first query with the first key. ``out``: a preallocated

@@ -288,17 +288,23 @@ def descales(dname, given, dev, pages, first=0, page=None, tokens=None):
             raise _usage("usage.value", f"`{name}` must be a float32 tensor {accepted} on {where}, got "
                          f"{type(d).__name__} {shape} {getattr(d, 'dtype', '')} on {getattr(d, 'device', '?')}",
                          f"e.g. torch.tensor([s], device='{where}')" + (
-                             f" or torch.full(({pages[0]}, {pages[1]}), s, device='{where}')" if i else ""))
+                             f" or torch.full(({pages[0]}, {pages[1]}), s, device='{where}')" if i else "")
+                         + (f" or torch.full(({pages[0]}, {page}, {pages[1]}), s, device='{where}')"
+                            if i and page is not None else "")
+                         + (f" or torch.full(({tokens[0]}, {tokens[1]}), s, device='{where}')"
+                            if not i and tokens is not None and page is not None else ""))
         kinds.append(kind)
     kv = kinds[-2:]
     if kv[0] != kv[1]:
         raise _usage("usage.value", f"`k_descale` and `v_descale` must be of one kind, got {kv[0]} "
                      f"{tuple(given[1].shape)} and {kv[1]} {tuple(given[2].shape)}",
                      "pass the V scales in the K scales' form")
-    if first == 0 and kinds[0] == "per_token_head" and kv[0] != "per_token_head":
-        raise _usage("usage.value", f"a per-token `q_descale` {tuple(given[0].shape)} goes with per-token-head K/V "
-                     f"descales [num_pages, page_size, Hk], got {kv[0]} ones",
-                     "pass a q_descale of one element, or K/V descales per token and head")
+    if first == 0 and kinds[0] == "per_token_head":   # (K/V of one element each: per token too, at zero strides)
+        if kv[0] == "kv_blockscale":
+            raise _usage("usage.value", f"a per-token `q_descale` {tuple(given[0].shape)} goes with per-token-head "
+                         "(or one-element) K/V descales, not KV block scales [num_pages, Hk]",
+                         "pass a q_descale of one element, or K/V descales per token and head")
+        return tuple(given), "per_token_head"
     return tuple(given), kv[0]
 
 

@@ -45,19 +45,19 @@ def _descales(descales, names=("q_descale", "k_descale", "v_descale")):
         raise _usage("usage.value", f"FP8 descales come as a set: {missing} missing",
                      ("pass all three" if len(names) == 3 else "pass both") + " (1.0 for none)")
     attention = len(names) == 3
-    forms = {"q_descale": (2,) if attention else (), "k_descale": (2, 3) if attention else (2,)}
+    allowed_ndims = {"q_descale": (2,) if attention else (), "k_descale": (2, 3) if attention else (2,)}
     what = {2: "a [num_pages, Hk] array (KV block scales)",
             3: "a [num_pages, page_size, Hk] array (per token and head)"}
     out = []
     for name, d in zip(names, descales):
-        ok = forms.get(name, forms["k_descale"])
+        ndims = allowed_ndims.get(name, allowed_ndims["k_descale"])
         try:
             a = np.asarray(d, dtype=np.float64)
         except (TypeError, ValueError):
             a = None
-        if a is None or a.ndim not in ok and a.size != 1:
-            alts = ["[Tq, Hq] array (per token and head)"] if name == "q_descale" and ok else \
-                [what[n] for n in ok]
+        if a is None or a.ndim not in ndims and a.size != 1:
+            alts = ["a [Tq, Hq] array (per token and head)"] if name == "q_descale" and ndims else \
+                [what[n] for n in ndims]
             raise _usage("usage.value", f"on NumPy inputs `{name}` is a number" + "".join(f" or {w}" for w in alts)
                          + f", got {type(d).__name__}" + ("" if a is None else f" of shape {a.shape}"),
                          "pass floats" + (" (or arrays of them, as above)" if alts else ""))
@@ -67,9 +67,10 @@ def _descales(descales, names=("q_descale", "k_descale", "v_descale")):
         raise _usage("usage.value", "`k_descale` and `v_descale` must be of one kind: both numbers (per tensor), both "
                      "[num_pages, Hk] arrays (KV block scales) or both [num_pages, page_size, Hk] ones (per token)",
                      "pass the V scales in the K scales' form")
-    if attention and np.ndim(out[0]) == 2 and kinds["k_descale"] != 3:
-        raise _usage("usage.value", "a [Tq, Hq] `q_descale` (per token and head) goes with per-token-head K/V "
-                     "descales [num_pages, page_size, Hk]", "pass a number for q_descale, or K/V descales per token")
+    if attention and np.ndim(out[0]) == 2 and kinds["k_descale"] == 2:
+        raise _usage("usage.value", "a [Tq, Hq] `q_descale` (per token and head) goes with per-token-head (or one "
+                     "number) K/V descales, not KV block scales [num_pages, Hk]",
+                     "pass a number for q_descale, or K/V descales per token")
     return tuple(out)
 
 

@@ -10,7 +10,7 @@ Pure Python (no torch / triton at import).  The table lives in ``registry.json``
 
 A signature class is :data:`CLASS_FIELDS`; a serving class (a paged KV cache: ``fmha_dsl.paged_attention``) adds
 :data:`PAGED_FIELDS`, so a table measured for one cache ranks only that cache's problems, and an FP8 one
-:data:`SCALE_FIELDS` (per-tensor or per-page descales: other kernels).
+:data:`SCALE_FIELDS` (per-tensor, per-page or per-token descales: other kernels).
 
 Prediction of a kernel's time for a problem from the table (:func:`predict`, documented there): the kernel's
 measured points of the problem's signature class, in rows of equal seqlen_q; interpolation in log seqlen_k inside
@@ -41,7 +41,8 @@ CLASS_FIELDS = ("family", "dtype", "mode", "vlayout", "hdim_q", "hdim_v", "mask"
 # table measured for one never ranks the candidates of another (absent from the other classes, whose keys stay as
 # they were)
 PAGED_FIELDS = ("kv_layout", "kv_lookup", "page_size")
-# what an FP8 class adds (its descales' granularity, CK's qscale: pertensor or kv_blockscale); absent elsewhere
+# what an FP8 class adds (its descales' granularity, CK's qscale: pertensor, kv_blockscale or per_token_head); absent
+# elsewhere
 SCALE_FIELDS = ("qscale",)
 POINT_FIELDS = ("seqlen_q", "seqlen_k", "batch", "nhead_q", "nhead_k")
 

@@ -27,13 +27,13 @@ def _ptrs(objects: bool, tensors):
     return list(tensors) if objects else [0 if t is None else t.data_ptr() for t in tensors]
 
 
-def _shapes(*descales) -> tuple:
+def _shape_strides(*descales) -> tuple:
     return tuple(None if d is None else (tuple(d.shape), d.stride()) for d in descales)
 
 
 def _descale_strides(k_descale, v_descale) -> tuple:
     """The ABI's descale strides (:func:`fmha_dsl.kernels.paged_abi.descale_strides`) of FP8 descale tensors."""
-    return paged_abi.descale_strides(*_shapes(k_descale, v_descale))
+    return paged_abi.descale_strides(*_shape_strides(k_descale, v_descale))
 
 
 def pack_call(q, k_cache, v_cache, out, lse, *, lookup: str, seqlens_k, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
@@ -54,7 +54,7 @@ def pack_call(q, k_cache, v_cache, out, lse, *, lookup: str, seqlens_k, cu_seqle
                           tb_stride, None if alibi_slopes is None else alibi_strides(alibi_slopes), q.shape[1], hk,
                           q.shape[2], dv, max_seqlen_q, max_seqlen_k, num_pages, width, scale, softcap, wl, wr,
                           int(bool(bottom_right)), int(sink), _descale_strides(*descales[1:]),
-                          paged_abi.token_strides(*_shapes(*descales)))
+                          paged_abi.token_strides(*_shape_strides(*descales)))
 
 
 def layout_of(k_cache) -> str:

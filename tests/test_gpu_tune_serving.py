@@ -143,9 +143,9 @@ FP8_SET = """kernel_set fp8_tune {{
 
 
 def test_tune_measures_fp8_serving_classes_of_every_descale_kind(tmp_path):
-    """An FP8 serving set (per-tensor, KV block-scale and per-token-head kernels) tuned offline: one class per qscale, every kernel
-    of a class checked against SDPA and timed at each point, none of the other kind's; the table then steers
-    paged_attention(registry=DIR) with each kind of descales, and the output matches the truth."""
+    """An FP8 serving set (per-tensor, KV block-scale and per-token-head kernels) tuned offline: one class per
+    qscale, every kernel of a class checked against SDPA and timed at each point, none of the other kinds'; the table
+    then steers paged_attention(registry=DIR) with each kind of descales, and the output matches the truth."""
     from fmha_dsl import api_dispatch
     from fmha_dsl.registry import Registry
     from fmha_dsl.runtime.dispatch import detect_arch

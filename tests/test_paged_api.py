@@ -176,8 +176,9 @@ def test_fp8_argument_errors_are_located():
              "`k_descale` must be .* or \\[num_pages, page_size, Hk\\] = \\[6, 4, 2\\] .* got Tensor \\(6, 5, 2\\)"),
             (q8, k8, v8, dict(ds, k_descale=torch.ones(6, 4, 2), v_descale=torch.ones(6, 2)),
              "`k_descale` and `v_descale` must be of one kind, got per_token_head"),
-            (q8, k8, v8, dict(ds, q_descale=torch.ones(2, 4)), "a per-token `q_descale` \\(2, 4\\) goes with "
-             "per-token-head K/V descales")):
+            (q8, k8, v8, dict(q_descale=torch.ones(2, 4), k_descale=torch.ones(6, 2), v_descale=torch.ones(6, 2)),
+             "a per-token `q_descale` \\(2, 4\\) goes with per-token-head \\(or one-element\\) K/V descales, not KV "
+             "block scales")):
         with pytest.raises(UsageError, match=match) as e:
             fmha_dsl.paged_attention(q, k, v, **good, **kw)
         assert "paged_attention()" in str(e.value) and e.value.hint
@@ -229,13 +230,79 @@ def test_a_one_element_descale_of_any_shape_is_per_tensor():
     assert np.allclose(got, fmha_dsl.paged_attention(q, kc, vc, q_descale=0.5, k_descale=2.0, v_descale=3.0, **kw))
 
 
+PER_TOKEN = r'''
+import numpy as np, torch, fmha_dsl
+from fmha_dsl.reference_paged import paged_attention as ref
+from fmha_dsl.runtime.dispatch import Dispatcher
+
+SET = """kernel_set t { backend(triton) arch(sm90) dtype(fp8bf16) qscale(*) hdim(32)
+  kernel p { signature { family(batch_prefill) mask(no | causal) kv_cache(linear, vllm, 4) }
+             algorithm { pipeline(qr_async) tile_m0(16) tile_n0(16) tile_k0(32) tile_n1(32) tile_k0max(32) wave_m0(4)
+                         padding(true, true, true, true) } }
+}"""
+disp = Dispatcher(fmha_dsl.loads(SET).registry(arch="sm90"), "sm90", launcher="interpret", tuned_dir="")
+rng = np.random.default_rng(0)
+lens_q, lens_k, pages, page, hq, hk, d = [3, 5], [10, 13], 9, 4, 4, 2, 32
+bt = np.zeros((2, 4), np.int32)
+perm = rng.permutation(pages)
+bt[0, :3], bt[1, :4] = perm[:3], perm[3:7]
+f8, t = torch.float8_e4m3fn, torch.from_numpy
+kc, vc = (torch.tensor(rng.standard_normal((pages, page, hk, d)).astype(np.float32)).to(f8) for _ in range(2))
+q = torch.tensor(rng.standard_normal((sum(lens_q), hq, d)).astype(np.float32)).to(f8)
+cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+kd, vd = ((2.0 ** rng.integers(-4, 3, (pages, page, hk))).astype(np.float32) for _ in range(2))
+qd = (rng.uniform(0.1, 0.5, (sum(lens_q), hq)) * rng.choice([-1, 1], (sum(lens_q), hq))).astype(np.float32)
+
+
+def host(x):
+    return float(x.reshape(-1)[0]) if x.numel() == 1 else x.contiguous().numpy()
+
+
+def check(qdt, kdt, vdt):
+    want = ref(q.float().numpy(), kc.float().numpy(), vc.float().numpy(), block_table=bt, seqlens_k=lens_k,
+               cu_seqlens_q=cq, causal="bottom_right", descales=tuple(host(x) for x in (qdt, kdt, vdt)))
+    disp.fast_paged.clear()   # (each call plans afresh: the plan it gets names its kernel's qscale)
+    out = fmha_dsl.paged_attention(q, kc, vc, block_table=t(bt), seqlens_k=t(np.int32(lens_k)), cu_seqlens_q=t(cq),
+                                   causal=True, registry=disp, q_descale=qdt, k_descale=kdt, v_descale=vdt,
+                                   max_seqlen_q=5, max_seqlen_k=13)
+    err = np.abs(out.float().numpy() - want).max() / np.abs(want).max()
+    assert err < 2e-2, (qdt.stride(), kdt.stride(), err)
+    [plan] = disp.fast_paged.values()
+    return plan.entry.sig["qscale"]
+
+
+assert check(t(qd), t(kd), t(vd)) == "per_token_head"
+kp = t(np.ascontiguousarray(kd.transpose(0, 2, 1))).permute(0, 2, 1)      # strides (8, 1, 4)
+vp = t(np.ascontiguousarray(vd.transpose(2, 0, 1))).permute(1, 2, 0)      # strides (4, 1, 36)
+check(t(np.ascontiguousarray(qd.T)).t(), kp, vp)
+ke, ve = (t(x[:, :1, :].copy()).expand(pages, page, hk) for x in (kd, vd))  # one per page: slot stride 0
+check(t(qd[:, :1].copy()).expand(sum(lens_q), hq), ke, ve)
+check(t(np.float32([0.3])), kp, vp)
+one = t(np.float32([0.5]))
+assert check(t(qd), one, t(np.float32([2.0]))) == "per_token_head"   # [Tq, Hq] q, one-element K/V: per token too
+assert check(one, one, t(np.float32([2.0]))) == "pertensor"
+print("per token ok")
+'''
+
+
+def test_per_token_head_descales_through_the_api_any_strides():
+    """paged_attention on torch tensors with per-token-head descales, run by Triton's interpreter: contiguous,
+    permuted (strides other than the natural ones), expanded (stride 0) and a one-element q -- and a [Tq, Hq] q with
+    one-element K/V descales (per token at zero strides) -- each against the reference; the kernel's qscale is the
+    call's."""
+    run_interpreted(PER_TOKEN, "per token ok", timeout=600)
+
+
 def test_numpy_fp8_descales_are_numbers():
     kc, vc, bt = _cache([9, 6])
     kw = dict(block_table=bt, seqlens_k=[9, 6], cu_seqlens_q=[0, 1, 2])
     q = np.zeros((2, 4, 16), np.float32)
     for kw2, match in ((dict(q_descale="a", k_descale=1.0, v_descale=1.0), "on NumPy inputs `q_descale` is a number"),
+                       (dict(q_descale=np.ones((2, 4)), k_descale=np.ones((6, 2)), v_descale=np.ones((6, 2))),
+                        "a \\[Tq, Hq\\] `q_descale` \\(per token and head\\) goes with per-token-head \\(or one "
+                        "number\\) K/V descales, not KV block scales"),
                        (dict(q_descale=np.ones((2, 2)), k_descale=1.0, v_descale=1.0),
-                        "a \\[Tq, Hq\\] `q_descale` \\(per token and head\\) goes with per-token-head K/V"),
+                        "`q_descale` must be one number or \\[Tq, Hq\\] = \\[2, 4\\] .* got shape \\(2, 2\\)"),
                        (dict(q_descale=np.ones((2, 2)), k_descale=np.ones((6, 4, 2)), v_descale=np.ones((6, 4, 2))),
                         "`q_descale` must be one number or \\[Tq, Hq\\] = \\[2, 4\\] .* got shape \\(2, 2\\)"),
                        (dict(q_descale=1.0, k_descale=np.ones((6, 3, 2)), v_descale=np.ones((6, 3, 2))),
@@ -243,7 +310,7 @@ def test_numpy_fp8_descales_are_numbers():
                        (dict(q_descale=1.0, k_descale=np.ones((6, 4, 2)), v_descale=np.ones((6, 2))),
                         "`k_descale` and `v_descale` must be of one kind"),
                        (dict(q_descale=np.ones((2, 4, 1)), k_descale=1.0, v_descale=1.0),
-                        "`q_descale` is a number or \\[Tq, Hq\\] array"),
+                        "`q_descale` is a number or a \\[Tq, Hq\\] array"),
                        (dict(q_descale=1.0, k_descale=np.ones(3), v_descale=1.0),
                         "`k_descale` is a number or a \\[num_pages, Hk\\] array .* shape \\(3,\\)"),
                        (dict(q_descale=1.0, k_descale=np.ones((3, 2)), v_descale=1.0),

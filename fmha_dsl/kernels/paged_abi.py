@@ -135,14 +135,20 @@ def qscales_of(dtype: str, family: str = "batch_prefill") -> tuple[str, ...]:
     return APPEND_QSCALES if family == "fwd_appendkv" else FP8_QSCALES
 
 
-def descale_kind(k_shape, v_shape) -> str:
-    """The ``qscale`` of K's and V's FP8 descales by their shapes: ``pertensor`` (one element each),
-    ``kv_blockscale`` (``[num_pages, Hk]``) or ``per_token_head`` (``[num_pages, page_size, Hk]``); ValueError when
-    the two differ in kind."""
+def descale_kind(q_shape, k_shape, v_shape) -> str:
+    """The ``qscale`` of FP8 descales by their shapes: K's and V's ``pertensor`` (one element each),
+    ``kv_blockscale`` (``[num_pages, Hk]``) or ``per_token_head`` (``[num_pages, page_size, Hk]``); a q descale of
+    more than one element (``[Tq, Hq]``) is per token, with per-token or one-element K/V descales (``q_shape`` None:
+    an append's, none).  ValueError when K's and V's differ in kind, or a per-token q meets block scales."""
     kinds = ["pertensor" if math.prod(s) == 1 else "per_token_head" if len(s) == 3 else "kv_blockscale"
              for s in (k_shape, v_shape)]
     if kinds[0] != kinds[1]:
         raise ValueError(f"K's and V's descales must be of one kind, got {kinds[0]} and {kinds[1]}")
+    if q_shape is not None and math.prod(q_shape) != 1:
+        if kinds[0] == "kv_blockscale":
+            raise ValueError("a per-token q descale goes with per-token-head (or one-element) K/V descales, not "
+                             "with KV block scales")
+        return "per_token_head"
     return kinds[0]
 
 

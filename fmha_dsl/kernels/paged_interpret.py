@@ -49,7 +49,7 @@ def _descale_args(descales, n: int, dtype: str) -> tuple[list, tuple, tuple, str
     token strides (:func:`~fmha_dsl.kernels.paged_abi.descale_strides`, :func:`~.paged_abi.token_strides`) and the
     key's ``qscale`` (``no`` unless ``dtype`` is an FP8 contract)."""
     arrs = [np.ascontiguousarray(np.asarray(1.0 if descales is None else descales[i], np.float32)) for i in range(n)]
-    kind = paged_abi.descale_kind(arrs[-2].shape, arrs[-1].shape)
+    kind = paged_abi.descale_kind(arrs[0].shape if n == 3 else None, arrs[-2].shape, arrs[-1].shape)
     strides = paged_abi.descale_strides(*((a.shape, _el(a)) for a in arrs[-2:]))
     tokens = paged_abi.token_strides(*((None,) * (3 - n) + tuple((a.shape, _el(a)) for a in arrs)))
     qscale = kind if dtype in paged_abi.FP8_DTYPES else "no"

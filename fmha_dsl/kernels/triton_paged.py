@@ -7,7 +7,8 @@ results the forward family's combine kernel reduces).  It computes exactly
 sequence's keys gathered page by page; causal (top-left / bottom-right) and sliding-window masks with sink tokens,
 GQA/MQA (optionally the query heads of a group packed into one tile's rows, CK's ``qr_nwarp_sshuffle``), logits
 soft-cap, ALiBi, LSE; FP8 (``FP8``: CK's ``fp8bf16`` contract, e4m3 Q and caches with per-tensor descales -- or,
-``KV_SCALE``, CK's KV block scales: K/V descales per page and head --, bf16 output: Q.K^T an e4m3 dot -- sm90's
+``KV_SCALE`` 1, CK's KV block scales: K/V descales per page and head; ``KV_SCALE`` 2, CK's per-token-head scales:
+per cached token and K/V head, q's per query token and head --, bf16 output: Q.K^T an e4m3 dot -- sm90's
 warpgroup MMA takes it natively, narrower tiles' MMAs widen both to fp16 --, V widened to fp16 after its load,
 exactly, for P.V in fp16; an FP8 cache moves half the bytes of a bf16 one).
 The score, softmax and P.V steps are the forward template's (:mod:`.triton_fwd`); what is new is where a key block's

@@ -1,4 +1,4 @@
-"""[kernels] FP8 KV block scales in the paged template (:mod:`.triton_paged`, constexpr ``KV_SCALE``).
+"""[kernels] FP8 KV block and per-token-head scales in the paged template (:mod:`.triton_paged`, ``KV_SCALE``).
 
 CK's ``kv_blockscale``: ``k_descale``/``v_descale`` are ``[num_pages, Hk]`` (:mod:`.paged_abi`), so key ``j`` in page
 ``p`` of K/V head ``h`` stands for ``k_descale[p, h] x K[j]`` and ``v_descale[p, h] x V[j]``.  A key block reads its
