@@ -141,9 +141,14 @@ def test_per_token_head_scales_over_prefill_and_decode(page, form, vectorized):
           vectorized=vectorized, seed=2)
 
 
+def test_per_token_head_scales_with_windows_sinks_and_softcap():
+    _case([20, 7], [300, 700], page=16, window=(64, 0), causal=True, softcap=30.0, sink=4, tokens=True)
+
+
 def test_a_captured_step_reads_the_descales_each_replay():
     """A server step (maxima, out and workspace given: replayed, CUDA-graph captured) over one cache, called with
-    per-tensor descales, then block scales, then per-tensor again (one shape: each keeps its own plan and recipe),
+    per-tensor descales, block scales, per-token-head ones, then each again (one shape: each keeps its own plan and
+    recipe),
     each against the reference; a captured block-scale step replayed after some pages' K and V scales changed."""
     dev = "cuda"
     lens = [500, 900]
@@ -160,6 +165,7 @@ def test_a_captured_step_reads_the_descales_each_replay():
     per_tensor = [torch.tensor([x], device=dev) for x in (0.5, 0.25, 2.0)]
     blocks = [torch.tensor([0.5], device=dev)] + [torch.tensor(d, device=dev) for d in
                                                   block_scales(kc, lens, bt, 16, seed=4)]
+    tokens = [torch.tensor(d, device=dev) for d in token_scales(kc, lens, bt, 16, 2, 8, seed=5)]
 
     def step(ds):
         fmha_dsl.paged_attention(qg, kg, vg, out=out, workspace=ws, q_descale=ds[0], k_descale=ds[1],
@@ -173,7 +179,7 @@ def test_a_captured_step_reads_the_descales_each_replay():
         err = np.abs(out.float().cpu().numpy() - want).max() / np.abs(want).max()
         assert err < TOL, err
 
-    for ds in (per_tensor, blocks, per_tensor, blocks):   # the second pair replays the first pair's recipes
+    for ds in (per_tensor, blocks, tokens) * 2:   # the second round replays the first round's recipes
         step(ds)
         check(ds)
     g = torch.cuda.CUDAGraph()
