@@ -521,3 +521,25 @@ def test_fp8_per_token_head_scales(interp, name):
     if not q_scalar:
         flat = (float(np.abs(qd).mean()),) + flat[1:]
     _fp8_run_matches(interp, q, kc, vc, lens_k, cq, tab, kw, run, ds, flat, want, wlse)
+
+
+def test_the_harness_inputs_end_at_an_unreadable_page():
+    """The interpreter harness's read-only inputs (``guarded``) hold the same values and fault on a read one element
+    past their end -- what makes a kernel's out-of-bounds read fail here instead of reading a neighbour's memory;
+    strided views come back as they are (their strides are the kernel's)."""
+    import subprocess
+    import sys
+
+    from fmha_dsl.kernels.fwd_interpret import guarded
+
+    a = np.arange(10, dtype=np.float32)
+    g = guarded(a)
+    assert np.array_equal(g, a) and g.flags.c_contiguous
+    strided = np.arange(20, dtype=np.float32)[::2]
+    assert guarded(strided) is strided
+    script = ("import ctypes, numpy as np\nfrom fmha_dsl.kernels.fwd_interpret import guarded\n"
+              "g = guarded(np.arange(10, dtype=np.float32))\n"
+              "print(ctypes.c_float.from_address(g.ctypes.data + 36).value, flush=True)\n"
+              "print(ctypes.c_float.from_address(g.ctypes.data + 40).value, flush=True)\n")
+    got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert got.stdout.split() == ["9.0"] and got.returncode != 0, (got.returncode, got.stdout, got.stderr[-500:])

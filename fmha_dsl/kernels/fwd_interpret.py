@@ -12,7 +12,31 @@ from .fwd_host import ARGS, constexprs, grid, pack_args
 from .interpret_args import dtype_of, mask_args
 from .triton_fwd import fmha_fwd
 
-__all__ = ["run_interpreted", "bf16_round"]
+__all__ = ["run_interpreted", "bf16_round", "guarded"]
+
+
+def guarded(arr):
+    """A copy of read-only input ``arr`` whose last byte is followed by an unreadable page, so that a kernel that
+    reads past its end under the interpreter (which reads raw host addresses) faults instead of reading a neighbour's
+    memory.  Arrays that are not C-contiguous (their strides are the kernel's) or empty come back as they are."""
+    import ctypes
+    import mmap
+
+    import numpy as np
+
+    if arr.size == 0 or not arr.flags.c_contiguous or not hasattr(mmap, "PROT_READ"):
+        return arr
+    page = mmap.PAGESIZE
+    pages = -(-arr.nbytes // page)
+    m = mmap.mmap(-1, (pages + 1) * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mprotect(ctypes.c_void_p(base + pages * page), ctypes.c_size_t(page), 0) != 0:   # PROT_NONE
+        return arr
+    buf = np.frombuffer(m, dtype=np.uint8)   # (holds the mapping alive)
+    out = buf[pages * page - arr.nbytes: pages * page].view(arr.dtype).reshape(arr.shape)
+    out[...] = arr
+    return out
 
 
 class _Shim:

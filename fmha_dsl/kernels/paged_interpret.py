@@ -12,7 +12,7 @@ import numpy as np
 from . import paged_abi
 from .abis import output_dtype
 from .interpret_args import dtype_of, mask_args
-from .fwd_interpret import _bf16_decode, _bf16_encode, _Shim
+from .fwd_interpret import _bf16_decode, _bf16_encode, _Shim, guarded
 
 __all__ = ["run_interpreted_paged", "run_interpreted_append"]
 
@@ -47,13 +47,14 @@ def _descale_args(descales, n: int, dtype: str) -> tuple[list, tuple, tuple, str
     arrays for the kernel -- one element each (1.0 when None), K's and V's ``[num_pages, Hk]`` block scales or
     ``[num_pages, page_size, Hk]`` per-token ones (q's then one element or ``[Tq, Hq]``) --, the ABI's descale and
     token strides (:func:`~fmha_dsl.kernels.paged_abi.descale_strides`, :func:`~.paged_abi.token_strides`) and the
-    key's ``qscale`` (``no`` unless ``dtype`` is an FP8 contract)."""
+    key's ``qscale`` (``no`` unless ``dtype`` is an FP8 contract).  The arrays end at an unreadable page
+    (:func:`.fwd_interpret.guarded`), as the harness's other read-only inputs do: a read past one faults."""
     arrs = [np.ascontiguousarray(np.asarray(1.0 if descales is None else descales[i], np.float32)) for i in range(n)]
     kind = paged_abi.descale_kind(arrs[0].shape if n == 3 else None, arrs[-2].shape, arrs[-1].shape)
     strides = paged_abi.descale_strides(*((a.shape, _el(a)) for a in arrs[-2:]))
     tokens = paged_abi.token_strides(*((None,) * (3 - n) + tuple((a.shape, _el(a)) for a in arrs)))
     qscale = kind if dtype in paged_abi.FP8_DTYPES else "no"
-    return [_Shim(a.reshape(-1) if a.size == 1 else a, "float32") for a in arrs], strides, tokens, qscale
+    return [_Shim(guarded(a.reshape(-1) if a.size == 1 else a), "float32") for a in arrs], strides, tokens, qscale
 
 
 def _el(a):
@@ -136,9 +137,9 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
         return _decode(out, odt), (lse_arr if lse else None)
     t = _TNAME[dtype]
     args = paged_abi.pack(
-        [_Shim(qa, t), _Shim(ka, t), _Shim(va, t), _Shim(out, _TNAME[odt]), _Shim(lse_arr, "float32"),
-         _Shim(a_arr, "float32"), _Shim(cq, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32"),
-         *shims],
+        [_Shim(guarded(qa), t), _Shim(guarded(ka), t), _Shim(guarded(va), t), _Shim(out, _TNAME[odt]),
+         _Shim(lse_arr, "float32"), _Shim(guarded(a_arr), "float32"), _Shim(guarded(cq), "int32"),
+         _Shim(guarded(lens), "int32"), _Shim(guarded(tab), "int32"), _Shim(guarded(ip), "int32"), *shims],
         _el(qa)[:2], ks, vs, _el(out), _el(lse_arr), tb_stride, a_st, Hq, Hk, Dq, Dv, msq, msk,
         num_pages, width, scale, softcap, left, right, int(mode != "top_left"), int(sink), dstrides, tstrides)
     if num_splits:
@@ -199,9 +200,9 @@ def run_interpreted_append(k_cache, v_cache, k_new, v_new, *, seqlens_k, cu_seql
         t, tn = _TNAME[dtype], _TNAME[new_dt]
         qsh = _Shim(qa, tn) if qa is not None else _Shim(np.zeros(1, _NP[new_dt]), tn)
         args = paged_abi.pack_append(
-            [qsh, _Shim(ka, t), _Shim(va, t), _Shim(kn, tn), _Shim(vn, tn), _Shim(cos, "float32"),
-             _Shim(sin, "float32"), _Shim(cn, "int32"), _Shim(lens, "int32"), _Shim(tab, "int32"), _Shim(ip, "int32"),
-             *shims],
+            [qsh, _Shim(ka, t), _Shim(va, t), _Shim(guarded(kn), tn), _Shim(guarded(vn), tn),
+             _Shim(guarded(cos), "float32"), _Shim(guarded(sin), "float32"), _Shim(guarded(cn), "int32"),
+             _Shim(guarded(lens), "int32"), _Shim(guarded(tab), "int32"), _Shim(guarded(ip), "int32"), *shims],
             _el(qa)[:2] if qa is not None else (0, 0), ks, vs, _el(kn)[:2], _el(vn)[:2],
             cos.strides[0] // 4, tb_stride, Hq, Hk, Dq, Dv, max_new, cos.shape[1] if rope != "none" else 0,
             cos.shape[0] if rope != "none" else 0, num_pages, width, dstrides)
