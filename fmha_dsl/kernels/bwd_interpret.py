@@ -12,7 +12,7 @@ import numpy as np
 
 from . import bwd_abi
 from .interpret_args import dtype_of, mask_args
-from .fwd_interpret import _bf16_decode, _bf16_encode, _Shim
+from .fwd_interpret import _bf16_decode, _bf16_encode, _Shim, guarded
 
 __all__ = ["run_interpreted_bwd"]
 
@@ -96,10 +96,13 @@ def run_interpreted_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bi
     parts = bwd_abi.workspace_parts(buf, ws)
     acc_part = parts["acc"]
     s32 = _Shim
-    ptrs = {"q": s32(qa, tname), "k": s32(ka, tname), "v": s32(va, tname), "out": s32(oa, tname),
-            "dout": s32(doa, tname), "lse": s32(la, "float32"), "dq": s32(dq, tname), "dk": s32(dk, tname),
-            "dv": s32(dv, tname), "dbias": s32(g_arr, tname), "bias": s32(b_arr, tname),
-            "alibi": s32(a_arr, "float32"), "cu_q": s32(cq, "int32"), "cu_k": s32(ckk, "int32"),
+
+    def ro(a, t):  # a read-only input: it ends at an unreadable page (a read past it faults)
+        return _Shim(guarded(a), t)
+    ptrs = {"q": ro(qa, tname), "k": ro(ka, tname), "v": ro(va, tname), "out": ro(oa, tname),
+            "dout": ro(doa, tname), "lse": ro(la, "float32"), "dq": s32(dq, tname), "dk": s32(dk, tname),
+            "dv": s32(dv, tname), "dbias": s32(g_arr, tname), "bias": ro(b_arr, tname),
+            "alibi": ro(a_arr, "float32"), "cu_q": ro(cq, "int32"), "cu_k": ro(ckk, "int32"),
             "d": s32(parts["d"], "float32"), "l2": s32(parts["l2"], "float32"),
             "acc": s32(acc_part if acc_part.size else np.zeros(1, np.float32), "float32")}
     bs = bwd_abi.bias_strides(b_arr.shape, el(b_arr)) if bias is not None else None

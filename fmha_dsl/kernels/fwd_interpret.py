@@ -204,14 +204,15 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
     if min(g) == 0:  # nothing to compute (and empty arrays have meaningless strides)
         return (_bf16_decode(out) if dtype == "bf16" else out), (lse_arr if lse else None)
     args = pack_args(
-        q=_Shim(qa, tname), k=_Shim(ka, tname), v=_Shim(va, tname), out=_Shim(out, tname),
+        q=_Shim(guarded(qa), tname), k=_Shim(guarded(ka), tname), v=_Shim(guarded(va), tname),
+        out=_Shim(out, tname),
         q_strides=el(qa), k_strides=el(ka), v_strides=el(va, seq_axis if vlayout == "c" else -1),
         out_strides=el(out),
         nhead_q=Hq, nhead_k=Hk, head_dim_q=Dq, head_dim_v=Dv, mode="group" if group else "batch",
         seqlen_q=seqlen_q, seqlen_k=seqlen_k, max_seqlen_q=sq_max, max_seqlen_k=sk_max,
-        cu_seqlens_q=_Shim(cq, "int32"), cu_seqlens_k=_Shim(ckk, "int32"),
-        lse=_Shim(lse_arr, "float32"), lse_strides=el(lse_arr), bias=_Shim(b_arr, tname), bias_strides=b_st,
-        alibi=_Shim(a_arr, "float32"), alibi_strides=a_st, sm_scale=scale,
+        cu_seqlens_q=_Shim(guarded(cq), "int32"), cu_seqlens_k=_Shim(guarded(ckk), "int32"),
+        lse=_Shim(lse_arr, "float32"), lse_strides=el(lse_arr), bias=_Shim(guarded(b_arr), tname),
+        bias_strides=b_st, alibi=_Shim(guarded(a_arr), "float32"), alibi_strides=a_st, sm_scale=scale,
         softcap=0.0 if softcap is None else float(softcap), dropout_p=float(dropout_p), seed=seed, offset=offset,
         window_left=left, window_right=right, bottom_right=bottom_right, sink=int(sink), vlayout=vlayout)
     if num_splits:
