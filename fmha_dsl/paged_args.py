@@ -9,7 +9,7 @@ not pass ``max_seqlen_*`` (one device-to-host copy then); with them nothing here
 from __future__ import annotations
 
 from .attention_args import CALLER, _is_int, _usage
-from .kernels.paged_abi import FP8_DTYPES
+from .kernels.paged_abi import FP8_DTYPES, descale_kind
 
 
 def _torch():
@@ -266,7 +266,6 @@ def descales(dname, given, dev, pages, first=0, page=None, tokens=None):
                                    "and K/V head)")
     q_forms = "of one element" + (f" or [Tq, Hq] = [{tokens[0]}, {tokens[1]}] (one per token and head, with "
                                   "per-token-head K/V descales)" if tokens is not None and page is not None else "")
-    kinds = []
     for i, (name, d) in list(enumerate(zip(names, given)))[first:]:
         accepted = " or ".join(forms.values()) if i else q_forms
         if d is None:
@@ -274,17 +273,13 @@ def descales(dname, given, dev, pages, first=0, page=None, tokens=None):
                          f"the dequantization scale of the {name[0]} tensor; torch.ones(1, device='{where}') for "
                          "none")
         shape = tuple(getattr(d, "shape", ()))
-        kind = None
-        if isinstance(d, torch.Tensor) and d.dtype == torch.float32 and d.get_device() == dev:
-            if d.numel() == 1:
-                kind = "pertensor"
-            elif i == 0:
-                kind = "per_token_head" if tokens is not None and page is not None and shape == tuple(tokens) else None
-            elif shape == tuple(pages):
-                kind = "kv_blockscale"
-            elif page is not None and shape == (pages[0], page, pages[1]):
-                kind = "per_token_head"
-        if kind is None:
+        if i == 0:   # q's: one element, or [Tq, Hq] where per-token scales are taken
+            shaped = tokens is not None and page is not None and shape == tuple(tokens)
+        else:        # K's, V's: one element, [num_pages, Hk] or, where taken, [num_pages, page_size, Hk]
+            shaped = shape == tuple(pages) or page is not None and shape == (pages[0], page, pages[1])
+        ok = isinstance(d, torch.Tensor) and d.dtype == torch.float32 and d.get_device() == dev and (
+            d.numel() == 1 or shaped)
+        if not ok:
             raise _usage("usage.value", f"`{name}` must be a float32 tensor {accepted} on {where}, got "
                          f"{type(d).__name__} {shape} {getattr(d, 'dtype', '')} on {getattr(d, 'device', '?')}",
                          f"e.g. torch.tensor([s], device='{where}')" + (
@@ -293,19 +288,12 @@ def descales(dname, given, dev, pages, first=0, page=None, tokens=None):
                             if i and page is not None else "")
                          + (f" or torch.full(({tokens[0]}, {tokens[1]}), s, device='{where}')"
                             if not i and tokens is not None and page is not None else ""))
-        kinds.append(kind)
-    kv = kinds[-2:]
-    if kv[0] != kv[1]:
-        raise _usage("usage.value", f"`k_descale` and `v_descale` must be of one kind, got {kv[0]} "
-                     f"{tuple(given[1].shape)} and {kv[1]} {tuple(given[2].shape)}",
-                     "pass the V scales in the K scales' form")
-    if first == 0 and kinds[0] == "per_token_head":   # (K/V of one element each: per token too, at zero strides)
-        if kv[0] == "kv_blockscale":
-            raise _usage("usage.value", f"a per-token `q_descale` {tuple(given[0].shape)} goes with per-token-head "
-                         "(or one-element) K/V descales, not KV block scales [num_pages, Hk]",
-                         "pass a q_descale of one element, or K/V descales per token and head")
-        return tuple(given), "per_token_head"
-    return tuple(given), kv[0]
+    try:   # (one decision of the kind, the kernels' and the interpreter harness's: paged_abi.descale_kind)
+        qscale = descale_kind(given[0].shape if first == 0 else None, given[1].shape, given[2].shape)
+    except ValueError as exc:
+        raise _usage("usage.value", str(exc), "pass K's and V's descales in one form; a [Tq, Hq] q_descale goes with "
+                     "one-element or per-token K/V descales") from None
+    return tuple(given), qscale
 
 
 __all__ = ["int_tensor", "tables", "sequences", "check_tables_on_host", "host_values", "cache_pair", "max_len",

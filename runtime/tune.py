@@ -39,6 +39,8 @@ from typing import Callable, Optional
 
 from fmha_dsl import seqtune
 from fmha_dsl.errors import FmhaError, UsageError, error
+# FP8_DTYPES: serving classes only (CK's FP8 contract of paged_attention); QSCALES: an FP8 class's descale kinds
+from fmha_dsl.kernels.paged_abi import FP8_DTYPES, FP8_QSCALES as QSCALES
 from fmha_dsl.registry import Registry, registry_path
 
 from .tune_inputs import (SERVING, BackwardCall, ForwardCall, PagedCall, call_for, make_inputs,  # noqa: F401
@@ -102,9 +104,6 @@ def _list(v):
 
 
 _DTYPES = ("fp16", "bf16", "fp32", "fp8bf16")
-FP8_DTYPES = ("fp8bf16",)   # serving classes only: CK's FP8 contract (e4m3 q and caches, bf16 out) of paged_attention
-QSCALES = ("pertensor", "kv_blockscale", "per_token_head")   # an FP8 class's descales: one per tensor, per (page, K/V
-# head), or per (token, head)
 _MASKS = {"no": "no", "none": "no", False: "no", "causal": "causal", "top_left": "causal", True: "causal"}  # 0/1 == False/True
 
 

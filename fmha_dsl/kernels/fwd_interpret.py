@@ -8,11 +8,20 @@ tensor :class:`_Shim` and the bf16 helpers are shared with the other harnesses (
 
 from __future__ import annotations
 
+import functools
+
 from .fwd_host import ARGS, constexprs, grid, pack_args
 from .interpret_args import dtype_of, mask_args
 from .triton_fwd import fmha_fwd
 
 __all__ = ["run_interpreted", "bf16_round", "guarded"]
+
+
+@functools.lru_cache(maxsize=None)
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def guarded(arr):
@@ -30,8 +39,7 @@ def guarded(arr):
     pages = -(-arr.nbytes // page)
     m = mmap.mmap(-1, (pages + 1) * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     base = ctypes.addressof(ctypes.c_char.from_buffer(m))
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mprotect(ctypes.c_void_p(base + pages * page), ctypes.c_size_t(page), 0) != 0:   # PROT_NONE
+    if _libc().mprotect(ctypes.c_void_p(base + pages * page), ctypes.c_size_t(page), 0) != 0:   # PROT_NONE
         return arr
     buf = np.frombuffer(m, dtype=np.uint8)   # (holds the mapping alive)
     out = buf[pages * page - arr.nbytes: pages * page].view(arr.dtype).reshape(arr.shape)

@@ -143,11 +143,12 @@ def descale_kind(q_shape, k_shape, v_shape) -> str:
     kinds = ["pertensor" if math.prod(s) == 1 else "per_token_head" if len(s) == 3 else "kv_blockscale"
              for s in (k_shape, v_shape)]
     if kinds[0] != kinds[1]:
-        raise ValueError(f"K's and V's descales must be of one kind, got {kinds[0]} and {kinds[1]}")
+        raise ValueError(f"`k_descale` and `v_descale` must be of one kind, got {kinds[0]} {tuple(k_shape)} and "
+                         f"{kinds[1]} {tuple(v_shape)}")
     if q_shape is not None and math.prod(q_shape) != 1:
         if kinds[0] == "kv_blockscale":
-            raise ValueError("a per-token q descale goes with per-token-head (or one-element) K/V descales, not "
-                             "with KV block scales")
+            raise ValueError(f"a per-token `q_descale` {tuple(q_shape)} goes with per-token-head (or one-element) "
+                             "K/V descales, not KV block scales [num_pages, Hk]")
         return "per_token_head"
     return kinds[0]
 

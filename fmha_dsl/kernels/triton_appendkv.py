@@ -174,8 +174,9 @@ def constexprs(sig: dict, alg: dict | None = None) -> dict:
     if dtype not in DTYPES and dtype not in FP8_DTYPES:
         raise ValueError(f"the triton append-KV template takes dtype fp16, bf16, fp32 or fp8bf16, not {dtype!r}")
     if sig.get("qscale", "no") not in qscales_of(dtype, "fwd_appendkv"):
-        raise ValueError(f"the triton append-KV template takes qscale=pertensor or kv_blockscale with FP8 (fp8bf16) "
-                         f"and no qscale otherwise, not {sig.get('qscale')!r} with {dtype}")
+        kinds = " | ".join(qscales_of("fp8bf16", "fwd_appendkv"))
+        raise ValueError(f"the triton append-KV template takes qscale={kinds} with FP8 (fp8bf16) and no qscale "
+                         f"otherwise, not {sig.get('qscale')!r} with {dtype}")
     hq, hv = int(sig["hdim_q"]), int(sig["hdim_v"])
     if not (1 <= hq <= 256 and 1 <= hv <= 256):
         raise ValueError(f"head dims must be in 1..256, got {hq}, {hv}")

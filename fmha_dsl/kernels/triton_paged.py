@@ -295,8 +295,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                               dv_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
                               stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, stride_kds,
                               stride_vds, q_row, qk_scale, cap_scale, cap_log2, 0, False, CHECK_D, CHECK_DV, ALIBI,
-                              SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE,
-                              BLOCK_N, TMA, KV_VEC, KV_SCALE)
+                              SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE)
         acc, l_i, m_i, v_ref = _loop(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
                                      num_pages, slope2,
                               k_lo, (k_hi - k_lo) // BLOCK_N, lo, (a_end - lo) // BLOCK_N, b_end,
@@ -304,8 +303,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                               seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
                               stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, stride_kds,
                               stride_vds, q_row, qk_scale, cap_scale, cap_log2, 2, True, CHECK_D, CHECK_DV, ALIBI,
-                              SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE,
-                              BLOCK_N, TMA, KV_VEC, KV_SCALE)
+                              SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE)
     else:
         full = (seqlen_k // BLOCK_N) * BLOCK_N
         k_lo = full * 0
@@ -323,8 +321,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                               dv_ok, seqlen_q, seqlen_k, 0, -1, -1, 0,
                               stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, stride_kds,
                               stride_vds, q_row, qk_scale, cap_scale, cap_log2, 0, False, CHECK_D, CHECK_DV, ALIBI,
-                              SOFTCAP, False, IEEE, UPCAST_DOT,
-                              PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE)
+                              SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE)
         if t_lo < t_hi:  # the tail block, under a branch: a length that is a multiple of BLOCK_N pays nothing
             acc, l_i, m_i, v_ref = _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
                                           num_pages, slope2, t_lo, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok,
@@ -391,8 +388,8 @@ def constexprs(sig: dict, alg: dict) -> dict:
     if dtype not in DTYPES and not fp8:
         raise ValueError(f"the triton serving templates take dtype fp16, bf16, fp32 or fp8bf16, not {dtype!r}")
     if sig.get("qscale", "no") not in qscales_of(dtype):
-        raise ValueError(f"the triton paged template takes qscale=pertensor, kv_blockscale or per_token_head with "
-                         f"FP8 (fp8bf16) and no qscale otherwise, not qscale={sig.get('qscale')!r} with {dtype}")
+        raise ValueError(f"the triton paged template takes qscale={' | '.join(qscales_of('fp8bf16'))} with FP8 "
+                         f"(fp8bf16) and no qscale otherwise, not qscale={sig.get('qscale')!r} with {dtype}")
     hq, hv = int(sig["hdim_q"]), int(sig["hdim_v"])
     if not (1 <= hq <= 256 and 1 <= hv <= 256):
         raise ValueError(f"head dims must be in 1..256, got {hq}, {hv}")
