@@ -114,8 +114,12 @@ def _gap(flex) -> None:
 
 
 def main() -> None:
-    if not (len(sys.argv) in (2, 3) and sys.argv[1] in ("warm", "one") or sys.argv[1:] in (["kernels"], ["gap"])):
-        sys.exit("usage: python3 -P bench/profile_bwd.py warm|one [SEQLEN] | kernels | gap")
+    args = sys.argv[1:]
+    if not (args in (["kernels"], ["gap"]) or args[:1] in (["warm"], ["one"]) and len(args) <= 2
+            and all(a.isdigit() and int(a) > 0 for a in args[1:])):
+        print("usage: python3 -P bench/profile_bwd.py warm|one [SEQLEN] | kernels | gap  (SEQLEN: a positive integer)",
+              file=sys.stderr)
+        sys.exit(2)
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 

@@ -1,5 +1,5 @@
-"""bench/bench_fp8_serving.py and bench/probe_fp8_decode.py refuse malformed arguments before they touch a GPU:
-exit 2 with their usage, no traceback."""
+"""bench/bench_fp8_serving.py, bench/probe_fp8_decode.py and bench/profile_bwd.py refuse malformed arguments before
+they touch a GPU: exit 2 with their usage, no traceback."""
 
 import os
 import subprocess
@@ -15,6 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
                                                           "'decode,train'"),
     ("bench_fp8_serving.py", ["--parts", ""], "--parts takes decode, prefill"),
     ("probe_fp8_decode.py", ["32x8192", "3y4"], "usage: probe_fp8_decode.py [--fp8-only] [BxS ...]"),
+    ("profile_bwd.py", ["gaps"], "usage: python3 -P bench/profile_bwd.py warm|one [SEQLEN] | kernels | gap"),
+    ("profile_bwd.py", ["warm", "4k"], "SEQLEN: a positive integer"),
 ])
 def test_bad_arguments_exit_2_with_the_usage(script, args, says):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), *args], cwd=ROOT, capture_output=True,
