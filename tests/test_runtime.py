@@ -1231,25 +1231,33 @@ def test_plan_run_through_the_cuda_launcher(fake_cuda, torch, tmp_path):
     assert launch["values"][-2:] == [0, 0]
 
 
-def test_the_shipped_h200_table_matches_the_current_candidate_space():
+SHIPPED_DEVICES = ("NVIDIA H200", "NVIDIA H100 80GB HBM3")  # fmha_dsl/data/tuned/: one table per measured device
+
+
+@pytest.mark.parametrize("device", SHIPPED_DEVICES)
+def test_the_shipped_tables_match_the_current_candidate_space(device):
     """A shipped decision made under another template or candidate space would never be measured again on that
-    device: the shipped table must be regenerated (bench/device_run.sh default) whenever the fingerprint changes."""
+    device: the shipped table must be regenerated (bench/device_run.sh retune) whenever the fingerprint changes."""
     from fmha_dsl.runtime import autotune
 
     b = Builder()
-    stale = [k for k, r in autotune.shipped("sm90", "NVIDIA H200").items()
-             if r.get("space") != b.fingerprint(k.split(".")[0])]
-    assert not stale, f"{len(stale)} shipped decisions are stale: rerun the default (and backward) benchmarks"
+    got = autotune.shipped("sm90", device)
+    stale = [k for k, r in got.items() if r.get("space") != b.fingerprint(k.split(".")[0])]
+    assert len(got) > 50 and not stale, f"{len(stale)} shipped decisions are stale: run bench/device_run.sh retune"
 
 
-def test_the_shipped_h200_table_is_read_for_its_device_only():
-    """The decisions measured on an H200 ship with the package (data/tuned/) and are used on that device alone;
-    each names a key the dispatcher can rebuild, for the class its decision key describes."""
+@pytest.mark.parametrize("device", SHIPPED_DEVICES)
+def test_a_shipped_table_is_read_for_its_device_only(device):
+    """The decisions measured on an H200 and on an H100 ship with the package (data/tuned/) and each device's are
+    used on that device alone; each names a key the dispatcher can rebuild, for the class its decision key
+    describes."""
     from fmha_dsl.runtime import autotune
 
-    got = autotune.shipped("sm90", "NVIDIA H200")
+    got = autotune.shipped("sm90", device)
     assert len(got) > 50
-    assert autotune.shipped("sm90", "NVIDIA H100 80GB HBM3") == {} and autotune.shipped("gfx942", "NVIDIA H200") == {}
+    assert autotune.shipped("gfx942", device) == {} and autotune.shipped("sm90", device + " NVL") == {}
+    other = autotune.shipped("sm90", next(d for d in SHIPPED_DEVICES if d != device))
+    assert any(got[k]["kernel"] != other[k]["kernel"] for k in set(got) & set(other))  # measured, not copied
     b = Builder()
     for key, rec in got.items():
         e = b.entry_for(rec["sig"], rec["alg"], "sm90")
