@@ -7,11 +7,11 @@
   default path (first call compiles, times and records; the figure is the steady state after it), the best kernel
   of bench_fwd's prebuilt set (``--best-from``: re-times each shape's three fastest kernels of an earlier bench_fwd
   JSON through ``--build``, the ceiling), SDPA's flash (FA2), cuDNN and efficient backends.  The default path and
-  the best-in-set kernel are then timed again in turn (``--interleave`` rounds, A/B/A/B) and each row keeps the
-  median of each: the device's thermal state moves a kernel's time by up to 10 % with what ran just before it
-  (bench/probe_thermal.py), which two timings one after the other would charge to one side.  ``--regret``: also
-  times every first-use candidate of the shape, so that the default path's pick is compared with the exhaustive
-  best of its candidates.
+  the best-in-set kernel are then timed again in turn (``--interleave`` rounds, B/A then A/B, ...) and each row
+  keeps the median of each: the device's thermal state moves a kernel's time by up to 10 % with what ran just
+  before it (bench/probe_thermal.py), which two timings one after the other would charge to one side.  ``--regret``:
+  also times every first-use candidate of the shape, so that the default path's pick is compared with the
+  exhaustive best of its candidates.
 * padded: lengths that are not multiples of a tile (1000, 4095, 8191; a varlen batch of mixed lengths) and head dims
   that are not powers of two (80, 96, 192), each next to the nearest aligned shape through the same default path
   (head dims: the next power of two, counting the real head dim's FLOPs), with FA2 and cuDNN on both shapes
@@ -247,11 +247,13 @@ def prefill(args, save_cb):
 
 
 def _interleaved(row, runs: dict, rounds: int, flops: float) -> None:
-    """Time ``runs`` (row keys -> callables) in turn, ``rounds`` times, after their first timings; each row entry's
-    time becomes the median of its timings (all of them kept under ``"interleaved"``)."""
+    """Time ``runs`` (row keys -> callables) in turn, ``rounds`` times, after their first timings (taken in
+    ``runs``' order); the order flips every round (A B, then B A, A B, ...: the first timings and the rounds make
+    ABBA sequences, so that a drift of the device's clocks during the row charges both sides alike); each row
+    entry's time becomes the median of its timings (all of them kept under ``"interleaved"``)."""
     ms = {n: [row[n]["ms"]] for n in runs}
-    for _ in range(rounds):
-        for n, fn in runs.items():
+    for i in range(rounds):
+        for n, fn in (reversed(runs.items()) if i % 2 == 0 else runs.items()):
             ms[n].append(_bench(fn))
     for n, ts in ms.items():
         row[n]["ms"] = statistics.median(ts)

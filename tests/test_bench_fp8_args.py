@@ -1,5 +1,5 @@
-"""bench/bench_fp8_serving.py, bench/probe_fp8_decode.py and bench/profile_bwd.py refuse malformed arguments before
-they touch a GPU: exit 2 with their usage, no traceback."""
+"""bench/bench_fp8_serving.py, bench/probe_fp8_decode.py, bench/profile_bwd.py and bench/probe_route.py refuse
+malformed arguments before they touch a GPU: exit 2 with their usage, no traceback."""
 
 import os
 import subprocess
@@ -17,6 +17,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("probe_fp8_decode.py", ["32x8192", "3y4"], "usage: probe_fp8_decode.py [--fp8-only] [BxS ...]"),
     ("profile_bwd.py", ["gaps"], "usage: python3 -P bench/profile_bwd.py warm|one [SEQLEN] | kernels | gap"),
     ("profile_bwd.py", ["warm", "4k"], "SEQLEN: a positive integer"),
+    ("probe_route.py", ["bf16,64,causal"], "expected DTYPE,D,MASK,SEQLEN (e.g. bf16,64,causal,16384)"),
+    ("probe_route.py", ["fp8,64,full,1024"], "DTYPE is one of bf16, fp16"),
+    ("probe_route.py", ["bf16,64,top_left,1024"], "MASK is one of full, causal"),
+    ("probe_route.py", ["bf16,64,full,16k"], "SEQLEN is a positive integer up to 16384"),
+    ("probe_route.py", ["--rounds", "0"], "--rounds: at least 1"),
 ])
 def test_bad_arguments_exit_2_with_the_usage(script, args, says):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), *args], cwd=ROOT, capture_output=True,
