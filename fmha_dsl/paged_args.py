@@ -288,13 +288,19 @@ def descales(dname, given, dev, pages, first=0, page=None, tokens=None):
                             if i and page is not None else "")
                          + (f" or torch.full(({tokens[0]}, {tokens[1]}), s, device='{where}')"
                             if not i and tokens is not None and page is not None else ""))
-    try:   # (one decision of the kind, the kernels' and the interpreter harness's: paged_abi.descale_kind)
-        qscale = descale_kind(given[0].shape if first == 0 else None, given[1].shape, given[2].shape)
+    return tuple(given), qscale_of(given[0].shape if first == 0 else None, given[1].shape, given[2].shape)
+
+
+def qscale_of(q_shape, k_shape, v_shape) -> str:
+    """The FP8 ``qscale`` that descales of these shapes make (``q_shape`` None: an append's, none), for the torch
+    and the NumPy paths alike: the kernels' and the interpreter harness's one decision, paged_abi.descale_kind,
+    its refusals as located usage errors."""
+    try:
+        return descale_kind(q_shape, k_shape, v_shape)
     except ValueError as exc:
         raise _usage("usage.value", str(exc), "pass K's and V's descales in one form; a [Tq, Hq] q_descale goes with "
                      "one-element or per-token K/V descales") from None
-    return tuple(given), qscale
 
 
 __all__ = ["int_tensor", "tables", "sequences", "check_tables_on_host", "host_values", "cache_pair", "max_len",
-           "rotary_tables", "caller", "named", "descales", "append_descales"]
+           "rotary_tables", "caller", "named", "descales", "append_descales", "qscale_of"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .attention_args import _usage
 from .errors import UsageError
-from .paged_args import named
+from .paged_args import named, qscale_of
 
 
 def paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal, window,
@@ -62,15 +62,7 @@ def _descales(descales, names=("q_descale", "k_descale", "v_descale")):
                          + f", got {type(d).__name__}" + ("" if a is None else f" of shape {a.shape}"),
                          "pass floats" + (" (or arrays of them, as above)" if alts else ""))
         out.append(a if a.size != 1 else float(a.reshape(-1)[0]))   # ([[s]]: one number, per tensor)
-    kinds = {name: np.ndim(d) for name, d in zip(names, out) if name != "q_descale"}
-    if len(set(kinds.values())) > 1:
-        raise _usage("usage.value", "`k_descale` and `v_descale` must be of one kind: both numbers (per tensor), both "
-                     "[num_pages, Hk] arrays (KV block scales) or both [num_pages, page_size, Hk] ones (per token)",
-                     "pass the V scales in the K scales' form")
-    if attention and np.ndim(out[0]) == 2 and kinds["k_descale"] == 2:
-        raise _usage("usage.value", "a [Tq, Hq] `q_descale` (per token and head) goes with per-token-head (or one "
-                     "number) K/V descales, not KV block scales [num_pages, Hk]",
-                     "pass a number for q_descale, or K/V descales per token")
+    qscale_of(np.shape(out[0]) if attention else None, *(np.shape(d) for d in out[-2:]))   # the torch path's check
     return tuple(out)
 
 

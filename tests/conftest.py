@@ -30,6 +30,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="module")
+def interp_worker():
+    """A worker process running Triton's CPU interpreter, one per harness test module (tests/interpreted.py)."""
+    from interpreted import interpreter_worker
+
+    with interpreter_worker() as ex:
+        yield ex
+
+
 @pytest.fixture
 def write(tmp_path):
     def _write(name, text):

@@ -1,6 +1,9 @@
-"""A script run under Triton's CPU interpreter in a fresh process, for the end-to-end tests of the torch path
-(imported by test modules; not a test module)."""
+"""Triton's CPU interpreter for the tests (imported by test modules; not a test module): a script run in a fresh
+process, for the end-to-end tests of the torch path, and the worker process the kernel harnesses run in."""
 
+import concurrent.futures as cf
+import contextlib
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -18,3 +21,46 @@ def run_interpreted(script: str, marker: str, timeout: int = 600) -> str:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     assert marker in out.stdout, out.stdout[-3000:]
     return out.stdout
+
+
+# a harness test that also runs with the unreadable page before each input (a read before an input's start faults)
+both_guard_sides = pytest.mark.parametrize("interp", ("end", "start"), indirect=True)
+
+
+def _nothing():
+    return None
+
+
+@contextlib.contextmanager
+def interpreter_worker():
+    """A one-process pool whose worker runs with ``TRITON_INTERPRET=1`` (the flag must be set before triton is
+    imported, and the test process keeps a compiling triton for the ahead-of-time checks)."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"  # inherited by the worker spawned on the first submit
+    try:
+        ex = cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        ex.submit(_nothing).result()
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+    try:
+        yield ex
+    finally:
+        ex.shutdown()
+
+
+def harness_runner(ex, request, harness):
+    """``run(*args, **kw)``: ``harness(*args, **kw)`` in worker ``ex``, its read-only inputs guarded on the side a
+    test asks for (``@pytest.mark.parametrize("interp", GUARD_SIDES, indirect=True)``), else on the side
+    ``FMHA_TEST_GUARD_SIDE`` names (``start`` runs every harness test with the unreadable page before each input),
+    else after their end."""
+    from fmha_dsl.kernels.fwd_interpret import run_guarded
+
+    side = getattr(request, "param", None) or os.environ.get("FMHA_TEST_GUARD_SIDE", "end")
+
+    def run(*args, **kw):
+        return ex.submit(run_guarded, side, harness, *args, **kw).result()
+
+    return run

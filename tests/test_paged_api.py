@@ -299,8 +299,8 @@ def test_numpy_fp8_descales_are_numbers():
     q = np.zeros((2, 4, 16), np.float32)
     for kw2, match in ((dict(q_descale="a", k_descale=1.0, v_descale=1.0), "on NumPy inputs `q_descale` is a number"),
                        (dict(q_descale=np.ones((2, 4)), k_descale=np.ones((6, 2)), v_descale=np.ones((6, 2))),
-                        "a \\[Tq, Hq\\] `q_descale` \\(per token and head\\) goes with per-token-head \\(or one "
-                        "number\\) K/V descales, not KV block scales"),
+                        "a per-token `q_descale` \\(2, 4\\) goes with per-token-head \\(or one-element\\) K/V "
+                        "descales, not KV block scales"),
                        (dict(q_descale=np.ones((2, 2)), k_descale=1.0, v_descale=1.0),
                         "`q_descale` must be one number or \\[Tq, Hq\\] = \\[2, 4\\] .* got shape \\(2, 2\\)"),
                        (dict(q_descale=np.ones((2, 2)), k_descale=np.ones((6, 4, 2)), v_descale=np.ones((6, 4, 2))),

@@ -5,14 +5,13 @@ The three stages run under TRITON_INTERPRET=1 in one spawned worker process, exa
 produce (windows, sinks, bottom-right corners, partial blocks) is exercised.  The reference runs in float64 on the
 same (rounded) inputs; the forward's out and LSE come from the reference too."""
 
-import concurrent.futures as cf
-import multiprocessing
-import os
 
 import numpy as np
 import pytest
 
 pytest.importorskip("triton")
+
+from interpreted import both_guard_sides, harness_runner  # noqa: E402
 
 from fmha_dsl.reference import attention_fwd  # noqa: E402
 from fmha_dsl.reference_bwd import attention_bwd  # noqa: E402
@@ -21,27 +20,11 @@ TOL = {"fp32": 2e-4, "fp16": 2e-2, "bf16": 1.5e-1}
 NP = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32}
 
 
-@pytest.fixture(scope="module")
-def interp():
+@pytest.fixture
+def interp(interp_worker, request):
     from fmha_dsl.kernels import bwd_interpret
 
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        ex = cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        z = np.zeros((1, 1, 1, 16), np.float32)
-        ex.submit(bwd_interpret.run_interpreted_bwd, z, z, z, z, np.zeros((1, 1, 1), np.float32), z).result()
-    finally:
-        if old is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-
-    def run(*a, **kw):
-        return ex.submit(bwd_interpret.run_interpreted_bwd, *a, **kw).result()
-
-    yield run
-    ex.shutdown()
+    return harness_runner(interp_worker, request, bwd_interpret.run_interpreted_bwd)
 
 
 def _round(dtype, x):
@@ -148,6 +131,7 @@ def test_bias_gradient_matches_the_reference(interp, bshape):
     check(interp, "fp32", q, k, v, do, bias=bias, causal=True)
 
 
+@both_guard_sides
 def test_group_mode_with_empty_sequences_matches_the_reference(interp):
     lens_q, lens_k = [5, 0, 37, 16, 9], [21, 7, 50, 0, 9]
     q, k, v, do = make("fp32", Hq=4, Hk=2, group=(lens_q, lens_k))
@@ -168,6 +152,7 @@ def test_group_mode_bias_gradient(interp):
 
 
 @pytest.mark.parametrize("pipeline", ["bwd_async", "bwd_trload"])
+@both_guard_sides
 def test_group_mode_without_a_mask_checks_only_the_partial_blocks(interp, pipeline):
     # whole query blocks run unchecked, the partial ones (and every block of a partial key block) checked: lengths
     # that are multiples of the tile, partial ones, and empty sequences on either side
@@ -212,6 +197,7 @@ def test_deterministic_features_match_the_reference(interp, name):
     check(interp, "fp32", *make("fp32", **shape), deterministic=True, **kw)
 
 
+@both_guard_sides
 def test_deterministic_group_mode_with_bias(interp):
     lens_q, lens_k = [5, 0, 30], [21, 7, 0]
     q, k, v, do = make("fp32", group=(lens_q, lens_k))
@@ -241,6 +227,7 @@ def test_deterministic_dq_is_stored_in_the_input_dtype(interp, dtype):
                                 {"deterministic": True, "causal": "bottom_right", "Sq": 45, "Sk": 50},
                                 {"deterministic": True, "Hq": 4, "Hk": 2, "Sk": 40, "window": (9, 3)}],
                          ids=["plain", "causal", "gqa-window", "det-causal-partial", "det-gqa-window"])
+@both_guard_sides
 def test_tma_pipeline_matches_the_reference(interp, kw):
     kw = dict(kw)
     shape = {k: kw.pop(k) for k in ("Hq", "Hk", "Sq", "Sk") if k in kw}

@@ -6,10 +6,7 @@ tiny and blocks 16x16 so that every loop range (sink / masked / unmasked / tail)
 reference runs in float64 on the same (rounded) inputs.
 """
 
-import concurrent.futures as cf
 import math
-import multiprocessing
-import os
 import re
 import time
 
@@ -18,34 +15,20 @@ import pytest
 
 pytest.importorskip("triton")
 
+from interpreted import both_guard_sides, harness_runner  # noqa: E402
+
 from fmha_dsl.reference import attention_fwd  # noqa: E402
 
 TOL = {"fp32": 2e-5, "fp16": 2.5e-3, "bf16": 2e-2}
 NP = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32}
 
 
-@pytest.fixture(scope="module")
-def interp():
+@pytest.fixture
+def interp(interp_worker, request):
     """``run(q, k, v, **kw) -> (out, lse)`` executed by the interpreter in a worker process."""
     from fmha_dsl.kernels import fwd_interpret
 
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"  # inherited by the worker spawned on the first submit
-    try:
-        ex = cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        z = np.zeros((1, 1, 1, 16), np.float32)  # imports triton in the worker
-        ex.submit(fwd_interpret.run_interpreted, z, z, z).result()
-    finally:
-        if old is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-
-    def run(q, k, v, **kw):
-        return ex.submit(fwd_interpret.run_interpreted, q, k, v, **kw).result()
-
-    yield run
-    ex.shutdown()
+    return harness_runner(interp_worker, request, fwd_interpret.run_interpreted)
 
 
 def _bf16(x):
@@ -186,6 +169,7 @@ def test_large_logits_either_sign_of_scale(interp, scale, causal, sk):
     assert np.isfinite(out).all() and np.isfinite(l).all()
 
 
+@both_guard_sides
 def test_seqlen_zero_batch(interp):
     q, k, v = make("fp16", Sq=0, Sk=20)
     out, l = interp(q, k, v)
@@ -208,6 +192,7 @@ GROUP = ([5, 0, 33, 12], [7, 20, 40, 0])  # an empty query sequence and an empty
     ("fp32", dict(window=(6, 2), sink=2, alibi=True, softcap=4.0)),
     ("fp16", dict(causal=True, bias=True, vlayout="c", Hk=1)),
 ])
+@both_guard_sides
 def test_group_mode(interp, dtype, spec):
     spec = dict(spec)
     Hk = spec.pop("Hk", 2)
@@ -272,6 +257,7 @@ def test_forced_padding_flags(interp):
     check(interp, "fp16", q, k, v, causal=True, pad=(1, 1, 1, 1), hdim_q=64, hdim_v=64)
 
 
+@both_guard_sides
 def test_random_configurations(interp):
     """Random mixes of every flag on odd sizes (deterministic)."""
     rng = np.random.default_rng(2024)
@@ -396,6 +382,7 @@ def test_aot_compile(tmp_path, monkeypatch, target, opts):
 
 
 @pytest.mark.parametrize("sq,sk", [(48, 56), (40, 40), (56, 31)])
+@both_guard_sides
 def test_window_edges(interp, sq, sk):
     """Windows whose edges fall on, just before and just after key-block boundaries (BLOCK 16): the
     split into masked and unmasked key blocks must be exact (bottom-right windows, and top-left ones
@@ -445,6 +432,7 @@ def test_partial_key_block_in_each_masked_range(interp):
     (5, 15, dict(causal="bottom_right", Hq=4, Hk=2)),          # the partial block is the first block (GQA)
     (31, 17, dict(window=(-1, 0), num_splits=2, Hq=2, Hk=1)),
 ])
+@both_guard_sides
 def test_padded_reads_stay_inside_the_sequence(interp, sq0, sk0, kw):
     """Group mode with a second sequence whose Q, K and V are all NaN: the first sequence's rows stay exact, so no
     load of a padded block (the partial key block, Q rows past the sequence) reads the next sequence's rows."""
@@ -514,6 +502,7 @@ def _group_mode_with_and_without_splits(interp, hq, hk, pipeline):
         assert (out[38:50] == 0).all() and np.isneginf(l[:, 38:50]).all()
 
 
+@both_guard_sides
 def test_tma_descriptors_group_mode_and_split(interp):
     _group_mode_with_and_without_splits(interp, 2, 1, "qr_async_trload")
 
@@ -560,6 +549,7 @@ def test_split_kv_low_precision(interp, dtype):
     check(interp, dtype, q, k, v, num_splits=4, block_n=32, **kw)
 
 
+@both_guard_sides
 def test_split_kv_group_mode(interp):
     q, k, v = make("fp16", Hq=2, Hk=1, Dq=24, Dv=40, group=GROUP)
     cq = np.concatenate([[0], np.cumsum(GROUP[0])]).astype(np.int32)
@@ -600,6 +590,7 @@ def test_gqa_packed_decode_shapes(interp, sq):
         check(interp, "fp16", q, k, v, pipeline="qr_nwarp_sshuffle", num_splits=splits, block_m=16, **kw)
 
 
+@both_guard_sides
 def test_gqa_packed_group_mode(interp):
     _group_mode_with_and_without_splits(interp, 4, 2, "qr_nwarp_sshuffle")
 

@@ -5,43 +5,25 @@ is imported).  Caches are built from random pages scattered over the cache (a sh
 sequence), small blocks (16 x 16) so that every loop range runs; the reference runs on the same rounded inputs.
 """
 
-import concurrent.futures as cf
-import multiprocessing
-import os
 
 import numpy as np
 import pytest
 
 pytest.importorskip("triton")
 
+from interpreted import both_guard_sides, harness_runner  # noqa: E402
+
 from fmha_dsl.reference_paged import append_kv, linear_caches, paged_attention, vectorized_caches  # noqa: E402
 
 TOL = {"fp32": 2e-5, "fp16": 2.5e-3, "bf16": 2e-2}
 
 
-@pytest.fixture(scope="module")
-def interp():
+@pytest.fixture
+def interp(interp_worker, request):
     """``call(name, *args, **kw)``: ``fmha_dsl.kernels.paged_interpret.<name>`` run in a worker process."""
     from fmha_dsl.kernels import paged_interpret
 
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        ex = cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        ex.submit(paged_interpret.run_interpreted_paged, np.zeros((0, 1, 16), np.float32),
-                  np.zeros((1, 1, 1, 16), np.float32), np.zeros((1, 1, 1, 16), np.float32), seqlens_k=[0],
-                  cu_seqlens_q=[0, 0], block_table=np.zeros((1, 1), np.int32)).result()
-    finally:
-        if old is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-
-    def call(name, *args, **kw):
-        return ex.submit(getattr(paged_interpret, name), *args, **kw).result()
-
-    yield call
-    ex.shutdown()
+    return lambda name, *args, **kw: harness_runner(interp_worker, request, getattr(paged_interpret, name))(*args, **kw)
 
 
 def _round(x, dtype):
@@ -104,6 +86,7 @@ LENS_Q, LENS_K = [3, 5, 0, 1, 9], [10, 37, 5, 0, 64]
 
 @pytest.mark.parametrize("page", [1, 4, 16, 32])
 @pytest.mark.parametrize("form", ["vllm", "sglang"])
+@both_guard_sides
 def test_both_table_forms_and_page_sizes_smaller_and_larger_than_a_key_block(interp, page, form):
     check_paged(interp, LENS_Q, LENS_K, page=page, form=form, causal="bottom_right")
     check_paged(interp, LENS_Q, LENS_K, page=page, form=form, seed=1)
@@ -143,6 +126,7 @@ def test_hnd_cache_through_strides_and_packed_gqa(interp):
     check_paged(interp, [2, 3, 1], [40, 5, 17], hq=8, hk=2, run={"pipeline": "qr_nwarp_sshuffle"}, window=(6, 0))
 
 
+@both_guard_sides
 def test_page_ids_outside_the_cache_are_clamped_not_read_out_of_bounds(interp):
     kc, vc, tab = cache([40, 20], 16, 1, 16)
     bt = tab["block_table"].copy()
@@ -188,6 +172,7 @@ def test_append_kv_writes_each_sequences_rows_with_rope(interp, rope, form, page
         assert np.abs(got - want).max() < 1e-5
 
 
+@both_guard_sides
 def test_append_kv_never_writes_outside_the_table(interp):
     kc, vc, tab = cache([14], 4, 1, 16, extra=[2])      # 4 pages for 16 tokens
     kn = np.ones((6, 1, 16), np.float32)
@@ -208,6 +193,7 @@ def test_the_tma_pipeline_reads_whole_pages_through_descriptors(interp, page, fo
 @pytest.mark.parametrize("pipeline,run", [("qr_async", {}), ("qr_async_trload", {}), ("qr_async", {"vectorized": True}),
                                           ("qr_async", {"vectorized": True, "block_n": 32}),
                                           ("qr_nwarp_sshuffle", {"vectorized": True, "num_splits": 2})])
+@both_guard_sides
 def test_slots_past_a_sequence_may_hold_anything(interp, pipeline, run):
     """The unused rows of a sequence's last page (never written, recycled memory) are NaN here: they must not reach
     the result (the TMA pipeline loads whole blocks and zeroes those V rows; the vectorized layout reads a page's
@@ -235,6 +221,7 @@ def test_slots_past_a_sequence_may_hold_anything(interp, pipeline, run):
 
 @pytest.mark.parametrize("page,form,dtype", [(4, "vllm", "fp32"), (16, "sglang", "fp32"), (32, "vllm", "fp32"),
                                              (8, "sglang", "fp16"), (64, "vllm", "bf16")])
+@both_guard_sides
 def test_cks_vectorized_layout(interp, page, form, dtype):
     """K [P, Hk, D / x, page, x] and V [P, Hk, page / x, Dv, x] (x: 16 bytes of the dtype): pages smaller and larger
     than a key block, prefill under masks and split-KV decode with packed GQA rows, head dims 40 / 24."""
@@ -488,6 +475,7 @@ TOKEN_CASES = {
 
 
 @pytest.mark.parametrize("name", list(TOKEN_CASES))
+@both_guard_sides
 def test_fp8_per_token_head_scales(interp, name):
     """CK's per_token_head scales: K/V descales [num_pages, page_size, Hk], each cached token's key and value of a
     head scaled by its own (NaN in every slot no sequence reads: a kernel that read one would show it), q's one per
@@ -523,23 +511,31 @@ def test_fp8_per_token_head_scales(interp, name):
     _fp8_run_matches(interp, q, kc, vc, lens_k, cq, tab, kw, run, ds, flat, want, wlse)
 
 
-def test_the_harness_inputs_end_at_an_unreadable_page():
+@pytest.mark.parametrize("side", ["end", "start"])
+def test_the_harness_inputs_sit_next_to_an_unreadable_page(side):
     """The interpreter harness's read-only inputs (``guarded``) hold the same values and fault on a read one element
-    past their end -- what makes a kernel's out-of-bounds read fail here instead of reading a neighbour's memory;
-    strided views come back as they are (their strides are the kernel's)."""
+    past their end -- or, within ``guard_side("start")``, one element before their start -- which makes a kernel's
+    out-of-bounds read fail here instead of reading a neighbour's memory; strided views come back as they are (their
+    strides are the kernel's); a side that is neither is refused."""
     import subprocess
     import sys
 
-    from fmha_dsl.kernels.fwd_interpret import guarded
+    from fmha_dsl.kernels.fwd_interpret import guard_side, guarded
 
     a = np.arange(10, dtype=np.float32)
-    g = guarded(a)
+    with guard_side(side):
+        g = guarded(a)
+        strided = np.arange(20, dtype=np.float32)[::2]
+        assert guarded(strided) is strided
     assert np.array_equal(g, a) and g.flags.c_contiguous
-    strided = np.arange(20, dtype=np.float32)[::2]
-    assert guarded(strided) is strided
-    script = ("import ctypes, numpy as np\nfrom fmha_dsl.kernels.fwd_interpret import guarded\n"
-              "g = guarded(np.arange(10, dtype=np.float32))\n"
-              "print(ctypes.c_float.from_address(g.ctypes.data + 36).value, flush=True)\n"
-              "print(ctypes.c_float.from_address(g.ctypes.data + 40).value, flush=True)\n")
+    with pytest.raises(ValueError, match="guard side: one of end, start, got 'middle'"):
+        with guard_side("middle"):
+            pass
+    inside, outside = (36, 40) if side == "end" else (0, -4)
+    script = ("import ctypes, numpy as np\nfrom fmha_dsl.kernels.fwd_interpret import guard_side, guarded\n"
+              f"with guard_side({side!r}):\n    g = guarded(np.arange(10, dtype=np.float32))\n"
+              f"print(ctypes.c_float.from_address(g.ctypes.data + {inside}).value, flush=True)\n"
+              f"print(ctypes.c_float.from_address(g.ctypes.data + {outside}).value, flush=True)\n")
     got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert got.stdout.split() == ["9.0"] and got.returncode != 0, (got.returncode, got.stdout, got.stderr[-500:])
+    want = "9.0" if side == "end" else "0.0"
+    assert got.stdout.split() == [want] and got.returncode != 0, (got.returncode, got.stdout, got.stderr[-500:])

@@ -8,13 +8,19 @@ tensor :class:`_Shim` and the bf16 helpers are shared with the other harnesses (
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 from .fwd_host import ARGS, constexprs, grid, pack_args
 from .interpret_args import dtype_of, mask_args
 from .triton_fwd import fmha_fwd
 
-__all__ = ["run_interpreted", "bf16_round", "guarded"]
+__all__ = ["run_interpreted", "bf16_round", "guarded", "guard_side", "run_guarded", "GUARD_SIDES"]
+
+
+_GUARD_SIDE = contextvars.ContextVar("fmha_dsl_guard_side", default="end")
+GUARD_SIDES = ("end", "start")
 
 
 @functools.lru_cache(maxsize=None)
@@ -24,10 +30,33 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
+@contextlib.contextmanager
+def guard_side(side: str):
+    """Within this block :func:`guarded` puts the unreadable page before each input's first byte (``"start"``:
+    reads before an input fault) instead of after its last (``"end"``, the default: reads past it fault).  One
+    side at a time: an input is page-aligned at one end only, the other end shares a page with the mapping's
+    slack."""
+    if side not in GUARD_SIDES:
+        raise ValueError(f"guard side: one of {', '.join(GUARD_SIDES)}, got {side!r}")
+    token = _GUARD_SIDE.set(side)
+    try:
+        yield
+    finally:
+        _GUARD_SIDE.reset(token)
+
+
+def run_guarded(side: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` within :func:`guard_side` ``(side)`` (module level, so that a test's worker process
+    can be handed it)."""
+    with guard_side(side):
+        return fn(*args, **kwargs)
+
+
 def guarded(arr):
-    """A copy of read-only input ``arr`` whose last byte is followed by an unreadable page, so that a kernel that
-    reads past its end under the interpreter (which reads raw host addresses) faults instead of reading a neighbour's
-    memory.  Arrays that are not C-contiguous (their strides are the kernel's) or empty come back as they are."""
+    """A copy of read-only input ``arr`` next to an unreadable page, so that a kernel that reads outside it under
+    the interpreter (which reads raw host addresses) faults instead of reading a neighbour's memory: after its last
+    byte, or before its first within :func:`guard_side` ``("start")``.  Arrays that are not C-contiguous (their
+    strides are the kernel's) or empty come back as they are."""
     import ctypes
     import mmap
 
@@ -39,10 +68,13 @@ def guarded(arr):
     pages = -(-arr.nbytes // page)
     m = mmap.mmap(-1, (pages + 1) * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     base = ctypes.addressof(ctypes.c_char.from_buffer(m))
-    if _libc().mprotect(ctypes.c_void_p(base + pages * page), ctypes.c_size_t(page), 0) != 0:   # PROT_NONE
+    start = _GUARD_SIDE.get() == "start"
+    fence = 0 if start else pages * page
+    if _libc().mprotect(ctypes.c_void_p(base + fence), ctypes.c_size_t(page), 0) != 0:   # PROT_NONE
         return arr
     buf = np.frombuffer(m, dtype=np.uint8)   # (holds the mapping alive)
-    out = buf[pages * page - arr.nbytes: pages * page].view(arr.dtype).reshape(arr.shape)
+    first = page if start else pages * page - arr.nbytes
+    out = buf[first: first + arr.nbytes].view(arr.dtype).reshape(arr.shape)
     out[...] = arr
     return out
 
