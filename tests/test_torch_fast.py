@@ -408,7 +408,7 @@ def test_split_kv_plans_replay_both_launches_with_their_workspace(fp):
     """A split-KV plan: the split kernel into a fresh fp32 workspace with the call's split count, then the combine
     kernel into out -- slot by slot what runtime/plan.py's SplitLaunch launches for the same call."""
     d_split, d_comb, disp, kern = FakeDriver(len(KINDS)), FakeDriver(len(COMBINE_KINDS)), Disp(), Kernel()
-    b, hq, hk, sq, dv, n0, cus, limit, block_dv = 2, 4, 2, 1, 32, 64, 8, 64, 32
+    b, hq, hk, sq, n0, cus, limit, block_dv = 2, 4, 2, 1, 64, 8, 64, 32
     heads, gx = hk, 1  # GQA-packed: one program per K/V head
     sl = SplitLaunch(None, 16, n0, block_dv, cus, 2)
     q, k, v = qkv(b=b, hq=hq, hk=hk, sq=sq, sk=1000)
