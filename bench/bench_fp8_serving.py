@@ -98,48 +98,40 @@ def _line(r: dict, unit: str, copy=None) -> str:
             + " / ".join(f"{r['rel_err' + x]:.3f}" for x in FP8_KINDS.values()))
 
 
-def row(b: int, s: int) -> dict:
+def _timed_calls(b: int, sq: int, s: int, page: int, out: dict, figure, **kw) -> dict:
+    """``out`` with every call of :func:`fp8_calls` timed on one problem: ``b`` sequences of ``sq`` queries over their
+    ``s`` cached keys (bf16 values, pages of ``page`` scattered at random), first calls checked, ``figure(name, ms)``
+    per call and the speed-ups over bf16."""
     import torch
     from bench_serving import _bench, paged_copy
 
     g = torch.Generator(device="cuda").manual_seed(0)
     k, v = (torch.randn(b, HK, s, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    kc, vc, bt, _, _ = paged_copy(k, v, PAGE)
+    kc, vc, bt, _, _ = paged_copy(k, v, page)
     del k, v
-    q = torch.randn(b, HQ, D, generator=g, device="cuda", dtype=torch.bfloat16)
-    kw = dict(block_table=bt, seqlens_k=torch.full((b,), s, dtype=torch.int32, device="cuda"),
-              cu_seqlens_q=torch.arange(b + 1, dtype=torch.int32, device="cuda"), max_seqlen_q=1, max_seqlen_k=s)
+    q = torch.randn(b * sq, HQ, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    kw.update(block_table=bt, seqlens_k=torch.full((b,), s, dtype=torch.int32, device="cuda"),
+              cu_seqlens_q=torch.arange(b + 1, dtype=torch.int32, device="cuda") * sq, max_seqlen_q=sq,
+              max_seqlen_k=s)
     calls = fp8_calls(q, kc, vc, kw)
-    out = {"batch": b, "seqlen_k": s}
     _first_calls(calls, out)
     for name, fn in calls.items():
-        ms = _bench(fn)
-        out[name] = {"us": ms * 1e3, "gbs": 2 * b * s * HK * D * (2 if name == "bf16" else 1) / ms / 1e6}
+        out[name] = figure(name, _bench(fn))
     _speedups(out)
     return out
+
+
+def row(b: int, s: int) -> dict:
+    """Decode: ``b`` sequences of one query over ``s`` keys; bytes of K and V read per second."""
+    return _timed_calls(b, 1, s, PAGE, {"batch": b, "seqlen_k": s}, lambda name, ms: {
+        "us": ms * 1e3, "gbs": 2 * b * s * HK * D * (2 if name == "bf16" else 1) / ms / 1e6})
 
 
 def prefill_row(s: int, page: int = PAGE) -> dict:
-    import torch
-    from bench_serving import _bench, paged_copy
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    k, v = (torch.randn(1, HK, s, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    kc, vc, bt, _, _ = paged_copy(k, v, page)
-    del k, v
-    q = torch.randn(s, HQ, D, generator=g, device="cuda", dtype=torch.bfloat16)
-    kw = dict(block_table=bt, seqlens_k=torch.tensor([s], dtype=torch.int32, device="cuda"),
-              cu_seqlens_q=torch.tensor([0, s], dtype=torch.int32, device="cuda"), max_seqlen_q=s, max_seqlen_k=s,
-              causal=True)
-    calls = fp8_calls(q, kc, vc, kw)
-    out = {"seqlen": s, "page": page}
-    _first_calls(calls, out)
+    """Prefill: one causal sequence of ``s`` queries over its ``s`` keys; TFLOP/s."""
     flops = 4 * HQ * s * s * D / 2
-    for name, fn in calls.items():
-        ms = _bench(fn)
-        out[name] = {"us": ms * 1e3, "tflops": flops / ms / 1e9}
-    _speedups(out)
-    return out
+    return _timed_calls(1, s, s, page, {"seqlen": s, "page": page},
+                        lambda name, ms: {"us": ms * 1e3, "tflops": flops / ms / 1e9}, causal=True)
 
 
 def main() -> None:

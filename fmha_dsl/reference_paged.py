@@ -152,10 +152,11 @@ def _kv_descale(name: str, d, num_pages: int, hk: int, divides: bool = False, pa
         raise _usage("usage.shape", f"`{name}` must be [num_pages, Hk] = [{num_pages}, {hk}] (one per page and K/V "
                      f"head of the cache){tokens} or one number (per tensor), got shape {a.shape}",
                      "num_pages, page_size and Hk are the cache's")
-    if divides and not np.all(np.isfinite(a) & (a != 0)):
+    bad = ~(np.isfinite(a) & (a != 0)) if divides else None
+    if divides and bad.any():
         at = ""
         if a.size != 1:  # the first bad [page, head]
-            idx = tuple(int(i) for i in np.argwhere(~(np.isfinite(a) & (a != 0)))[0])
+            idx = tuple(int(i) for i in np.argwhere(bad)[0])
             at, a = f"[{', '.join(map(str, idx))}]", a[idx]
         raise _usage("usage.value", f"`{name}{at}` divides the new rows into the FP8 cache: it must be finite and "
                      f"nonzero, got {float(a.reshape(-1)[0])}", "the scale the cache's values are multiplied by "

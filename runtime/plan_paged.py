@@ -50,11 +50,12 @@ def pack_call(q, k_cache, v_cache, out, lse, *, lookup: str, seqlens_k, cu_seqle
                            *descales))
     wl, wr = (-1, -1) if window is None else window
     num_pages, _, hk, _, dv, ks, vs = geometry(k_cache, v_cache)
+    given = _shape_strides(*descales)
     return paged_abi.pack(ptrs, q.stride()[:2], ks, vs, out.stride(), None if lse is None else lse.stride(),
                           tb_stride, None if alibi_slopes is None else alibi_strides(alibi_slopes), q.shape[1], hk,
                           q.shape[2], dv, max_seqlen_q, max_seqlen_k, num_pages, width, scale, softcap, wl, wr,
-                          int(bool(bottom_right)), int(sink), _descale_strides(*descales[1:]),
-                          paged_abi.token_strides(*_shape_strides(*descales)))
+                          int(bool(bottom_right)), int(sink), paged_abi.descale_strides(*given[1:]),
+                          paged_abi.token_strides(*given))
 
 
 def layout_of(k_cache) -> str:

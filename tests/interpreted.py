@@ -53,7 +53,7 @@ def interpreter_worker():
 
 def harness_runner(ex, request, harness):
     """``run(*args, **kw)``: ``harness(*args, **kw)`` in worker ``ex``, its read-only inputs guarded on the side a
-    test asks for (``@pytest.mark.parametrize("interp", GUARD_SIDES, indirect=True)``), else on the side
+    test asks for (:data:`both_guard_sides`: the ``interp`` fixture parametrized indirectly), else on the side
     ``FMHA_TEST_GUARD_SIDE`` names (``start`` runs every harness test with the unreadable page before each input),
     else after their end."""
     from fmha_dsl.kernels.fwd_interpret import run_guarded
