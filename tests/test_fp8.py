@@ -182,3 +182,22 @@ def test_numpy_kv_block_scales_scale_each_page_and_head():
                        cu_seqlens_new=[0, 3], k_descale=sd, v_descale=sd)
     assert np.array_equal(kc2[1, 2:], round_e4m3(np.clip(kn[:2] / np.float32(4.0), -448, 448)))
     assert np.array_equal(kc2[0, :1], round_e4m3(np.clip(kn[2:] / np.float32(0.5), -448, 448)))
+
+
+def test_per_key_v_descales_scale_v_rows_in_prefill_tiles_only():
+    """A V descale per key (per-token-head scales; block scales over pages shorter than a key block) multiplies V's
+    rows in tiles of at least 64 query rows and at least as many rows as keys (``V_ROWS``: the V tile is then no
+    larger than P), and P's columns elsewhere: decode's 16-row tiles, wide 64 x 128 tiles, the vectorized layout
+    (read as vectors, not rows).  The interpreter runs both paths (tests/test_triton_paged_interp.py ``v_rows_*``)."""
+    from fmha_dsl.kernels.triton_paged import constexprs
+
+    def v_rows(qscale, page, tile, layout="linear"):
+        sig = {"family": "batch_prefill", "dtype": "fp8bf16", "qscale": qscale, "hdim_q": 128, "hdim_v": 128,
+               "page_size": page, "kv_layout": layout}
+        return constexprs(sig, {"tile": (*tile, 0, 0, 0, 0), "pipeline": "qr"})["V_ROWS"]
+
+    assert v_rows("per_token_head", 16, (128, 64)) and v_rows("per_token_head", 1024, (64, 64))
+    assert v_rows("kv_blockscale", 16, (128, 64)) and v_rows("per_token_head", 4, (64, 16))
+    assert not v_rows("kv_blockscale", 1024, (128, 64))       # one descale per block: a scalar on the output
+    assert not v_rows("per_token_head", 16, (64, 128)) and not v_rows("per_token_head", 16, (16, 128))
+    assert not v_rows("per_token_head", 16, (128, 64), "vectorized") and not v_rows("pertensor", 16, (128, 64))

@@ -77,6 +77,10 @@ def _case(lens_q, lens_k, *, page=16, hq=8, hk=2, d=128, form="vllm", seed=0, de
     cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
     lens = np.asarray(lens_k, np.int32)
     tab = {"block_table": bt} if form == "vllm" else {"kv_indptr": ip, "kv_indices": ix}
+    gkw = dict(kw)
+    if "alibi_slopes" in kw:  # NumPy slopes for the reference, a tensor for the GPU
+        gkw["alibi_slopes"] = torch.tensor(kw["alibi_slopes"], device="cuda")
+    kw.pop("registry", None)
     rkw = dict(kw, causal="bottom_right") if kw.get("causal") is True else kw
     want, wlse = ref_paged(q8.float().numpy(), kc8.float().numpy(), vc8.float().numpy(), seqlens_k=lens,
                            cu_seqlens_q=cq, return_lse=True, descales=descales, **tab, **rkw)
@@ -90,7 +94,7 @@ def _case(lens_q, lens_k, *, page=16, hq=8, hk=2, d=128, form="vllm", seed=0, de
     out, lse = fmha_dsl.paged_attention(q8.to(dev), kg, vg, seqlens_k=torch.tensor(lens, device=dev),
                                         cu_seqlens_q=torch.tensor(cq, device=dev), max_seqlen_q=int(max(lens_q)),
                                         max_seqlen_k=int(max(lens_k)), return_lse=True, q_descale=ds[0],
-                                        k_descale=ds[1], v_descale=ds[2], **gt, **kw)
+                                        k_descale=ds[1], v_descale=ds[2], **gt, **gkw)
     assert out.dtype == torch.bfloat16
     got = out.float().cpu().numpy()
     err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-6)
@@ -143,6 +147,40 @@ def test_per_token_head_scales_over_prefill_and_decode(page, form, vectorized):
 
 def test_per_token_head_scales_with_windows_sinks_and_softcap():
     _case([20, 7], [300, 700], page=16, window=(64, 0), causal=True, softcap=30.0, sink=4, tokens=True)
+
+
+VROWS_SET = """kernel_set vrows { backend(triton) arch(sm90) dtype(fp8bf16) hdim(128)
+  kernel rows { signature { family(batch_prefill) qscale(per_token_head | kv_blockscale) mask(causal) bias(no | alibi)
+                            lse(true) kv_cache(linear, vllm | sglang, 16) }
+                algorithm { pipeline(qr) tile_m0(128) tile_n0(64) tile_k0(128) tile_n1(128) tile_k0max(128)
+                            wave_m0(8) } }
+  kernel tma { signature { family(batch_prefill) qscale(per_token_head) mask(causal) lse(true)
+                           kv_cache(linear, vllm, 1024) }
+               algorithm { pipeline(qr_async_trload) tile_m0(128) tile_n0(64) tile_k0(128) tile_n1(128)
+                           tile_k0max(128) wave_m0(8) } } }"""
+
+
+def test_v_descales_on_v_rows_from_a_built_registry(tmp_path):
+    """The 128 x 64 prefill tiles take a V descale per key on V's rows (``V_ROWS``; first use may pick other tiles,
+    so a registry holds only these): per-token-head and block scales over pages of 16 -- both table forms, a
+    window, ALiBi -- and per-token-head scales over TMA pages of 1024, against the reference."""
+    from fmha_dsl.build import build
+    from fmha_dsl.kernels.triton_paged import constexprs
+    from fmha_dsl.runtime.dispatch import detect_arch
+
+    if detect_arch() != "sm90":
+        pytest.skip("the set is written for sm90's tiles")
+    ks = fmha_dsl.loads(VROWS_SET, path="vrows.fmha")
+    assert all(constexprs(e.sig, e.alg)["V_ROWS"] for e in ks.registry(arch="sm90"))
+    res = build(ks, str(tmp_path / "out"), jobs=8, cache_dir=str(tmp_path / "cache"))
+    assert not res.failures, res.failures
+    reg = str(tmp_path / "out")
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625, 0.03, 0.02, 0.01, 0.005], np.float32)
+    _case([37, 130, 0, 64], [200, 130, 5, 1500], causal=True, tokens=True, registry=reg)
+    _case([20, 7, 90], [300, 700, 90], form="sglang", window=(64, 0), causal=True, tokens=True,
+          alibi_slopes=slopes, registry=reg, seed=3)
+    _case([37, 130, 0, 64], [200, 130, 5, 1500], causal=True, blocks=True, alibi_slopes=slopes, registry=reg, seed=4)
+    _case([37, 130, 0, 64], [200, 130, 5, 2500], page=1024, causal=True, tokens=True, registry=reg, seed=5)
 
 
 def test_a_captured_step_reads_the_descales_each_replay():

@@ -185,7 +185,8 @@ def test_append_kv_never_writes_outside_the_table(interp):
 
 @pytest.mark.parametrize("page,form", [(16, "vllm"), (32, "sglang"), (64, "vllm")])
 def test_the_tma_pipeline_reads_whole_pages_through_descriptors(interp, page, form):
-    check_paged(interp, LENS_Q, LENS_K, page=page, form=form, causal="bottom_right", run={"pipeline": "qr_async_trload"})
+    check_paged(interp, LENS_Q, LENS_K, page=page, form=form, causal="bottom_right",
+                run={"pipeline": "qr_async_trload"})
     check_paged(interp, [1, 1, 1, 2], [70, 1, 0, 33], page=page, form=form, window=(9, 0), sink=3,
                 run={"pipeline": "qr_async_trload", "num_splits": 3})
 
@@ -283,7 +284,7 @@ def test_fp8_caches_with_per_tensor_descales(interp, name):
     want, wlse = paged_attention(q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, return_lse=True, descales=ds, **tab,
                                  **kw)
     out, lse = interp("run_interpreted_paged", q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, dtype="fp8bf16",
-                      descales=ds, block_m=16, block_n=16, **tab, **kw, **run)
+                      descales=ds, **{"block_m": 16, "block_n": 16, **run}, **tab, **kw)
     assert np.abs(out - want).max() <= TOL["bf16"] * np.abs(want).max()
     live = np.isfinite(wlse)
     assert np.array_equal(live, np.isfinite(lse)) and np.abs(lse[live] - wlse[live]).max() <= 1e-4
@@ -365,7 +366,7 @@ def _fp8_run_matches(interp, q, kc, vc, lens_k, cq, tab, kw, run, ds, flat, want
     other = paged_attention(q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, descales=flat, **tab, **kw)
     assert np.abs(other - want).max() > 0.2 * np.abs(want).max()
     out, lse = interp("run_interpreted_paged", q, kc, vc, seqlens_k=lens_k, cu_seqlens_q=cq, dtype="fp8bf16",
-                      descales=ds, block_m=16, block_n=16, **tab, **kw, **run)
+                      descales=ds, **{"block_m": 16, "block_n": 16, **run}, **tab, **kw)
     assert np.isfinite(out).all()
     assert np.abs(out - want).max() <= TOL["bf16"] * np.abs(want).max()
     live = np.isfinite(wlse)
@@ -380,6 +381,8 @@ KV_BLOCK_CASES = {
     "split_kv_packed_gqa_page_8": dict(page=8, lens_q=[1, 1, 2], lens_k=[70, 0, 33], form="sglang",
                                        run={"num_splits": 3, "pipeline": "qr_nwarp_sshuffle"}),
     "zero_and_negative_softcap": dict(page=8, softcap=3.0, zero=True),
+    "v_rows_page_4": dict(page=4, causal="bottom_right", run={"block_m": 64}),
+    "v_rows_zero_and_negative": dict(page=8, softcap=3.0, zero=True, run={"block_m": 64}),
 }
 
 
@@ -471,6 +474,9 @@ TOKEN_CASES = {
     "split_kv_packed_gqa": dict(page=8, lens_q=[1, 1, 2], lens_k=[70, 0, 33], form="sglang",
                                 run={"num_splits": 3, "pipeline": "qr_nwarp_sshuffle"}),
     "q_per_tensor_negative_softcap": dict(page=8, softcap=3.0, q_scalar=True),
+    "v_rows_page_4_spans": dict(page=4, causal="bottom_right", run={"block_m": 64}),
+    "v_rows_page_32_window": dict(page=32, window=(20, 0), run={"block_m": 64}),
+    "v_rows_tma_pages": dict(page=16, run={"pipeline": "qr_async_trload", "block_m": 64}),
 }
 
 

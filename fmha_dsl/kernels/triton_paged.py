@@ -10,7 +10,8 @@ soft-cap, ALiBi, LSE; FP8 (``FP8``: CK's ``fp8bf16`` contract, e4m3 Q and caches
 ``KV_SCALE`` 1, CK's KV block scales: K/V descales per page and head; ``KV_SCALE`` 2, CK's per-token-head scales:
 per cached token and K/V head, q's per query token and head --, bf16 output: Q.K^T an e4m3 dot -- sm90's
 warpgroup MMA takes it natively, narrower tiles' MMAs widen both to fp16 --, V widened to fp16 after its load,
-exactly, for P.V in fp16; an FP8 cache moves half the bytes of a bf16 one).
+exactly, for P.V in fp16 -- or, ``V_ROWS``, descaled row by row into bf16; an FP8 cache moves half the bytes of a
+bf16 one).
 The score, softmax and P.V steps are the forward template's (:mod:`.triton_fwd`); what is new is where a key block's
 rows live (:mod:`.triton_paged_rows`): with ``PAGE_SIZE >= BLOCK_N`` a block lies in one page (one page-id load, rows at
 a fixed stride); with smaller pages every row has its own page (a gather of ``BLOCK_N`` row addresses; K is read in V's
@@ -53,11 +54,11 @@ def _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
            STEP: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
            ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
            PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr,
-           KV_SCALE: tl.constexpr):
+           KV_SCALE: tl.constexpr, V_ROWS: tl.constexpr):
     """One key block of the paged cache: gathered K and V tiles (TMA: the block's page through the descriptors
     ``k_base``/``v_base`` over the cache's rows), the forward template's online-softmax step; ``KV_SCALE``: FP8 KV
-    block scales, 2 per-token-head scales (:mod:`.triton_paged_scales`; ``acc`` in units of ``v_ref``; ``q_row``:
-    each row's q descale with 2)."""
+    block scales, 2 per-token-head scales (:mod:`.triton_paged_scales`; ``acc`` in units of ``v_ref``, or with
+    ``V_ROWS`` V's rows descaled and ``v_ref`` 1; ``q_row``: each row's q descale with 2)."""
     n_ok = (start_n + offs_n) < seqlen_k
     if TMA:  # PAGE_SIZE >= BLOCK_N, pages contiguous: the block is rows [row0, row0 + BLOCK_N) of the cache
         page = _page(tl.load(Table + tb + start_n // PAGE_SIZE), num_pages)
@@ -77,7 +78,8 @@ def _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
         if KV_VEC:
             page = _pages(Table, tb, num_pages, start_n, offs_n, seqlen_k, CHECK_N, PAGE_SIZE, BLOCK_N)
         qk, vd, v_top = _descaled_scores(qk, kd_base, vd_base, page, start_n, offs_n, n_ok, q_row, stride_kdp,
-                                         stride_vdp, stride_kds, stride_vds, CHECK_N, PAGE_SIZE, BLOCK_N, KV_SCALE)
+                                         stride_vdp, stride_kds, stride_vds, CHECK_N, PAGE_SIZE, BLOCK_N, KV_SCALE,
+                                         V_ROWS)
     p, alpha, l_i, m_i = _softmax(l_i, m_i, qk, start_n, k_base, offs_m, offs_m.to(tl.uint32), offs_m.to(tl.uint32),
                                   slope2, offs_m, offs_n, offs_m >= 0, seqlen_q, seqlen_k, mask_off, window_left,
                                   window_right, sink, qk_scale, cap_scale, cap_log2, 0.0, 0,
@@ -93,9 +95,11 @@ def _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
     else:
         vrows = _rows(page, start_n, offs_n, stride_vp, stride_vs, PAGE_SIZE, BLOCK_N, 0)
         v = _load(v_base + vrows[:, None] + offs_dv[None, :], n_ok[:, None], dv_ok[None, :], CHECK_N, CHECK_DV)
-    if v.dtype.is_fp8():  # FP8 caches: e4m3 -> fp16 (exact) for P @ V
+    if V_ROWS:  # a V descale per key, on V's rows: the exact values, in bf16 (no reference scale to keep)
+        v = (v.to(tl.float32) * vd[:, None]).to(tl.bfloat16)
+    elif v.dtype.is_fp8():  # FP8 caches: e4m3 -> fp16 (exact) for P @ V
         v = v.to(tl.float16)
-    if KV_SCALE:  # acc in units of v_ref, the largest |v_descale| so far
+    if KV_SCALE and not V_ROWS:  # acc in units of v_ref, the largest |v_descale| so far
         p, alpha, v_ref = _v_units(p, alpha, v_ref, vd, v_top, PAGE_SIZE < BLOCK_N or KV_SCALE == 2)
     acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], IEEE, UPCAST)
     return acc, l_i, m_i, v_ref
@@ -109,7 +113,7 @@ def _loop(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb, 
           STEP: tl.constexpr, CHECK_N: tl.constexpr, CHECK_D: tl.constexpr, CHECK_DV: tl.constexpr,
           ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SINK: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
           PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr,
-          KV_SCALE: tl.constexpr):
+          KV_SCALE: tl.constexpr, V_ROWS: tl.constexpr):
     """One pipelined loop over up to three ranges of key blocks: ``n1`` blocks from ``lo1``, ``n2`` from ``lo2``,
     ``n3`` from ``lo3`` (negative counts are none)."""
     n1 = tl.maximum(n1, 0)
@@ -124,7 +128,7 @@ def _loop(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb, 
                                       stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, stride_kds,
                                       stride_vds, q_row, qk_scale, cap_scale, cap_log2, STEP, CHECK_N, CHECK_D,
                                       CHECK_DV, ALIBI, SOFTCAP, SINK, IEEE, UPCAST, PAGE_SIZE, BLOCK_N, TMA, KV_VEC,
-                                      KV_SCALE)
+                                      KV_SCALE, V_ROWS)
     return acc, l_i, m_i, v_ref
 
 
@@ -141,7 +145,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                ALIBI: tl.constexpr, STORE_LSE: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
                UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, PACK_GQA: tl.constexpr, PAGE_SIZE: tl.constexpr,
                LOOKUP: tl.constexpr, TMA: tl.constexpr, KV_VEC: tl.constexpr, FP8: tl.constexpr,
-               KV_SCALE: tl.constexpr):
+               KV_SCALE: tl.constexpr, V_ROWS: tl.constexpr):
     pid_m = tl.program_id(0)
     if MASK:  # the longest rows (last query blocks under a causal mask) start first
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -235,6 +239,8 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
     kd_base = k_descale + off_hk * stride_kdh   # KV block scales: this K/V head's column of [num_pages, Hk]
     vd_base = v_descale + off_hk * stride_vdh   # (per-token-head ones: of [num_pages, page_size, Hk])
     v_ref = sm_scale * 0.0
+    if V_ROWS:  # V descaled row by row: P.V in its own units
+        v_ref = v_ref + 1.0
     q_row = sm_scale * 0.0 + 1.0
     if KV_SCALE == 2:  # per-token-head scales: each row's q descale (its token's and head's), its sign carried by q
         q_tok = (q_start + tl.minimum(offs_m, seqlen_q - 1)).to(tl.int64)
@@ -295,7 +301,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                               dv_ok, seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
                               stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, stride_kds,
                               stride_vds, q_row, qk_scale, cap_scale, cap_log2, 0, False, CHECK_D, CHECK_DV, ALIBI,
-                              SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE)
+                              SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE, V_ROWS)
         acc, l_i, m_i, v_ref = _loop(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
                                      num_pages, slope2,
                               k_lo, (k_hi - k_lo) // BLOCK_N, lo, (a_end - lo) // BLOCK_N, b_end,
@@ -303,7 +309,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                               seqlen_q, seqlen_k, mask_off, window_left, window_right, sink,
                               stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, stride_kds,
                               stride_vds, q_row, qk_scale, cap_scale, cap_log2, 2, True, CHECK_D, CHECK_DV, ALIBI,
-                              SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE)
+                              SOFTCAP, SINK, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE, V_ROWS)
     else:
         full = (seqlen_k // BLOCK_N) * BLOCK_N
         k_lo = full * 0
@@ -321,7 +327,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                               dv_ok, seqlen_q, seqlen_k, 0, -1, -1, 0,
                               stride_kp, stride_ks, stride_vp, stride_vs, stride_kdp, stride_vdp, stride_kds,
                               stride_vds, q_row, qk_scale, cap_scale, cap_log2, 0, False, CHECK_D, CHECK_DV, ALIBI,
-                              SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE)
+                              SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE, BLOCK_N, TMA, KV_VEC, KV_SCALE, V_ROWS)
         if t_lo < t_hi:  # the tail block, under a branch: a length that is a multiple of BLOCK_N pays nothing
             acc, l_i, m_i, v_ref = _block(acc, l_i, m_i, v_ref, q, k_base, v_base, kd_base, vd_base, Table, tb,
                                           num_pages, slope2, t_lo, offs_m, offs_n, offs_d, offs_dv, d_ok, dv_ok,
@@ -329,7 +335,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
                                           stride_vs, stride_kdp, stride_vdp, stride_kds, stride_vds, q_row,
                                           qk_scale, cap_scale, cap_log2, 1, True,
                                           CHECK_D, CHECK_DV, ALIBI, SOFTCAP, False, IEEE, UPCAST_DOT, PAGE_SIZE,
-                                          BLOCK_N, TMA, KV_VEC, KV_SCALE)
+                                          BLOCK_N, TMA, KV_VEC, KV_SCALE, V_ROWS)
 
     # epilogue: rows that saw no allowed key (l = 0) give 0 and lse = -inf
     live = l_i > 0.0
@@ -365,7 +371,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
 CONSTEXPRS: tuple[str, ...] = (
     "BLOCK_M", "BLOCK_N", "BLOCK_DMODEL", "BLOCK_DV", "HEAD_DIM_Q", "HEAD_DIM_V", "PAD_D", "PAD_DV", "CHECK_D",
     "CHECK_DV", "MASK", "SINK", "ALIBI", "STORE_LSE", "SOFTCAP", "IEEE", "UPCAST_DOT", "SPLIT", "PACK_GQA",
-    "PAGE_SIZE", "LOOKUP", "TMA", "KV_VEC", "FP8", "KV_SCALE",
+    "PAGE_SIZE", "LOOKUP", "TMA", "KV_VEC", "FP8", "KV_SCALE", "V_ROWS",
 )
 def _check_names():
     import inspect
@@ -420,6 +426,11 @@ def constexprs(sig: dict, alg: dict) -> dict:
     bd, bdv = block_d(hq), block_d(hv)
     pad_d, pad_dv = bool(alg.get("pad_d", 1)), bool(alg.get("pad_dv", 1))
     mask = sig.get("mask", "no") != "no"
+    kv_scale = KV_SCALES.get(sig.get("qscale", "no"), 0)
+    # a V descale per key (per-token-head scales, or block scales over pages shorter than a key block) multiplies
+    # V's rows where a program has 64 query rows or more: cheaper there than scaling P by key and keeping P.V in
+    # units of the largest descale (decode's 16-row tiles keep that: their V tile is the larger one)
+    v_rows = bool(kv_scale) and (kv_scale == 2 or page_size(sig) < n0) and not vec and m0 >= max(n0, 64)
     return {
         "BLOCK_M": m0, "BLOCK_N": n0, "BLOCK_DMODEL": bd, "BLOCK_DV": bdv, "HEAD_DIM_Q": hq, "HEAD_DIM_V": hv,
         "PAD_D": pad_d, "PAD_DV": pad_dv, "CHECK_D": pad_d or hq != bd, "CHECK_DV": pad_dv or hv != bdv,
@@ -427,5 +438,5 @@ def constexprs(sig: dict, alg: dict) -> dict:
         "STORE_LSE": bool(sig.get("lse", False)), "SOFTCAP": bool(sig.get("logits", False)), "IEEE": dtype == "fp32",
         "UPCAST_DOT": False, "SPLIT": family == "fwd_pagedkv", "PACK_GQA": pack, "PAGE_SIZE": page_size(sig),
         "LOOKUP": LOOKUPS[sig.get("kv_lookup", "vllm")], "TMA": tma, "KV_VEC": vec, "FP8": fp8,
-        "KV_SCALE": KV_SCALES.get(sig.get("qscale", "no"), 0),
+        "KV_SCALE": kv_scale, "V_ROWS": v_rows,
     }

@@ -9,9 +9,16 @@ scaled by ``v_descale / v_ref`` -- at most 1 in magnitude, exactly 1 where the p
 rounding; the epilogue multiplies by ``v_ref``.
 
 CK's ``per_token_head`` (``KV_SCALE`` 2): ``k_descale``/``v_descale`` are ``[num_pages, page_size, Hk]``, read per
-key from its page and slot, and the q descale is one per query row (``[Tq, Hq]``: the row's token and head), which
-multiplies that row's scores here (its sign already folded into q); V's take the same path as block scales read per
-key.
+key from its page and slot (the offsets of :func:`.triton_paged_rows._rows`, as the cache rows'), and the q descale
+is one per query row (``[Tq, Hq]``: the row's token and head), which multiplies that row's scores here (its sign
+already folded into q); V's take the same path as block scales read per key.
+
+``V_ROWS`` (set by the build where a V descale is per key and a program has at least 64 query rows, and no fewer
+rows than keys: :func:`.triton_paged.constexprs`): the V descales multiply V's rows instead, as the tile is widened
+for P.V -- ``e4m3 x descale`` rounded to bf16, the values themselves, so there is no reference scale to keep, and
+P.V runs in bf16.  In the 128 x 64 prefill tile this is a quarter of P's work and needs no reduction over the keys
+(sm90, Triton 3.6, per-token-head scales at page 16: 1,000 -> 814 instructions a key block, 104 -> 0 spilled bytes;
+with the ``_rows`` offsets 656).  Decode's 16-row tiles keep the units: there the V tile is 8x P.
 """
 
 from __future__ import annotations
@@ -19,38 +26,40 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .triton_paged_rows import _rows
+
 __all__ = ["_descaled_scores", "_v_units"]
 
 
 @triton.jit
 def _descaled_scores(qk, kd_base, vd_base, page, start_n, offs_n, n_ok, q_row, stride_kdp, stride_vdp, stride_kds,
                      stride_vds, CHECK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                     KV_SCALE: tl.constexpr):
+                     KV_SCALE: tl.constexpr, V_ROWS: tl.constexpr):
     """``(qk, vd, v_top)``: a key block's raw scores ``qk [BLOCK_M, BLOCK_N]`` times each key's K descale (and,
     ``KV_SCALE`` 2, each row's q descale ``q_row``), its V descales and their largest magnitude -- the descales of the
     block's ``page`` (clamped ids, :mod:`.triton_paged_rows`; a scalar, or one per key), and with ``KV_SCALE`` 2 of
     each key's slot in it.  Keys past the sequence in a block read some page's descales (a server's null page, or
     slots never written: anything, NaN included): the mask drops their scores, and their V descale is zeroed here,
-    out of ``v_top`` and P."""
+    out of ``v_top`` and P (``V_ROWS``: out of V's rows; ``v_top`` is then 1, unused)."""
     if KV_SCALE == 2:
-        slot = (start_n + offs_n) % PAGE_SIZE
-        kd = tl.load(kd_base + page.to(tl.int64) * stride_kdp + slot * stride_kds)
-        vd = tl.load(vd_base + page.to(tl.int64) * stride_vdp + slot * stride_vds)
+        kd = tl.load(kd_base + _rows(page, start_n, offs_n, stride_kdp, stride_kds, PAGE_SIZE, BLOCK_N, 0))
+        vd = tl.load(vd_base + _rows(page, start_n, offs_n, stride_vdp, stride_vds, PAGE_SIZE, BLOCK_N, 0))
         qk = qk * q_row[:, None] * kd[None, :]
-        if CHECK_N:
-            vd = tl.where(n_ok, vd, 0.0)
-        v_top = tl.max(tl.abs(vd), 0)
     else:
         kd = tl.load(kd_base + page.to(tl.int64) * stride_kdp)
         vd = tl.load(vd_base + page.to(tl.int64) * stride_vdp)
         if PAGE_SIZE >= BLOCK_N:
             qk = qk * kd
-            v_top = tl.abs(vd)
         else:
             qk = qk * kd[None, :]
-            if CHECK_N:
-                vd = tl.where(n_ok, vd, 0.0)
+    if KV_SCALE == 2 or PAGE_SIZE < BLOCK_N:  # a V descale per key
+        if CHECK_N:
+            vd = tl.where(n_ok, vd, 0.0)
+        v_top = 1.0
+        if not V_ROWS:
             v_top = tl.max(tl.abs(vd), 0)
+    else:
+        v_top = tl.abs(vd)
     return qk, vd, v_top
 
 
