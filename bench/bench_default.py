@@ -9,7 +9,9 @@
   JSON through ``--build``, the ceiling), SDPA's flash (FA2), cuDNN and efficient backends.  The default path and
   the best-in-set kernel are then timed again in turn (``--interleave`` rounds, B/A then A/B, ...) and each row
   keeps the median of each: the device's thermal state moves a kernel's time by up to 10 % with what ran just
-  before it (bench/probe_thermal.py), which two timings one after the other would charge to one side.  ``--regret``:
+  before it (bench/probe_thermal.py), which two timings one after the other would charge to one side.  Five rounds
+  by default: on an H100 with two, 5 of 48 rows fell below 0.97x from timing spread alone, with five none did
+  (docs/benchmarks.md, session 33).  ``--regret``:
   also times every first-use candidate of the shape, so that the default path's pick is compared with the
   exhaustive best of its candidates.
 * padded: lengths that are not multiples of a tile (1000, 4095, 8191; a varlen batch of mixed lengths) and head dims
@@ -51,7 +53,7 @@ def main() -> None:
     ap.add_argument("--regret", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
-    ap.add_argument("--interleave", type=int, default=3, metavar="N",
+    ap.add_argument("--interleave", type=int, default=5, metavar="N",
                     help="prefill: rounds of the default path and the best-in-set timed in turn (0: none)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
