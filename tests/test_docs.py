@@ -58,6 +58,7 @@ GPU_BENCH = ("bench/bench_fwd.py", "bench/bench_dispatch.py", "bench/bench_launc
              "bench/probe_flush.py", "bench/probe_splits.py", "bench/probe_decode_latency.py",
              "bench/probe_placement.py", "bench/probe_vectorized.py", "bench/bench_fp8_serving.py",
              "bench/probe_fp8_decode.py", "bench/probe_route.py")
+SASS_PROBES = ("bench/probe_sass_paged.py",)   # compile sm90 kernels (no GPU) and read their SASS: minutes on CI
 TRITON_SETS = ("bench_fwd", "seqtune_fwd")
 
 
@@ -72,6 +73,8 @@ def classify(cmd: str) -> tuple[str, str]:
         return "skip", "this test suite"
     if words[0] in ("python", "python3") and any(w in GPU_BENCH for w in words):
         return "skip", "a GPU benchmark"
+    if words[0] in ("python", "python3") and any(w in SASS_PROBES for w in words):
+        return "skip", "compiles kernels to read their SASS"
     if PLACEHOLDER.search(cmd):
         return "synopsis", "placeholders (FILE, DIR, <x>, [optional], a|b): check the command and flags exist"
     if words[0] == "fmha-dsl" and (len(words) == 1 or (len(words) <= 3 and words[-1].startswith("-"))
@@ -117,10 +120,13 @@ def test_shown_command_runs(doc, cmd, tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("doc,cmd", [c for c in COMMANDS if classify(c[1]) == ("skip", "a GPU benchmark")])
+@pytest.mark.parametrize("doc,cmd", [c for c in COMMANDS if classify(c[1]) in (("skip", "a GPU benchmark"),
+                                                                               ("skip", "compiles kernels to read "
+                                                                                        "their SASS"))])
 def test_shown_gpu_benchmark_names_a_real_script_and_its_flags(doc, cmd):
-    """A GPU benchmark cannot run here, but the script it names exists and takes every flag shown."""
-    path = next(w for w in cmd.split() if w in GPU_BENCH)
+    """A GPU benchmark (or a SASS probe, too slow for CI) does not run here, but the script it names exists and
+    takes every flag shown."""
+    path = next(w for w in cmd.split() if w in GPU_BENCH + SASS_PROBES)
     with open(os.path.join(REPO, path)) as f:
         source = f.read()
     for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", cmd):

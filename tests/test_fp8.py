@@ -186,9 +186,11 @@ def test_numpy_kv_block_scales_scale_each_page_and_head():
 
 def test_per_key_v_descales_scale_v_rows_in_prefill_tiles_only():
     """A V descale per key (per-token-head scales; block scales over pages shorter than a key block) multiplies V's
-    rows in tiles of at least 64 query rows and at least as many rows as keys (``V_ROWS``: the V tile is then no
-    larger than P), and P's columns elsewhere: decode's 16-row tiles, wide 64 x 128 tiles, the vectorized layout
-    (read as vectors, not rows).  The interpreter runs both paths (tests/test_triton_paged_interp.py ``v_rows_*``)."""
+    rows in tiles of at least 64 query rows and at least as many rows as keys (``V_ROWS``: fewer instructions there,
+    bench/probe_sass_paged.py), and P's columns elsewhere: decode's 16-row tiles, wide 64 x 128 tiles, the
+    vectorized layout (read as vectors, not rows).  The interpreter runs both paths
+    (tests/test_triton_paged_interp.py ``v_rows_*``)."""
+    pytest.importorskip("triton")
     from fmha_dsl.kernels.triton_paged import constexprs
 
     def v_rows(qscale, page, tile, layout="linear"):

@@ -383,6 +383,8 @@ KV_BLOCK_CASES = {
     "zero_and_negative_softcap": dict(page=8, softcap=3.0, zero=True),
     "v_rows_page_4": dict(page=4, causal="bottom_right", run={"block_m": 64}),
     "v_rows_zero_and_negative": dict(page=8, softcap=3.0, zero=True, run={"block_m": 64}),
+    "v_rows_split_kv_packed_gqa": dict(page=8, lens_q=[1, 1, 2], lens_k=[70, 0, 33], form="sglang",
+                                       run={"num_splits": 3, "pipeline": "qr_nwarp_sshuffle", "block_m": 64}),
 }
 
 
@@ -477,6 +479,11 @@ TOKEN_CASES = {
     "v_rows_page_4_spans": dict(page=4, causal="bottom_right", run={"block_m": 64}),
     "v_rows_page_32_window": dict(page=32, window=(20, 0), run={"block_m": 64}),
     "v_rows_tma_pages": dict(page=16, run={"pipeline": "qr_async_trload", "block_m": 64}),
+    "v_rows_split_kv_packed_gqa": dict(page=8, lens_q=[1, 1, 2], lens_k=[70, 0, 33], form="sglang",
+                                       run={"num_splits": 3, "pipeline": "qr_nwarp_sshuffle", "block_m": 64}),
+    "v_rows_packed_gqa_negative": dict(page=4, causal="bottom_right", negative=True,
+                                       run={"pipeline": "qr_nwarp_sshuffle", "block_m": 64}),
+    "negative_k_and_v_descales": dict(page=8, negative=True),
 }
 
 
@@ -484,19 +491,23 @@ TOKEN_CASES = {
 @both_guard_sides
 def test_fp8_per_token_head_scales(interp, name):
     """CK's per_token_head scales: K/V descales [num_pages, page_size, Hk], each cached token's key and value of a
-    head scaled by its own (NaN in every slot no sequence reads: a kernel that read one would show it), q's one per
-    query token and head (some negative) or one number; the kernel against the reference, and the reference against
-    the same attention over values dequantized by hand."""
+    head scaled by its own (NaN in every slot no sequence reads: a kernel that read one would show it; some negative
+    in the ``negative`` cases), q's one per query token and head (some negative) or one number; the kernel against
+    the reference, and the reference against the same attention over values dequantized by hand.  ``v_rows_*``:
+    64-row tiles, whose V descales multiply V's rows (``V_ROWS``), with packed GQA and split-KV too."""
     from fmha_dsl.fp8 import round_e4m3
 
     kw = dict(TOKEN_CASES[name])
     page, run, form = kw.pop("page"), kw.pop("run", {}), kw.pop("form", "vllm")
-    q_scalar = kw.pop("q_scalar", False)
+    q_scalar, negative = kw.pop("q_scalar", False), kw.pop("negative", False)
     lens_q, lens_k = kw.pop("lens_q", [3, 5, 0, 9]), kw.pop("lens_k", [10, 37, 5, 64])
     kc, vc, tab = cache(lens_k, page, 2, 16, seed=5, form=form)
     kc, vc = (np.concatenate([np.full_like(x[:1], np.nan), round_e4m3(x * 4)]) for x in (kc, vc))  # a null page 0
     tab = {k: v + 1 if k in ("block_table", "kv_indices") else v for k, v in tab.items()}
     kd, vd = _token_descales(tab, lens_k, page, kc.shape[0], 2, seed=len(name))
+    if negative:  # some tokens' K and V descales negative (their sign belongs to the value, as q's does)
+        sign = np.random.default_rng(8).choice([-1.0, 1.0], kd.shape).astype(np.float32)
+        kd, vd = kd * sign, vd * sign[::-1, ::-1]
     cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
     rng = np.random.default_rng(7)
     q = round_e4m3(rng.standard_normal((cq[-1], 4, 16)).astype(np.float32) * 4)

@@ -428,8 +428,10 @@ def constexprs(sig: dict, alg: dict) -> dict:
     mask = sig.get("mask", "no") != "no"
     kv_scale = KV_SCALES.get(sig.get("qscale", "no"), 0)
     # a V descale per key (per-token-head scales, or block scales over pages shorter than a key block) multiplies
-    # V's rows where a program has 64 query rows or more: cheaper there than scaling P by key and keeping P.V in
-    # units of the largest descale (decode's 16-row tiles keep that: their V tile is the larger one)
+    # V's rows in tiles of at least 64 query rows and no fewer rows than keys: there it takes fewer instructions
+    # and spills less than scaling P by key and keeping P.V in units of the largest descale, which also needs the
+    # descales in P's layout and a reduction over the keys (sm90 SASS, bench/probe_sass_paged.py; 64 x 128 tiles
+    # take more).  Decode's 16-row tiles keep the units: their V tile is 8x P, and they are bound by memory.
     v_rows = bool(kv_scale) and (kv_scale == 2 or page_size(sig) < n0) and not vec and m0 >= max(n0, 64)
     return {
         "BLOCK_M": m0, "BLOCK_N": n0, "BLOCK_DMODEL": bd, "BLOCK_DV": bdv, "HEAD_DIM_Q": hq, "HEAD_DIM_V": hv,

@@ -16,9 +16,12 @@ already folded into q); V's take the same path as block scales read per key.
 ``V_ROWS`` (set by the build where a V descale is per key and a program has at least 64 query rows, and no fewer
 rows than keys: :func:`.triton_paged.constexprs`): the V descales multiply V's rows instead, as the tile is widened
 for P.V -- ``e4m3 x descale`` rounded to bf16, the values themselves, so there is no reference scale to keep, and
-P.V runs in bf16.  In the 128 x 64 prefill tile this is a quarter of P's work and needs no reduction over the keys
-(sm90, Triton 3.6, per-token-head scales at page 16: 1,000 -> 814 instructions a key block, 104 -> 0 spilled bytes;
-with the ``_rows`` offsets 656).  Decode's 16-row tiles keep the units: there the V tile is 8x P.
+P.V runs in bf16.  That needs the descales in V's row layout only (two per thread in the 128 x 64 tile, not 16 in
+P's), and no reduction over the keys; the multiplies are as many as P's at d128 there, twice as many in a 64 x 64
+tile, which still comes out ahead (sm90, Triton 3.6, per-token-head scales at page 16, with the ``_rows``
+offsets: 128 x 64 892 -> 656 instructions a key block, 304 -> 32 spilled bytes; 64 x 64 937 -> 785; 64 x 128 1,036
+-> 1,106, so it keeps the units; ``bench/probe_sass_paged.py``).  Decode's 16-row tiles keep the units too: their
+V tile is 8x P, and they are bound by memory.
 """
 
 from __future__ import annotations
