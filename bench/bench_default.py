@@ -11,9 +11,8 @@
   keeps the median of each: the device's thermal state moves a kernel's time by up to 10 % with what ran just
   before it (bench/probe_thermal.py), which two timings one after the other would charge to one side.  Five rounds
   by default: on an H100 with two, 5 of 48 rows fell below 0.97x from timing spread alone, with five none did
-  (docs/benchmarks.md, session 33).  ``--regret``:
-  also times every first-use candidate of the shape, so that the default path's pick is compared with the
-  exhaustive best of its candidates.
+  (docs/benchmarks.md, session 33).  ``--regret``: also times every first-use candidate of the shape, so that the
+  default path's pick is compared with the exhaustive best of its candidates.
 * padded: lengths that are not multiples of a tile (1000, 4095, 8191; a varlen batch of mixed lengths) and head dims
   that are not powers of two (80, 96, 192), each next to the nearest aligned shape through the same default path
   (head dims: the next power of two, counting the real head dim's FLOPs), with FA2 and cuDNN on both shapes

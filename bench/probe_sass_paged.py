@@ -17,21 +17,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
-import tempfile
-
-
-def loops(sass: str) -> list[int]:
-    """Instruction counts of the backward-branching loops of a cuobjdump listing that run an MMA."""
-    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    out = []
-    for at, text in ins:
-        m = re.search(r"BRA\b.*?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < at:
-            body = [t for a, t in ins if int(m.group(1), 16) <= a <= at]
-            if any("MMA" in t for t in body):
-                out.append(len(body))
-    return out
 
 
 def main() -> None:
@@ -43,20 +28,25 @@ def main() -> None:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--v-rows", choices=("build", "on", "off"), default="build")
     args = ap.parse_args()
+    tiles = [re.fullmatch(r"(\d+)x(\d+)w(\d+)", t) for t in args.tiles.split(",")]
+    if not all(tiles):
+        ap.error(f"--tiles: each M0xN0wWARPS, e.g. 128x64w8, got {args.tiles!r}")
+    if not all(p.isdigit() for p in args.pages.split(",")):
+        ap.error(f"--pages: page sizes, e.g. 16,1024, got {args.pages!r}")
 
     import fmha_dsl
     import fmha_dsl.kernels.triton_paged as paged
-    from fmha_dsl.compile_triton import _cuobjdump, compile_key
+    from fmha_dsl import sass as cubin_sass
+    from fmha_dsl.compile_triton import compile_key
 
-    tool = _cuobjdump()
-    if tool is None:
+    if not cubin_sass.available():
         raise SystemExit("Triton's bundled cuobjdump is missing")
     if args.v_rows != "build":
         decide = paged.constexprs
 
         def forced(sig, alg):
             c = decide(sig, alg)
-            if c["KV_SCALE"] and (c["KV_SCALE"] == 2 or c["PAGE_SIZE"] < c["BLOCK_N"]) and not c["KV_VEC"]:
+            if paged.v_descale_per_key(c["KV_SCALE"], c["PAGE_SIZE"], c["BLOCK_N"]) and not c["KV_VEC"]:
                 c["V_ROWS"] = args.v_rows == "on"
             return c
 
@@ -64,28 +54,28 @@ def main() -> None:
     print(f"{'qscale':15} {'page':>5} {'tile':>10} {'pipeline':18} {'V_ROWS':>6} {'regs':>4} {'spill':>5}  loops")
     for qscale in args.qscale.split(","):
         for page in (int(p) for p in args.pages.split(",")):
-            for tile in args.tiles.split(","):
-                m0, rest = tile.split("x")
-                n0, warps = rest.split("w")
+            for tile in tiles:
+                m0, n0, warps = tile.groups()
                 for pipeline in args.pipelines.split(","):
                     src = """kernel_set p { backend(triton) arch(sm90) dtype(fp8bf16) hdim(128)
   kernel k { signature { family(batch_prefill) qscale(%s) mask(%s) kv_cache(linear, vllm, %d) }
              algorithm { pipeline(%s) tile(%s, %s, *, *, *, *) wave(%s, *, *, *, *, *, *, *, *)
                          padding(true, true, false, false) } } }""" % (
                         qscale, "causal" if args.causal else "no", page, pipeline, m0, n0, warps)
-                    for e in fmha_dsl.loads(src, path="probe.fmha").registry(arch="sm90"):
+                    try:   # a value the rules refuse (a qscale, pipeline or page size) is reported, not raised
+                        entries = list(fmha_dsl.loads(src, path="probe.fmha").registry(arch="sm90"))
+                    except fmha_dsl.FmhaError as exc:
+                        ap.exit(2, f"probe_sass_paged.py: {exc}\n")
+                    for e in entries:
                         meta, data = compile_key(e.sig, e.alg, "sm90")
                         if meta is None:
-                            print(f"{qscale:15} {page:5} {tile:>10} {pipeline:18} failed: {data}")
+                            print(f"{qscale:15} {page:5} {tile.group(0):>10} {pipeline:18} failed: {data}")
                             continue
-                        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                            f.write(data)
-                            f.flush()
-                            sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+                        loops = sorted(len(b) for b in cubin_sass.loops(cubin_sass.listing(data), mma=True))
                         res = meta.get("resources", {})
                         v_rows = paged.constexprs(e.sig, e.alg).get("V_ROWS", "-")   # (absent before session 33)
-                        print(f"{qscale:15} {page:5} {tile:>10} {pipeline:18} {str(v_rows):>6} "
-                              f"{res.get('regs', '?'):>4} {res.get('spills', '?'):>5}  {sorted(loops(sass))}")
+                        print(f"{qscale:15} {page:5} {tile.group(0):>10} {pipeline:18} {str(v_rows):>6} "
+                              f"{res.get('regs', '?'):>4} {res.get('spills', '?'):>5}  {loops}")
 
 
 if __name__ == "__main__":

@@ -207,11 +207,9 @@ def test_backward_companions_follow_their_key_alignment_and_padding():
     """The dot_do_o and convert_dq stages of an aligned, unpadded backward key promise their ABI's 16-divisible
     arguments and mask the head dim against the key's constant: their whole-row accesses compile to 16-byte
     vectors.  An unaligned key's companions promise nothing (2-byte accesses) and are other binaries."""
-    import subprocess
-    import tempfile
-
+    from fmha_dsl import sass as cubin_sass
     from fmha_dsl.build_triton import companion_jobs
-    from fmha_dsl.compile_triton import _cuobjdump, compile_companion
+    from fmha_dsl.compile_triton import compile_companion
     from fmha_dsl.kernels import bwd_abi
 
     sig = {"family": "bwd_dq_dk_dv", "dtype": "bf16", "hdim_q": 128, "hdim_v": 128, "mode": "batch",
@@ -229,15 +227,12 @@ def test_backward_companions_follow_their_key_alignment_and_padding():
     def vectors(job):
         meta, data = compile_companion(job[1], "sm90")
         assert meta is not None, data
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(data)
-            f.flush()
-            sass = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True).stdout
+        sass = cubin_sass.listing(data)
         # 16-byte vectors, 2-byte loads, and 4-byte ones (the dot stage's one LSE row per thread; O/dO are never
         # read 4 bytes at a time)
         return meta["aligned"], sass.count("LDG.E.128"), sass.count("LDG.E.U16"), sass.count("LDG.E ")
 
-    if _cuobjdump() is None:
+    if not cubin_sass.available():
         pytest.skip("Triton's bundled cuobjdump is missing")
     got, wide, narrow, word = vectors(aligned["dot_do_o"][2])
     assert tuple(got) == bwd_abi.DOT_ALIGNED and wide > 0 and narrow == 0 and word <= 1
@@ -249,22 +244,11 @@ def test_backward_companions_follow_their_key_alignment_and_padding():
         assert not got or job is padded["dot_do_o"][2]
 
 
-def _loops(sass: str) -> list[list[str]]:
-    """The instructions of each backward-branching loop of a cuobjdump listing (a kernel's key-block loops)."""
-    import re
-
-    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    out = []
-    for at, text in ins:
-        m = re.search(r"BRA\b.*?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < at:
-            out.append([t for a, t in ins if int(m.group(1), 16) <= a <= at])
-    return out
-
-
 def _hot_loop(sass: str) -> int:
     """Instructions of the longest backward-branching loop of a cuobjdump listing (a kernel's key-block loop)."""
-    return max((len(body) for body in _loops(sass)), default=0)
+    from fmha_dsl.sass import loops
+
+    return max((len(body) for body in loops(sass)), default=0)
 
 
 @pytest.mark.parametrize("family,tile,extra,over_1024", [("fwd_pagedkv", "16, 128", "max_splits_log2(4)", 1.2),
@@ -279,12 +263,10 @@ def test_a_page_of_16_costs_the_decode_loop_little_more_than_a_page_of_1024(fami
     split 493 / 493 / 429, 64 x 64 415 / 416 / 387 (Triton 3.9: 417 / 416 / 417, 443 / 441 / 416); with K in its own
     layout and a signed clamp (session 18) 589 / 587 / 430 and 504 / 505 / 392, with the slot computed from
     ``start_n + offs_n`` (session 15) 803 for the split kernel."""
-    import subprocess
-    import tempfile
+    from fmha_dsl import sass as cubin_sass
+    from fmha_dsl.compile_triton import compile_key
 
-    from fmha_dsl.compile_triton import _cuobjdump, compile_key
-
-    if _cuobjdump() is None:
+    if not cubin_sass.available():
         pytest.skip("Triton's bundled cuobjdump is missing")
     ks = fmha_dsl.loads("""
 kernel_set d {
@@ -299,11 +281,7 @@ kernel_set d {
     for e in ks.registry(arch="sm90"):
         meta, data = compile_key(e.sig, e.alg, "sm90")
         assert meta is not None, data
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(data)
-            f.flush()
-            loops[e.sig["page_size"]] = _hot_loop(subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True,
-                                                                 text=True).stdout)
+        loops[e.sig["page_size"]] = _hot_loop(cubin_sass.listing(data))
     assert set(loops) == {1, 16, 1024} and loops[1024] > 200
     assert loops[16] <= 1.03 * loops[1] and loops[16] <= over_1024 * loops[1024], loops
 
@@ -314,16 +292,15 @@ def test_a_padded_mask_kernel_runs_the_unpadded_kernels_loops():
     same mask selects) and it needs few more registers.  Triton 3.6: loops 361 / 537 instructions both, 218 registers
     against 201 (3.9: 391 / 566 against 391 / 567, 214 against 202); before (session 26) the masked loop was 632 with
     98 selects against 66, and the padded build took 255 registers."""
-    import subprocess
-    import tempfile
+    from fmha_dsl import sass as cubin_sass
+    from fmha_dsl.compile_triton import compile_key
 
-    from fmha_dsl.compile_triton import _cuobjdump, compile_key
-
-    if _cuobjdump() is None:
+    if not cubin_sass.available():
         pytest.skip("Triton's bundled cuobjdump is missing")
 
     def loops(sass):  # (instructions, selects) of each key loop (those with tensor-core work)
-        return sorted((len(b), sum("FSEL" in t for t in b)) for b in _loops(sass) if any("HGMMA" in t for t in b))
+        return sorted((len(b), sum("FSEL" in t for t in b)) for b in cubin_sass.loops(sass)
+                      if any("HGMMA" in t for t in b))
 
     got = {}
     for pad in ("false, false, false, false", "true, true, false, false"):
@@ -338,11 +315,7 @@ kernel_set d {
         (e,) = ks.registry(arch="sm90")
         meta, data = compile_key(e.sig, e.alg, "sm90")
         assert meta is not None, data
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(data)
-            f.flush()
-            sass = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True).stdout
-        got[pad[:4]] = (meta["resources"]["regs"], loops(sass))
+        got[pad[:4]] = (meta["resources"]["regs"], loops(cubin_sass.listing(data)))
     (r_pad, l_pad), (r_np, l_np) = got["true"], got["fals"]
     assert len(l_pad) == len(l_np) == 2, got
     for (n_pad, sel_pad), (n_np, sel_np) in zip(l_pad, l_np):

@@ -120,14 +120,12 @@ def test_fp8_serving_kernels_compile_for_sm90_and_gfx950(tmp_path):
     assert fams == {(a, f) for a in ("sm90", "gfx950") for f in ("fwd_pagedkv", "batch_prefill", "fwd_appendkv")}
     combine = [k["build"]["combine"]["name"] for k in reg["kernels"] if "combine" in k["build"]]
     assert combine and all("_bf16_" in c for c in combine)   # the combine writes the contract's bf16 output
-    from fmha_dsl.compile_triton import _cuobjdump
+    from fmha_dsl import sass as cubin_sass
 
-    if _cuobjdump() is not None:   # sm90's 64-row prefill tile takes Q.K^T on the FP8 warpgroup MMA (QGMMA)
-        import subprocess
-
+    if cubin_sass.available():   # sm90's 64-row prefill tile takes Q.K^T on the FP8 warpgroup MMA (QGMMA)
         cubin = next(tmp_path / "b" / k["build"]["binary"] for k in reg["kernels"]
                      if k["gfx_arch"] == "sm90" and "batch_prefill" in k["name"])
-        sass = subprocess.run([_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True).stdout
+        sass = cubin_sass.listing(cubin.read_bytes())
         assert "QGMMA" in sass and "HGMMA" in sass, "Q.K^T not on the e4m3 MMA, or P.V not on the fp16 one"
 
 

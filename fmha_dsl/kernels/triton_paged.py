@@ -40,7 +40,7 @@ from .triton_paged_rows import _k_vectors, _page, _pages, _rows, _table, _v_vect
 from .triton_paged_scales import _descaled_scores, _v_units
 from .triton_steps import _dot, _load, _softmax
 
-__all__ = ["fmha_paged", "CONSTEXPRS", "constexprs"]
+__all__ = ["fmha_paged", "CONSTEXPRS", "constexprs", "v_descale_per_key"]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -384,6 +384,12 @@ def _check_names():
 _check_names()
 
 
+def v_descale_per_key(kv_scale: int, page: int, n0: int) -> bool:
+    """Whether a block of ``n0`` keys reads a V descale per key (the kernel's ``KV_SCALE == 2 or PAGE_SIZE <
+    BLOCK_N`` under ``KV_SCALE``): per-token-head scales, or block scales over pages shorter than the block."""
+    return kv_scale == 2 or (kv_scale == 1 and page < n0)
+
+
 def constexprs(sig: dict, alg: dict) -> dict:
     """Constexpr values of a ``batch_prefill`` / ``fwd_pagedkv`` key (tile ``(m0, n0, ...)`` gives BLOCK_M / BLOCK_N;
     the head dims the power-of-two blocks; ``kv_cache(layout, lookup, page_size)`` the addressing; ``fwd_pagedkv``
@@ -432,7 +438,7 @@ def constexprs(sig: dict, alg: dict) -> dict:
     # and spills less than scaling P by key and keeping P.V in units of the largest descale, which also needs the
     # descales in P's layout and a reduction over the keys (sm90 SASS, bench/probe_sass_paged.py; 64 x 128 tiles
     # take more).  Decode's 16-row tiles keep the units: their V tile is 8x P, and they are bound by memory.
-    v_rows = bool(kv_scale) and (kv_scale == 2 or page_size(sig) < n0) and not vec and m0 >= max(n0, 64)
+    v_rows = v_descale_per_key(kv_scale, page_size(sig), n0) and not vec and m0 >= max(n0, 64)
     return {
         "BLOCK_M": m0, "BLOCK_N": n0, "BLOCK_DMODEL": bd, "BLOCK_DV": bdv, "HEAD_DIM_Q": hq, "HEAD_DIM_V": hv,
         "PAD_D": pad_d, "PAD_DV": pad_dv, "CHECK_D": pad_d or hq != bd, "CHECK_DV": pad_dv or hv != bdv,
