@@ -5,7 +5,7 @@ stale), on the device it is for, through the public API.
                                                             [--family fwd|bwd_dq_dk_dv] [--with-candidate TEXT]
                                                             [--key-regex RE] [--min-us US] [--out DIR]
 
-Each decision key (:func:`fmha_dsl.runtime.autotune.key`) names a problem class: dtype, mode, flags, head dims, mask,
+Each decision key (:func:`fmha_dsl.runtime.decisions.key`) names a problem class: dtype, mode, flags, head dims, mask,
 GQA octave, and the octaves of seqlen_q, seqlen_k and batch x heads (with whether the lengths are multiples of 128).
 For each, a representative problem of that class -- checked to map to the same key; a batch-mode length off the
 tile stands for its octave by the octave's top, 2^o - 1, whose calls are the octave's longest -- is called the way a
@@ -112,7 +112,7 @@ def main() -> None:
     if os.environ.get("FMHA_DSL_TUNED_SHIPPED", "1") != "0":
         raise SystemExit("set FMHA_DSL_TUNED_SHIPPED=0: the shipped decisions must be measured, not read")
     from fmha_dsl.keys import Problem
-    from fmha_dsl.runtime import autotune
+    from fmha_dsl.runtime import decisions
 
     table = json.load(open(args.table))["decisions"]
     keys = sorted(table)
@@ -137,8 +137,8 @@ def main() -> None:
         p = Problem(family=fam, dtype=c["dtype"], batch=c["batch"], nhead_q=c["hq"], nhead_k=c["hk"], seqlen_q=c["sq"],
                     seqlen_k=c["sk"], max_seqlen_q=c["sq"], max_seqlen_k=c["sk"], hdim_q=c["dq"], hdim_v=c["dv"],
                     mode=c["mode"], mask=mask, lse=c["lse"] and fam == "fwd", deterministic=c["deterministic"])
-        if autotune.key(p) != key:
-            print(f"skip (representative maps to {autotune.key(p)}): {key}", flush=True)
+        if decisions.key(p) != key:
+            print(f"skip (representative maps to {decisions.key(p)}): {key}", flush=True)
             skipped += 1
             continue
         call(c)

@@ -92,6 +92,11 @@ TUNE_CANDIDATES = Knob("FMHA_DSL_TUNE_CANDIDATES", "int", 24,
 TUNED_SHIPPED = Knob("FMHA_DSL_TUNED_SHIPPED", "bool", True,
                      "`0` ignores the first-use decisions shipped with the package (`fmha_dsl/data/tuned/`): every "
                      "decision is measured on this machine (benchmarks of the first call use it).")
+TUNED_CONFIRM = Knob("FMHA_DSL_TUNED_CONFIRM", "bool", True,
+                     "A shipped decision whose runners-up were timed within 6 % of its winner is decided again on "
+                     "this machine on first use (the winner and up to 4 runners-up are timed on the caller's "
+                     "arguments, each after 0.2 s of itself; the result is recorded in the cache's table): two "
+                     "devices of one model can order such kernels differently. `0` runs the shipped winner as it is.")
 GATHER_MIB = Knob("FMHA_DSL_GATHER_MIB", "int", 1024,
                   "The most MiB of workspace `paged_attention()` may use to copy a prefill batch's cached K/V into "
                   "contiguous rows for the forward kernels (the gathered route, timed against the paged kernels on "
@@ -100,7 +105,7 @@ JOBS = Knob("FMHA_DSL_JOBS", "int", None,
             "Compile worker processes for first-use compiles (default: the CPU count).")
 
 KNOBS: tuple[Knob, ...] = (CACHE_DIR, LAUNCHER, NO_BUILD, NATIVE_LAUNCH, TORCH_FAST, AUTOTUNE, TUNE_CANDIDATES,
-                           TUNED_SHIPPED, GATHER_MIB, JOBS)
+                           TUNED_SHIPPED, TUNED_CONFIRM, GATHER_MIB, JOBS)
 
 
 def cache_dir() -> str | None:
@@ -135,6 +140,10 @@ def tuned_shipped() -> bool:
     return TUNED_SHIPPED.get()
 
 
+def tuned_confirm() -> bool:
+    return TUNED_CONFIRM.get()
+
+
 def gather_bytes() -> int:
     return GATHER_MIB.get() << 20
 
@@ -163,5 +172,5 @@ def markdown_table() -> str:
 
 __all__ = ["Knob", "KNOBS", "CACHE_DIR", "LAUNCHER", "NO_BUILD", "NATIVE_LAUNCH", "TORCH_FAST", "cache_dir",
            "launcher", "no_build", "native_launch", "torch_fast", "AUTOTUNE", "TUNE_CANDIDATES", "JOBS", "TUNED_SHIPPED",
-           "autotune", "tune_candidates", "tuned_shipped", "jobs", "by_name", "markdown_table", "GATHER_MIB",
-           "gather_bytes"]
+           "TUNED_CONFIRM", "autotune", "tune_candidates", "tuned_shipped", "tuned_confirm", "jobs", "by_name",
+           "markdown_table", "GATHER_MIB", "gather_bytes"]

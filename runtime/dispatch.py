@@ -54,7 +54,7 @@ from fmha_dsl.errors import FmhaError, UsageError, error
 from fmha_dsl.kernels.fwd_abi import SEQ_ALIGN
 from fmha_dsl.registry import Entry
 
-from . import abi, autotune
+from . import abi, autotune, decisions
 from .autotune import MAX_TIMED, MeasuredSelection
 from .match import (EXACT, PAGED_FAMILIES, PIPELINE_RANK, _exact_key, _lcm, _max_sk, _max_sq,  # noqa: F401
                     declaration_for, describe, group_key, mismatches, no_kernel_error, preference, promised_aligned,
@@ -142,8 +142,8 @@ class Dispatcher(MeasuredSelection):
                 from fmha_dsl.cache import cache_base
 
                 tuned_dir = cache_base()
-            self.tuned = autotune.TunedTable(self.arch, device_name, tuned_dir or None,
-                                             autotune.shipped(self.arch, device_name) if builder is not None else None)
+            self.tuned = decisions.TunedTable(self.arch, device_name, tuned_dir or None,
+                                             decisions.shipped(self.arch, device_name) if builder is not None else None)
         self._reindex()
 
     # -- index ------------------------------------------------------------------------------------------
@@ -188,17 +188,17 @@ class Dispatcher(MeasuredSelection):
     # -- selection --------------------------------------------------------------------------------------
     def class_key(self, p, aligned: bool = True) -> tuple:
         """The problem class: everything :meth:`select` looks at, reduced so equal keys select equally."""
-        gqa = autotune.gqa_octave(p.nhead_q, p.nhead_k) if self.builder is not None else 0  # packed candidates
+        gqa = decisions.gqa_octave(p.nhead_q, p.nhead_k) if self.builder is not None else 0  # packed candidates
         return ((_exact_key(p, getattr), p.hdim_q, p.hdim_v, aligned, p.kv_layout, p.kv_lookup, p.page_size,
                  p.num_splits, gqa) + self.seq_key(_max_sq(p), _max_sk(p), p.batch * p.nhead_q))
 
     def seq_key(self, sq: int, sk: int, bh: int) -> tuple:
         """What of the lengths (and batch x heads) a decision depends on: the residues modulo the tiles' lcm,
         the ``max_seq_len_q`` band, and with ranked selection the seqlen / batch x heads buckets (a compiling
-        dispatcher: only the octaves of its decision keys, :func:`fmha_dsl.runtime.autotune.buckets`).  Part of
+        dispatcher: only the octaves of its decision keys, :func:`fmha_dsl.runtime.decisions.buckets`).  Part of
         every cached decision's key (:meth:`class_key`, ``fmha_dsl.attention``'s own keys)."""
         if self.builder is not None:
-            return autotune.buckets(sq, sk, bh)
+            return decisions.buckets(sq, sk, bh)
         key = (sq % self.lq, sk % self.lk)
         if self.sq_bounds:
             key += (sum(1 for b in self.sq_bounds if sq > b),)
@@ -210,8 +210,8 @@ class Dispatcher(MeasuredSelection):
         """The key lengths ``n`` that share :meth:`seq_key` ``(sq, n, bh)`` with ``sk > 0``, as ``(lo, hi, mod, res,
         eq)``: every ``n`` in ``[lo, hi]`` with ``(n % mod == res) == eq`` does.  The torch fast path serves a whole
         span from one recipe (a decode loop whose K/V grow by a token per step stays on it)."""
-        if self.builder is not None:  # autotune.buckets: the octave, and whether n is a multiple of SEQ_ALIGN
-            o = autotune.octave(sk)
+        if self.builder is not None:  # decisions.buckets: the octave, and whether n is a multiple of SEQ_ALIGN
+            o = decisions.octave(sk)
             return 1 << (o - 1), (1 << o) - 1, SEQ_ALIGN, 0, sk % SEQ_ALIGN == 0
         lo, hi = 1, _I32_MAX
         if self.ranking:  # seqtune.bucket's range

@@ -26,7 +26,7 @@ from fmha_dsl.kernels import paged_abi
 from fmha_dsl.kernels.fwd_abi import grid_of
 from fmha_dsl.kernels.fwd_abi import pack as fwd_pack
 
-from . import autotune, abi, race
+from . import autotune, abi, decisions, race
 from .plan import Plan, check_promise, workspace_buffer
 from .plan_paged import launch_steps
 
@@ -208,7 +208,7 @@ def with_gathered(disp, plan, problem, aligned: bool, device: int, batch: int, n
     names = {"paged": f"paged {plan.entry.name}", "gathered": f"gathered {fwd.entry.name}"}
     disp.measured[rk] = {names[k]: t for k, t in med.items()}
     if len(med) == 2 and disp.tuned is not None:  # both timed (a route that failed -- out of memory -- is not a loss)
-        rec = autotune.record_of(gplan.entry if win == "gathered" else plan.entry, med, names)
+        rec = decisions.record_of(gplan.entry if win == "gathered" else plan.entry, med, names)
         rec.update(route=win, paged=plan.entry.name, forward=fwd.entry.name, space=space)
         disp.record_decision(rk, rec)
     return gplan if win == "gathered" else plan
@@ -227,8 +227,8 @@ def recorded_route(rec, space: str, paged: str, forward: str | None) -> str | No
 
 def route_key(problem, aligned: bool) -> str:
     """The decision key of the route (paged or gathered) of a ``batch_prefill`` problem class: its first-use key
-    (:func:`fmha_dsl.runtime.autotune.key`) + ``"|route"``."""
-    return autotune.key(problem, aligned) + "|route"
+    (:func:`fmha_dsl.runtime.decisions.key`) + ``"|route"``."""
+    return decisions.key(problem, aligned) + "|route"
 
 
 __all__ = ["GatheredPlan", "with_gathered", "route_key", "recorded_route", "forward_problem", "fits",

@@ -15,7 +15,10 @@ plan, each after flushing the L2 cache, behind ``warm`` untimed ones.  :func:`ra
    ``bench/probe_sustain.py``), and those within :data:`RETIME_SPREAD` of the fastest once more, in reverse order;
    shorter ones, launch-bound from Python, in as many bursts again.
 
-The finalists' medians decide.  This module launches nothing itself and imports no compiler.
+The finalists' medians decide.  :func:`confirm` decides among a few finalists named in advance (a shipped decision's
+winner and its close runners-up) the same way, with a longer settle (:data:`CONFIRM_SETTLE_SECONDS`): 40 ms leaves
+a power-hungry 64 x 64 tile reading a few per cent faster than a long run of it does, 200 ms does not
+(``bench/probe_sustain.py``, session 22).  This module launches nothing itself and imports no compiler.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ MAX_FINALISTS = 6        # ... at most this many of them, at least two, are time
 SUSTAIN_MIN_US = 100.0   # finalists this long are timed sustained (shorter ones are host-bound from Python)
 SETTLE_SECONDS = 0.04    # back-to-back launches of a finalist ahead of its timed ones (the power state settles)
 SUSTAIN_TIMED_SECONDS = 0.015  # then timed launches worth about this much (4 to 64 of them)
+CONFIRM_SETTLE_SECONDS = 0.2  # confirm()'s settle: a few finalists, so the settle a long run reaches is affordable
 RETIME_SPREAD = 1.03     # finalists this close to the sustained fastest are timed sustained once more, in reverse order
 
 
@@ -38,11 +42,7 @@ def race(measure, plans: dict) -> tuple | None:
     plan) by ``measure``; the times are each candidate's burst median (its single first time when it dropped out or
     when the bursts were skipped: :data:`LONG_US`), the sustained ones empty when the finalists were timed in bursts.
     None when nothing could be timed."""
-    first = {}
-    for i, pl in plans.items():  # warm-up: loads each kernel; a candidate that cannot run drops out
-        got = _time_n(measure, pl, 2)
-        if got:
-            first[i] = got[-1]
+    first = _first_times(measure, plans)
     if not first:
         return None
     best = min(first.values())
@@ -69,6 +69,25 @@ def race(measure, plans: dict) -> tuple | None:
     return min(decide, key=lambda i: (decide[i], i)), times, sustained
 
 
+def confirm(measure, plans: dict) -> tuple | None:
+    """:func:`race`'s answer for a few finalists named in advance (``plans``, at most a handful): each is timed once,
+    then -- when the fastest takes :data:`SUSTAIN_MIN_US` or more -- sustained after :data:`CONFIRM_SETTLE_SECONDS`
+    of itself, else in bursts.  None when nothing could be timed."""
+    first = _first_times(measure, plans)
+    if not first:
+        return None
+    ids = sorted(first, key=lambda i: (first[i], i))
+    if first[ids[0]] >= SUSTAIN_MIN_US:
+        decide = sustained = _sustained(measure, plans, ids, first, CONFIRM_SETTLE_SECONDS)
+    else:
+        samples: dict = {i: [] for i in ids}
+        _rounds(measure, plans, ids, 4, samples)
+        decide, sustained = {i: _median(v) for i, v in samples.items() if v}, {}
+    if not decide:
+        return None
+    return min(decide, key=lambda i: (decide[i], i)), {**first, **decide}, sustained
+
+
 def fastest(measure, plans: dict, rounds: int = 4) -> tuple:
     """``(key of the fastest of plans, {key: median microseconds})`` by ``measure`` (round-robin bursts only:
     :func:`_rounds`); ``(None, {})`` when none could be timed."""
@@ -78,6 +97,17 @@ def fastest(measure, plans: dict, rounds: int = 4) -> tuple:
     return (min(med, key=lambda k: (med[k], str(k))) if med else None), med
 
 
+def _first_times(measure, plans: dict) -> dict:
+    """``{key: microseconds}``: each plan launched twice (the first loads its kernels), the second timed; a plan
+    that cannot run is left out (it is then never chosen)."""
+    first = {}
+    for i, pl in plans.items():
+        got = _time_n(measure, pl, 2)
+        if got:
+            first[i] = got[-1]
+    return first
+
+
 def _rounds(measure, plans: dict, ids, n: int, samples: dict) -> None:
     """``n`` rounds of three timed launches of each plan ``plans[i]`` (``i`` in ``ids``) into ``samples[i]``."""
     for _ in range(n):
@@ -85,9 +115,9 @@ def _rounds(measure, plans: dict, ids, n: int, samples: dict) -> None:
             samples[i] += _time_n(measure, plans[i], 3)
 
 
-def _sustained(measure, plans: dict, ids: list, est_us: dict) -> dict:
+def _sustained(measure, plans: dict, ids: list, est_us: dict, settle: float = SETTLE_SECONDS) -> dict:
     """``{i: median microseconds}`` of plans ``plans[i]`` (``i`` in ``ids``, the bursts' order) each timed after
-    :data:`SETTLE_SECONDS` of back-to-back launches of itself (their count from ``est_us``, the burst estimate).  A
+    ``settle`` seconds of back-to-back launches of itself (their count from ``est_us``, the burst estimate).  A
     second round, in reverse order (so that no plan always follows the same one), times again those within
     :data:`RETIME_SPREAD` of the first round's fastest, when there are two or more: the others cannot win."""
     samples: dict = {i: [] for i in ids}
@@ -95,7 +125,7 @@ def _sustained(measure, plans: dict, ids: list, est_us: dict) -> dict:
     def timed(order):
         for i in order:
             t = max(est_us[i], 1.0)
-            warm = int(min(4000, SETTLE_SECONDS * 1e6 / t))
+            warm = int(min(4000, settle * 1e6 / t))
             n = int(min(64, max(4, SUSTAIN_TIMED_SECONDS * 1e6 / t)))
             samples[i] += _time_n(measure, plans[i], n, warm)
 
@@ -126,5 +156,6 @@ def _time_n(measure, plan, n: int, warm: int = 0) -> list:
     return [float(t) for t in ts if t == t and t > 0]
 
 
-__all__ = ["race", "fastest", "TUNE_SECONDS", "PRUNE", "LONG_US", "FINALIST_SPREAD", "MAX_FINALISTS", "SUSTAIN_MIN_US",
-           "SETTLE_SECONDS", "SUSTAIN_TIMED_SECONDS", "RETIME_SPREAD"]
+__all__ = ["race", "confirm", "fastest", "CONFIRM_SETTLE_SECONDS", "TUNE_SECONDS", "PRUNE", "LONG_US",
+           "FINALIST_SPREAD", "MAX_FINALISTS", "SUSTAIN_MIN_US", "SETTLE_SECONDS", "SUSTAIN_TIMED_SECONDS",
+           "RETIME_SPREAD"]

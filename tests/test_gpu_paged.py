@@ -449,7 +449,7 @@ def test_a_prefill_times_the_gathered_route_and_it_replays_and_is_captured(monke
 
     disp = api_dispatch.dispatcher(None, torch.cuda.current_device())
     # route decisions in memory only: none recorded by an earlier process, and the forced one below not persisted
-    monkeypatch.setattr(disp, "tuned", plan_gather.autotune.TunedTable(disp.arch, disp.tuned.device))
+    monkeypatch.setattr(disp, "tuned", plan_gather.decisions.TunedTable(disp.arch, disp.tuned.device))
     before = {k for k in disp.measured if k.endswith("|route")}
     (plan, *_), _, _tensors = _prepared([300, 260], [2000, 700], page=16, form="vllm", hq=8, hk=1, causal=True)
     assert {k for k in disp.measured if k.endswith("|route")} - before, "the gathered route was not timed"
@@ -505,7 +505,7 @@ def test_the_route_decision_is_recorded_and_a_new_process_takes_it_untimed(monke
     a record that names another paged kernel or another forward decision, or a damaged one, is timed again."""
     from fmha_dsl import api_dispatch
     from fmha_dsl.first_use import Builder
-    from fmha_dsl.runtime import autotune, plan_gather
+    from fmha_dsl.runtime import decisions, plan_gather
     from fmha_dsl.runtime.dispatch import Dispatcher
 
     (plan, dev, b, hq, msq, args, *_), _, _tensors = _prepared([1100, 900], [3000, 1000], page=16, form="sglang",
@@ -516,10 +516,10 @@ def test_the_route_decision_is_recorded_and_a_new_process_takes_it_untimed(monke
     rec = disp.tuned.get(rk)
     assert rec is not None and rec["route"] in ("paged", "gathered"), rec
     assert rec["space"] == disp.builder.fingerprint("batch_prefill") and len(rec["times_us"]) == 2
-    on_disk = autotune._read(disp.tuned.path, disp.arch, disp.tuned.device)
+    on_disk = decisions._read(disp.tuned.path, disp.arch, disp.tuned.device)
     assert on_disk[rk]["route"] == rec["route"]                       # persisted, not only held by this process
 
-    fkey = autotune.key(plan_gather.forward_problem(problem), True)
+    fkey = decisions.key(plan_gather.forward_problem(problem), True)
     assert disp.tuned.get(fkey)["kernel"] == rec["forward"]          # the forward decision it was measured with
     seed = {fkey: disp.tuned.get(fkey)}
 
@@ -534,7 +534,10 @@ def test_the_route_decision_is_recorded_and_a_new_process_takes_it_untimed(monke
     assert paged.entry.name == rec["paged"]
 
     def route_with(record):   # the route of this call on `fresh` with `record` in an in-memory table (not persisted)
-        fresh.tuned = autotune.TunedTable(fresh.arch, disp.tuned.device, shipped=dict(seed, **{rk: record}))
+        # as recorded on this device (a shipped decision with close runners-up would be timed again)
+        fresh.tuned = decisions.TunedTable(fresh.arch, disp.tuned.device)
+        for k, r in dict(seed, **{rk: record}).items():
+            fresh.tuned.record(k, r)
         return plan_gather.with_gathered(fresh, paged, problem, True, dev, b, hq, msq, args,
                                          lambda launch: api_dispatch.timer(dev, launch))
     for route in ("paged", "gathered"):   # either recorded route is taken as recorded, untimed

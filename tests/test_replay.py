@@ -211,7 +211,7 @@ def test_the_extensions_replayer_launches_what_the_python_path_recorded(monkeypa
 
 def test_retune_rebuilds_every_shipped_decision_key():
     from fmha_dsl.keys import Problem
-    from fmha_dsl.runtime import autotune
+    from fmha_dsl.runtime import decisions
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
     try:
@@ -228,4 +228,4 @@ def test_retune_rebuilds_every_shipped_decision_key():
                     seqlen_q=c["sq"], seqlen_k=c["sk"], max_seqlen_q=c["sq"], max_seqlen_k=c["sk"], hdim_q=c["dq"],
                     hdim_v=c["dv"], mode=c["mode"], mask="top_left" if c["causal"] else "no",
                     lse=c["lse"] and c["family"] == "fwd", deterministic=c["deterministic"])
-        assert autotune.key(p) == key
+        assert decisions.key(p) == key

@@ -475,18 +475,18 @@ class Counting(Builder):
 
 def test_a_recorded_decision_compiles_only_the_winner(tmp_path):
     """A decision recorded by one process is what the next one uses: it compiles only that kernel."""
-    from fmha_dsl.runtime import autotune
+    from fmha_dsl.runtime import decisions
 
     p = problem(hdim_q=64, hdim_v=64, lse=True)
     b = Counting()
     want = b.candidates(p, "sm90", limit=3)[2]
-    rec = autotune.record_of(want, {want.identifier: 1.0}, {want.identifier: want.name})
-    autotune.TunedTable("sm90", None, str(tmp_path)).record(autotune.key(p), dict(rec, space="another template"))
+    rec = decisions.record_of(want, {want.identifier: 1.0}, {want.identifier: want.name})
+    decisions.TunedTable("sm90", None, str(tmp_path)).record(decisions.key(p), dict(rec, space="another template"))
     d = Dispatcher(None, arch="sm90", builder=b, tuned_dir=str(tmp_path))
     d.select(p)  # a decision recorded under another candidate space is not used: the cost model's few compile
     assert Counting.asked[-1] > 1
     Counting.asked.clear()
-    autotune.TunedTable("sm90", None, str(tmp_path)).record(autotune.key(p), dict(rec, space=b.fingerprint()))
+    decisions.TunedTable("sm90", None, str(tmp_path)).record(decisions.key(p), dict(rec, space=b.fingerprint()))
     d = Dispatcher(None, arch="sm90", builder=b, tuned_dir=str(tmp_path))
     assert d.select(p).identifier == want.identifier and Counting.asked == [1]
     # without a record and without a way to time, the cost model picks among a few compiled candidates
@@ -504,8 +504,60 @@ def test_a_recorded_decision_compiles_only_the_winner(tmp_path):
     p3 = problem(hdim_q=128, hdim_v=128, mask="top_left")
     e3 = d3.select(p3, measure=measure)
     assert times[e3.identifier] == min(times.values()) and len(times) > 1
-    rec = autotune.TunedTable("sm90", None, str(tmp_path / "t3")).get(autotune.key(p3))
+    rec = decisions.TunedTable("sm90", None, str(tmp_path / "t3")).get(decisions.key(p3))
     assert rec["sig"] == dict(e3.sig) and len(rec["times_us"]) == len(times) and rec["space"] == b.fingerprint()
+
+
+def test_a_shipped_decision_with_close_runners_up_is_decided_again_here(tmp_path, monkeypatch):
+    """A shipped decision (another device of this model) whose runners-up came within CONFIRM_SPREAD of its winner:
+    first use compiles the winner and those runners-up (at most CONFIRM_MAX, the closest), races them on this
+    machine and records the result in this device's own table, which later processes read; a clear winner, no way
+    to time, or FMHA_DSL_TUNED_CONFIRM=0 runs the shipped winner alone."""
+    from fmha_dsl.runtime import decisions, race
+
+    p = problem(hdim_q=64, hdim_v=64, mask="top_left")
+    b = Counting()
+    cands = b.candidates(p, "sm90", limit=8)
+    win, near, far = cands[3], cands[:3] + cands[4:5], cands[5:]
+    shipped_us = {win.name: 100.0, **{e.name: 100.0 + 1.0 + i for i, e in enumerate(near)},
+                  **{e.name: 100.0 * decisions.CONFIRM_SPREAD + 0.5 + i for i, e in enumerate(far)}}
+    rec = dict(decisions.record_of(win, {}, {}), times_us=shipped_us, sustained_us=shipped_us, space=b.fingerprint())
+    assert decisions.close_runners_up(rec) == [e.name for e in near][:decisions.CONFIRM_MAX]
+    here = {e.identifier: 220.0 for e in cands}
+    here[near[1].identifier] = 190.0  # on this machine the second-closest runner-up is the fastest
+    timed, warms = set(), set()
+
+    def measure(plan, n=1, warm=0):
+        timed.add(plan.entry.identifier)
+        warms.add(warm)
+        return [here[plan.entry.identifier]] * n
+
+    def dispatcher(folder):
+        d = Dispatcher(None, arch="sm90", builder=b, tuned_dir=str(folder))
+        d.tuned = decisions.TunedTable("sm90", None, str(folder), shipped={decisions.key(p): rec})
+        return d
+
+    Counting.asked.clear()
+    got = dispatcher(tmp_path / "a").select(p, measure=measure)
+    assert got.identifier == near[1].identifier
+    assert timed == {win.identifier} | {e.identifier for e in near[:decisions.CONFIRM_MAX]}
+    assert Counting.asked == [1, decisions.CONFIRM_MAX]  # the winner, then its close runners-up
+    assert int(race.CONFIRM_SETTLE_SECONDS * 1e6 / 190.0) in warms  # each timed after a long settle of itself
+    own = decisions.TunedTable("sm90", None, str(tmp_path / "a"))
+    assert own.get(decisions.key(p))["kernel"] == near[1].name and own.get(decisions.key(p))["space"] == b.fingerprint()
+    Counting.asked.clear(), timed.clear()
+    again = dispatcher(tmp_path / "a").select(p, measure=measure)  # a later process: this device's record, untimed
+    assert again.identifier == near[1].identifier and Counting.asked == [1] and not timed
+    monkeypatch.setenv("FMHA_DSL_TUNED_CONFIRM", "0")
+    Counting.asked.clear()
+    assert dispatcher(tmp_path / "b").select(p, measure=measure).identifier == win.identifier and not timed
+    monkeypatch.delenv("FMHA_DSL_TUNED_CONFIRM")
+    assert dispatcher(tmp_path / "c").select(p).identifier == win.identifier and Counting.asked == [1, 1]
+    clear = dict(rec, sustained_us={win.name: 100.0, far[0].name: 100.0 * decisions.CONFIRM_SPREAD + 0.5})
+    assert decisions.close_runners_up(clear) == [] and decisions.close_runners_up({"kernel": "x"}) == []
+    d = dispatcher(tmp_path / "d")
+    d.tuned = decisions.TunedTable("sm90", None, str(tmp_path / "d"), shipped={decisions.key(p): clear})
+    assert d.select(p, measure=measure).identifier == win.identifier and not timed
 
 
 @pytest.mark.parametrize("base_us", [500.0, 50.0])
@@ -513,7 +565,7 @@ def test_first_use_decides_long_kernels_sustained(tmp_path, base_us):
     """The bursts' fastest few are timed again; when they are long, each after a settle run of itself, and that
     decides: a kernel fastest only in short bursts on a rested GPU loses to the one fastest sustained.  Short
     kernels (host-bound from Python) are decided by more bursts, never with settle runs."""
-    from fmha_dsl.runtime import autotune, race
+    from fmha_dsl.runtime import decisions, race
 
     burst, warms = {}, {}
 
@@ -531,7 +583,7 @@ def test_first_use_decides_long_kernels_sustained(tmp_path, base_us):
     order = sorted(burst, key=burst.get)
     finalists = [i for i in order if burst[i] <= race.FINALIST_SPREAD * burst[order[0]]][:race.MAX_FINALISTS]
     assert len(order) > len(finalists) > 2
-    rec = autotune.TunedTable("sm90", None, str(tmp_path)).get(autotune.key(p))
+    rec = decisions.TunedTable("sm90", None, str(tmp_path)).get(decisions.key(p))
     if base_us >= race.SUSTAIN_MIN_US:
         assert e.identifier == order[1]
         settle = int(race.SETTLE_SECONDS * 1e6 / burst[order[0]])
@@ -569,28 +621,28 @@ def test_first_use_of_millisecond_kernels_fits_in_a_second_of_gpu_time():
 
 
 def test_tuned_table_merges_concurrent_writers(tmp_path):
-    from fmha_dsl.runtime import autotune
+    from fmha_dsl.runtime import decisions
 
-    a = autotune.TunedTable("sm90", "Dev X", str(tmp_path))
-    b = autotune.TunedTable("sm90", "Dev X", str(tmp_path))
+    a = decisions.TunedTable("sm90", "Dev X", str(tmp_path))
+    b = decisions.TunedTable("sm90", "Dev X", str(tmp_path))
     b.get("k0")  # b has read the file before a writes k1: its write must merge what is on disk now
     a.record("k1", {"sig": {"a": 1}, "alg": {}, "kernel": "one"})
     b.record("k2", {"sig": {"a": 2}, "alg": {}, "kernel": "two"})
-    c = autotune.TunedTable("sm90", "Dev X", str(tmp_path))
+    c = decisions.TunedTable("sm90", "Dev X", str(tmp_path))
     assert c.get("k1")["kernel"] == "one" and c.get("k2")["kernel"] == "two"
-    assert autotune.TunedTable("sm90", "Dev Y", str(tmp_path)).get("k1") is None  # another device's table
+    assert decisions.TunedTable("sm90", "Dev Y", str(tmp_path)).get("k1") is None  # another device's table
     (tmp_path / "tuned" / "sm90__dev-x.json").write_text("{not json")
-    assert autotune.TunedTable("sm90", "Dev X", str(tmp_path)).get("k1") is None  # damaged: ignored, not raised
+    assert decisions.TunedTable("sm90", "Dev X", str(tmp_path)).get("k1") is None  # damaged: ignored, not raised
     ro = tmp_path / "file"
     ro.write_text("")
-    why = autotune.TunedTable("sm90", "Dev X", str(ro)).record("k", {"sig": {}, "alg": {}})
+    why = decisions.TunedTable("sm90", "Dev X", str(ro)).record("k", {"sig": {}, "alg": {}})
     assert why and str(ro) in why  # an unwritable folder is reported, not raised
 
 
 def test_decision_keys_bucket_by_octave():
-    from fmha_dsl.runtime import autotune
+    from fmha_dsl.runtime import decisions
 
-    k = autotune.key
+    k = decisions.key
     assert k(problem(seqlen_q=1000, seqlen_k=1000)) == k(problem(seqlen_q=600, seqlen_k=1023))
     assert k(problem(seqlen_q=1000, seqlen_k=1000)) != k(problem(seqlen_q=1024, seqlen_k=1000))
     assert k(problem(hdim_q=80, hdim_v=80)) != k(problem(hdim_q=96, hdim_v=96))
@@ -885,7 +937,7 @@ def test_importing_the_runtime_does_no_work():
     code = textwrap.dedent("""
         import sys
         import fmha_dsl, fmha_dsl.runtime
-        from fmha_dsl.runtime import abi, cuda, hip, dispatch, autotune, interpret
+        from fmha_dsl.runtime import abi, cuda, hip, dispatch, autotune, decisions, interpret
         import fmha_dsl.attention
         bad = [m for m in ("lark", "triton", "triton.compiler", "torch", "numpy", "cuda.bindings", "hip",
                            "pydantic", "fmha_dsl.parse", "fmha_dsl.kernelset", "fmha_dsl.compile_triton", "fmha_dsl.first_use",
@@ -1238,10 +1290,10 @@ SHIPPED_DEVICES = ("NVIDIA H200", "NVIDIA H100 80GB HBM3")  # fmha_dsl/data/tune
 def test_the_shipped_tables_match_the_current_candidate_space(device):
     """A shipped decision made under another template or candidate space would never be measured again on that
     device: the shipped table must be regenerated (bench/device_run.sh retune) whenever the fingerprint changes."""
-    from fmha_dsl.runtime import autotune
+    from fmha_dsl.runtime import decisions
 
     b = Builder()
-    got = autotune.shipped("sm90", device)
+    got = decisions.shipped("sm90", device)
     stale = [k for k, r in got.items() if r.get("space") != b.fingerprint(k.split(".")[0])]
     assert len(got) > 50 and not stale, f"{len(stale)} shipped decisions are stale: run bench/device_run.sh retune"
 
@@ -1251,12 +1303,12 @@ def test_a_shipped_table_is_read_for_its_device_only(device):
     """The decisions measured on an H200 and on an H100 ship with the package (data/tuned/) and each device's are
     used on that device alone; each names a key the dispatcher can rebuild, for the class its decision key
     describes."""
-    from fmha_dsl.runtime import autotune
+    from fmha_dsl.runtime import decisions
 
-    got = autotune.shipped("sm90", device)
+    got = decisions.shipped("sm90", device)
     assert len(got) > 50
-    assert autotune.shipped("gfx942", device) == {} and autotune.shipped("sm90", device + " NVL") == {}
-    other = autotune.shipped("sm90", next(d for d in SHIPPED_DEVICES if d != device))
+    assert decisions.shipped("gfx942", device) == {} and decisions.shipped("sm90", device + " NVL") == {}
+    other = decisions.shipped("sm90", next(d for d in SHIPPED_DEVICES if d != device))
     assert any(got[k]["kernel"] != other[k]["kernel"] for k in set(got) & set(other))  # measured, not copied
     b = Builder()
     for key, rec in got.items():
@@ -1293,10 +1345,10 @@ class _FakeBuilder(Builder):
 
 
 def _record(tmp_path, b, p, e, **extra):
-    from fmha_dsl.runtime import autotune
+    from fmha_dsl.runtime import decisions
 
-    rec = dict(autotune.record_of(e, {e.identifier: 1.0}, {e.identifier: e.name}), space=b.fingerprint(), **extra)
-    autotune.TunedTable("sm90", None, str(tmp_path)).record(autotune.key(p), rec)
+    rec = dict(decisions.record_of(e, {e.identifier: 1.0}, {e.identifier: e.name}), space=b.fingerprint(), **extra)
+    decisions.TunedTable("sm90", None, str(tmp_path)).record(decisions.key(p), rec)
 
 
 def test_no_build_loads_a_recorded_decision_from_the_kernel_cache(tmp_path, monkeypatch):
@@ -1321,11 +1373,11 @@ def test_a_damaged_or_foreign_record_is_measured_again(tmp_path):
     b = _FakeBuilder()
     e = b.candidates(p, "sm90", limit=2)[1]
     _record(tmp_path, b, p, e)
-    from fmha_dsl.runtime import autotune
+    from fmha_dsl.runtime import decisions
 
-    t = autotune.TunedTable("sm90", None, str(tmp_path))
-    rec = t.get(autotune.key(p))
-    t.record(autotune.key(p), dict(rec, sig={"dtype": "fp16"}))  # fields missing: no traceback, a new decision
+    t = decisions.TunedTable("sm90", None, str(tmp_path))
+    rec = t.get(decisions.key(p))
+    t.record(decisions.key(p), dict(rec, sig={"dtype": "fp16"}))  # fields missing: no traceback, a new decision
     d = Dispatcher(None, arch="sm90", builder=b, tuned_dir=str(tmp_path))
     got = d.select(p)
     assert not mismatches(got, p) and len(b.asked) > 1
@@ -1359,9 +1411,9 @@ def test_first_use_never_picks_a_kernel_that_does_not_serve_the_problem():
 
 
 def test_gqa_and_mha_problems_have_their_own_decisions():
-    from fmha_dsl.runtime import autotune
+    from fmha_dsl.runtime import decisions
 
-    k = autotune.key
+    k = decisions.key
     assert k(problem(nhead_q=32, nhead_k=8)) != k(problem(nhead_q=32, nhead_k=32))
     assert k(problem(nhead_q=32, nhead_k=8)) == k(problem(nhead_q=24, nhead_k=4, batch=2))  # groups 4, 6: one octave
     assert k(problem(nhead_q=32, nhead_k=8)) != k(problem(nhead_q=32, nhead_k=1))
@@ -1372,12 +1424,12 @@ def test_gqa_and_mha_problems_have_their_own_decisions():
 
 
 def test_a_table_file_of_another_device_is_not_overwritten(tmp_path):
-    from fmha_dsl.runtime import autotune
+    from fmha_dsl.runtime import decisions
 
-    autotune.TunedTable("sm90", "Dev X", str(tmp_path)).record("k", {"sig": {}, "alg": {}})
+    decisions.TunedTable("sm90", "Dev X", str(tmp_path)).record("k", {"sig": {}, "alg": {}})
     path = tmp_path / "tuned" / "sm90__dev-x.json"
     before = path.read_text()
-    why = autotune.TunedTable("sm90", "dev x", str(tmp_path)).record("k2", {"sig": {}, "alg": {}})  # same slug
+    why = decisions.TunedTable("sm90", "dev x", str(tmp_path)).record("k2", {"sig": {}, "alg": {}})  # same slug
     assert why and "not overwritten" in why and path.read_text() == before
     assert oct(path.stat().st_mode & 0o777) != oct(0o600)
 
