@@ -16,7 +16,8 @@ What it computes is ``docs/semantics.md`` (the same as :func:`fmha_dsl.reference
   (:mod:`fmha_dsl.runtime.autotune`): the first call of a problem class and length octave compiles the
   rule-checked candidates (:class:`fmha_dsl.first_use.Builder`: exact head dims, every tile and pipeline, split-KV
   for few query blocks), times them on this call's arguments, keeps the fastest and records it per device (a
-  recorded or shipped decision compiles only the winner); binaries go through the build's artifact cache.
+  decision recorded on this device compiles only the winner; a shipped one too, unless its runners-up came within
+  6 % of it: then those few are timed again here first); binaries go through the build's artifact cache.
   ``FMHA_DSL_AUTOTUNE=0`` skips the timing (cost model), ``FMHA_DSL_NO_BUILD=1`` makes a missing kernel an error
   (``dispatch.no-kernel``).  A registry without a seqtune table is timed the same way on first use.
 * Group mode: ``max_seqlen_q/k`` (ints) avoid a device-to-host copy of ``cu_seqlens``; without them the

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fmha_dsl import costmodel, knobs
-from fmha_dsl.errors import error
+from fmha_dsl.errors import FmhaError, error
 
 from .decisions import close_runners_up, key, record_of
 from .match import describe, mismatches, no_kernel_error
@@ -126,7 +126,7 @@ class MeasuredSelection:
             return win
         cands = [e for e in self.builder.candidates(p, self.arch, aligned, limit=_ALL) if e.name in close]
         built = [e for e in self._serving(self._compile(cands, aligned), p, aligned) if e.identifier != win.identifier]
-        return self._measured(p, aligned, [win] + built, measure, confirm) if built else win
+        return self._measured(p, aligned, [win] + built, measure, confirm, fallback=win) if built else win
 
     def _serving(self, entries: list, p, aligned: bool) -> list:
         """The compiled entries that serve ``p`` (a split kernel serves a plain forward problem once its combine
@@ -158,9 +158,11 @@ class MeasuredSelection:
                 out.append(have[e.identifier])
         return out
 
-    def _measured(self, p, aligned: bool, cands: list, measure, decide=race) -> Entry:
+    def _measured(self, p, aligned: bool, cands: list, measure, decide=race, fallback: Entry | None = None) -> Entry:
         """Time every candidate on the caller's arguments (``measure``, by ``decide``: :func:`runtime.race.race`, or
-        :func:`runtime.race.confirm` for a shipped decision's finalists), keep the winner and record the decision."""
+        :func:`runtime.race.confirm` for a shipped decision's finalists), keep the winner and record the decision.
+        A candidate whose plan cannot be made drops out (the first one's error is raised when none is left); when
+        nothing could be timed, ``fallback`` (a confirmed decision's shipped winner), else the cost model's choice."""
         tk = key(p, aligned)
         if self.tuned is not None and self.builder is None:
             rec = self.tuned.get(tk)
@@ -168,14 +170,23 @@ class MeasuredSelection:
                 for e in cands:
                     if e.name == rec.get("kernel") and dict(e.sig) == rec["sig"]:
                         return e
-        by_id = {e.identifier: e for e in cands}
-        got = decide(measure, {e.identifier: self.plan_for(e, p) for e in cands})
-        if got is None:  # nothing could be timed (e.g. no memory for the L2 flush): the cost model decides
+        by_id, plans, failed = {e.identifier: e for e in cands}, {}, []
+        for e in cands:
+            try:
+                plans[e.identifier] = self.plan_for(e, p)
+            except FmhaError as exc:  # e.g. a build without its companion kernel: it cannot run, so it cannot win
+                failed.append(exc)
+        if not plans:
+            raise failed[0]
+        got = decide(measure, plans)
+        if got is None:  # nothing could be timed (e.g. no memory for the L2 flush)
+            if fallback is not None:
+                return fallback
             import warnings
 
             warnings.warn(f"fmha-dsl: no candidate for {describe(p)} could be timed; the cost model chose",
                           RuntimeWarning, stacklevel=3)
-            return self._cheapest(p, cands)
+            return self._cheapest(p, [by_id[i] for i in plans])
         win_id, times, sustained = got
         win = by_id[win_id]
         names = {i: by_id[i].name for i in times}

@@ -5,7 +5,8 @@ decides once per *decision key* -- the problem class (every field that selects a
 the arguments keep the 16-byte promise, the GQA group size's octave) plus the octave of ``max_seqlen_q``, of
 ``max_seqlen_k`` and of ``batch x nhead_q`` and whether the lengths are multiples of 128 (:func:`key`) -- and
 records what it measured (:func:`record_of`) in a :class:`TunedTable`.  Later processes on the same device read the
-record and compile (or load from the artifact cache) only the winner.
+record and compile (or load from the artifact cache) only the winner (a shipped decision with close runners-up is
+timed again first, once per device).
 
 Records live in ``<cache>/tuned/<arch>__<device>.json`` (:func:`fmha_dsl.cache.cache_base`), written atomically
 and merged under a file lock, so concurrent processes never lose each other's records.  Tables shipped with the

@@ -39,11 +39,12 @@ def test_summary_splits_the_rows_under_097_by_cause(bench_default):
                 "best_in_set": {"tflops": best_tf, "name": "k1" if same else "k2"}, "paired_ratio": paired}
 
     doc = {"parts": {"prefill": [row(95.0, 100.0, True, 0.99), row(90.0, 100.0, False, 0.91),
-                                 row(101.0, 100.0, False, 1.01), row(99.0, 100.0, True, 0.98)]}}
+                                 row(101.0, 100.0, False, 1.01), row(99.0, 100.0, True, 0.98),
+                                 row(96.0, 100.0, False, 0.975)]}}
     bench_default.summarize(doc)
     s = doc["summary"]
-    assert s["prefill_below_097"] == {"other_kernel": 1, "same_kernel": 1, "same_kernel_rows": 2,
+    assert s["prefill_below_097"] == {"other_kernel": 2, "same_kernel": 1, "same_kernel_rows": 2,
                                       "same_kernel_min": pytest.approx(0.95)}
     assert s["prefill_default_vs_best_in_set"]["ge097"] == 2
     paired = s["prefill_default_vs_best_in_set_paired"]
-    assert paired["ge097"] == 3 and paired["min"] == pytest.approx(0.91) and paired["n"] == 4
+    assert paired["ge097"] == 4 and paired["min"] == pytest.approx(0.91) and paired["n"] == 5
