@@ -10,7 +10,7 @@ tensor-core MMA) the number of instructions, and the kernel's registers and spil
 instructions from few warps per SM, so where the MMAs are short, as with FP8, this count bounds the speed
 (docs/benchmarks.md, "FP8 per-key V descales on V's rows", took its figures from here with Triton 3.6).
 ``--v-rows on|off`` forces the ``V_ROWS`` constexpr for every key whose V descale is per key (the A/B of the
-build's choice); ``build`` (the default) keeps what :func:`fmha_dsl.kernels.triton_paged.constexprs` decides.
+build's choice); ``build`` (the default) keeps what :func:`fmha_dsl.kernels.paged_host.constexprs` decides.
 """
 
 from __future__ import annotations

@@ -188,8 +188,7 @@ def test_per_key_v_descales_scale_v_rows_in_prefill_tiles_only():
     bench/probe_sass_paged.py), and P's columns elsewhere: decode's 16-row tiles, wide 64 x 128 tiles, the
     vectorized layout (read as vectors, not rows).  The interpreter runs both paths
     (tests/test_triton_paged_interp.py ``v_rows_*``)."""
-    pytest.importorskip("triton")
-    from fmha_dsl.kernels.triton_paged import constexprs
+    from fmha_dsl.kernels.paged_host import constexprs  # (no Triton needed)
 
     def v_rows(qscale, page, tile, layout="linear"):
         sig = {"family": "batch_prefill", "dtype": "fp8bf16", "qscale": qscale, "hdim_q": 128, "hdim_v": 128,

@@ -165,7 +165,7 @@ def test_v_descales_on_v_rows_from_a_built_registry(tmp_path):
     so a registry holds only these): per-token-head and block scales over pages of 16 -- both table forms, a
     window, ALiBi -- and per-token-head scales over TMA pages of 1024, against the reference."""
     from fmha_dsl.build import build
-    from fmha_dsl.kernels.triton_paged import constexprs
+    from fmha_dsl.kernels.paged_host import constexprs
     from fmha_dsl.runtime.dispatch import detect_arch
 
     if detect_arch() != "sm90":

@@ -78,7 +78,8 @@ class KernelABI:
 
 _FWD = ("triton_fwd", "triton_fwd_loops", "triton_steps", "fwd_host", "triton_combine", "fwd_abi")
 _BWD = ("triton_bwd", "triton_bwd_steps", "triton_bwd_stages", "triton_steps", "bwd_abi")
-_PAGED = ("triton_paged", "triton_paged_rows", "triton_paged_scales", "triton_steps", "paged_abi", "fwd_abi")
+_PAGED = ("triton_paged", "paged_host", "triton_paged_rows", "triton_paged_scales", "triton_steps", "paged_abi",
+          "fwd_abi")
 _APPEND = ("triton_appendkv", "triton_paged_rows", "paged_abi", "fwd_abi")
 _GATHER = ("triton_gather", "triton_paged_rows", "paged_abi", "fwd_abi")
 
