@@ -48,10 +48,12 @@ class MeasuredSelection:
             if e is not None:
                 return e
             no_build = knobs.no_build()
-            got = self._recorded(tk, p, aligned, cache_only=no_build)
+            confirming = not no_build and measure is not None and enabled() and knobs.tuned_confirm()
+            close = self._close_runners_up(tk, p, aligned) if confirming else []
+            got = self._recorded(tk, p, aligned, cache_only=no_build, also=close)
             if got is not None:
-                if not no_build and measure is not None and enabled() and knobs.tuned_confirm():
-                    got = self._confirmed(tk, p, aligned, got, measure)
+                if close:
+                    got = self._confirmed(p, aligned, got, close, measure)
                 self._decided[tk] = got
                 return got
             if no_build:
@@ -99,33 +101,39 @@ class MeasuredSelection:
         rec = self._current(tk, p)
         return rec.get("kernel") if rec is not None else None
 
-    def _recorded(self, tk: str, p, aligned: bool, cache_only: bool) -> Entry | None:
+    def _recorded(self, tk: str, p, aligned: bool, cache_only: bool, also: list = ()) -> Entry | None:
         """The recorded decision for ``tk`` (measured under this builder's candidate space), compiled or loaded from
-        the artifact cache (only loaded with ``cache_only``); None when there is none or it cannot serve ``p``."""
+        the artifact cache (only loaded with ``cache_only``) -- in one batch with the entries ``also`` (a shipped
+        decision's close runners-up); None when there is none or it cannot serve ``p``."""
         rec = self._current(tk, p)
         if rec is None:
             return None
         try:
             want = self.builder.entry_for(rec["sig"], rec["alg"], self.arch)
-            got = self._compile([want], aligned, cache_only)
+            got = self._compile([want] + [e for e in also if e.identifier != want.identifier], aligned, cache_only)
         except (KeyError, TypeError, ValueError, AttributeError):  # a damaged record: as if there were none
             return None
+        got = [e for e in got if e.identifier == want.identifier]
         return got[0] if got and not mismatches(got[0], p, aligned) else None
 
-    def _confirmed(self, tk: str, p, aligned: bool, win: Entry, measure) -> Entry:
-        """A shipped decision (``win``, measured on another device of this model) whose runners-up came within
-        6 % of it (:func:`fmha_dsl.runtime.decisions.close_runners_up`), decided again here: those runners-up are
-        compiled and timed with the winner on the caller's arguments (:func:`fmha_dsl.runtime.race.confirm`: each
-        sustained after 0.2 s of itself), and the result goes into this device's own table (later processes read it).
-        Two H200s were seen to order two such kernels by about 5 % each way.  Any other decision, or one whose
-        runners-up cannot be built, is ``win`` as it is."""
-        if self.tuned is None or not self.tuned.is_shipped(tk):
-            return win
+    def _close_runners_up(self, tk: str, p, aligned: bool) -> list:
+        """The candidate entries (not compiled) of a *shipped* decision's runners-up that came within 6 % of its winner
+        (:func:`fmha_dsl.runtime.decisions.close_runners_up`, at most 4); none for a decision recorded on this device,
+        one with a clear winner, or none at all."""
+        if self.tuned is None or not self.tuned.is_shipped(tk) or self._current(tk, p) is None:
+            return []
         close = close_runners_up(self.tuned.get(tk))
         if not close:
-            return win
-        cands = [e for e in self.builder.candidates(p, self.arch, aligned, limit=_ALL) if e.name in close]
-        built = [e for e in self._serving(self._compile(cands, aligned), p, aligned) if e.identifier != win.identifier]
+            return []
+        return [e for e in self.builder.candidates(p, self.arch, aligned, limit=_ALL) if e.name in close]
+
+    def _confirmed(self, p, aligned: bool, win: Entry, close: list, measure) -> Entry:
+        """A shipped decision ``win`` (measured on another device of this model) decided again here against its close
+        runners-up ``close`` (compiled with it): they are timed on the caller's arguments
+        (:func:`fmha_dsl.runtime.race.confirm`: each sustained after 0.2 s of itself), and the result goes into this
+        device's own table (later processes read it).  Two H200s were seen to order two such kernels by about 5 %
+        each way.  When no runner-up could be built, ``win`` as it is."""
+        built = [e for e in self._serving(self._compile(close, aligned), p, aligned) if e.identifier != win.identifier]
         return self._measured(p, aligned, [win] + built, measure, confirm, fallback=win) if built else win
 
     def _serving(self, entries: list, p, aligned: bool) -> list:
@@ -145,7 +153,7 @@ class MeasuredSelection:
         have = {e.identifier: e for e in self.entries}
         out, new = [], []
         todo = [e for e in entries if e.identifier not in have]
-        for res in (self.builder.compile(todo, aligned, cache_only=True) if cache_only else
+        for res in (() if not todo else self.builder.compile(todo, aligned, cache_only=True) if cache_only else
                     self.builder.compile(todo, aligned)):
             e, bins = res
             if isinstance(bins, dict):
