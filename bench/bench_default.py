@@ -14,9 +14,9 @@
   (docs/benchmarks.md, session 33).  Each row also keeps the median of the rounds' ratios (``paired_ratio``:
   best-in-set time over the default path's, each round's two timings taken back to back), which cancels drift
   between rounds: on the H100 rows where both sides run the same kernel its spread was 10-40 % below that of the
-  ratio of the two medians, on the H200 within 15 % either way (docs/benchmarks.md, session 34).  ``--regret``: also times
-  every first-use candidate of the shape, so that the default path's pick is compared with the exhaustive best of
-  its candidates.
+  ratio of the two medians, on the H200 within 15 % either way (docs/benchmarks.md, session 34).  ``--regret``:
+  also times every first-use candidate of the shape, so that the default path's pick is compared with the
+  exhaustive best of its candidates.
 * padded: lengths that are not multiples of a tile (1000, 4095, 8191; a varlen batch of mixed lengths) and head dims
   that are not powers of two (80, 96, 192), each next to the nearest aligned shape through the same default path
   (head dims: the next power of two, counting the real head dim's FLOPs), with FA2 and cuDNN on both shapes
@@ -451,11 +451,13 @@ def summarize(doc) -> None:
                                                           "ge097": sum(1 for x in paired if x >= 0.97)}
         # rows under 0.97 split by cause: the default path runs another kernel (its choice), or the best-in-set
         # kernel itself (the two sides' interleaved medians of one kernel: this bench's own spread)
-        same = [r for r in rows if (r.get("default") or {}).get("kernel") == (r.get("best_in_set") or {}).get("name")]
-        low = [r for r in rows if (ratio(r, "best_in_set") or 1.0) < 0.97]
-        s["prefill_below_097"] = {"other_kernel": sum(1 for r in low if r not in same),
-                                  "same_kernel": sum(1 for r in low if r in same), "same_kernel_rows": len(same),
-                                  "same_kernel_min": min((ratio(r, "best_in_set") or 1.0 for r in same), default=None)}
+        def same_kernel(r):
+            return (r.get("default") or {}).get("kernel") == (r.get("best_in_set") or {}).get("name")
+
+        same = [ratio(r, "best_in_set") or 1.0 for r in rows if same_kernel(r)]
+        low = [same_kernel(r) for r in rows if (ratio(r, "best_in_set") or 1.0) < 0.97]
+        s["prefill_below_097"] = {"other_kernel": low.count(False), "same_kernel": low.count(True),
+                                  "same_kernel_rows": len(same), "same_kernel_min": min(same, default=None)}
         reg = [(r["default"]["ms"] / r["exhaustive_best"]["ms"]) for r in rows
                if "exhaustive_best" in r and "ms" in (r.get("default") or {})]
         if reg:

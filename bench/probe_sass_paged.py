@@ -62,7 +62,7 @@ def main() -> None:
              algorithm { pipeline(%s) tile(%s, %s, *, *, *, *) wave(%s, *, *, *, *, *, *, *, *)
                          padding(true, true, false, false) } } }""" % (
                         qscale, "causal" if args.causal else "no", page, pipeline, m0, n0, warps)
-                    try:   # a value the rules refuse (a qscale, pipeline or page size) is reported, not raised
+                    try:   # a qscale, pipeline or page size the rules refuse: exit 2 with the located error
                         entries = list(fmha_dsl.loads(src, path="probe.fmha").registry(arch="sm90"))
                     except fmha_dsl.FmhaError as exc:
                         ap.exit(2, f"probe_sass_paged.py: {exc}\n")

@@ -49,7 +49,7 @@ class MeasuredSelection:
                 return e
             no_build = knobs.no_build()
             confirming = not no_build and measure is not None and enabled() and knobs.tuned_confirm()
-            close = self._close_runners_up(tk, p, aligned) if confirming else []
+            close = self._runner_up_entries(tk, p, aligned) if confirming else []
             got = self._recorded(tk, p, aligned, cache_only=no_build, also=close)
             if got is not None:
                 if close:
@@ -116,16 +116,15 @@ class MeasuredSelection:
         got = [e for e in got if e.identifier == want.identifier]
         return got[0] if got and not mismatches(got[0], p, aligned) else None
 
-    def _close_runners_up(self, tk: str, p, aligned: bool) -> list:
+    def _runner_up_entries(self, tk: str, p, aligned: bool) -> list:
         """The candidate entries (not compiled) of a *shipped* decision's runners-up that came within 6 % of its winner
         (:func:`fmha_dsl.runtime.decisions.close_runners_up`, at most 4); none for a decision recorded on this device,
         one with a clear winner, or none at all."""
-        if self.tuned is None or not self.tuned.is_shipped(tk) or self._current(tk, p) is None:
+        rec = self._current(tk, p)
+        names = close_runners_up(rec) if rec is not None and self.tuned.is_shipped(tk) else []
+        if not names:
             return []
-        close = close_runners_up(self.tuned.get(tk))
-        if not close:
-            return []
-        return [e for e in self.builder.candidates(p, self.arch, aligned, limit=_ALL) if e.name in close]
+        return [e for e in self.builder.candidates(p, self.arch, aligned, limit=_ALL) if e.name in names]
 
     def _confirmed(self, p, aligned: bool, win: Entry, close: list, measure) -> Entry:
         """A shipped decision ``win`` (measured on another device of this model) decided again here against its close
@@ -153,12 +152,12 @@ class MeasuredSelection:
         have = {e.identifier: e for e in self.entries}
         out, new = [], []
         todo = [e for e in entries if e.identifier not in have]
-        for res in (() if not todo else self.builder.compile(todo, aligned, cache_only=True) if cache_only else
-                    self.builder.compile(todo, aligned)):
-            e, bins = res
-            if isinstance(bins, dict):
-                new.append((e, bins))
-                have[e.identifier] = e
+        if todo:
+            kw = {"cache_only": True} if cache_only else {}
+            for e, bins in self.builder.compile(todo, aligned, **kw):
+                if isinstance(bins, dict):
+                    new.append((e, bins))
+                    have[e.identifier] = e
         if new:
             self.add_many(new)
         for e in entries:
@@ -218,9 +217,7 @@ class MeasuredSelection:
                           "to a writable folder", RuntimeWarning, stacklevel=4)
 
 
-_ALL = 1 << 30         # a candidate limit that keeps every candidate (a shipped runner-up is found whatever the knob)
-
-
+_ALL = 1 << 30  # a candidate limit that keeps every candidate (a shipped runner-up is found whatever the knob)
 _UNTIMED = 4   # candidates compiled when the choice is the cost model's (it weighs the builds' resource reports)
 MAX_TIMED = 16  # registry candidates a first-use measurement times at most (the static order's first)
 

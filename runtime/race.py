@@ -80,9 +80,7 @@ def confirm(measure, plans: dict) -> tuple | None:
     if first[ids[0]] >= SUSTAIN_MIN_US:
         decide = sustained = _sustained(measure, plans, ids, first, CONFIRM_SETTLE_SECONDS)
     else:
-        samples: dict = {i: [] for i in ids}
-        _rounds(measure, plans, ids, 4, samples)
-        decide, sustained = {i: _median(v) for i, v in samples.items() if v}, {}
+        decide, sustained = fastest(measure, {i: plans[i] for i in ids})[1], {}
     if not decide:
         return None
     return min(decide, key=lambda i: (decide[i], i)), {**first, **decide}, sustained

@@ -14,7 +14,7 @@ is one per query row (``[Tq, Hq]``: the row's token and head), which multiplies 
 already folded into q); V's take the same path as block scales read per key.
 
 ``V_ROWS`` (set by the build where a V descale is per key and a program has at least 64 query rows, and no fewer
-rows than keys: :func:`.triton_paged.constexprs`): the V descales multiply V's rows instead, as the tile is widened
+rows than keys: :func:`.paged_host.constexprs`): the V descales multiply V's rows instead, as the tile is widened
 for P.V -- ``e4m3 x descale`` rounded to bf16, the values themselves, so there is no reference scale to keep, and
 P.V runs in bf16.  That needs the descales in V's row layout only (two per thread in the 128 x 64 tile, not 16 in
 P's), and no reduction over the keys; the multiplies are as many as P's at d128 there, twice as many in a 64 x 64
