@@ -64,8 +64,10 @@ def main() -> None:
                         qscale, "causal" if args.causal else "no", page, pipeline, m0, n0, warps)
                     try:   # a qscale, pipeline or page size the rules refuse: exit 2 with the located error
                         entries = list(fmha_dsl.loads(src, path="probe.fmha").registry(arch="sm90"))
-                    except fmha_dsl.FmhaError as exc:
-                        ap.exit(2, f"probe_sass_paged.py: {exc}\n")
+                    except fmha_dsl.FmhaError as exc:   # name the flags the value came from, not the set's text
+                        hint = f"; {exc.hint}" if exc.hint else ""
+                        ap.exit(2, f"probe_sass_paged.py: --qscale {qscale} --pages {page} --pipelines {pipeline}: "
+                                   f"{exc.message}{hint}\n")
                     for e in entries:
                         meta, data = compile_key(e.sig, e.alg, "sm90")
                         if meta is None:

@@ -1,5 +1,6 @@
-"""bench/bench_fp8_serving.py, bench/probe_fp8_decode.py, bench/profile_bwd.py and bench/probe_route.py refuse
-malformed arguments before they touch a GPU: exit 2 with their usage, no traceback."""
+"""bench/bench_fp8_serving.py, bench/probe_fp8_decode.py, bench/profile_bwd.py, bench/probe_route.py and
+bench/probe_sass_paged.py refuse malformed arguments before they touch a GPU or compile: exit 2 with their usage,
+no traceback."""
 
 import os
 import subprocess
@@ -22,9 +23,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("probe_route.py", ["bf16,64,top_left,1024"], "MASK is one of full, causal"),
     ("probe_route.py", ["bf16,64,full,16k"], "SEQLEN is a positive integer up to 16384"),
     ("probe_route.py", ["--rounds", "0"], "--rounds: at least 1"),
+    ("probe_sass_paged.py", ["--tiles", "128x64"], "--tiles: each M0xN0wWARPS, e.g. 128x64w8, got '128x64'"),
+    ("probe_sass_paged.py", ["--pages", "16k"], "--pages: page sizes, e.g. 16,1024, got '16k'"),
 ])
 def test_bad_arguments_exit_2_with_the_usage(script, args, says):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), *args], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     assert says in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_sass_probe_names_the_flag_of_a_value_the_rules_refuse():
+    """A qscale the rules do not know is a usage error naming the flags and the allowed values (exit 2), not the
+    line and column of the kernel-set text the probe writes."""
+    pytest.importorskip("triton")
+    from fmha_dsl import sass
+
+    if not sass.available():
+        pytest.skip("Triton's bundled cuobjdump is missing")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "probe_sass_paged.py"), "--qscale", "bogus",
+                        "--pages", "16", "--tiles", "64x64w4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "--qscale bogus" in r.stderr and "unknown qscale `bogus`" in r.stderr and "per_token_head" in r.stderr
+    assert "probe.fmha" not in r.stderr and "Traceback" not in r.stderr

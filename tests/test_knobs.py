@@ -60,6 +60,17 @@ def test_knobs_are_read_at_call_time(monkeypatch):
     assert knobs.cache_dir() == "/x"
 
 
+@pytest.mark.parametrize("knob", [k for k in knobs.KNOBS if k.kind == "bool"], ids=lambda k: k.name)
+def test_boolean_knobs_take_the_usual_words_and_name_the_variable_when_malformed(monkeypatch, knob):
+    for text, want in (("1", True), ("Yes", True), ("off", False), ("0", False), ("", knob.default)):
+        monkeypatch.setenv(knob.name, text)
+        assert knob.get() is want
+    monkeypatch.setenv(knob.name, "maybe")
+    with pytest.raises(UsageError, match=f"{knob.name}=maybe: expected a boolean") as ei:
+        knob.get()
+    assert "true" in ei.value.hint and "off" in ei.value.hint
+
+
 def test_whole_number_knobs_name_the_variable_when_malformed(monkeypatch):
     monkeypatch.delenv("FMHA_DSL_TUNE_CANDIDATES", raising=False)
     assert knobs.tune_candidates() == 24
