@@ -2,7 +2,8 @@
 # One GPU-machine run (see bench/README_device.md): lay the tree out as the installed package, build the
 # benchmark set for the local GPU, run the GPU tests and the benchmarks.  Logs and JSON go to $OUT.
 #   bash bench/device_run.sh [all|tests|bwdtests|pagedtests|memcheck|serving|fwd|flex|dispatch|select|seqbuild|seqtune|
-#                             seqeval|default|bwd|fp8]
+#                             seqeval|default|bwd|fp8|firstcall|confirmprobe|
+#                             profilefirst]
 #   (several: "tests dispatch"); bwd: bench/bench_bwd.py (BWD_ARGS passes options, e.g. --quick)
 #   default: bench/bench_default.py (what fmha_dsl.attention gives with default arguments; DEFAULT_PARTS picks parts;
 #   every decision measured in the run unless DEFAULT_SHIPPED=1: then the shipped table's, as on a user's H200)
@@ -56,6 +57,17 @@ if [[ $what == *" retune "* ]]; then   # re-measure the shipped table's decision
   FMHA_DSL_TUNED_SHIPPED=0 timeout "${RETUNE_TIMEOUT:-100000}" python3 -P bench/retune_shipped.py ${RETUNE_ARGS:-} 2>&1 \
     | tee "$OUT/retune.log" | tail -5
   cp "$FMHA_DSL_CACHE_DIR"/tuned/*.json "$OUT/" 2>/dev/null
+fi
+if [[ $what == *" firstcall "* ]]; then   # first-call latency in the situations a user meets (FIRSTCALL_ARGS: --quick)
+  timeout "${FIRSTCALL_TIMEOUT:-100000}" python3 -P bench/bench_firstcall.py ${FIRSTCALL_ARGS:-} --json "$OUT/bench_firstcall.json" \
+    2>&1 | tee "$OUT/bench_firstcall.log"
+fi
+if [[ $what == *" profilefirst "* ]]; then   # where a cached first call's host time goes (cProfile)
+  python3 -P bench/profile_firstcall.py 2>&1 | tee "$OUT/profile_firstcall.log" | grep -E "^== |first|Error" | head -20
+fi
+if [[ $what == *" confirmprobe "* ]]; then   # shorter settles for the confirmation of shipped decisions (PROBE_ARGS)
+  FMHA_DSL_CACHE_DIR=/tmp/fmha-probe timeout "${PROBE_TIMEOUT:-100000}" python3 -P bench/probe_confirm.py ${PROBE_ARGS:-} \
+    --json "$OUT/probe_confirm.json" 2>&1 | tee "$OUT/probe_confirm.log"
 fi
 if [[ $what == *" all "* || $what == *" bwd "* ]]; then
   timeout "${BWD_TIMEOUT:-100000}" python3 -P bench/bench_bwd.py ${BWD_ARGS:-} --json "$OUT/bench_bwd.json" 2>&1 \

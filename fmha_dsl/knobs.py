@@ -95,7 +95,8 @@ TUNED_SHIPPED = Knob("FMHA_DSL_TUNED_SHIPPED", "bool", True,
 TUNED_CONFIRM = Knob("FMHA_DSL_TUNED_CONFIRM", "bool", True,
                      "A shipped decision whose runners-up were timed within 6 % of its winner is decided again on "
                      "this machine on first use (the winner and up to 4 runners-up are timed on the caller's "
-                     "arguments, each after 0.2 s of itself; the result is recorded in the cache's table): two "
+                     "arguments, sustained: the first after 0.2 s of itself, the others after 50 ms; the result is "
+                     "recorded in the cache's table, about 0.7 s once the kernels are cached): two "
                      "devices of one model can order such kernels differently. `0` runs the shipped winner as it is.")
 GATHER_MIB = Knob("FMHA_DSL_GATHER_MIB", "int", 1024,
                   "The most MiB of workspace `paged_attention()` may use to copy a prefill batch's cached K/V into "

@@ -129,9 +129,9 @@ class MeasuredSelection:
     def _confirmed(self, p, aligned: bool, win: Entry, close: list, measure) -> Entry:
         """A shipped decision ``win`` (measured on another device of this model) decided again here against its close
         runners-up ``close`` (compiled with it): they are timed on the caller's arguments
-        (:func:`fmha_dsl.runtime.race.confirm`: each sustained after 0.2 s of itself), and the result goes into this
-        device's own table (later processes read it).  Two H200s were seen to order two such kernels by about 5 %
-        each way.  When no runner-up could be built, ``win`` as it is."""
+        (:func:`fmha_dsl.runtime.race.confirm`: each sustained, the first after 0.2 s of itself, the others after
+        50 ms), and the result goes into this device's own table (later processes read it).  Two H200s were seen to
+        order two such kernels by about 5 % each way.  When no runner-up could be built, ``win`` as it is."""
         built = [e for e in self._serving(self._compile(close, aligned), p, aligned) if e.identifier != win.identifier]
         return self._measured(p, aligned, [win] + built, measure, confirm, fallback=win) if built else win
 

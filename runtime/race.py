@@ -16,9 +16,12 @@ plan, each after flushing the L2 cache, behind ``warm`` untimed ones.  :func:`ra
    shorter ones, launch-bound from Python, in as many bursts again.
 
 The finalists' medians decide.  :func:`confirm` decides among a few finalists named in advance (a shipped decision's
-winner and its close runners-up) the same way, with a longer settle (:data:`CONFIRM_SETTLE_SECONDS`): 40 ms leaves
-a power-hungry 64 x 64 tile reading a few per cent faster than a long run of it does, 200 ms does not
-(``bench/probe_sustain.py``, session 22).  This module launches nothing itself and imports no compiler.
+winner and its close runners-up) the same way, with a longer settle for the first of them
+(:data:`CONFIRM_SETTLE_SECONDS`): 40 ms leaves a power-hungry 64 x 64 tile reading a few per cent faster than a
+long run of it does, 200 ms does not (``bench/probe_sustain.py``, session 22).  Once the board is under that load,
+the others settle for :data:`CONFIRM_NEXT_SETTLE_SECONDS` each: on 8 classes of an H100 that decided as well as
+200 ms each (regret against 0.5 s settles: mean 1.3-1.5 % against 1.3-2.6 %, two runs each) in 0.7 s instead of
+1.5-1.7 s (``bench/probe_confirm.py``, session 35).  This module launches nothing itself and imports no compiler.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ MAX_FINALISTS = 6        # ... at most this many of them, at least two, are time
 SUSTAIN_MIN_US = 100.0   # finalists this long are timed sustained (shorter ones are host-bound from Python)
 SETTLE_SECONDS = 0.04    # back-to-back launches of a finalist ahead of its timed ones (the power state settles)
 SUSTAIN_TIMED_SECONDS = 0.015  # then timed launches worth about this much (4 to 64 of them)
-CONFIRM_SETTLE_SECONDS = 0.2  # confirm()'s settle: a few finalists, so the settle a long run reaches is affordable
+CONFIRM_SETTLE_SECONDS = 0.2  # confirm()'s settle for its first finalist: the board reaches a long run's state
+CONFIRM_NEXT_SETTLE_SECONDS = 0.05  # ... and for each one after it (the board is already under that load)
 RETIME_SPREAD = 1.03     # finalists this close to the sustained fastest are timed sustained once more, in reverse order
 
 
@@ -71,14 +75,15 @@ def race(measure, plans: dict) -> tuple | None:
 
 def confirm(measure, plans: dict) -> tuple | None:
     """:func:`race`'s answer for a few finalists named in advance (``plans``, at most a handful): each is timed once,
-    then -- when the fastest takes :data:`SUSTAIN_MIN_US` or more -- sustained after :data:`CONFIRM_SETTLE_SECONDS`
-    of itself, else in bursts.  None when nothing could be timed."""
+    then -- when the fastest takes :data:`SUSTAIN_MIN_US` or more -- sustained: the first after
+    :data:`CONFIRM_SETTLE_SECONDS` of itself, each later one after :data:`CONFIRM_NEXT_SETTLE_SECONDS` of itself;
+    else in bursts.  None when nothing could be timed."""
     first = _first_times(measure, plans)
     if not first:
         return None
     ids = sorted(first, key=lambda i: (first[i], i))
     if first[ids[0]] >= SUSTAIN_MIN_US:
-        decide = sustained = _sustained(measure, plans, ids, first, CONFIRM_SETTLE_SECONDS)
+        decide = sustained = _sustained(measure, plans, ids, first, CONFIRM_SETTLE_SECONDS, CONFIRM_NEXT_SETTLE_SECONDS)
     else:
         decide, sustained = fastest(measure, {i: plans[i] for i in ids})[1], {}
     if not decide:
@@ -113,27 +118,30 @@ def _rounds(measure, plans: dict, ids, n: int, samples: dict) -> None:
             samples[i] += _time_n(measure, plans[i], 3)
 
 
-def _sustained(measure, plans: dict, ids: list, est_us: dict, settle: float = SETTLE_SECONDS) -> dict:
+def _sustained(measure, plans: dict, ids: list, est_us: dict, settle: float = SETTLE_SECONDS,
+               next_settle: float | None = None) -> dict:
     """``{i: median microseconds}`` of plans ``plans[i]`` (``i`` in ``ids``, the bursts' order) each timed after
-    ``settle`` seconds of back-to-back launches of itself (their count from ``est_us``, the burst estimate).  A
+    ``settle`` seconds of back-to-back launches of itself (their count from ``est_us``, the burst estimate) -- or,
+    with ``next_settle`` given, the first one after ``settle`` and every later one after ``next_settle``.  A
     second round, in reverse order (so that no plan always follows the same one), times again those within
     :data:`RETIME_SPREAD` of the first round's fastest, when there are two or more: the others cannot win."""
     samples: dict = {i: [] for i in ids}
+    later = settle if next_settle is None else next_settle
 
-    def timed(order):
-        for i in order:
+    def timed(order, first_settle):
+        for j, i in enumerate(order):
             t = max(est_us[i], 1.0)
-            warm = int(min(4000, settle * 1e6 / t))
+            warm = int(min(4000, (first_settle if j == 0 else later) * 1e6 / t))
             n = int(min(64, max(4, SUSTAIN_TIMED_SECONDS * 1e6 / t)))
             samples[i] += _time_n(measure, plans[i], n, warm)
 
-    timed(ids)
+    timed(ids, settle)
     once = {i: _median(v) for i, v in samples.items() if v}
     if once:
         limit = RETIME_SPREAD * min(once.values())
         close = [i for i in ids if once.get(i, limit + 1) <= limit]
         if len(close) > 1:
-            timed(close[::-1])
+            timed(close[::-1], later)
     return {i: _median(v) for i, v in samples.items() if v}
 
 
@@ -154,6 +162,6 @@ def _time_n(measure, plan, n: int, warm: int = 0) -> list:
     return [float(t) for t in ts if t == t and t > 0]
 
 
-__all__ = ["race", "confirm", "fastest", "CONFIRM_SETTLE_SECONDS", "TUNE_SECONDS", "PRUNE", "LONG_US",
-           "FINALIST_SPREAD", "MAX_FINALISTS", "SUSTAIN_MIN_US", "SETTLE_SECONDS", "SUSTAIN_TIMED_SECONDS",
-           "RETIME_SPREAD"]
+__all__ = ["race", "confirm", "fastest", "CONFIRM_SETTLE_SECONDS", "CONFIRM_NEXT_SETTLE_SECONDS", "TUNE_SECONDS",
+           "PRUNE", "LONG_US", "FINALIST_SPREAD", "MAX_FINALISTS", "SUSTAIN_MIN_US", "SETTLE_SECONDS",
+           "SUSTAIN_TIMED_SECONDS", "RETIME_SPREAD"]

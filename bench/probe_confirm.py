@@ -1,0 +1,155 @@
+"""Can first use's confirmation of a shipped decision settle less and decide as well?
+
+``runtime.race.confirm`` times a shipped decision's winner and its close runners-up each after 0.2 s of
+back-to-back launches of itself (then those within 3 % again, in reverse order, as long): about 0.2 s per finalist
+per round, a second or more of a class's first call.  The GPU is already under load after the first finalist's
+settle, so the others may need a shorter one.  For prefill and training classes whose shipped record has close
+runners-up, first use runs through the public API with ``runtime.autotune.confirm`` wrapped: on the very plans and
+timer first use made, it times
+
+* ``s200``: 0.2 s settle for every finalist and round (what ``race.confirm`` does);
+* ``chain``: 0.2 s for the first finalist, ``--next-ms`` for the others and for the second round;
+* ``truth``: each finalist after 0.5 s of itself, 0.2 s of timed launches, in order and then in reverse order (the
+  mean of the two medians) -- what a long run of it reads,
+
+in the order s200, chain, truth, chain, s200, and prints each variant's pick, its regret against ``truth``
+(including the pick of the first round alone: no second round) and its wall time.
+
+    python3 -P bench/probe_confirm.py [--next-ms 50] [--max-classes 8] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+TOKENS, HEADS = 16384, 16
+CASES = [("fwd", dt, d, c, s) for s in (4096, 2048, 8192, 16384) for d in (128, 64) for c in (True, False)
+         for dt in ("bf16", "fp16")]
+CASES = [("bwd", "bf16", 128, True, 4096), ("bwd", "fp16", 128, False, 2048)] + CASES
+
+
+def variant(race, measure, plans: dict, first_settle: float, next_settle: float) -> dict:
+    """Confirm's algorithm with the first finalist's settle and the others' given apart: the pick (two rounds),
+    the first round's pick, the medians and the wall time."""
+    t0 = time.perf_counter()
+    first = race._first_times(measure, plans)
+    ids = sorted(first, key=lambda i: (first[i], i))
+    samples = {i: [] for i in ids}
+
+    def timed(order, settle0):
+        for j, i in enumerate(order):
+            settle = settle0 if j == 0 else next_settle
+            t = max(first[i], 1.0)
+            warm = int(min(4000, settle * 1e6 / t))
+            n = int(min(64, max(4, race.SUSTAIN_TIMED_SECONDS * 1e6 / t)))
+            samples[i] += race._time_n(measure, plans[i], n, warm)
+
+    timed(ids, first_settle)
+    once = {i: race._median(v) for i, v in samples.items() if v}
+    limit = race.RETIME_SPREAD * min(once.values())
+    close = [i for i in ids if once.get(i, limit + 1) <= limit]
+    if len(close) > 1:
+        timed(close[::-1], next_settle if next_settle != first_settle else first_settle)
+    med = {i: race._median(v) for i, v in samples.items() if v}
+    return {"pick": min(med, key=lambda i: (med[i], i)), "pick_round1": min(once, key=lambda i: (once[i], i)),
+            "us": med, "round1_us": once, "first_us": first, "wall_s": time.perf_counter() - t0}
+
+
+def truth(race, measure, plans: dict) -> dict:
+    first = race._first_times(measure, plans)
+    out = {i: [] for i in first}
+    order = sorted(first)
+    for seq in (order, order[::-1]):
+        for i in seq:
+            t = max(first[i], 1.0)
+            got = race._time_n(measure, plans[i], int(min(400, max(8, 0.2e6 / t))), int(min(20000, 0.5e6 / t)))
+            if got:
+                out[i].append(race._median(got))
+    return {i: sum(v) / len(v) for i, v in out.items() if v}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--next-ms", type=float, default=50.0)
+    ap.add_argument("--max-classes", type=int, default=8)
+    ap.add_argument("--budget-s", type=float, default=200.0, help="start no new class after this many seconds")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    import torch
+
+    import fmha_dsl
+    import fmha_dsl.runtime.autotune as autotune
+    from fmha_dsl.runtime import race
+
+    log: list = []
+
+    def hooked(measure, plans):
+        if min(race._first_times(measure, plans).values(), default=0) < race.SUSTAIN_MIN_US:
+            return race.confirm(measure, plans)   # short kernels: confirmed in bursts, no settle to probe
+        rec = {"n": len(plans)}
+        s200 = variant(race, measure, plans, race.CONFIRM_SETTLE_SECONDS, race.CONFIRM_SETTLE_SECONDS)
+        chain = variant(race, measure, plans, race.CONFIRM_SETTLE_SECONDS, args.next_ms / 1000)
+        rec["truth"] = truth(race, measure, plans)
+        chain2 = variant(race, measure, plans, race.CONFIRM_SETTLE_SECONDS, args.next_ms / 1000)
+        s2002 = variant(race, measure, plans, race.CONFIRM_SETTLE_SECONDS, race.CONFIRM_SETTLE_SECONDS)
+        rec["variants"] = {"s200": [s200, s2002], "chain": [chain, chain2]}
+        rec["names"] = {i: getattr(getattr(p, "entry", None), "name", None) or str(i) for i, p in plans.items()}
+        log.append(rec)
+        return s200["pick"], {**s200["first_us"], **s200["us"]}, s200["us"]
+
+    autotune.confirm = hooked
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    t_start = time.perf_counter()
+    results = []
+    for kind, dtype, d, causal, s in CASES:
+        if len(results) >= args.max_classes or time.perf_counter() - t_start > args.budget_s:
+            break
+        b = TOKENS // s
+        train = kind == "bwd"
+        q, k, v = (torch.randn(b, HEADS, s, d, device="cuda", dtype=dt[dtype], requires_grad=train) for _ in range(3))
+        before = len(log)
+        o = fmha_dsl.attention(q, k, v, causal=causal)
+        if train:
+            o.backward(torch.randn_like(o))
+        torch.cuda.synchronize()
+        tag = f"{kind} {dtype} d{d} {'causal' if causal else 'full'} S{s}"
+        for rec in log[before:]:
+            tr = rec["truth"]
+            best = min(tr.values())
+            row = {"class": tag, "n": rec["n"], "truth_us": tr, "names": rec["names"]}
+            line = [f"{tag}: {rec['n']} finalists, truth best {best:.1f} us, spread {max(tr.values()) / best - 1:.1%}"]
+            for vname, runs in rec["variants"].items():
+                for r, got in enumerate(runs):
+                    reg, reg1 = tr[got["pick"]] / best - 1, tr[got["pick_round1"]] / best - 1
+                    row[f"{vname}{r + 1}"] = {"regret": reg, "regret_round1": reg1, "wall_s": got["wall_s"],
+                                              "pick": got["pick"], "us": got["us"]}
+                    line.append(f"   {vname}#{r + 1}: regret {reg:6.2%} (round 1 alone {reg1:6.2%})  "
+                                f"wall {got['wall_s']:.2f} s")
+            results.append(row)
+            print("\n".join(line), flush=True)
+        del q, k, v, o
+        torch.cuda.empty_cache()
+    summary = {}
+    for vname in ("s200", "chain"):
+        for r in (1, 2):
+            rows = [x[f"{vname}{r}"] for x in results if f"{vname}{r}" in x]
+            if rows:
+                summary[f"{vname}{r}"] = {
+                    "max_regret": max(x["regret"] for x in rows),
+                    "mean_regret": sum(x["regret"] for x in rows) / len(rows),
+                    "max_regret_round1": max(x["regret_round1"] for x in rows),
+                    "median_wall_s": sorted(x["wall_s"] for x in rows)[len(rows) // 2],
+                    "max_wall_s": max(x["wall_s"] for x in rows), "n": len(rows)}
+    print(json.dumps(summary, indent=1), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"),
+                       "next_ms": args.next_ms, "cache": os.environ.get("FMHA_DSL_CACHE_DIR"),
+                       "rows": results, "summary": summary}, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
