@@ -13,8 +13,8 @@ import json
 import os
 import sys
 
-from .cli_commands import (cmd_build, cmd_check, cmd_explain, cmd_fmt, cmd_list, cmd_report,  # noqa: F401
-                           cmd_schema, cmd_tune)
+from .cli_commands import (cmd_build, cmd_check, cmd_explain, cmd_fmt, cmd_list, cmd_precompile,  # noqa: F401
+                           cmd_report, cmd_schema, cmd_tune)
 from .cli_output import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, STDOUT_RULE, _err, _flush, _out  # noqa: F401
 
 EPILOG = """\
@@ -101,6 +101,22 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("-q", "--quiet", action="store_true")
     sp.add_argument("-v", "--verbose", action="store_true", help="print every timing")
     sp.set_defaults(fn=cmd_tune)
+    sp = sub.add_parser("precompile", help="compile the default path's candidate kernels for a shape matrix into a "
+                        "kernel cache (no GPU needed), for a deployment",
+                        epilog="example: fmha-dsl precompile --shapes shapes.json --arch sm90 --cache-dir deploy/")
+    sp.add_argument("--shapes", default=None, help="shape matrix, JSON or YAML, in `fmha-dsl tune`'s format "
+                    "(default: the shipped matrix)")
+    sp.add_argument("--arch", required=True, help="the deployment's GPU arch (e.g. sm90, sm80, gfx942)")
+    sp.add_argument("--cache-dir", default=None, help="cache folder to fill (default: FMHA_DSL_CACHE_DIR, else "
+                    "the user's cache); set FMHA_DSL_CACHE_DIR to it where the kernels run")
+    sp.add_argument("--limit", type=_positive, default=None, help="per problem, only the N candidates the cost "
+                    "model ranks highest (default: every candidate first use may time); the kernels a shipped "
+                    "table names for the problem's class are compiled either way")
+    sp.add_argument("--device", default=None, help="the deployment GPU's name as torch reports it (e.g. \"NVIDIA "
+                    "H100 80GB HBM3\"): only its shipped table (default: every shipped table of --arch)")
+    sp.add_argument("-j", "--jobs", type=_positive, default=None, help="worker processes (default: CPU count)")
+    sp.add_argument("-q", "--quiet", action="store_true")
+    sp.set_defaults(fn=cmd_precompile)
     sp = sub.add_parser("report", help="HTML (and PNG) charts of a tuned build directory's seqtune table",
                         epilog="example: fmha-dsl report build/bench -o report.html --png")
     sp.add_argument("dir", help="build directory (or its registry.json) after `fmha-dsl tune`")

@@ -210,6 +210,64 @@ def cmd_tune(args) -> int:
     return EXIT_OK
 
 
+def cmd_precompile(args) -> int:
+    """Compile the default path's first-use candidates for every problem of a shape matrix into a cache folder."""
+    from .arch import backend_archs
+    from .cache import cache_base
+    from .errors import UsageError, did_you_mean, error
+    from .first_use import precompile_report
+    from .runtime.tune_shapes import expand_shapes, load_shapes, problem_of
+
+    archs = backend_archs("triton")
+    if args.arch not in archs:
+        raise error("usage.arch", f"--arch `{args.arch}`: the default path compiles for {', '.join(archs)}", None,
+                    did_you_mean(args.arch, archs) or "name the GPU the kernels will run on, e.g. sm90 for an "
+                    "H100 or H200", cls=UsageError)
+    folder = os.path.abspath(args.cache_dir or cache_base())
+    _check_writable(folder)
+    if args.device is not None:
+        from .runtime.decisions import shipped_tables
+
+        have = sorted(d for d in shipped_tables(args.arch) if d)
+        if args.device not in have:
+            hint = did_you_mean(args.device, have) if have else None
+            _err(f"note: no shipped table for device `{args.device}` on {args.arch} (tables: "
+                 f"{', '.join(have) or 'none'}){'; ' + hint if hint else ''}: only the candidates are compiled")
+    doc = load_shapes(args.shapes)
+    problems = [problem_of(cls, pt, args.arch) for cls, pts in expand_shapes(doc, args.shapes or "<shipped matrix>")
+                for pt in pts]
+    t0 = time.perf_counter()
+    cached, failed = precompile_report(problems, args.arch, jobs=args.jobs, cache_dir=folder, limit=args.limit,
+                                       device=args.device)
+    for name, why in failed:
+        _err(f"failed: {name}: {(why.strip().splitlines() or [''])[-1]}")
+    if not args.quiet:
+        _out(f"{_count(cached, 'kernel')} in the cache `{folder}` for {_count(len(problems), 'problem')} of "
+             f"`{doc['name']}` on "
+             f"{args.arch} ({len(failed)} failed) in {time.perf_counter() - t0:.0f} s; where they run, set "
+             f"FMHA_DSL_CACHE_DIR={folder}")
+    return EXIT_FAIL if failed else EXIT_OK
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def _check_writable(folder: str) -> None:
+    """A cache folder that cannot be made or written is an input error now, not warnings after the compile."""
+    import tempfile
+
+    from .errors import UsageError, error
+
+    try:
+        os.makedirs(os.path.join(folder, "kernels"), exist_ok=True)
+        with tempfile.TemporaryFile(dir=os.path.join(folder, "kernels")):
+            pass
+    except OSError as exc:
+        raise error("usage.output", f"cannot write the cache folder `{folder}`: {exc.strerror or exc}", None,
+                    "pass --cache-dir a writable folder (or set FMHA_DSL_CACHE_DIR)", cls=UsageError) from None
+
+
 def cmd_fmt(args) -> int:
     from .fmt import format_source
     from .parse import read_source

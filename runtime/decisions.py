@@ -188,6 +188,12 @@ def _merge_write(path: str, arch: str, device: str | None, new: dict) -> str | N
 def shipped(arch: str, device: str | None) -> dict:
     """Decisions shipped with the package for this arch and device name (exact name match); none with
     ``FMHA_DSL_TUNED_SHIPPED=0``."""
+    return shipped_tables(arch).get(device, {})
+
+
+def shipped_tables(arch: str) -> dict:
+    """``{device name: decisions}`` of every table shipped with the package for ``arch``; none with
+    ``FMHA_DSL_TUNED_SHIPPED=0``."""
     from importlib import resources
 
     out: dict = {}
@@ -203,8 +209,9 @@ def shipped(arch: str, device: str | None) -> dict:
             doc = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if doc.get("version") == VERSION and doc.get("arch") == arch and doc.get("device") == device:
-            out.update({k: v for k, v in (doc.get("decisions") or {}).items() if _valid(v)})
+        if isinstance(doc, dict) and doc.get("version") == VERSION and doc.get("arch") == arch:
+            decided = doc.get("decisions") if isinstance(doc.get("decisions"), dict) else {}
+            out.setdefault(doc.get("device"), {}).update({k: v for k, v in decided.items() if _valid(v)})
     return out
 
 
@@ -240,5 +247,5 @@ def close_runners_up(rec: dict | None) -> list[str]:
     return [n for _, n in close[:CONFIRM_MAX]]
 
 
-__all__ = ["VERSION", "octave", "buckets", "key", "gqa_octave", "device_slug", "TunedTable", "shipped", "record_of",
-           "close_runners_up", "CONFIRM_SPREAD", "CONFIRM_MAX"]
+__all__ = ["VERSION", "octave", "buckets", "key", "gqa_octave", "device_slug", "TunedTable", "shipped", "shipped_tables",
+           "record_of", "close_runners_up", "CONFIRM_SPREAD", "CONFIRM_MAX"]

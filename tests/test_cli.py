@@ -21,7 +21,7 @@ def cli(*args, cwd=None):
 def test_help_has_examples():
     out = cli("--help")
     assert out.returncode == 0 and "examples:" in out.stdout and "exit codes" in out.stdout
-    for cmd in ("check", "list", "explain", "build", "fmt", "schema"):
+    for cmd in ("check", "list", "explain", "build", "fmt", "schema", "tune", "report", "precompile"):
         sub = cli(cmd, "--help")
         assert sub.returncode == 0 and "example" in sub.stdout
 
@@ -330,3 +330,77 @@ def test_a_build_of_no_kernel_fails_and_writes_nothing(write, tmp_path):
     r = cli("build", p, "--arch", "gfx1100", "-o", str(tmp_path / "out"))
     assert r.returncode == 1 and "error[build.empty]" in r.stderr and "no backward kernels for gfx11" in r.stderr
     assert not (tmp_path / "out" / "registry.json").exists()
+
+
+TINY_SHAPES = {"classes": [{"dtype": "bf16", "hdim": 64, "mask": "causal", "nhead_q": 4, "nhead_k": 4,
+                            "seqlens": [1024], "batch": [2]}]}
+
+
+def test_precompile_fills_the_cache_that_first_use_then_only_loads(tmp_path):
+    """`fmha-dsl precompile` compiles the candidates first use would time for each problem of a shape matrix (here
+    the cost model's best one) into --cache-dir, on a machine without a GPU; a first-use builder pointed at that folder
+    then finds them with compiling forbidden (cache_only), as FMHA_DSL_NO_BUILD=1 would on the deployment."""
+    pytest.importorskip("triton")
+    from fmha_dsl.first_use import Builder
+    from fmha_dsl.runtime.tune_shapes import expand_shapes, problem_of
+
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps(TINY_SHAPES))
+    cache = tmp_path / "deploy"
+    out = cli("precompile", "--shapes", str(shapes), "--arch", "sm90", "--cache-dir", str(cache), "--limit", "1")
+    assert out.returncode == 0, out.stderr
+    assert f"1 kernel in the cache `{cache}` for 1 problem of `shapes.json` on sm90 (0 failed)" in out.stdout
+    assert f"FMHA_DSL_CACHE_DIR={cache}" in out.stdout
+    (cls, pts), = expand_shapes(json.loads(shapes.read_text()))
+    p = problem_of(cls, pts[0], "sm90")
+    want = Builder().candidates(p, "sm90", limit=2)
+    got = Builder(str(cache)).compile(want, cache_only=True)
+    assert isinstance(got[0][1], dict) and not isinstance(got[1][1], dict)  # the best one cached, the next not
+
+
+def test_precompile_input_errors_exit_2_naming_the_argument(tmp_path):
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps(TINY_SHAPES))
+    afile = tmp_path / "a_file"
+    afile.write_text("")
+    cases = [(("--arch", "sm9", "--cache-dir", str(tmp_path / "c")), ["--arch `sm9`", "did you mean `sm90`?"]),
+             (("--arch", "sm90", "--cache-dir", str(afile)), [f"cannot write the cache folder `{afile}`",
+                                                                 "--cache-dir"]),
+             (("--arch", "sm90", "--cache-dir", str(tmp_path / "c"), "--shapes", str(tmp_path / "none.json")),
+              ["cannot read the shape matrix", "--shapes"]),
+             (("--arch", "sm90", "--limit", "0"), ["--limit"])]
+    for args, words in cases:
+        out = cli("precompile", *([] if "--shapes" in args else ["--shapes", str(shapes)]), *args)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr)
+        for w in words:
+            assert w in out.stderr, (args, w, out.stderr)
+
+
+def test_precompile_always_compiles_what_a_shipped_table_names(monkeypatch):
+    """With --limit, the candidates the cost model ranks highest; and always the shipped winner of the problem's
+    class and the close runners-up first use would time again on that device (else the deployment's first call would
+    compile them): of the named device's table, or of every table of the arch."""
+    from fmha_dsl.first_use import Builder, precompile_report
+    from fmha_dsl.keys import Problem
+    from fmha_dsl.runtime import decisions
+
+    p = Problem(family="fwd", dtype="bf16", arch="sm90", batch=4, nhead_q=16, nhead_k=16, seqlen_q=4096,
+                seqlen_k=4096, hdim_q=128, hdim_v=128, mask="top_left")
+    tables = decisions.shipped_tables("sm90")
+    assert {"NVIDIA H200", "NVIDIA H100 80GB HBM3"} <= set(tables)
+    named = {d: {t[decisions.key(p)]["kernel"], *decisions.close_runners_up(t[decisions.key(p)])}
+             for d, t in tables.items()}
+    asked = []
+    monkeypatch.setattr(Builder, "compile", lambda self, entries, aligned=True, **kw: asked.append(
+        [e.name for e in entries]) or [(e, {e.identifier: b""}) for e in entries])
+    top = [e.name for e in Builder().candidates(p, "sm90", True, 1)]
+    assert precompile_report([p], "sm90", limit=1, device="NVIDIA H200") == (len(set(top) | named["NVIDIA H200"]),
+                                                                             [])
+    assert set(asked[-1]) == set(top) | named["NVIDIA H200"] and len(named["NVIDIA H200"]) > 1
+    precompile_report([p], "sm90", limit=1)
+    assert set(asked[-1]) == set(top).union(*named.values())
+    precompile_report([p], "sm90", limit=1, device="no such GPU")
+    assert asked[-1] == top
+    monkeypatch.setenv("FMHA_DSL_TUNED_SHIPPED", "0")   # shipped tables ignored: the candidates alone
+    precompile_report([p], "sm90", limit=1)
+    assert asked[-1] == top
