@@ -12,7 +12,7 @@ kernels first use timed.  The processes run in this order, the later ones reusin
 * ``shipped_kernels_cached_no_confirm``: the same cache with this device's own decisions deleted and
   ``FMHA_DSL_TUNED_CONFIRM=0``: the shipped winner, loaded, untimed.
 * ``shipped_kernels_cached``: the same, confirmation on (the default) -- a deployment that shipped its kernel cache
-  (``fmha_dsl.first_use.precompile``) but not its decisions: first use loads and times the finalists, compiles
+  (``fmha-dsl precompile``) but not its decisions: first use loads and times the finalists, compiles
   nothing.
 * ``shipped_confirmed``: the cache as the previous process left it: the decisions are read, nothing is timed.
 * ``never_seen``: shipped tables off (``FMHA_DSL_TUNED_SHIPPED=0``), an empty cache: every candidate the rules
@@ -100,8 +100,13 @@ def _call(fmha_dsl, torch, q, k, v, do, causal: bool) -> None:
     torch.cuda.synchronize()
 
 
+# the knobs a situation sets; the caller's own values of them would change what a situation measures
+_SITUATION_KNOBS = ("FMHA_DSL_TUNED_SHIPPED", "FMHA_DSL_TUNED_CONFIRM", "FMHA_DSL_AUTOTUNE", "FMHA_DSL_NO_BUILD")
+
+
 def run_situation(name: str, env_extra: dict, cache: str, classes: list, timeout: float) -> dict:
-    env = dict(os.environ, FMHA_DSL_CACHE_DIR=cache, **env_extra)
+    env = {k: v for k, v in os.environ.items() if k not in _SITUATION_KNOBS}
+    env.update(FMHA_DSL_CACHE_DIR=cache, **env_extra)
     spec = json.dumps({"classes": classes})
     t0 = time.perf_counter()
     try:
@@ -146,7 +151,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per process")
     ap.add_argument("--situations", default=",".join(n for n, _, _ in SITUATIONS),
-                    help="comma-separated, from: %(default)s (each reuses what the ones before it left)")
+                    help="comma-separated, from: %(default)s (each reuses what the ones before it left: run a later "
+                         "one with those it follows)")
     args = ap.parse_args()
     if args.child is not None:
         child(json.loads(args.child))
@@ -155,6 +161,16 @@ def main() -> None:
     unknown = sorted(set(wanted) - {n for n, _, _ in SITUATIONS})
     if unknown:
         ap.error(f"--situations: unknown {', '.join(unknown)}; known: {', '.join(n for n, _, _ in SITUATIONS)}")
+    for later, first in (("shipped_kernels_cached", "shipped_new_machine"),
+                         ("shipped_kernels_cached_no_confirm", "shipped_new_machine"),
+                         ("never_seen_cached", "never_seen")):
+        if later in wanted and first not in wanted:
+            ap.error(f"--situations: {later} measures what {first} leaves in the cache; add {first}")
+    recorded = "shipped_kernels_cached" in wanted or (
+        "shipped_new_machine" in wanted and "shipped_kernels_cached_no_confirm" not in wanted)
+    if "shipped_confirmed" in wanted and not recorded:
+        ap.error("--situations: shipped_confirmed reads the decisions shipped_kernels_cached (or shipped_new_machine "
+                 "without the no-confirm situation, which deletes them) records; add it")
     import torch
 
     fwd, bwd = (QUICK_FWD, QUICK_BWD) if args.quick else (FWD, BWD)

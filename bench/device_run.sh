@@ -63,9 +63,11 @@ if [[ $what == *" firstcall "* ]]; then   # first-call latency in the situations
     2>&1 | tee "$OUT/bench_firstcall.log"
 fi
 if [[ $what == *" profilefirst "* ]]; then   # where a cached first call's host time goes (cProfile)
-  python3 -P bench/profile_firstcall.py 2>&1 | tee "$OUT/profile_firstcall.log" | grep -E "^== |first|Error" | head -20
+  python3 -P bench/profile_firstcall.py > "$OUT/profile_firstcall.log" 2>&1
+  grep -E "^== |first|Error" "$OUT/profile_firstcall.log" | head -20
 fi
 if [[ $what == *" confirmprobe "* ]]; then   # shorter settles for the confirmation of shipped decisions (PROBE_ARGS)
+  rm -rf /tmp/fmha-probe/tuned   # an earlier call's decisions would leave nothing to confirm
   FMHA_DSL_CACHE_DIR=/tmp/fmha-probe timeout "${PROBE_TIMEOUT:-100000}" python3 -P bench/probe_confirm.py ${PROBE_ARGS:-} \
     --json "$OUT/probe_confirm.json" 2>&1 | tee "$OUT/probe_confirm.log"
 fi

@@ -1,21 +1,25 @@
 """Can first use's confirmation of a shipped decision settle less and decide as well?
 
-``runtime.race.confirm`` times a shipped decision's winner and its close runners-up each after 0.2 s of
-back-to-back launches of itself (then those within 3 % again, in reverse order, as long): about 0.2 s per finalist
-per round, a second or more of a class's first call.  The GPU is already under load after the first finalist's
-settle, so the others may need a shorter one.  For prefill and training classes whose shipped record has close
+Session 34's ``runtime.race.confirm`` timed a shipped decision's winner and its close runners-up each after 0.2 s
+of back-to-back launches of itself (then those within 3 % again, in reverse order, as long): about 0.2 s per
+finalist per round, a second or more of a class's first call.  The GPU is already under load after the first
+finalist's settle, so the others may need a shorter one (``race.confirm`` since session 35: 50 ms).  For prefill and training classes whose shipped record has close
 runners-up, first use runs through the public API with ``runtime.autotune.confirm`` wrapped: on the very plans and
 timer first use made, it times
 
-* ``s200``: 0.2 s settle for every finalist and round (what ``race.confirm`` does);
+* ``s200``: 0.2 s settle for every finalist and round (session 34's ``race.confirm``);
 * ``chain``: 0.2 s for the first finalist, ``--next-ms`` for the others and for the second round;
-* ``truth``: each finalist after 0.5 s of itself, 0.2 s of timed launches, in order and then in reverse order (the
-  mean of the two medians) -- what a long run of it reads,
+* ``truth``: each finalist after 0.5 s of itself, 0.2 s of timed launches (at most 400), in order and then in
+  reverse order (the mean of the two medians) -- what a long run of it reads,
 
-in the order s200, chain, truth, chain, s200, and prints each variant's pick, its regret against ``truth``
-(including the pick of the first round alone: no second round) and its wall time.
+each variant twice, and prints each variant's pick, its regret against ``truth`` (including the pick of the first
+round alone: no second round) and its wall time.  First use confirms on a board at rest (after compiling): the
+variants run after ``--idle-s`` seconds of an idle GPU each, and which of them goes first alternates from one
+confirmation to the next (session 35's run 3 ran s200, chain, truth, chain, s200 back to back, so only s200's first
+repeat started from rest).  ``--max-classes`` counts confirmations (a training class makes two: its forward with
+LSE and its backward).
 
-    python3 -P bench/probe_confirm.py [--next-ms 50] [--max-classes 8] [--json OUT]
+    python3 -P bench/probe_confirm.py [--next-ms 50] [--idle-s 2] [--max-classes 8] [--json OUT]
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ def variant(race, measure, plans: dict, first_settle: float, next_settle: float)
 
     timed(ids, first_settle)
     once = {i: race._median(v) for i, v in samples.items() if v}
+    if not once:
+        raise RuntimeError("no finalist could be timed")
     limit = race.RETIME_SPREAD * min(once.values())
     close = [i for i in ids if once.get(i, limit + 1) <= limit]
     if len(close) > 1:
@@ -74,7 +80,9 @@ def truth(race, measure, plans: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--next-ms", type=float, default=50.0)
-    ap.add_argument("--max-classes", type=int, default=8)
+    ap.add_argument("--max-classes", type=int, default=8, help="stop after this many confirmations")
+    ap.add_argument("--idle-s", type=float, default=2.0, help="idle GPU time before each variant (first use confirms "
+                    "on a board at rest)")
     ap.add_argument("--budget-s", type=float, default=200.0, help="start no new class after this many seconds")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -90,15 +98,22 @@ def main() -> None:
         if min(race._first_times(measure, plans).values(), default=0) < race.SUSTAIN_MIN_US:
             return race.confirm(measure, plans)   # short kernels: confirmed in bursts, no settle to probe
         rec = {"n": len(plans)}
-        s200 = variant(race, measure, plans, race.CONFIRM_SETTLE_SECONDS, race.CONFIRM_SETTLE_SECONDS)
-        chain = variant(race, measure, plans, race.CONFIRM_SETTLE_SECONDS, args.next_ms / 1000)
+        settles = {"s200": race.CONFIRM_SETTLE_SECONDS, "chain": args.next_ms / 1000}
+        order = ["s200", "chain"] if len(log) % 2 == 0 else ["chain", "s200"]
+        runs = {name: [] for name in settles}
+        try:
+            for name in order + order[::-1]:
+                time.sleep(args.idle_s)
+                runs[name].append(variant(race, measure, plans, race.CONFIRM_SETTLE_SECONDS, settles[name]))
+        except RuntimeError:   # nothing could be timed: first use's own answer, nothing logged
+            return race.confirm(measure, plans)
         rec["truth"] = truth(race, measure, plans)
-        chain2 = variant(race, measure, plans, race.CONFIRM_SETTLE_SECONDS, args.next_ms / 1000)
-        s2002 = variant(race, measure, plans, race.CONFIRM_SETTLE_SECONDS, race.CONFIRM_SETTLE_SECONDS)
-        rec["variants"] = {"s200": [s200, s2002], "chain": [chain, chain2]}
+        rec["variants"] = runs
+        rec["first"] = order[0]
         rec["names"] = {i: getattr(getattr(p, "entry", None), "name", None) or str(i) for i, p in plans.items()}
         log.append(rec)
-        return s200["pick"], {**s200["first_us"], **s200["us"]}, s200["us"]
+        got = runs["s200"][0]
+        return got["pick"], {**got["first_us"], **got["us"]}, got["us"]
 
     autotune.confirm = hooked
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -118,6 +133,10 @@ def main() -> None:
         tag = f"{kind} {dtype} d{d} {'causal' if causal else 'full'} S{s}"
         for rec in log[before:]:
             tr = rec["truth"]
+            if not tr or any(got["pick"] not in tr or got["pick_round1"] not in tr
+                             for runs in rec["variants"].values() for got in runs):
+                print(f"{tag}: a finalist could not be timed; left out", flush=True)
+                continue
             best = min(tr.values())
             row = {"class": tag, "n": rec["n"], "truth_us": tr, "names": rec["names"]}
             line = [f"{tag}: {rec['n']} finalists, truth best {best:.1f} us, spread {max(tr.values()) / best - 1:.1%}"]

@@ -31,6 +31,7 @@ examples:
   fmha-dsl build bench_fwd --backend triton --arch sm90 -o build/bench
   fmha-dsl tune build/bench --budget 600          (on the GPU)
   fmha-dsl report build/bench -o report.html --png
+  fmha-dsl precompile --arch sm90 --shapes shapes.json --cache-dir deploy/ --limit 4
 
 exit codes: 0 ok, 1 failures (invalid combinations, build or dispatch failures, fmt --check diffs),
             2 usage or input errors, 70 internal error (fmha_dsl.errors: one class per fault)

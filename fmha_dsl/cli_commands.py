@@ -211,11 +211,12 @@ def cmd_tune(args) -> int:
 
 
 def cmd_precompile(args) -> int:
-    """Compile the default path's first-use candidates for every problem of a shape matrix into a cache folder."""
+    """Compile what the first calls of every problem of a shape matrix may need into a cache folder (no GPU):
+    :func:`fmha_dsl.precompile.precompile_report`."""
     from .arch import backend_archs
     from .cache import cache_base
     from .errors import UsageError, did_you_mean, error
-    from .first_use import precompile_report
+    from .precompile import precompile_report
     from .runtime.tune_shapes import expand_shapes, load_shapes, problem_of
 
     archs = backend_archs("triton")
@@ -223,34 +224,60 @@ def cmd_precompile(args) -> int:
         raise error("usage.arch", f"--arch `{args.arch}`: the default path compiles for {', '.join(archs)}", None,
                     did_you_mean(args.arch, archs) or "name the GPU the kernels will run on, e.g. sm90 for an "
                     "H100 or H200", cls=UsageError)
-    folder = os.path.abspath(args.cache_dir or cache_base())
-    _check_writable(folder)
-    if args.device is not None:
-        from .runtime.decisions import shipped_tables
-
-        have = sorted(d for d in shipped_tables(args.arch) if d)
-        if args.device not in have:
-            hint = did_you_mean(args.device, have) if have else None
-            _err(f"note: no shipped table for device `{args.device}` on {args.arch} (tables: "
-                 f"{', '.join(have) or 'none'}){'; ' + hint if hint else ''}: only the candidates are compiled")
-    doc = load_shapes(args.shapes)
+    if args.cache_dir is not None and not args.cache_dir.strip():
+        raise error("usage.output", "--cache-dir is empty", None, "name the folder to fill, e.g. --cache-dir deploy/",
+                    cls=UsageError)
+    _check_device(args.device, args.arch)
+    doc = load_shapes(args.shapes)  # every input checked before the folder is made
     problems = [problem_of(cls, pt, args.arch) for cls, pts in expand_shapes(doc, args.shapes or "<shipped matrix>")
                 for pt in pts]
+    folder = os.path.abspath(args.cache_dir if args.cache_dir is not None else cache_base())
+    _check_writable(folder)
     t0 = time.perf_counter()
-    cached, failed = precompile_report(problems, args.arch, jobs=args.jobs, cache_dir=folder, limit=args.limit,
-                                       device=args.device)
-    for name, why in failed:
+    done = precompile_report(problems, args.arch, jobs=args.jobs, cache_dir=folder, limit=args.limit,
+                             device=args.device)
+    for name, why in done.failed:
         _err(f"failed: {name}: {(why.strip().splitlines() or [''])[-1]}")
+    none = sorted(set(done.no_kernel))
+    for what in none[:8]:
+        _err(f"note: the Triton rules allow no kernel on {args.arch} for {what}: such calls fail there")
+    if len(none) > 8:
+        _err(f"note: ... and {len(none) - 8} more problems of the matrix without a kernel on {args.arch}")
     if not args.quiet:
-        _out(f"{_count(cached, 'kernel')} in the cache `{folder}` for {_count(len(problems), 'problem')} of "
-             f"`{doc['name']}` on "
-             f"{args.arch} ({len(failed)} failed) in {time.perf_counter() - t0:.0f} s; where they run, set "
-             f"FMHA_DSL_CACHE_DIR={folder}")
-    return EXIT_FAIL if failed else EXIT_OK
+        _out(f"{_count(done.cached, 'kernel')} in the cache `{folder}` for {_count(len(problems), 'problem')} of "
+             f"`{doc['name']}` on {args.arch} ({len(done.failed)} failed, {len(none)} without a kernel) in "
+             f"{time.perf_counter() - t0:.0f} s; where they run, set FMHA_DSL_CACHE_DIR={folder}")
+    return EXIT_FAIL if done.failed or (problems and len(done.no_kernel) == len(problems)) else EXIT_OK
 
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def _check_device(device: str | None, arch: str) -> None:
+    """``--device``: a shipped table's GPU name.  A name close to one (a typo, another case, a prefix) is an input
+    error -- the kernels its table names would silently be left out -- a GPU of an arch without tables a note."""
+    if device is None:
+        return
+    from .errors import UsageError, did_you_mean, error
+    from .runtime.decisions import shipped_tables, use_shipped
+
+    if not device.strip():
+        raise error("usage.value", "--device is empty", None, "name the GPU as torch.cuda.get_device_name() does, "
+                    "e.g. \"NVIDIA H100 80GB HBM3\", or leave --device out", cls=UsageError)
+    if not use_shipped():
+        _err("note: FMHA_DSL_TUNED_SHIPPED=0: no shipped table is read, --device selects nothing")
+        return
+    have = sorted(d for d in shipped_tables(arch) if isinstance(d, str))
+    if device in have:
+        return
+    if not have:
+        _err(f"note: no table ships for {arch}: only the candidates are compiled")
+        return
+    close = [d for d in have if d.lower() == device.lower() or d.lower().startswith(device.lower())]
+    raise error("usage.value", f"--device `{device}`: no shipped table for it on {arch} (tables: {', '.join(have)})",
+                None, (f"did you mean `{close[0]}`?" if close else did_you_mean(device, have))
+                or "leave --device out to include the kernels of every table of the arch", cls=UsageError)
 
 
 def _check_writable(folder: str) -> None:
@@ -264,8 +291,9 @@ def _check_writable(folder: str) -> None:
         with tempfile.TemporaryFile(dir=os.path.join(folder, "kernels")):
             pass
     except OSError as exc:
-        raise error("usage.output", f"cannot write the cache folder `{folder}`: {exc.strerror or exc}", None,
-                    "pass --cache-dir a writable folder (or set FMHA_DSL_CACHE_DIR)", cls=UsageError) from None
+        raise error("usage.output", f"cannot write the cache folder `{folder}`: `{exc.filename or folder}`: "
+                    f"{exc.strerror or exc}", None, "pass --cache-dir a writable folder (or set FMHA_DSL_CACHE_DIR)",
+                    cls=UsageError) from None
 
 
 def cmd_fmt(args) -> int:

@@ -339,47 +339,4 @@ def _name_of(e: Entry) -> str:
     return name + "_unaligned" if a.get("constraint") == "unaligned" else name
 
 
-def precompile(problems, arch: str, aligned: bool = True, jobs: int | None = None, cache_dir: str | None = None,
-               limit: int | None = None, device: str | None = None) -> int:
-    """Compile every first-use candidate of ``problems`` into the artifact cache (no GPU needed), so that a
-    deployment's first calls only load binaries.  Returns how many candidate kernels are now cached.  The arguments
-    are :func:`precompile_report`'s."""
-    return precompile_report(problems, arch, aligned, jobs, cache_dir, limit, device)[0]
-
-
-def precompile_report(problems, arch: str, aligned: bool = True, jobs: int | None = None,
-                      cache_dir: str | None = None, limit: int | None = None,
-                      device: str | None = None) -> tuple[int, list[tuple[str, str]]]:
-    """:func:`precompile`, with what failed: ``(kernels now cached, [(kernel name, why it did not compile)])``
-    (``fmha-dsl precompile``).  Per problem: the candidates first use would time (``limit``: only the ones the cost
-    model ranks highest), and always the kernels a shipped table names for its class -- the winner and the close
-    runners-up that first use times again -- of the device named ``device`` (as torch names it), or of every device
-    of ``arch`` with a table when None; so a deployment on a device with a shipped table compiles nothing."""
-    from fmha_dsl.runtime import decisions
-
-    b = Builder(cache_dir, jobs)
-    tables = decisions.shipped_tables(arch)
-    if device is not None:
-        tables = {device: tables.get(device, {})}
-    want: dict[str, Entry] = {}
-    for p in problems:
-        named = set()
-        k = decisions.key(p, aligned)
-        for table in tables.values():
-            rec = table.get(k)
-            if isinstance(rec, dict) and rec.get("space") == b.fingerprint(p.family):
-                named.update([rec.get("kernel")] + decisions.close_runners_up(rec))
-        picked = b.candidates(p, arch, aligned, limit)
-        if named - {e.name for e in picked}:
-            picked += [e for e in b.candidates(p, arch, aligned, _EVERY) if e.name in named]
-        for e in picked:
-            want.setdefault(e.identifier, e)
-    got = b.compile(list(want.values()), aligned)
-    failed = [(_name_of(e) if e.name == "<first-use>" else e.name, str(why)) for e, why in got
-              if not isinstance(why, dict)]
-    return len(got) - len(failed), failed
-
-
-_EVERY = 1 << 30  # a candidate limit that keeps every candidate (to find the kernels a shipped table names)
-
-__all__ = ["Builder", "precompile", "precompile_report"]
+__all__ = ["Builder"]

@@ -209,9 +209,12 @@ def shipped_tables(arch: str) -> dict:
             doc = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
+        dev = doc.get("device") if isinstance(doc, dict) else None
+        if dev is not None and not isinstance(dev, str):  # a damaged table: left out, like one that does not parse
+            continue
         if isinstance(doc, dict) and doc.get("version") == VERSION and doc.get("arch") == arch:
             decided = doc.get("decisions") if isinstance(doc.get("decisions"), dict) else {}
-            out.setdefault(doc.get("device"), {}).update({k: v for k, v in decided.items() if _valid(v)})
+            out.setdefault(dev, {}).update({k: v for k, v in decided.items() if _valid(v)})
     return out
 
 
@@ -247,5 +250,5 @@ def close_runners_up(rec: dict | None) -> list[str]:
     return [n for _, n in close[:CONFIRM_MAX]]
 
 
-__all__ = ["VERSION", "octave", "buckets", "key", "gqa_octave", "device_slug", "TunedTable", "shipped", "shipped_tables",
-           "record_of", "close_runners_up", "CONFIRM_SPREAD", "CONFIRM_MAX"]
+__all__ = ["VERSION", "octave", "buckets", "key", "gqa_octave", "device_slug", "TunedTable", "shipped",
+           "shipped_tables", "record_of", "close_runners_up", "CONFIRM_SPREAD", "CONFIRM_MAX"]

@@ -336,7 +336,7 @@ TINY_SHAPES = {"classes": [{"dtype": "bf16", "hdim": 64, "mask": "causal", "nhea
                             "seqlens": [1024], "batch": [2]}]}
 
 
-def test_precompile_fills_the_cache_that_first_use_then_only_loads(tmp_path):
+def test_precompile_fills_the_cache_that_first_use_then_only_loads(tmp_path, monkeypatch):
     """`fmha-dsl precompile` compiles the candidates first use would time for each problem of a shape matrix (here
     the cost model's best one) into --cache-dir, on a machine without a GPU; a first-use builder pointed at that folder
     then finds them with compiling forbidden (cache_only), as FMHA_DSL_NO_BUILD=1 would on the deployment."""
@@ -344,13 +344,14 @@ def test_precompile_fills_the_cache_that_first_use_then_only_loads(tmp_path):
     from fmha_dsl.first_use import Builder
     from fmha_dsl.runtime.tune_shapes import expand_shapes, problem_of
 
+    monkeypatch.setenv("FMHA_DSL_TUNED_SHIPPED", "0")  # the candidates alone, whatever tables ship
     shapes = tmp_path / "shapes.json"
     shapes.write_text(json.dumps(TINY_SHAPES))
     cache = tmp_path / "deploy"
     out = cli("precompile", "--shapes", str(shapes), "--arch", "sm90", "--cache-dir", str(cache), "--limit", "1")
     assert out.returncode == 0, out.stderr
-    assert f"1 kernel in the cache `{cache}` for 1 problem of `shapes.json` on sm90 (0 failed)" in out.stdout
-    assert f"FMHA_DSL_CACHE_DIR={cache}" in out.stdout
+    assert (f"1 kernel in the cache `{cache}` for 1 problem of `shapes.json` on sm90 (0 failed, 0 without a kernel)"
+            in out.stdout) and f"FMHA_DSL_CACHE_DIR={cache}" in out.stdout
     (cls, pts), = expand_shapes(json.loads(shapes.read_text()))
     p = problem_of(cls, pts[0], "sm90")
     want = Builder().candidates(p, "sm90", limit=2)
@@ -358,49 +359,106 @@ def test_precompile_fills_the_cache_that_first_use_then_only_loads(tmp_path):
     assert isinstance(got[0][1], dict) and not isinstance(got[1][1], dict)  # the best one cached, the next not
 
 
-def test_precompile_input_errors_exit_2_naming_the_argument(tmp_path):
-    shapes = tmp_path / "shapes.json"
-    shapes.write_text(json.dumps(TINY_SHAPES))
-    afile = tmp_path / "a_file"
-    afile.write_text("")
-    cases = [(("--arch", "sm9", "--cache-dir", str(tmp_path / "c")), ["--arch `sm9`", "did you mean `sm90`?"]),
-             (("--arch", "sm90", "--cache-dir", str(afile)), [f"cannot write the cache folder `{afile}`",
-                                                                 "--cache-dir"]),
-             (("--arch", "sm90", "--cache-dir", str(tmp_path / "c"), "--shapes", str(tmp_path / "none.json")),
-              ["cannot read the shape matrix", "--shapes"]),
-             (("--arch", "sm90", "--limit", "0"), ["--limit"])]
-    for args, words in cases:
-        out = cli("precompile", *([] if "--shapes" in args else ["--shapes", str(shapes)]), *args)
-        assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr)
-        for w in words:
-            assert w in out.stderr, (args, w, out.stderr)
+def _recording_builder(monkeypatch):
+    """Builder.compile and .gather record what they are asked for instead of compiling."""
+    from fmha_dsl.first_use import Builder
+
+    asked = {"compile": [], "gather": []}
+    monkeypatch.setattr(Builder, "compile", lambda self, entries, aligned=True, **kw: asked["compile"].append(
+        list(entries)) or [(e, {e.identifier: b""}) for e in entries])
+    monkeypatch.setattr(Builder, "gather", lambda self, p, arch, cache_only=False: asked["gather"].append(p) or (
+        object(), b""))
+    return asked
 
 
 def test_precompile_always_compiles_what_a_shipped_table_names(monkeypatch):
     """With --limit, the candidates the cost model ranks highest; and always the shipped winner of the problem's
     class and the close runners-up first use would time again on that device (else the deployment's first call would
     compile them): of the named device's table, or of every table of the arch."""
-    from fmha_dsl.first_use import Builder, precompile_report
+    from fmha_dsl.first_use import Builder
     from fmha_dsl.keys import Problem
+    from fmha_dsl.precompile import precompile_report
     from fmha_dsl.runtime import decisions
 
     p = Problem(family="fwd", dtype="bf16", arch="sm90", batch=4, nhead_q=16, nhead_k=16, seqlen_q=4096,
                 seqlen_k=4096, hdim_q=128, hdim_v=128, mask="top_left")
     tables = decisions.shipped_tables("sm90")
     assert {"NVIDIA H200", "NVIDIA H100 80GB HBM3"} <= set(tables)
-    named = {d: {t[decisions.key(p)]["kernel"], *decisions.close_runners_up(t[decisions.key(p)])}
-             for d, t in tables.items()}
-    asked = []
-    monkeypatch.setattr(Builder, "compile", lambda self, entries, aligned=True, **kw: asked.append(
-        [e.name for e in entries]) or [(e, {e.identifier: b""}) for e in entries])
-    top = [e.name for e in Builder().candidates(p, "sm90", True, 1)]
-    assert precompile_report([p], "sm90", limit=1, device="NVIDIA H200") == (len(set(top) | named["NVIDIA H200"]),
-                                                                             [])
-    assert set(asked[-1]) == set(top) | named["NVIDIA H200"] and len(named["NVIDIA H200"]) > 1
+    recs = {d: t[decisions.key(p)] for d, t in tables.items()}
+    assert all(r["space"] == Builder().fingerprint("fwd") for r in recs.values()), "tables stale: retune them"
+    every = {e.name: e.identifier for e in Builder().candidates(p, "sm90", True, 1 << 30)}
+    named = {d: {every[r["kernel"]], *(every[n] for n in decisions.close_runners_up(r))} for d, r in recs.items()}
+    asked = _recording_builder(monkeypatch)
+    top = {e.identifier for e in Builder().candidates(p, "sm90", True, 1)}
+    got = precompile_report([p], "sm90", limit=1, device="NVIDIA H200")
+    assert got == (len(top | named["NVIDIA H200"]), [], []) and len(named["NVIDIA H200"] - top) > 1
+    assert {e.identifier for e in asked["compile"][-1]} == top | named["NVIDIA H200"]
     precompile_report([p], "sm90", limit=1)
-    assert set(asked[-1]) == set(top).union(*named.values())
+    assert {e.identifier for e in asked["compile"][-1]} == top.union(*named.values())
     precompile_report([p], "sm90", limit=1, device="no such GPU")
-    assert asked[-1] == top
+    assert {e.identifier for e in asked["compile"][-1]} == top
     monkeypatch.setenv("FMHA_DSL_TUNED_SHIPPED", "0")   # shipped tables ignored: the candidates alone
     precompile_report([p], "sm90", limit=1)
-    assert asked[-1] == top
+    assert {e.identifier for e in asked["compile"][-1]} == top and not asked["gather"]
+
+
+def test_precompile_adds_what_a_call_of_the_problem_also_decides(monkeypatch):
+    """A backward problem's training step also decides its forward with LSE; a paged prefill that may take the
+    gathered route also needs the copy kernel and the forward problem over the copy (group mode); a problem the rules
+    allow no kernel for is reported, not skipped in silence."""
+    from fmha_dsl.keys import Problem
+    from fmha_dsl.precompile import precompile_report
+    from fmha_dsl.runtime.tune_shapes import expand_shapes, problem_of
+
+    monkeypatch.setenv("FMHA_DSL_TUNED_SHIPPED", "0")
+    asked = _recording_builder(monkeypatch)
+    bwd = Problem(family="bwd_dq_dk_dv", dtype="bf16", arch="sm90", batch=2, nhead_q=4, nhead_k=4, seqlen_q=512,
+                  seqlen_k=512, hdim_q=64, hdim_v=64, mask="top_left")
+    precompile_report([bwd], "sm90", limit=1)
+    fams = sorted((e.sig["family"], e.sig["lse"]) for e in asked["compile"][-1])
+    assert len(fams) == 2 and fams[0] == ("bwd_dq_dk_dv", False) and fams[1][0] in ("fwd", "fwd_splitkv"), fams
+    assert fams[1][1] is True  # the forward that saves its LSE for the backward
+    (cls, pts), = expand_shapes({"classes": [{"family": "batch_prefill", "dtype": "bf16", "hdim": 128,
+                                              "mask": "causal", "nhead_q": 8, "nhead_k": 2, "seqlens": [2048],
+                                              "batch": [2]}]})
+    paged = problem_of(cls, pts[0], "sm90")
+    got = precompile_report([paged], "sm90", limit=1)
+    modes = sorted((e.sig["family"], e.sig["mode"]) for e in asked["compile"][-1])
+    assert modes == [("batch_prefill", "group"), ("fwd", "group")] and asked["gather"] == [paged]
+    assert got.cached == 3 and not got.failed
+    huge = bwd.model_copy(update={"family": "fwd", "hdim_q": 1024, "hdim_v": 1024})
+    got = precompile_report([huge], "sm90")
+    assert got.cached == 0 and len(got.no_kernel) == 1 and "1024" in got.no_kernel[0]
+
+
+def test_precompile_input_errors_exit_2_naming_the_argument(tmp_path, monkeypatch):
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps(TINY_SHAPES))
+    afile = tmp_path / "a_file"
+    afile.write_text("")
+    c = str(tmp_path / "c")
+    cases = [(("--arch", "sm9", "--cache-dir", c), ["--arch `sm9`", "did you mean `sm90`?"]),
+             (("--arch", "sm90", "--cache-dir", str(afile)), [f"cannot write the cache folder `{afile}`",
+                                                                 "--cache-dir"]),
+             (("--arch", "sm90", "--cache-dir", ""), ["--cache-dir is empty"]),
+             (("--arch", "sm90", "--cache-dir", c, "--shapes", str(tmp_path / "none.json")),
+              ["cannot read the shape matrix", "--shapes"]),
+             (("--arch", "sm90", "--limit", "0"), ["--limit"]),
+             (("--arch", "sm90", "--cache-dir", c, "--device", " "), ["--device is empty"]),
+             (("--arch", "sm90", "--cache-dir", c, "--device", "NVIDIA H100"),
+              ["--device `NVIDIA H100`", "did you mean `NVIDIA H100 80GB HBM3`?"]),
+             (("--arch", "sm90", "--cache-dir", c, "--device", "nvidia h200"), ["did you mean `NVIDIA H200`?"])]
+    for args, words in cases:
+        out = cli("precompile", *([] if "--shapes" in args else ["--shapes", str(shapes)]), *args)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr)
+        for w in words:
+            assert w in out.stderr, (args, w, out.stderr)
+    assert not os.path.exists(c)  # every input is checked before the folder is made
+
+
+def test_precompile_without_any_kernel_exits_1_and_says_why(tmp_path):
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps({"classes": [dict(TINY_SHAPES["classes"][0], hdim=1024)]}))
+    out = cli("precompile", "--shapes", str(shapes), "--arch", "sm90", "--cache-dir", str(tmp_path / "c"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "the Triton rules allow no kernel on sm90 for" in out.stderr and "1 without a kernel" in out.stdout

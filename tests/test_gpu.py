@@ -46,7 +46,7 @@ NEEDED = (
 def warm_kernels():
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    from fmha_dsl.first_use import precompile
+    from fmha_dsl.precompile import precompile
     from fmha_dsl.runtime.dispatch import detect_arch
 
     # first-use selection times its candidates: a few per class keep the suite short (bench_default measures the

@@ -440,7 +440,7 @@ def test_first_use_candidates_come_from_the_rules_with_exact_head_dims():
 
 def test_first_use_compiles_into_the_artifact_cache_once(tmp_path):
     pytest.importorskip("triton")
-    from fmha_dsl.first_use import precompile
+    from fmha_dsl.precompile import precompile
 
     cache = str(tmp_path / "c")
     p = problem(hdim_q=64, hdim_v=64, mask="top_left", lse=True)
@@ -631,6 +631,29 @@ def test_first_use_of_millisecond_kernels_fits_in_a_second_of_gpu_time():
     assert [i for i in sustained if len(calls[i]) == 3] == [21, 23]  # 4273 and 4297 us: within 3 %, timed again
     assert timed == {i: float(t) for i, t in enumerate(times)}
     assert gpu_us[0] <= 0.75e6
+
+
+def test_shipped_tables_leave_out_damaged_files(tmp_path, monkeypatch):
+    """Shipped tables are read per device; a file that does not parse, is not an object, has a device name that is
+    not a string or decisions that are not an object is left out (the others still serve), never an exception."""
+    import importlib.resources
+    import json
+
+    from fmha_dsl.runtime import decisions
+
+    good = next(iter(decisions.shipped("sm90", "NVIDIA H200").items()))
+    doc = {"version": decisions.VERSION, "arch": "sm90", "device": "Dev A", "decisions": dict([good])}
+    files = {"a.json": doc, "list.json": [doc], "dev.json": dict(doc, device=["Dev A"]),
+             "dec.json": dict(doc, device="Dev B", decisions=[good]), "other.json": dict(doc, arch="sm80")}
+    folder = tmp_path / "tuned"
+    folder.mkdir()
+    for name, d in files.items():
+        (folder / name).write_text(json.dumps(d))
+    (folder / "broken.json").write_text("{")
+    monkeypatch.setattr(importlib.resources, "files", lambda pkg: tmp_path)
+    assert decisions.shipped_tables("sm90") == {"Dev A": dict([good]), "Dev B": {}}
+    assert decisions.shipped("sm90", "Dev A") == dict([good]) and decisions.shipped("sm90", "Dev C") == {}
+    assert list(decisions.shipped_tables("sm80")) == ["Dev A"]
 
 
 def test_tuned_table_merges_concurrent_writers(tmp_path):
@@ -1448,7 +1471,7 @@ def test_a_table_file_of_another_device_is_not_overwritten(tmp_path):
 
 
 def test_first_use_for_an_unknown_arch_is_a_located_usage_error():
-    from fmha_dsl.first_use import precompile
+    from fmha_dsl.precompile import precompile
 
     with pytest.raises(UsageError) as ei:
         precompile([problem()], "SM90")
