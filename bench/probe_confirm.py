@@ -12,8 +12,7 @@ timer first use made, it times
 * ``truth``: each finalist after 0.5 s of itself, 0.2 s of timed launches (at most 400), in order and then in
   reverse order (the mean of the two medians) -- what a long run of it reads,
 
-each variant twice, and prints each variant's pick, its regret against ``truth`` (including the pick of the first
-round alone: no second round) and its wall time.  First use confirms on a board at rest (after compiling): the
+each variant twice, and prints each variant's pick, its regret against ``truth`` and its wall time.  First use confirms on a board at rest (after compiling): the
 variants run after ``--idle-s`` seconds of an idle GPU each, and which of them goes first alternates from one
 confirmation to the next (session 35's run 3 ran s200, chain, truth, chain, s200 back to back, so only s200's first
 repeat started from rest).  ``--max-classes`` counts confirmations (a training class makes two: its forward with
@@ -36,32 +35,16 @@ CASES = [("bwd", "bf16", 128, True, 4096), ("bwd", "fp16", 128, False, 2048)] + 
 
 
 def variant(race, measure, plans: dict, first_settle: float, next_settle: float) -> dict:
-    """Confirm's algorithm with the first finalist's settle and the others' given apart: the pick (two rounds),
-    the first round's pick, the medians and the wall time."""
+    """Confirm's algorithm (``race._sustained``) with the first finalist's settle and the others' given apart: the
+    pick, the medians and the wall time."""
     t0 = time.perf_counter()
     first = race._first_times(measure, plans)
     ids = sorted(first, key=lambda i: (first[i], i))
-    samples = {i: [] for i in ids}
-
-    def timed(order, settle0):
-        for j, i in enumerate(order):
-            settle = settle0 if j == 0 else next_settle
-            t = max(first[i], 1.0)
-            warm = int(min(4000, settle * 1e6 / t))
-            n = int(min(64, max(4, race.SUSTAIN_TIMED_SECONDS * 1e6 / t)))
-            samples[i] += race._time_n(measure, plans[i], n, warm)
-
-    timed(ids, first_settle)
-    once = {i: race._median(v) for i, v in samples.items() if v}
-    if not once:
+    med = race._sustained(measure, plans, ids, first, first_settle, next_settle) if ids else {}
+    if not med:
         raise RuntimeError("no finalist could be timed")
-    limit = race.RETIME_SPREAD * min(once.values())
-    close = [i for i in ids if once.get(i, limit + 1) <= limit]
-    if len(close) > 1:
-        timed(close[::-1], next_settle if next_settle != first_settle else first_settle)
-    med = {i: race._median(v) for i, v in samples.items() if v}
-    return {"pick": min(med, key=lambda i: (med[i], i)), "pick_round1": min(once, key=lambda i: (once[i], i)),
-            "us": med, "round1_us": once, "first_us": first, "wall_s": time.perf_counter() - t0}
+    return {"pick": min(med, key=lambda i: (med[i], i)), "us": med, "first_us": first,
+            "wall_s": time.perf_counter() - t0}
 
 
 def truth(race, measure, plans: dict) -> dict:
@@ -133,8 +116,7 @@ def main() -> None:
         tag = f"{kind} {dtype} d{d} {'causal' if causal else 'full'} S{s}"
         for rec in log[before:]:
             tr = rec["truth"]
-            if not tr or any(got["pick"] not in tr or got["pick_round1"] not in tr
-                             for runs in rec["variants"].values() for got in runs):
+            if not tr or any(got["pick"] not in tr for runs in rec["variants"].values() for got in runs):
                 print(f"{tag}: a finalist could not be timed; left out", flush=True)
                 continue
             best = min(tr.values())
@@ -142,11 +124,10 @@ def main() -> None:
             line = [f"{tag}: {rec['n']} finalists, truth best {best:.1f} us, spread {max(tr.values()) / best - 1:.1%}"]
             for vname, runs in rec["variants"].items():
                 for r, got in enumerate(runs):
-                    reg, reg1 = tr[got["pick"]] / best - 1, tr[got["pick_round1"]] / best - 1
-                    row[f"{vname}{r + 1}"] = {"regret": reg, "regret_round1": reg1, "wall_s": got["wall_s"],
-                                              "pick": got["pick"], "us": got["us"]}
-                    line.append(f"   {vname}#{r + 1}: regret {reg:6.2%} (round 1 alone {reg1:6.2%})  "
-                                f"wall {got['wall_s']:.2f} s")
+                    reg = tr[got["pick"]] / best - 1
+                    row[f"{vname}{r + 1}"] = {"regret": reg, "wall_s": got["wall_s"], "pick": got["pick"],
+                                              "us": got["us"]}
+                    line.append(f"   {vname}#{r + 1}: regret {reg:6.2%}  wall {got['wall_s']:.2f} s")
             results.append(row)
             print("\n".join(line), flush=True)
         del q, k, v, o
@@ -159,7 +140,6 @@ def main() -> None:
                 summary[f"{vname}{r}"] = {
                     "max_regret": max(x["regret"] for x in rows),
                     "mean_regret": sum(x["regret"] for x in rows) / len(rows),
-                    "max_regret_round1": max(x["regret_round1"] for x in rows),
                     "median_wall_s": sorted(x["wall_s"] for x in rows)[len(rows) // 2],
                     "max_wall_s": max(x["wall_s"] for x in rows), "n": len(rows)}
     print(json.dumps(summary, indent=1), flush=True)

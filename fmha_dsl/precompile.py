@@ -86,29 +86,22 @@ def _with_related(problems, gathers: dict, aligned: bool):
 
 
 def _shipped_kernels(b: Builder, p, arch: str, aligned: bool, tables: dict, picked: list) -> list[Entry]:
-    """The kernels shipped tables name for ``p``'s class and ``picked`` lacks: each winner as the runtime builds it
-    (from the record's key fields), the close runners-up found among the candidates by name."""
-    from fmha_dsl.runtime import decisions
+    """The kernels shipped tables name for ``p``'s class and ``picked`` lacks: each current record's winner and its
+    close runners-up, found as first use finds them (:mod:`fmha_dsl.runtime.autotune`)."""
+    from fmha_dsl.runtime import autotune, decisions
 
     k, have, out, names = decisions.key(p, aligned), {e.identifier for e in picked}, [], set()
     for table in tables.values():
-        rec = table.get(k)
-        if not isinstance(rec, dict) or rec.get("space") != b.fingerprint(p.family):
-            continue
-        try:
-            win = b.entry_for(rec["sig"], rec["alg"], arch)
-        except (KeyError, TypeError, ValueError, AttributeError):  # a damaged record: the runtime ignores it too
+        rec = autotune.current_record(table.get(k), b, p.family)
+        win = autotune.recorded_entry(b, rec, arch)
+        if win is None:
             continue
         if win.identifier not in have:
             have.add(win.identifier)
             out.append(win)
         names.update(decisions.close_runners_up(rec))
     names -= {e.name for e in picked + out}
-    if names:
-        out += [e for e in b.candidates(p, arch, aligned, _EVERY) if e.name in names and e.identifier not in have]
-    return out
+    return out + [e for e in autotune.named_candidates(b, p, arch, aligned, names) if e.identifier not in have]
 
-
-_EVERY = 1 << 30  # a candidate limit that keeps every candidate (to find the runners-up a shipped table names)
 
 __all__ = ["precompile", "precompile_report", "Precompiled"]

@@ -85,11 +85,7 @@ class MeasuredSelection:
     def _current(self, tk: str, p) -> dict | None:
         """The recorded decision for ``tk`` when it was measured under this builder's candidate space for ``p``'s
         family; None when there is none or it is stale (another template or candidate space: measured again)."""
-        rec = self.tuned.get(tk) if self.tuned is not None else None
-        if not isinstance(rec, dict) or rec.get("space") != getattr(self.builder, "fingerprint",
-                                                                    lambda family: None)(p.family):
-            return None
-        return rec
+        return current_record(self.tuned.get(tk) if self.tuned is not None else None, self.builder, p.family)
 
     def decided_kernel(self, p, aligned: bool) -> str | None:
         """The name of the kernel first use would run for ``p`` without measuring anything: decided in this process
@@ -105,11 +101,10 @@ class MeasuredSelection:
         """The recorded decision for ``tk`` (measured under this builder's candidate space), compiled or loaded from
         the artifact cache (only loaded with ``cache_only``) -- in one batch with the entries ``also`` (a shipped
         decision's close runners-up); None when there is none or it cannot serve ``p``."""
-        rec = self._current(tk, p)
-        if rec is None:
+        want = recorded_entry(self.builder, self._current(tk, p), self.arch)
+        if want is None:
             return None
         try:
-            want = self.builder.entry_for(rec["sig"], rec["alg"], self.arch)
             got = self._compile([want] + [e for e in also if e.identifier != want.identifier], aligned, cache_only)
         except (KeyError, TypeError, ValueError, AttributeError):  # a damaged record: as if there were none
             return None
@@ -122,9 +117,7 @@ class MeasuredSelection:
         one with a clear winner, or none at all."""
         rec = self._current(tk, p)
         names = close_runners_up(rec) if rec is not None and self.tuned.is_shipped(tk) else []
-        if not names:
-            return []
-        return [e for e in self.builder.candidates(p, self.arch, aligned, limit=_ALL) if e.name in names]
+        return named_candidates(self.builder, p, self.arch, aligned, names)
 
     def _confirmed(self, p, aligned: bool, win: Entry, close: list, measure) -> Entry:
         """A shipped decision ``win`` (measured on another device of this model) decided again here against its close
@@ -217,7 +210,35 @@ class MeasuredSelection:
                           "to a writable folder", RuntimeWarning, stacklevel=4)
 
 
-_ALL = 1 << 30  # a candidate limit that keeps every candidate (a shipped runner-up is found whatever the knob)
+ALL_CANDIDATES = 1 << 30  # a candidate limit that keeps every candidate (a named runner-up is found whatever the knob)
+
+
+def current_record(rec, builder, family: str) -> dict | None:
+    """``rec`` (a recorded decision) when it was measured under ``builder``'s candidate space for ``family``; None
+    when it is missing, not a record, or stale (another template or candidate space: measured again)."""
+    if not isinstance(rec, dict) or rec.get("space") != getattr(builder, "fingerprint", lambda family: None)(family):
+        return None
+    return rec
+
+
+def recorded_entry(builder, rec: dict | None, arch: str):
+    """The entry (not compiled) of a record's winner, built from its key fields as first use builds it; None for no
+    record or a damaged one."""
+    if rec is None:
+        return None
+    try:
+        return builder.entry_for(rec["sig"], rec["alg"], arch)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def named_candidates(builder, p, arch: str, aligned: bool, names) -> list:
+    """The candidate entries (not compiled) of ``p`` whose names are in ``names`` (a record's runners-up), found among
+    every candidate the rules allow; none for no names."""
+    if not names:
+        return []
+    return [e for e in builder.candidates(p, arch, aligned, limit=ALL_CANDIDATES) if e.name in names]
+
 _UNTIMED = 4   # candidates compiled when the choice is the cost model's (it weighs the builds' resource reports)
 MAX_TIMED = 16  # registry candidates a first-use measurement times at most (the static order's first)
 
@@ -232,4 +253,5 @@ def _without_spills(entries: list) -> list:
     return clean or entries
 
 
-__all__ = ["enabled", "MeasuredSelection", "MAX_TIMED"]
+__all__ = ["enabled", "MeasuredSelection", "MAX_TIMED", "ALL_CANDIDATES", "current_record", "recorded_entry",
+           "named_candidates"]
