@@ -106,7 +106,8 @@ _SITUATION_KNOBS = ("FMHA_DSL_TUNED_SHIPPED", "FMHA_DSL_TUNED_CONFIRM", "FMHA_DS
 
 def run_situation(name: str, env_extra: dict, cache: str, classes: list, timeout: float) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _SITUATION_KNOBS}
-    env.update(FMHA_DSL_CACHE_DIR=cache, **env_extra)
+    # Triton's own cache lives with ours: a situation that starts from an empty folder starts from a cold Triton too
+    env.update(FMHA_DSL_CACHE_DIR=cache, TRITON_CACHE_DIR=os.path.join(cache, "triton"), **env_extra)
     spec = json.dumps({"classes": classes})
     t0 = time.perf_counter()
     try:

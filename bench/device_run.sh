@@ -3,7 +3,7 @@
 # benchmark set for the local GPU, run the GPU tests and the benchmarks.  Logs and JSON go to $OUT.
 #   bash bench/device_run.sh [all|tests|bwdtests|pagedtests|memcheck|serving|fwd|flex|dispatch|select|seqbuild|seqtune|
 #                             seqeval|default|bwd|fp8|firstcall|confirmprobe|
-#                             profilefirst]
+#                             profilefirst]  (PROFILE_ARGS: e.g. --empty)
 #   (several: "tests dispatch"); bwd: bench/bench_bwd.py (BWD_ARGS passes options, e.g. --quick)
 #   default: bench/bench_default.py (what fmha_dsl.attention gives with default arguments; DEFAULT_PARTS picks parts;
 #   every decision measured in the run unless DEFAULT_SHIPPED=1: then the shipped table's, as on a user's H200)
@@ -63,8 +63,8 @@ if [[ $what == *" firstcall "* ]]; then   # first-call latency in the situations
     2>&1 | tee "$OUT/bench_firstcall.log"
 fi
 if [[ $what == *" profilefirst "* ]]; then   # where a cached first call's host time goes (cProfile)
-  python3 -P bench/profile_firstcall.py > "$OUT/profile_firstcall.log" 2>&1
-  grep -E "^== |first|Error" "$OUT/profile_firstcall.log" | head -20
+  python3 -P bench/profile_firstcall.py ${PROFILE_ARGS:-} > "$OUT/profile_firstcall.log" 2>&1
+  grep -E "^== |first|Error|####|compile|race|confirm|torch fast" "$OUT/profile_firstcall.log" | head -60
 fi
 if [[ $what == *" confirmprobe "* ]]; then   # shorter settles for the confirmation of shipped decisions (PROBE_ARGS)
   rm -rf /tmp/fmha-probe/tuned   # an earlier call's decisions would leave nothing to confirm

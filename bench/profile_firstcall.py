@@ -1,11 +1,18 @@
-"""Where the host time of a first call goes once its kernels and decision are cached.
+"""Where the host time of a first call goes.
 
     python3 -P bench/profile_firstcall.py [--top 30]
+    python3 -P bench/profile_firstcall.py --empty [--torch-fast 1,0]
 
-A first process fills a fresh cache folder (``FMHA_DSL_CACHE_DIR``) by calling a forward class and a training
-(forward + backward) class; a second, fresh process calls them again under ``cProfile`` and prints, per call, the
-wall time and the functions with the most cumulative time.  bench_firstcall.py measured 2.3 s for the first
-training call of a process with everything cached (H100, session 35); this says where it goes.
+Default: a first process fills a fresh cache folder (``FMHA_DSL_CACHE_DIR``) by calling a forward class and a
+training (forward + backward) class; a second, fresh process calls them again under ``cProfile`` and prints, per
+call, the wall time and the functions with the most cumulative time.  bench_firstcall.py measured 2.3 s for the
+first training call of a process with everything cached (H100, session 35); this says where it goes.
+
+``--empty``: one fresh process per ``--torch-fast`` value (``FMHA_DSL_TORCH_FAST``), an empty cache and no shipped
+table, calls bench_firstcall.py's first two forward classes and prints a timeline of each first call: every batch
+of compile jobs (jobs, workers, when each result came back), the timing of the candidates, and the torch fast
+path's background build.  bench_firstcall.py measured the second class at 12-14 s where the first took 5-6 s (H100,
+session 35); this says which phase takes it.
 """
 
 from __future__ import annotations
@@ -37,10 +44,72 @@ for name, f in (("forward", fwd), ("training step", train), ("training step agai
 """
 
 
+_TIMELINE = r"""
+import sys, time, torch
+T0 = time.perf_counter()
+def now():
+    return f"{time.perf_counter() - T0:7.2f}s"
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+import fmha_dsl
+from fmha_dsl import build_triton
+from fmha_dsl.runtime import autotune, torch_fast
+print(now(), "torch and fmha_dsl imported", flush=True)
+
+def wrap(mod, name, label):
+    f = getattr(mod, name)
+    def timed(*a, **k):
+        t = time.perf_counter()
+        print(now(), label, "starts", flush=True)
+        try:
+            return f(*a, **k)
+        finally:
+            print(now(), label, f"ends after {time.perf_counter() - t:.2f}s", flush=True)
+    setattr(mod, name, timed)
+
+isolated = build_triton.run_isolated
+def run_isolated(fn, jobs, workers, on_result):
+    t = time.perf_counter()
+    print(now(), f"compile: {len(jobs)} jobs on {workers} workers", flush=True)
+    def got(i, res):
+        print(now(), f"  job {i} {'ok' if res[0] is not None else 'FAILED'} ({jobs[i][0]}) "
+              f"at +{time.perf_counter() - t:.2f}s", flush=True)
+        on_result(i, res)
+    isolated(fn, jobs, workers, got)
+    print(now(), f"compile done after {time.perf_counter() - t:.2f}s", flush=True)
+build_triton.run_isolated = run_isolated
+wrap(autotune.MeasuredSelection, "_measured", "timing the candidates")
+wrap(torch_fast, "load", "torch fast path build/load (background thread)")
+for b, h, s, d, causal in ((4, 16, 4096, 128, True), (16, 16, 1024, 128, False)):
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    print(now(), f"== first call: b{b} h{h} S={s} d{d} causal={causal}", flush=True)
+    t = time.perf_counter(); fmha_dsl.attention(q, k, v, causal=causal); torch.cuda.synchronize()
+    print(now(), f"== done after {time.perf_counter() - t:.2f}s", flush=True)
+torch_fast.wait(120)
+print(now(), "torch fast path:", torch_fast.available(), flush=True)
+"""
+
+
+def timeline(torch_fast: list[str]) -> None:
+    """``--empty``: the timeline of two never-seen first calls, in a fresh process with an empty cache, per value
+    of ``FMHA_DSL_TORCH_FAST``."""
+    for tf in torch_fast:
+        cache = tempfile.mkdtemp(prefix="fmha-prof-")
+        env = dict(os.environ, FMHA_DSL_CACHE_DIR=cache, TRITON_CACHE_DIR=os.path.join(cache, "triton"),
+                   FMHA_DSL_TUNED_SHIPPED="0", FMHA_DSL_TORCH_FAST=tf)
+        print(f"#### FMHA_DSL_TORCH_FAST={tf}, empty cache, no shipped table", flush=True)
+        r = subprocess.run([sys.executable, "-P", "-c", _TIMELINE], env=env, capture_output=True, text=True)
+        print(r.stdout[-30000:], r.stderr[-3000:] if r.returncode else "", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--empty", action="store_true", help="timeline of never-seen first calls (empty cache)")
+    ap.add_argument("--torch-fast", default="1,0", help="--empty: the FMHA_DSL_TORCH_FAST values, one process each")
     args = ap.parse_args()
+    if args.empty:
+        timeline(args.torch_fast.split(","))
+        return
     env = dict(os.environ, FMHA_DSL_CACHE_DIR=tempfile.mkdtemp(prefix="fmha-prof-"))
     for top in (0, args.top):   # fill the cache, then profile a fresh process
         r = subprocess.run([sys.executable, "-P", "-c", _CHILD, str(top)], env=env, capture_output=True, text=True)

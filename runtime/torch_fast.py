@@ -31,8 +31,9 @@ from .cext import NativeUnavailable
 
 MODULE = "_fmha_torch_fast"
 SOURCES = ("torch_fast.cpp", "torch_replay.h", "native_pack.h")
-_LOCK = threading.Lock()
-_STATE: dict = {}  # "module" | "error" | "thread"
+_LOCK = threading.Lock()        # guards start()'s bookkeeping ("thread", "ready"): held for microseconds
+_BUILD_LOCK = threading.Lock()  # held by load() for the whole build (10-30 s): start() must never wait on it
+_STATE: dict = {}  # "module" | "error" | "thread" | "ready"
 
 
 def compiler() -> list[str] | None:
@@ -78,16 +79,19 @@ def build(path: str, cxx: list[str]) -> None:
 
 def load():
     """The compiled extension module (built now if needed); raises :class:`NativeUnavailable` with the reason."""
-    return cext.load_once(_STATE, _LOCK, knobs.TORCH_FAST, MODULE, "the torch fast path", library_path, build)
+    return cext.load_once(_STATE, _BUILD_LOCK, knobs.TORCH_FAST, MODULE, "the torch fast path", library_path, build)
 
 
 def start(on_ready=None) -> None:
     """Load or build the extension in a daemon thread (once per process); ``on_ready(module)`` runs on success --
     there, or here at once when it is already loaded.  A failure is remembered (:func:`available` says why); the
-    callers keep their Python paths."""
+    callers keep their Python paths.  Never waits for the build: attention() calls this on every new class until
+    the extension is ready, and a class's first call must not sit out a 10-30 s compile it does not need."""
     with _LOCK:
         mod = _STATE.get("module")
         if mod is None:
+            if "error" in _STATE:  # the build failed (or is off): nothing will call back
+                return
             if on_ready is not None:
                 _STATE.setdefault("ready", []).append(on_ready)
             if "thread" in _STATE:
@@ -97,6 +101,8 @@ def start(on_ready=None) -> None:
                 try:
                     m = load()
                 except NativeUnavailable:
+                    with _LOCK:
+                        _STATE.pop("ready", None)  # nothing will call them back
                     return
                 with _LOCK:
                     todo = _STATE.pop("ready", [])

@@ -36,7 +36,7 @@ NEEDED = ([B(dtype=dt, d=d, mask=m) for dt in ("fp16", "bf16") for d in (64, 128
 def warm_kernels():
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    from fmha_dsl.first_use import precompile
+    from fmha_dsl.precompile import precompile
     from fmha_dsl.runtime.dispatch import detect_arch
 
     os.environ.setdefault("FMHA_DSL_TUNE_CANDIDATES", "4")

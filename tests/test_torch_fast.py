@@ -334,6 +334,39 @@ def test_unavailable_says_why(monkeypatch):
     assert torch_fast.wait(60) is False and seen == []
 
 
+def test_start_never_waits_for_a_build_in_progress(monkeypatch, tmp_path):
+    """attention() calls start() on each new class's first call while the extension builds (10-30 s on a fresh
+    machine): those calls must return at once.  (They used to wait for the build on its lock: a fresh H200's second
+    class took 14.8 s instead of 3-4 s, bench/profile_firstcall.py --empty, session 36.)"""
+    import threading
+    import time
+
+    from fmha_dsl.runtime.cext import NativeUnavailable
+
+    monkeypatch.setattr(torch_fast, "_STATE", {})
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_build(path, cxx):
+        entered.set()
+        release.wait(30)
+        raise NativeUnavailable("stand-in build failed")
+
+    monkeypatch.setattr(torch_fast, "library_path", lambda: (str(tmp_path / "x.so"), ["c++"]))
+    monkeypatch.setattr(torch_fast, "build", slow_build)
+    seen = []
+    torch_fast.start(seen.append)
+    assert entered.wait(30)
+    t = time.perf_counter()
+    torch_fast.start(seen.append)  # a second class's first call, mid-build
+    waited = time.perf_counter() - t
+    assert torch_fast.loaded() is None
+    release.set()
+    assert torch_fast.wait(30) is False and seen == []
+    assert waited < 1.0, f"start() waited {waited:.1f} s for the build"
+    torch_fast.start(seen.append)  # after a failure: returns at once, queues nothing
+    assert "ready" not in torch_fast._STATE and seen == []
+
+
 def test_a_declined_call_goes_to_the_python_path_without_a_token(fp):
     """Calls the Python path launches in stages (split-KV) or through another launcher are declined once, so they
     do not pay for a token on every call."""
