@@ -6,8 +6,10 @@ For every class of the tuning shape matrix (``fmha_dsl/data/seqtune_shapes.json`
 (``fmha_dsl/data/tuned/*.json``) decided under the current candidate space, this finds the measured winner's
 position in the order first use compiles and times the candidates (:meth:`fmha_dsl.first_use.Builder.candidates`,
 the cost model's ranking), and the regret had first use timed only the first N: the fastest time the record holds
-among those N over the record's fastest (a candidate the race pruned counts as slower than all it kept).  It says
-how far the candidate count could be cut, on a machine whose first use compiles in rounds of its core count.
+among those N over the record's fastest, both by the race's timing (``times_us``; a candidate the race pruned
+counts as slower than all it kept; the finalists' sustained times are left out, as the race timed only some).  It
+says how far the candidate count could be cut, on a machine whose first use compiles in rounds of its core count.
+Positions count from 0.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def main() -> None:
                     continue
                 seen.add(k)
                 order = [e.name for e in b.candidates(p, "sm90", True, limit=autotune.ALL_CANDIDATES)]
-                times = {**rec.get("times_us", {}), **rec.get("sustained_us", {})}
+                times = rec.get("times_us", {})  # one timing method: the race's, every candidate it kept
                 if rec.get("kernel") not in order or not times:
                     continue
                 ranks[p.family].append(order.index(rec["kernel"]))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,14 +71,20 @@ isolated = build_triton.run_isolated
 def run_isolated(fn, jobs, workers, on_result):
     t = time.perf_counter()
     print(now(), f"compile: {len(jobs)} jobs on {workers} workers", flush=True)
+    def what(job):
+        kind, sig, alg = job[:3]
+        if kind != "kernel" or not alg:
+            return f"{kind} {sig.get('family')}"
+        return f"{sig.get('family')} {alg.get('pipeline')} {'x'.join(map(str, alg.get('tile', ())[:2]))}"
     def got(i, res):
-        print(now(), f"  job {i} {'ok' if res[0] is not None else 'FAILED'} ({jobs[i][0]}) "
+        print(now(), f"  job {i} {'ok' if res[0] is not None else 'FAILED'} ({what(jobs[i])}) "
               f"at +{time.perf_counter() - t:.2f}s", flush=True)
         on_result(i, res)
     isolated(fn, jobs, workers, got)
     print(now(), f"compile done after {time.perf_counter() - t:.2f}s", flush=True)
 build_triton.run_isolated = run_isolated
 wrap(autotune.MeasuredSelection, "_measured", "timing the candidates")
+load = torch_fast.load
 wrap(torch_fast, "load", "torch fast path build/load (background thread)")
 for b, h, s, d, causal in ((4, 16, 4096, 128, True), (16, 16, 1024, 128, False)):
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -85,6 +92,7 @@ for b, h, s, d, causal in ((4, 16, 4096, 128, True), (16, 16, 1024, 128, False))
     t = time.perf_counter(); fmha_dsl.attention(q, k, v, causal=causal); torch.cuda.synchronize()
     print(now(), f"== done after {time.perf_counter() - t:.2f}s", flush=True)
 torch_fast.wait(120)
+torch_fast.load = load  # the check below is not the build
 print(now(), "torch fast path:", torch_fast.available(), flush=True)
 """
 
@@ -97,8 +105,15 @@ def timeline(torch_fast: list[str]) -> None:
         env = dict(os.environ, FMHA_DSL_CACHE_DIR=cache, TRITON_CACHE_DIR=os.path.join(cache, "triton"),
                    FMHA_DSL_TUNED_SHIPPED="0", FMHA_DSL_TORCH_FAST=tf)
         print(f"#### FMHA_DSL_TORCH_FAST={tf}, empty cache, no shipped table", flush=True)
-        r = subprocess.run([sys.executable, "-P", "-c", _TIMELINE], env=env, capture_output=True, text=True)
-        print(r.stdout[-30000:], r.stderr[-3000:] if r.returncode else "", flush=True)
+        try:
+            r = subprocess.run([sys.executable, "-P", "-c", _TIMELINE], env=env, capture_output=True, text=True,
+                               timeout=600)
+            print(r.stdout[-30000:], r.stderr[-3000:] if r.returncode else "", flush=True)
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            print(f"timed out after {exc.timeout:.0f} s:", out[-30000:], flush=True)
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
 
 
 def main() -> None:

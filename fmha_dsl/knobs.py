@@ -103,7 +103,8 @@ GATHER_MIB = Knob("FMHA_DSL_GATHER_MIB", "int", 1024,
                   "contiguous rows for the forward kernels (the gathered route, timed against the paged kernels on "
                   "first use); `0` turns the route off.", minimum=0)
 JOBS = Knob("FMHA_DSL_JOBS", "int", None,
-            "Compile worker processes for first-use compiles (default: the CPU count).")
+            "Compile worker processes for first-use compiles (default: the CPU count). They stay idle for 30 s "
+            "after a compile for the process's next one (a worker takes about a second to start), then stop.")
 
 KNOBS: tuple[Knob, ...] = (CACHE_DIR, LAUNCHER, NO_BUILD, NATIVE_LAUNCH, TORCH_FAST, AUTOTUNE, TUNE_CANDIDATES,
                            TUNED_SHIPPED, TUNED_CONFIRM, GATHER_MIB, JOBS)

@@ -142,6 +142,10 @@ def load_once(state: dict, lock, knob, module: str, what: str, library_path, bui
         except NativeUnavailable as exc:
             state["error"] = str(exc)
             raise
+        except Exception as exc:  # noqa: BLE001  (anything else -- a source file gone, torch not importable -- is
+            # the same answer: remembered, and the caller keeps its Python path instead of a dead background thread)
+            state["error"] = f"{what} could not be loaded: {type(exc).__name__}: {exc}"
+            raise NativeUnavailable(state["error"]) from None
         state["module"] = mod
         return mod
 

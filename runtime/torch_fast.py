@@ -92,8 +92,9 @@ def start(on_ready=None) -> None:
         if mod is None:
             if "error" in _STATE:  # the build failed (or is off): nothing will call back
                 return
-            if on_ready is not None:
-                _STATE.setdefault("ready", []).append(on_ready)
+            ready = _STATE.setdefault("ready", [])
+            if on_ready is not None and on_ready not in ready:  # attention() asks once per new class
+                ready.append(on_ready)
             if "thread" in _STATE:
                 return
 
@@ -110,11 +111,10 @@ def start(on_ready=None) -> None:
                     f(m)
 
             t = _STATE["thread"] = threading.Thread(target=work, name="fmha-dsl-torch-fast", daemon=True)
-    if mod is not None:
-        if on_ready is not None:
-            on_ready(mod)
-        return
-    t.start()
+            t.start()  # under the lock: wait() never finds the thread unstarted
+            return
+    if on_ready is not None:
+        on_ready(mod)
 
 
 def loaded():

@@ -129,3 +129,94 @@ def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(tmp_path)
                          timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr[-2000:]
     assert marks.read_text() == "run\n"
+
+
+def _pid(x):
+    """A stand-in compile that says which worker ran it."""
+    return {"pid": os.getpid(), "x": x}, b""
+
+
+def _pid_together(folder, n):
+    """:func:`_pid`, answering only once ``n`` workers hold a job each: every worker of the batch runs one."""
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 30
+    while len(os.listdir(folder)) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {"pid": os.getpid()}, b""
+
+
+def _pids(n=3, workers=3):
+    """The pids of a batch's ``n`` workers (one job each)."""
+    import tempfile
+
+    folder, got = tempfile.mkdtemp(), {}
+    run_isolated(_pid_together, [(folder, n)] * n, workers, lambda i, r: got.__setitem__(i, r))
+    assert sorted(got) == list(range(n)) and all(r[0] for r in got.values()), got
+    return {r[0]["pid"] for r in got.values()}
+
+
+@pytest.fixture
+def idle_workers(monkeypatch):
+    from fmha_dsl import compile_pool
+
+    compile_pool.stop_idle_workers()
+    yield compile_pool
+    compile_pool.stop_idle_workers()
+
+
+def _gone(pids, timeout=10.0):
+    """True once none of ``pids`` is a live process (reaped or never ours)."""
+    import multiprocessing
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        live = {p.pid for p in multiprocessing.active_children()}  # also reaps the ones that ended
+        if not pids & live:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_next_batch_reuses_the_idle_workers(idle_workers):
+    """A worker costs about a second to start (interpreter, Triton, first kernel): a process's next batch -- the next
+    class's first use, a training step's backward -- runs on the workers the last one left idle."""
+    first = _pids()
+    assert len(first) == 3
+    assert _pids() == first
+    assert len(_pids(n=2, workers=8) & first) == 2  # fewer needed: two of them
+
+
+def test_idle_workers_are_not_reused_across_environments_and_stop_when_asked(idle_workers, monkeypatch):
+    first = _pids()
+    monkeypatch.setenv("FMHA_POOL_TEST_KNOB", "1")  # a knob the compiler might read: fresh workers
+    second = _pids()
+    assert not first & second
+    assert _gone(first)
+    idle_workers.stop_idle_workers()
+    assert _gone(second)
+
+
+def test_idle_workers_stop_after_idle_seconds(idle_workers, monkeypatch):
+    monkeypatch.setattr(idle_workers, "IDLE_SECONDS", 0.2)
+    first = _pids()
+    assert _gone(first)
+    assert not first & _pids()
+
+
+def test_a_reused_worker_that_died_idle_fails_no_job(idle_workers):
+    """An idle worker killed between batches (an OOM killer, a user): its job goes to a fresh worker, it is not
+    reported as that kernel's compiler crash."""
+    import signal
+
+    first = _pids()
+    victim = sorted(first)[0]
+    os.kill(victim, signal.SIGKILL)
+    assert _gone({victim})
+    got = _collect(_pid, 6, 3)
+    assert all(r[0] is not None for r in got.values()), got
+    assert victim not in {r[0]["pid"] for r in got.values()}
+
+
+def test_a_crash_in_a_reused_worker_is_still_reported(idle_workers):
+    _check(_collect(_work, 10, 3))
+    _check(_collect(_work, 10, 3))  # on the workers the last batch left idle
