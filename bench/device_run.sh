@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine run (see bench/README_device.md): lay the tree out as the installed package, build the
 # benchmark set for the local GPU, run the GPU tests and the benchmarks.  Logs and JSON go to $OUT.
-#   bash bench/device_run.sh [all|tests|bwdtests|pagedtests|memcheck|serving|fwd|flex|dispatch|select|seqbuild|seqtune|
+#   bash bench/device_run.sh [all|tests|fwdtests|bwdtests|pagedtests|memcheck|serving|fwd|flex|dispatch|select|seqbuild|seqtune|
 #                             seqeval|default|bwd|fp8|firstcall|confirmprobe|
 #                             profilefirst]  (PROFILE_ARGS: e.g. --empty)
 #   (several: "tests dispatch"); bwd: bench/bench_bwd.py (BWD_ARGS passes options, e.g. --quick)
@@ -22,7 +22,7 @@ if [[ $what == *" all "* || $what == *" fwd "* || $what == *" flex "* || $what =
   python3 -P -m fmha_dsl.cli build bench_fwd --arch "$arch" -o /tmp/bench -j 16 -q 2>&1 | tail -5 | tee "$OUT/build.log"
   cp /tmp/bench/build-report.json "$OUT/" 2>/dev/null
 fi
-if [[ $what == *" all "* || $what == *" tests "* ]]; then
+if [[ $what == *" all "* || $what == *" tests "* || $what == *" fwdtests "* ]]; then   # fwdtests: this file alone
   python3 -P -m pytest -q tests/test_gpu.py -p no:cacheprovider -ra -x 2>&1 | tail -40 | tee "$OUT/test_gpu.log"
 fi
 if [[ $what == *" all "* || $what == *" tests "* || $what == *" bwdtests "* ]]; then
