@@ -13,8 +13,10 @@ Workers outlive a batch: when it is done they wait, idle, for the process's next
 training step's backward after its forward) and stop after :data:`IDLE_SECONDS`.  Starting one costs 0.8-1 s (the
 interpreter, Triton, the compiler's first kernel), which a second batch on fresh workers pays again (a worker's first
 compile took 1.8 s, its next ones 0.8 s, on this repository's CPU box).  Idle workers are reused only by the process
-that started them, for the same job function, environment, working directory and kernel sources; a reused worker
-that dies before it answers a job is replaced and the job retried, so it never fails a kernel it did not compile.
+that started them, for the same job function, environment, working directory and package sources; a job whose
+reused worker dies before answering anything in the batch goes back to the queue (a fresh worker is started), so an
+idle worker killed meanwhile never fails a kernel it did not compile.  A forked child leaves its parent's workers
+alone.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import os
 import signal
 import sys
 import threading
+import time
+import weakref
 from multiprocessing.connection import wait
 
 from .errors import UsageError, error
@@ -34,7 +38,10 @@ _READY = "ready"
 
 
 def _serve(conn, fn) -> None:
-    """Worker loop: says it is ready, then ``(index, args)`` in, ``(index, fn(*args))`` out, until ``None``."""
+    """Worker loop: says it is ready, then ``(index, args)`` in, ``(index, fn(*args))`` out, until ``None``.  Ctrl-C
+    is the parent's to handle (it terminates a worker busy with an interrupted batch): an idle worker must not die
+    of it, with a traceback, whenever the terminal's process group gets one."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn.send(_READY)
     while True:
         try:
@@ -54,6 +61,8 @@ def _serve(conn, fn) -> None:
             conn.send((i, res))
         except (TypeError, ValueError, AttributeError) as exc:  # a result that cannot be pickled
             conn.send((i, (None, f"worker failed: its result could not be sent back: {exc}")))
+        except OSError:  # the parent is gone
+            return
 
 
 def _died(code: int | None) -> str:
@@ -102,21 +111,29 @@ class _Worker:
         self.job = None
         self.reused = False  # taken from the idle workers of an earlier batch
         self.answered = 0    # results sent back in this batch
+        _LIVE.add(self)
 
-    def stop(self, wait: float) -> None:
-        """Ask the worker to finish (it is idle), wait up to ``wait`` seconds, then terminate it."""
+
+def _stop(workers: list, wait: float = 5.0) -> None:
+    """Ask ``workers`` to finish (idle ones stop at once), wait up to ``wait`` seconds for all of them together, then
+    terminate whichever is still running (a busy one of an interrupted batch: pass ``wait=0``)."""
+    for w in workers:
         try:
-            self.conn.send(None)
+            w.conn.send(None)
         except OSError:
             pass
-        self.proc.join(timeout=wait)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join()
-        self.conn.close()
+    deadline = time.monotonic() + wait
+    for w in workers:
+        w.proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        if w.proc.is_alive():
+            w.proc.terminate()
+            w.proc.join()
+        w.conn.close()
+        _LIVE.discard(w)
 
 
 IDLE_SECONDS = 30.0  # how long idle workers wait for the process's next batch before they stop
+KEEP_MAX = 32        # idle workers kept at most (each holds its interpreter and Triton: about 180 MB)
 
 
 class _IdleWorkers:
@@ -127,64 +144,88 @@ class _IdleWorkers:
         self.key = None
         self.workers: list[_Worker] = []
         self.timer: threading.Timer | None = None
-        self.pid = os.getpid()
+        self.generation = 0  # bumped whenever the idle set changes: an expiry meant for an older one does nothing
 
     def take(self, key, n: int) -> list[_Worker]:
         """Up to ``n`` live idle workers of kind ``key``, ready for a job (idle workers of another kind stop)."""
         with self.lock:
-            if self.pid != os.getpid():  # a forked child: those workers are its parent's, never touched here
-                self.pid, self.workers, self.key, self.timer = os.getpid(), [], None, None
             if key != self.key:
                 got, stale = [], self._detach()
             else:
                 got, self.workers, stale = self.workers[:n], self.workers[n:], []
+                self.generation += 1
         alive = [w for w in got if w.proc.is_alive()]
-        for w in stale + [w for w in got if w not in alive]:
-            w.stop(5.0)
+        _stop(stale + [w for w in got if w not in alive])
         for w in alive:
             w.reused, w.answered, w.ready, w.job = True, 0, True, None
         return alive
 
     def give_back(self, key, workers: list[_Worker]) -> None:
-        """Keep ``workers`` (live, idle, of kind ``key``) for the next batch, for :data:`IDLE_SECONDS` -- up to one
-        per core, or as many as this batch had (concurrent batches do not pile up)."""
+        """Keep ``workers`` (live, idle, of kind ``key``) for the next batch, for :data:`IDLE_SECONDS`, at most
+        :data:`KEEP_MAX` of them."""
         with self.lock:
             stale = []
-            if self.pid != os.getpid() or key != self.key:
+            if key != self.key:
                 stale = self._detach()
-                self.key, self.pid = key, os.getpid()
-            room = max(0, max(os.cpu_count() or 1, len(workers)) - len(self.workers))
+                self.key = key
+            room = max(0, KEEP_MAX - len(self.workers))
             self.workers += workers[:room]
             stale += workers[room:]
+            self.generation += 1
             if self.timer is not None:
                 self.timer.cancel()
-            self.timer = threading.Timer(IDLE_SECONDS, self.stop)
+            self.timer = threading.Timer(IDLE_SECONDS, self._expire, (self.generation,))
             self.timer.daemon = True  # never holds up the interpreter's exit
             self.timer.start()
-        for w in stale:
-            w.stop(5.0)
+        _stop(stale)
 
     def stop(self) -> None:
-        """Stop every idle worker now (after :data:`IDLE_SECONDS` without a batch, or when asked)."""
+        """Stop every idle worker now."""
         with self.lock:
-            stale = self._detach() if self.pid == os.getpid() else []
-        for w in stale:
-            w.stop(5.0)
+            stale = self._detach()
+        _stop(stale)
+
+    def _expire(self, generation: int) -> None:
+        with self.lock:
+            stale = self._detach() if generation == self.generation else []
+        _stop(stale)
 
     def _detach(self) -> list[_Worker]:
         """Under the lock: the idle workers, handed over for stopping; none are left and no timer runs."""
         workers, self.workers = self.workers, []
+        self.generation += 1
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         return workers
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: every worker is the parent's.  The child drops them untouched -- its copies of their
+        pipes closed (a worker must see its parent go), and out of multiprocessing's list of this process's children
+        (whose exit handler would terminate them) -- with a fresh lock (another thread may have held this one)."""
+        self.lock = threading.Lock()
+        workers = list(_LIVE)  # before the idle list lets go of them (a weak set)
+        self.workers, self.key, self.timer = [], None, None
+        children = getattr(multiprocessing.process, "_children", None)
+        for w in workers:
+            if isinstance(children, set):
+                children.discard(w.proc)
+            try:
+                w.conn.close()
+            except OSError:
+                pass
+        _LIVE.clear()
 
+
+_LIVE: "weakref.WeakSet[_Worker]" = weakref.WeakSet()  # every worker this process started and has not stopped
 _IDLE = _IdleWorkers()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_IDLE.forget_after_fork)
 
 
 def stop_idle_workers() -> None:
-    """Stop the compile workers kept idle for the next batch (they stop by themselves after :data:`IDLE_SECONDS`)."""
+    """Stop the compile workers kept idle for the next batch (they stop by themselves after :data:`IDLE_SECONDS`;
+    until then they are among ``multiprocessing.active_children()``)."""
     _IDLE.stop()
 
 
@@ -195,13 +236,14 @@ def _kind_of(fn) -> tuple:
     for k, v in sorted(os.environ.items()):
         h.update(f"{k}={v}\0".encode())
     h.update(f"{os.getcwd()}\0{sys.path}\0".encode())
-    kernels = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
-    try:
-        for name in sorted(os.listdir(kernels)):
-            st = os.stat(os.path.join(kernels, name))
-            h.update(f"{name}:{st.st_mtime_ns}:{st.st_size}\0".encode())
-    except OSError:
-        pass
+    for root, dirs, files in os.walk(os.path.dirname(os.path.abspath(__file__))):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith((".py", ".json"))):
+            try:
+                st = os.stat(os.path.join(root, name))
+            except OSError:
+                continue
+            h.update(f"{root}/{name}:{st.st_mtime_ns}:{st.st_size}\0".encode())
     return getattr(fn, "__module__", None), getattr(fn, "__qualname__", None), h.hexdigest()
 
 
@@ -277,6 +319,5 @@ def run_isolated(fn, jobs: list, workers: int, on_result) -> None:
         keep = [w for w in pool if done and w.job is None and w.proc.is_alive() and not w.conn.poll()]
         if keep:
             _IDLE.give_back(kind, keep)
-        for w in pool:
-            if w not in keep:
-                w.stop(0 if w.job is not None else 5.0)
+        _stop([w for w in pool if w not in keep and w.job is not None], wait=0)
+        _stop([w for w in pool if w not in keep and w.job is None])
