@@ -113,8 +113,11 @@ def main() -> None:
         if train:
             o.backward(torch.randn_like(o))
         torch.cuda.synchronize()
-        tag = f"{kind} {dtype} d{d} {'causal' if causal else 'full'} S{s}"
         for rec in log[before:]:
+            # a training class confirms two decisions: its forward with LSE, then its backward
+            part = "backward" if any(str(n).startswith("fmha_bwd") for n in rec["names"].values()) else (
+                "forward with LSE" if train else "forward")
+            tag = f"{kind} {dtype} d{d} {'causal' if causal else 'full'} S{s} [{part}]"
             tr = rec["truth"]
             if not tr or any(got["pick"] not in tr for runs in rec["variants"].values() for got in runs):
                 print(f"{tag}: a finalist could not be timed; left out", flush=True)
