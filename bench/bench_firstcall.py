@@ -19,8 +19,10 @@ kernels first use timed.  The processes run in this order, the later ones reusin
   allow compiles (on this host's cores) and is timed -- a device whose model has no shipped table.
 * ``never_seen_cached``: the same cache: kernels and decisions cached.
 
-The first class of each process also pays Triton's import and the start of the compile workers; it is reported
-like the others and marked ``first_in_process``.  Times are host wall-clock seconds around one call and a
+The first class of each process also pays Triton's import and the start of the compile workers (later classes
+reuse the workers while they wait idle); it is reported like the others and marked ``first_in_process``.  Triton's
+own cache (``TRITON_CACHE_DIR``) lives in each situation's cache folder, so a situation that starts from an empty
+folder starts from a cold Triton cache too.  Times are host wall-clock seconds around one call and a
 ``torch.cuda.synchronize()``.
 """
 
