@@ -144,16 +144,15 @@ class _IdleWorkers:
         self.key = None
         self.workers: list[_Worker] = []
         self.timer: threading.Timer | None = None
-        self.generation = 0  # bumped whenever the idle set changes: an expiry meant for an older one does nothing
+        self.generation = 0  # bumped when workers are given back or detached: an older timer's expiry does nothing
 
     def take(self, key, n: int) -> list[_Worker]:
         """Up to ``n`` live idle workers of kind ``key``, ready for a job (idle workers of another kind stop)."""
         with self.lock:
             if key != self.key:
                 got, stale = [], self._detach()
-            else:
+            else:  # the others keep their expiry: they have been idle as long
                 got, self.workers, stale = self.workers[:n], self.workers[n:], []
-                self.generation += 1
         alive = [w for w in got if w.proc.is_alive()]
         _stop(stale + [w for w in got if w not in alive])
         for w in alive:

@@ -102,12 +102,10 @@ def start(on_ready=None) -> None:
                 try:
                     m = load()
                 except NativeUnavailable:
-                    with _LOCK:
-                        _STATE.pop("ready", None)  # nothing will call them back
-                    return
+                    m = None
                 with _LOCK:
-                    todo = _STATE.pop("ready", [])
-                for f in todo:
+                    todo = _STATE.pop("ready", [])  # after a failure: dropped, nothing will call them back
+                for f in todo if m is not None else ():
                     f(m)
 
             t = _STATE["thread"] = threading.Thread(target=work, name="fmha-dsl-torch-fast", daemon=True)

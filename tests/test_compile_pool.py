@@ -219,6 +219,19 @@ def test_idle_workers_stop_after_idle_seconds(idle_workers, monkeypatch, tmp_pat
     assert not first & _pids(tmp_path / "2")
 
 
+def test_idle_workers_left_behind_by_a_take_still_expire(idle_workers, monkeypatch, tmp_path):
+    """A batch that takes some idle workers and ends without giving any back (interrupted, or its workers died) must
+    not leave the others idle for good."""
+    monkeypatch.setattr(idle_workers, "IDLE_SECONDS", 1.0)
+    first = _pids(tmp_path / "1")
+    taken = idle_workers._IDLE.take(idle_workers._kind_of(_pid_together), 1)
+    try:
+        assert len(taken) == 1 and {w.proc.pid for w in taken} <= first
+        assert _gone(first - {w.proc.pid for w in taken})
+    finally:
+        idle_workers._stop(taken)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_reused_worker_that_dies_first_thing_fails_no_job(idle_workers, tmp_path, workers):
     """A reused worker that dies before it answers anything in the batch (killed while idle: an OOM killer, a
