@@ -29,7 +29,13 @@ def main() -> None:
     from fmha_dsl.runtime.tune_shapes import expand_shapes, load_shapes, problem_of
 
     families = args.family.split(",")
-    firsts = [int(n) for n in args.first.split(",")]
+    try:
+        firsts = [int(n) for n in args.first.split(",")]
+    except ValueError:
+        ap.error(f"--first: comma-separated whole numbers, not {args.first!r}")
+    unknown = sorted(set(args.family.split(",")) - {"fwd", "bwd_dq_dk_dv"})
+    if unknown:
+        ap.error(f"--family: the shipped tables decide fwd and bwd_dq_dk_dv, not {', '.join(unknown)}")
     b = Builder(None, 1)
     classes = [(cls, pts) for cls, pts in expand_shapes(load_shapes(None)) if cls["family"] in families]
     for device, table in sorted(decisions.shipped_tables("sm90").items()):
