@@ -30,6 +30,18 @@ def _compile_in_worker(kind: str, sig: dict, alg: dict | None, arch: str, aligne
     return compile_key(sig, alg, arch, aligned) if kind == "kernel" else compile_companion(sig, arch)
 
 
+def _over_shared(meta: dict, arch: str) -> str | None:
+    """Why a compiled kernel cannot launch on ``arch``: more shared memory (LDS) per block than the arch table allows
+    (Triton checks it only at launch, on the device); None when it fits."""
+    from . import arch as arch_table
+
+    limit = arch_table.info(arch).get("shared_bytes")
+    need = int(meta.get("shared") or 0)
+    if limit and need > int(limit):
+        return f"OutOfResources: needs {need} bytes of shared memory; {arch} allows {limit} per block"
+    return None
+
+
 # ---- compiling through the artifact cache (the build and the first-use builder) -------------------------------
 def kernel_job(sig: dict, alg: dict, arch: str, aligned: bool = True) -> tuple[str, tuple]:
     """``(cache key, job)`` of one kernel: a job is ``_compile_in_worker``'s arguments."""
@@ -69,18 +81,23 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
     compiled."""
     ready: dict[str, tuple] = {}
     why = {} if why is None else why  # filled before on_result hears of a failure
-    todo = []
+    todo, hits = [], []
     for key, job in wanted.items():
         hit = cache.get(key)
-        if hit is not None:
-            ready[key] = (hit[0], hit[1], True)
+        if hit is not None:  # a kernel too large to launch is cached too: it is not compiled again to find out
+            hits.append(key)
+            too_big = _over_shared(hit[0], job[3])
+            if too_big:
+                why[key] = too_big
+            else:
+                ready[key] = (hit[0], hit[1], True)
         elif cache_only:
             why[key] = "not in the kernel cache (FMHA_DSL_NO_BUILD is set)"
         else:
             todo.append((key, job))
     if on_result:
-        for key in ready:
-            on_result(key, True, True)
+        for key in hits:
+            on_result(key, key in ready, True)
 
     def finish(i, result):
         key, job = todo[i]
@@ -89,9 +106,13 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
             why[key] = str(data)
         else:
             cache.put(key, meta, data, f"{job[0]}.{meta['binary_kind']}")
-            ready[key] = (dict(meta, sha256=sha256_bytes(data), size=len(data)), data, False)
+            too_big = _over_shared(meta, job[3])
+            if too_big:
+                why[key] = too_big
+            else:
+                ready[key] = (dict(meta, sha256=sha256_bytes(data), size=len(data)), data, False)
         if on_result:
-            on_result(key, meta is not None, False)
+            on_result(key, key in ready, False)
 
     # every compile runs in a worker process: a compiler that crashes fails its kernel, not the build
     run_isolated(_compile_in_worker, [job for _, job in todo], max(1, min(workers, len(todo) or 1)), finish)

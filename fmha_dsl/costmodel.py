@@ -102,8 +102,25 @@ def occupancy(entry, arch: str | None) -> int:
     return max(1, min(limits))
 
 
+@functools.lru_cache(maxsize=None)
+def _bulk_reduces(pipeline: str | None) -> bool:
+    """Whether a backward pipeline adds dQ by the copy engine's bulk reduction (its TMA pipelines)."""
+    from .data import load
+
+    return bool(load("triton_bwd")["pipelines"].get(pipeline or "", {}).get("tma"))
+
+
 # FLOP-equivalents a K/V element load costs against one multiply-add: the heuristic load/math balance of a tile
 LOAD_COST = 16.0
+# Multiply-adds one fp32 atomic add of the backward's dQ costs: by the compute warps (``red.global``, a
+# read-modify-write in L2 per element), or by the copy engine's bulk reduction of the whole tile from shared memory
+# (the TMA pipelines).  The values that order the H100's and H200's measured backward tables best
+# (bench/probe_candidate_order.py; tests/test_runtime.py checks the cut against them).
+ATOMIC_COST = 512.0
+BULK_REDUCE_COST = 128.0
+# Rows of the key block a warp's MMA needs to keep its lanes busy (sm80 mma.sync and sm90 wgmma: 16 rows a warp; AMD
+# MFMA: 16 or 32): the backward's products take the key block as their M side
+ROWS_PER_WARP = 16
 
 
 def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dict]:
@@ -122,6 +139,11 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
     * split-KV kernels (:func:`splits_at` splits): ``splits`` times the programs, each with ``1/splits`` of the key
       blocks, plus the combine pass: ``2 LOAD_COST splits x padded rows x Dv x heads x batch / CUs`` (the fp32
       partials written and read back).
+
+    The backward (``bwd_dq_dk_dv``) runs one program per key block and K/V head over every query block: per pair of
+    blocks its five products, plus -- deterministic dQ -- the two that its dQ programs compute again, or -- atomic dQ
+    -- ``ATOMIC_COST`` per fp32 atomic add of dQ's partial (``BULK_REDUCE_COST`` where the copy engine adds it); its
+    efficiency also falls where a warp gets fewer than ``ROWS_PER_WARP`` rows of the key block.
     """
     a = entry.alg
     m0, n0 = max(1, int(a["tile"][0])), max(1, int(a["tile"][1]))  # (append-KV: no key block)
@@ -132,12 +154,16 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
     if entry.sig.get("family") == "bwd_dq_dk_dv":  # one program per key block and K/V head, over every query row
         g = max(1, p.nhead_q // max(p.nhead_k, 1))
         nprog = programs(sk, n0, p.nhead_k, p.batch)
-        work = n0 * _cdiv(sq, m0) * m0 * g * (2 * p.hdim_q + 3 * p.hdim_v)
-        if entry.sig.get("deterministic"):  # dQ by its own programs: two more products per block pair, no atomics
-            work *= 1.2
+        pair = n0 * m0 * (2 * p.hdim_q + 3 * p.hdim_v)   # the five products of one (key block, query block) pair
+        if entry.sig.get("deterministic"):  # dQ by its own programs: S and dP computed again, no atomics
+            pair += n0 * m0 * (p.hdim_q + p.hdim_v)
+        else:  # dQ's m0 x hdim_q partial added to the fp32 workspace by atomics
+            pair += (BULK_REDUCE_COST if _bulk_reduces(a.get("pipeline")) else ATOMIC_COST) * m0 * p.hdim_q
+        work = _cdiv(sq, m0) * g * pair
         if p.mask != "no":
             work *= 0.5 + 0.5 * min(1.0, n0 / sk)
-        eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0))
+        warps = max(1, int(a["wave"][0]) if a.get("wave") else 4)
+        eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0)) * min(1.0, n0 / warps / ROWS_PER_WARP)
         full, rem = divmod(nprog, cus * occ)
         rounds = full * occ + _cdiv(rem, cus)
         return rounds * work / (eff * (1.0 - 0.25 / occ)), {"programs": nprog, "rounds": rounds, "occupancy": occ,
@@ -163,4 +189,4 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
 
 
 __all__ = ["cost", "occupancy", "compute_units", "programs", "waves", "split_limit", "splits_at", "LOAD_COST",
-           "SPLIT_WAVES", "SPLIT_SETUP"]
+           "ATOMIC_COST", "BULK_REDUCE_COST", "ROWS_PER_WARP", "SPLIT_WAVES", "SPLIT_SETUP"]

@@ -11,7 +11,9 @@ methods below, so compiling stays on the build side of the pipeline.
     bounds checks) -- and, for batch-mode lengths that are multiples of :data:`ALIGN`, the unpadded variant of each
     tile that divides them too --, every tile of the arch's table and every pipeline (the TMA pipelines only for aligned
     arguments), and -- for problems with few query blocks -- split-KV kernels.  Ranked by the cost model, at most
-    ``FMHA_DSL_TUNE_CANDIDATES`` of them (split-KV ones included).
+    ``FMHA_DSL_TUNE_CANDIDATES`` of them (split-KV ones included; half as many for the backward, whose kernels
+    take about twice as long to compile: the cost model's first 12 hold the measured best of every one of the 96
+    classes the shipped H100 and H200 tables measured, ``bench/probe_candidate_order.py``).
 ``Builder.compile(entries, aligned)``
     ``[(entry with build, binaries) | (entry, reason)]``: each from the artifact cache or compiled in worker
     processes (crash-isolated, ``FMHA_DSL_JOBS`` at a time), then cached.  ``binaries`` maps the entry's identifier
@@ -42,10 +44,18 @@ def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> li
     from .rules import family_rules
     from .rules.base import FACTORY, schedule, search
     from .kernels.fwd_abi import packs_gqa
+    from .data import load
     from .rules.triton_fwd import uses_tma
     from .vocab import ALG_DEFAULTS, SIG_DEFAULTS
 
     fr = family_rules(family, "triton")
+    if family == "bwd_dq_dk_dv":  # the backward's pipelines have a table of their own
+        bwd_pipelines = load("triton_bwd")["pipelines"]
+
+        def tma(p):
+            return bool(bwd_pipelines.get(p, {}).get("tma"))
+    else:
+        tma = uses_tma
     pinned = {
         "dtype": problem.dtype, "hdim": (problem.hdim_q, problem.hdim_v), "mode": problem.mode,
         "vlayout": problem.vlayout, "pad_s": pads[0], "pad_sk": pads[1], "pad_d": 0, "pad_dv": 0,
@@ -63,8 +73,8 @@ def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> li
     def values(f, b):
         if f in pinned:
             return (pinned[f],)
-        if f == "pipeline":  # GQA-packed rows only where there is a group to pack
-            return tuple(p for p in fr.domain(f, b) if (aligned or not uses_tma(p))
+        if f == "pipeline":  # GQA-packed rows only where there is a group to pack; TMA only for aligned arguments
+            return tuple(p for p in fr.domain(f, b) if (aligned or not tma(p))
                          and (problem.nhead_q > problem.nhead_k or not packs_gqa(p)))
         if f == "max_splits_log2":
             return SPLITS_LOG2
@@ -127,7 +137,7 @@ class Builder:
 
     def _backward(self, problem, arch: str, aligned: bool, limit: int | None) -> list[Entry]:
         """The backward's candidates: every tile and staging the rules allow, padded (and, for lengths that are
-        multiples of ALIGN, unpadded), ranked by the cost model."""
+        multiples of ALIGN, unpadded), ranked by the cost model; by default half of ``FMHA_DSL_TUNE_CANDIDATES``."""
         from .data import load
         from .rules.triton_bwd import _vendor_has, stages
         from .costmodel import compute_units, cost
@@ -159,7 +169,7 @@ class Builder:
             one = stages(arch, e.alg) <= 1
             return (one, cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
 
-        n = knobs.tune_candidates() if limit is None else limit
+        n = max(1, knobs.tune_candidates() // 2) if limit is None else limit
         return sorted(out.values(), key=rank)[:n]
 
     def _serving(self, problem, arch: str, aligned: bool, limit: int | None) -> list[Entry]:

@@ -63,12 +63,14 @@ class MeasuredSelection:
                 raise error("runtime.jit", f"the Triton rules allow no kernel for {describe(p)} on {self.arch}",
                             None, "the head dims, dtype or features exceed what the Triton template supports here")
             timed = measure is not None and enabled()
-            if timed:
-                built = self._serving(self._compile(cands, aligned), p, aligned)
-            else:  # a few at a time, until one compiles without spilling (or none is left)
-                built = []
-                for i in range(0, len(cands), _UNTIMED):
-                    built += self._serving(self._compile(cands[i:i + _UNTIMED], aligned), p, aligned)
+            built = self._usable(cands, p, aligned) if timed else []
+            if not built:  # a few at a time, until one compiles without spilling (or none is left); when none of
+                # the candidates to time compiled, the ones after them
+                tried = {e.identifier for e in cands} if timed else set()
+                rest = [e for e in self.builder.candidates(p, self.arch, aligned, limit=ALL_CANDIDATES)
+                        if e.identifier not in tried] if timed else cands
+                for i in range(0, len(rest), _UNTIMED):
+                    built += self._usable(rest[i:i + _UNTIMED], p, aligned)
                     if built and (len(_without_spills(built)) < len(built) or not any(_spills(x) for x in built)):
                         break
             if not built:
@@ -127,6 +129,11 @@ class MeasuredSelection:
         order two such kernels by about 5 % each way.  When no runner-up could be built, ``win`` as it is."""
         built = [e for e in self._serving(self._compile(close, aligned), p, aligned) if e.identifier != win.identifier]
         return self._measured(p, aligned, [win] + built, measure, confirm, fallback=win) if built else win
+
+    def _usable(self, entries: list, p, aligned: bool) -> list:
+        """``entries`` compiled (or loaded): those that built (a kernel needing more shared memory than the arch has
+        does not, :func:`fmha_dsl.build_triton.compile_through_cache`) and serve ``p``."""
+        return self._serving(self._compile(entries, aligned), p, aligned)
 
     def _serving(self, entries: list, p, aligned: bool) -> list:
         """The compiled entries that serve ``p`` (a split kernel serves a plain forward problem once its combine

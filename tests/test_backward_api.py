@@ -326,3 +326,14 @@ def test_the_backward_workspace_holds_d_l2_and_dq_acc_apart_and_aligned(determin
     acc = 0 if deterministic else rows * d
     assert ws["numel"] == ws["acc_offset"] + acc and ws["splits"] == (0 if deterministic else 1)
     assert ws["l_offset"] - rows < 16 and ws["acc_offset"] - ws["l_offset"] - rows < 16   # no slack past alignment
+
+
+def test_unaligned_backward_problems_get_no_tma_candidates():
+    """The TMA pipeline (bwd_trload) builds only for aligned arguments: an unaligned problem's candidates never
+    include it (they would all fail to compile and leave fewer kernels to time), an aligned one's do."""
+    from fmha_dsl.first_use import Builder
+    from fmha_dsl.keys import Problem
+
+    p = Problem(family="bwd_dq_dk_dv", dtype="bf16", hdim_q=128, hdim_v=128, seqlen_q=4096, seqlen_k=4096)
+    pipes = {al: {e.alg["pipeline"] for e in Builder().candidates(p, "sm90", al, limit=64)} for al in (True, False)}
+    assert "bwd_trload" in pipes[True] and pipes[False] == {"bwd_async"}

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 import fmha_dsl  # noqa: E402
+from fmha_dsl import costmodel  # noqa: E402
 from fmha_dsl.keys import Problem  # noqa: E402
 from fmha_dsl.reference_bwd import attention_bwd  # noqa: E402
 
@@ -39,9 +40,33 @@ def warm_kernels():
     from fmha_dsl.precompile import precompile
     from fmha_dsl.runtime.dispatch import detect_arch
 
-    os.environ.setdefault("FMHA_DSL_TUNE_CANDIDATES", "4")
-    n = precompile(NEEDED, detect_arch(), jobs=min(16, os.cpu_count() or 1), limit=4)
+    os.environ.setdefault("FMHA_DSL_TUNE_CANDIDATES", "4")   # a backward decision times 2 candidates
+    jobs = min(16, os.cpu_count() or 1)
+    n = precompile([p.model_copy(update={"deterministic": True}) for p in NEEDED], detect_arch(), jobs=jobs, limit=2)
+    with pytest.MonkeyPatch.context() as mp:   # the atomic route's candidates (see `route`)
+        mp.setattr(costmodel, "ATOMIC_COST", 0.0)
+        mp.setattr(costmodel, "BULK_REDUCE_COST", 0.0)
+        n += precompile(NEEDED, detect_arch(), jobs=jobs, limit=2)
     print(f"\n[test_gpu_bwd] compiled {n} backward kernels into the artifact cache")
+
+
+@pytest.fixture(params=["atomic", "deterministic"])
+def route(request, monkeypatch):
+    """The dQ route under test, as the ``deterministic`` argument.  ``deterministic=True`` asks for the deterministic
+    kernels; without it, first use may pick either route (mostly the deterministic one at d128 on sm90), so for the
+    atomic route the cost model's atomic adds cost nothing here and the two candidates a decision times
+    (FMHA_DSL_TUNE_CANDIDATES=4) are both atomic ones.  Afterwards: every backward decision the test made or read
+    (a decision recorded by an earlier run) is of the route it names."""
+    from fmha_dsl.api_dispatch import dispatcher
+
+    if request.param == "atomic":
+        monkeypatch.setattr(costmodel, "ATOMIC_COST", 0.0)
+        monkeypatch.setattr(costmodel, "BULK_REDUCE_COST", 0.0)
+    decided = dispatcher(None, torch.cuda.current_device())._decided
+    before = set(decided)
+    yield request.param == "deterministic"
+    new = [e for k, e in decided.items() if k not in before and e.sig["family"] == "bwd_dq_dk_dv"]
+    assert all(e.sig["deterministic"] == (request.param == "deterministic") for e in new), [e.name for e in new]
 
 
 def _rand(shape, dtype, seed):
@@ -57,11 +82,11 @@ def _ref_arg(x):
     return x.cpu().numpy() if not x.is_floating_point() else _f64(x)
 
 
-def check_against_reference(q, k, v, do, tol=None, **kw):
+def check_against_reference(q, k, v, do, tol=None, deterministic=False, **kw):
     """Kernel backward (explicit API, on the forward's out/lse from the kernels) vs the float64 reference on the same
     (rounded) inputs, the reference given the kernel's own out and lse."""
     out, lse = fmha_dsl.attention(q, k, v, return_lse=True, **kw)
-    got = fmha_dsl.attention_backward(q, k, v, out, lse, do, **kw)
+    got = fmha_dsl.attention_backward(q, k, v, out, lse, do, deterministic=deterministic, **kw)
     ref_kw = {key: (_ref_arg(val) if torch.is_tensor(val) else val) for key, val in kw.items()
               if key not in ("max_seqlen_q", "max_seqlen_k")}
     want = attention_bwd(_f64(q), _f64(k), _f64(v), _f64(out), _f64(lse), _f64(do), accum=np.float64, **ref_kw)
@@ -78,12 +103,12 @@ def check_against_reference(q, k, v, do, tol=None, **kw):
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True, "bottom_right"])
-def test_backward_matches_the_reference(dtype, d, causal):
+def test_backward_matches_the_reference(dtype, d, causal, route):
     t = DT[dtype]
     sq, sk = (300, 500) if causal == "bottom_right" else (384, 384)
     q, k, v = _rand((2, 4, sq, d), t, 1), _rand((2, 4, sk, d), t, 2), _rand((2, 4, sk, d), t, 3)
     do = _rand((2, 4, sq, d), t, 4)
-    check_against_reference(q, k, v, do, causal=causal)
+    check_against_reference(q, k, v, do, causal=causal, deterministic=route)
 
 
 FEATURES = {
@@ -105,7 +130,7 @@ FEATURES = {
 
 
 @pytest.mark.parametrize("name", sorted(FEATURES))
-def test_features_match_the_reference(name):
+def test_features_match_the_reference(name, route):
     kw = dict(FEATURES[name])
     t = DT[kw.pop("dtype", "fp16")]
     hq, hk = kw.pop("hq", 4), kw.pop("hk", 4)
@@ -116,19 +141,19 @@ def test_features_match_the_reference(name):
         kw["alibi_slopes"] = torch.linspace(0.05, 0.5, hq, device="cuda")
     q, k, v = _rand((2, hq, sq, d), t, 1), _rand((2, hk, sk, d), t, 2), _rand((2, hk, sk, dv), t, 3)
     do = _rand((2, hq, sq, dv), t, 4)
-    check_against_reference(q, k, v, do, **kw)
+    check_against_reference(q, k, v, do, deterministic=route, **kw)
 
 
 @pytest.mark.parametrize("bshape", [(1, 1), (2, 1), (2, 4)])
-def test_bias_gradient(bshape):
+def test_bias_gradient(bshape, route):
     t = torch.float16
     q, k, v, do = (_rand((2, 4, 200, 64), t, i) for i in range(4))
     bias = _rand(bshape + (200, 200), t, 9)
-    got = check_against_reference(q, k, v, do, bias=bias, causal=True)
+    got = check_against_reference(q, k, v, do, bias=bias, causal=True, deterministic=route)
     assert got[3].shape == bias.shape
 
 
-def test_group_mode_with_empty_sequences():
+def test_group_mode_with_empty_sequences(route):
     t = torch.bfloat16
     lq, lk = [100, 0, 333, 17, 64], [90, 12, 400, 0, 64]
     cq = torch.tensor(np.concatenate([[0], np.cumsum(lq)]), dtype=torch.int32, device="cuda")
@@ -136,7 +161,7 @@ def test_group_mode_with_empty_sequences():
     q, k, v = _rand((sum(lq), 8, 128), t, 1), _rand((sum(lk), 2, 128), t, 2), _rand((sum(lk), 2, 128), t, 3)
     do = _rand((sum(lq), 8, 128), t, 4)
     got = check_against_reference(q, k, v, do, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=333, max_seqlen_k=400,
-                                  causal="bottom_right", dropout_p=0.1, seed=7)
+                                  causal="bottom_right", dropout_p=0.1, seed=7, deterministic=route)
     assert not got[0][cq[3]:cq[4]].any()          # the sequence without keys
 
 
