@@ -76,7 +76,8 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
                           cache_only: bool = False, why: dict | None = None) -> tuple[dict, dict]:
     """Binaries for ``wanted`` (cache key -> job): ``(ready, why)`` with ``ready[key] = (meta, data, from_cache)``
     and ``why[key]`` the reason a job failed.  Cache hits are loaded; the rest compile in worker processes (a compiler
-    crash fails its job only, :func:`fmha_dsl.compile_pool.run_isolated`) and are stored in the cache.
+    crash fails its job only, :func:`fmha_dsl.compile_pool.run_isolated`) and are stored in the cache.  A kernel that
+    needs more shared memory than its arch allows fails, from the cache too (:func:`_over_shared`).
     ``on_result(key, ok, cached)`` is called as each job finishes (the hits first).  ``cache_only``: nothing is
     compiled."""
     ready: dict[str, tuple] = {}
