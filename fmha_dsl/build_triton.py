@@ -83,15 +83,19 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
     ready: dict[str, tuple] = {}
     why = {} if why is None else why  # filled before on_result hears of a failure
     todo, hits = [], []
+
+    def accept(key, meta, data, cached):  # a kernel too large to launch is cached too: not compiled again to find out
+        too_big = _over_shared(meta, wanted[key][3])
+        if too_big:
+            why[key] = too_big
+        else:
+            ready[key] = (meta, data, cached)
+
     for key, job in wanted.items():
         hit = cache.get(key)
-        if hit is not None:  # a kernel too large to launch is cached too: it is not compiled again to find out
+        if hit is not None:
             hits.append(key)
-            too_big = _over_shared(hit[0], job[3])
-            if too_big:
-                why[key] = too_big
-            else:
-                ready[key] = (hit[0], hit[1], True)
+            accept(key, hit[0], hit[1], True)
         elif cache_only:
             why[key] = "not in the kernel cache (FMHA_DSL_NO_BUILD is set)"
         else:
@@ -107,11 +111,7 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
             why[key] = str(data)
         else:
             cache.put(key, meta, data, f"{job[0]}.{meta['binary_kind']}")
-            too_big = _over_shared(meta, job[3])
-            if too_big:
-                why[key] = too_big
-            else:
-                ready[key] = (dict(meta, sha256=sha256_bytes(data), size=len(data)), data, False)
+            accept(key, dict(meta, sha256=sha256_bytes(data), size=len(data)), data, False)
         if on_result:
             on_result(key, key in ready, False)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+from .data import uses_tma
 from .kernels.fwd_abi import packs_gqa
 
 
@@ -102,14 +103,6 @@ def occupancy(entry, arch: str | None) -> int:
     return max(1, min(limits))
 
 
-@functools.lru_cache(maxsize=None)
-def _bulk_reduces(pipeline: str | None) -> bool:
-    """Whether a backward pipeline adds dQ by the copy engine's bulk reduction (its TMA pipelines)."""
-    from .data import load
-
-    return bool(load("triton_bwd")["pipelines"].get(pipeline or "", {}).get("tma"))
-
-
 # FLOP-equivalents a K/V element load costs against one multiply-add: the heuristic load/math balance of a tile
 LOAD_COST = 16.0
 # Multiply-adds one fp32 atomic add of the backward's dQ costs: by the compute warps (``red.global``, a
@@ -158,7 +151,8 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
         if entry.sig.get("deterministic"):  # dQ by its own programs: S and dP computed again, no atomics
             pair += n0 * m0 * (p.hdim_q + p.hdim_v)
         else:  # dQ's m0 x hdim_q partial added to the fp32 workspace by atomics
-            pair += (BULK_REDUCE_COST if _bulk_reduces(a.get("pipeline")) else ATOMIC_COST) * m0 * p.hdim_q
+            bulk = uses_tma("triton_bwd", a.get("pipeline"))  # the TMA pipeline: the copy engine's bulk reduction
+            pair += (BULK_REDUCE_COST if bulk else ATOMIC_COST) * m0 * p.hdim_q
         work = _cdiv(sq, m0) * g * pair
         if p.mask != "no":
             work *= 0.5 + 0.5 * min(1.0, n0 / sk)

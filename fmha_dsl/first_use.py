@@ -44,18 +44,11 @@ def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> li
     from .rules import family_rules
     from .rules.base import FACTORY, schedule, search
     from .kernels.fwd_abi import packs_gqa
-    from .data import load
-    from .rules.triton_fwd import uses_tma
+    from .data import uses_tma
     from .vocab import ALG_DEFAULTS, SIG_DEFAULTS
 
     fr = family_rules(family, "triton")
-    if family == "bwd_dq_dk_dv":  # the backward's pipelines have a table of their own
-        bwd_pipelines = load("triton_bwd")["pipelines"]
-
-        def tma(p):
-            return bool(bwd_pipelines.get(p, {}).get("tma"))
-    else:
-        tma = uses_tma
+    pipelines = "triton_bwd" if family == "bwd_dq_dk_dv" else "triton"  # the backward's have a table of their own
     pinned = {
         "dtype": problem.dtype, "hdim": (problem.hdim_q, problem.hdim_v), "mode": problem.mode,
         "vlayout": problem.vlayout, "pad_s": pads[0], "pad_sk": pads[1], "pad_d": 0, "pad_dv": 0,
@@ -74,7 +67,7 @@ def _bindings(problem, arch: str, family: str, aligned: bool, pads=(1, 1)) -> li
         if f in pinned:
             return (pinned[f],)
         if f == "pipeline":  # GQA-packed rows only where there is a group to pack; TMA only for aligned arguments
-            return tuple(p for p in fr.domain(f, b) if (aligned or not tma(p))
+            return tuple(p for p in fr.domain(f, b) if (aligned or not uses_tma(pipelines, p))
                          and (problem.nhead_q > problem.nhead_k or not packs_gqa(p)))
         if f == "max_splits_log2":
             return SPLITS_LOG2

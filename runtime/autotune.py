@@ -63,16 +63,16 @@ class MeasuredSelection:
                 raise error("runtime.jit", f"the Triton rules allow no kernel for {describe(p)} on {self.arch}",
                             None, "the head dims, dtype or features exceed what the Triton template supports here")
             timed = measure is not None and enabled()
-            built = self._usable(cands, p, aligned) if timed else []
-            if not built:  # a few at a time, until one compiles without spilling (or none is left); when none of
-                # the candidates to time compiled, the ones after them
-                tried = {e.identifier for e in cands} if timed else set()
-                rest = [e for e in self.builder.candidates(p, self.arch, aligned, limit=ALL_CANDIDATES)
-                        if e.identifier not in tried] if timed else cands
-                for i in range(0, len(rest), _UNTIMED):
-                    built += self._usable(rest[i:i + _UNTIMED], p, aligned)
-                    if built and (len(_without_spills(built)) < len(built) or not any(_spills(x) for x in built)):
-                        break
+            if timed:  # all of them; when none compiled, the ones after them, as below
+                built, tried = self._usable(cands, p, aligned), {e.identifier for e in cands}
+                rest = [] if built else [e for e in self.builder.candidates(p, self.arch, aligned, ALL_CANDIDATES)
+                                         if e.identifier not in tried]
+            else:
+                built, rest = [], cands
+            for i in range(0, len(rest), _UNTIMED):  # a few at a time, until one compiles without spilling
+                built += self._usable(rest[i:i + _UNTIMED], p, aligned)
+                if built and (len(_without_spills(built)) < len(built) or not any(_spills(x) for x in built)):
+                    break
             if not built:
                 raise error("runtime.jit", f"no candidate kernel for {describe(p)} on {self.arch} compiled", None,
                             "report this with the problem's shapes; meanwhile pass a registry built elsewhere")
@@ -127,7 +127,7 @@ class MeasuredSelection:
         (:func:`fmha_dsl.runtime.race.confirm`: each sustained, the first after 0.2 s of itself, the others after
         50 ms), and the result goes into this device's own table (later processes read it).  Two H200s were seen to
         order two such kernels by about 5 % each way.  When no runner-up could be built, ``win`` as it is."""
-        built = [e for e in self._serving(self._compile(close, aligned), p, aligned) if e.identifier != win.identifier]
+        built = [e for e in self._usable(close, p, aligned) if e.identifier != win.identifier]
         return self._measured(p, aligned, [win] + built, measure, confirm, fallback=win) if built else win
 
     def _usable(self, entries: list, p, aligned: bool) -> list:

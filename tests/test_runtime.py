@@ -194,6 +194,15 @@ def registry(*keys, name="hand"):
     return reg
 
 
+def _fake_build(e) -> dict:
+    """A build record with no binary: the parameter lists of ``e``'s ABI and its companion kernels'."""
+    own = abi_of(e.sig["family"])
+    b = {"entry": "x", "params": list(own.names)}
+    for role, fam in own.companions:
+        b[role] = {"entry": role, "params": list(abi_of(fam).names)}
+    return b
+
+
 def problem(**kw):
     base = dict(dtype="fp16", hdim_q=128, hdim_v=128, seqlen_q=256, seqlen_k=256)
     base.update(kw)
@@ -464,14 +473,7 @@ class Counting(Builder):
         entries = list(entries)
         Counting.asked.append(len(entries))
 
-        def build(e):
-            own = abi_of(e.sig["family"])
-            b = {"entry": "x", "params": list(own.names)}
-            for role, fam in own.companions:
-                b[role] = {"entry": role, "params": list(abi_of(fam).names)}
-            return b
-
-        return [(Entry(None, e.name, "<t>", build(e), sig=e.sig, alg=e.alg, arch=e.arch, ident=e.identifier),
+        return [(Entry(None, e.name, "<t>", _fake_build(e), sig=e.sig, alg=e.alg, arch=e.arch, ident=e.identifier),
                  {e.identifier: b"bin"}) for e in entries]
 
 
@@ -1343,7 +1345,7 @@ def test_the_backward_cut_keeps_the_measured_best_of_the_shipped_classes(device,
     before), the best of those first 12 comes within 3 % of the measured best on all but at most one class, and on
     average within 1 %.  (The cost model before -- atomic dQ ranked first, no cost for warps with too few rows --
     missed by 19 % on average with its first 8, by 3-5 % with its first 16.)"""
-    from fmha_dsl.runtime import autotune, decisions
+    from fmha_dsl.runtime import decisions
     from fmha_dsl.runtime.tune_shapes import expand_shapes, load_shapes, problem_of
 
     monkeypatch.delenv("FMHA_DSL_TUNE_CANDIDATES", raising=False)
@@ -1404,11 +1406,7 @@ class _FakeBuilder(Builder):
             if e.alg["pipeline"] in self.fail or (cache_only and e.identifier not in (self.cached or ())):
                 out.append((e, "no"))
                 continue
-            own = abi_of(e.sig["family"])
-            b = {"entry": "x", "params": list(own.names)}
-            for role, fam in own.companions:
-                b[role] = {"entry": role, "params": list(abi_of(fam).names)}
-            out.append((Entry(None, e.name, "<t>", b, sig=e.sig, alg=e.alg, arch=e.arch, ident=e.identifier),
+            out.append((Entry(None, e.name, "<t>", _fake_build(e), sig=e.sig, alg=e.alg, arch=e.arch, ident=e.identifier),
                         {e.identifier: b"bin"}))
         return out
 

@@ -11,3 +11,9 @@ from importlib import resources
 def load(name: str) -> dict:
     """Load ``fmha_dsl/data/<name>.json`` once per process."""
     return json.loads(resources.files(__name__).joinpath(f"{name}.json").read_text(encoding="utf-8"))
+
+
+def uses_tma(table: str, pipeline: str | None) -> bool:
+    """Whether ``pipeline`` of the pipeline table ``table`` (``triton``: forward and serving, ``triton_bwd``: the
+    backward) goes through the TMA copy engine (the table's ``tma`` flag)."""
+    return bool(load(table)["pipelines"].get(pipeline or "", {}).get("tma"))
