@@ -114,6 +114,14 @@ BULK_REDUCE_COST = 128.0
 # Rows of the key block a warp's MMA needs to keep its lanes busy (sm80 mma.sync and sm90 wgmma: 16 rows a warp; AMD
 # MFMA: 16 or 32): the backward's products take the key block as their M side
 ROWS_PER_WARP = 16
+# The forward's score tile per thread (BLOCK_M x BLOCK_N fp32 over the program's threads) beyond SCORE_REGS
+# registers costs efficiency: SCORE_PRESSURE per further SCORE_REGS with pointer loads (whose addresses take
+# registers too), SCORE_PRESSURE_TMA with the TMA pipelines.  Fitted on the H100's and H200's measured forward
+# tables (bench/probe_candidate_order.py): 128 x 128 on 8 warps and 64 x 128 on 4 had been ranked first and ran at
+# 1.1-2.0x the best.  Fitted on sm90 (wgmma) only: the other families and targets are left as they were.
+SCORE_REGS = 32
+SCORE_PRESSURE = 0.25
+SCORE_PRESSURE_TMA = 0.10
 
 
 def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dict]:
@@ -128,7 +136,8 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
       ``occupancy`` program-times, the partial last one ``ceil(remainder / CUs)``: ``rounds`` is their sum, so a
       partial wave costs as much as its most loaded SM;
     * occupancy (:func:`occupancy`, from the build's resource usage) hides latency: ``hiding = 1 - 0.25 / occupancy``;
-    * efficiency ``m0 n0 / (m0 n0 + LOAD_COST (m0 + n0))``: larger tiles reuse each loaded element more;
+    * efficiency ``m0 n0 / (m0 n0 + LOAD_COST (m0 + n0))``: larger tiles reuse each loaded element more (on
+      wgmma targets less so where the score tile crowds the registers: :data:`SCORE_REGS`);
     * split-KV kernels (:func:`splits_at` splits): ``splits`` times the programs, each with ``1/splits`` of the key
       blocks, plus the combine pass: ``2 LOAD_COST splits x padded rows x Dv x heads x batch / CUs`` (the fp32
       partials written and read back).
@@ -156,8 +165,7 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
         work = _cdiv(sq, m0) * g * pair
         if p.mask != "no":
             work *= 0.5 + 0.5 * min(1.0, n0 / sk)
-        warps = max(1, int(a["wave"][0]) if a.get("wave") else 4)
-        eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0)) * min(1.0, n0 / warps / ROWS_PER_WARP)
+        eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0)) * min(1.0, n0 / _warps(a) / ROWS_PER_WARP)
         full, rem = divmod(nprog, cus * occ)
         rounds = full * occ + _cdiv(rem, cus)
         return rounds * work / (eff * (1.0 - 0.25 / occ)), {"programs": nprog, "rounds": rounds, "occupancy": occ,
@@ -171,7 +179,7 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
     work = m0 * sk_pad * (p.hdim_q + p.hdim_v)
     if p.mask != "no":
         work *= 0.5 + 0.5 * min(1.0, m0 / sq)   # causal: half the keys, plus the diagonal tile
-    eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0))
+    eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0)) / _score_pressure(entry, arch, m0, n0)
     full, rem = divmod(nprog, cus * occ)
     rounds = full * occ + _cdiv(rem, cus)
     c = rounds * work / (eff * (1.0 - 0.25 / occ))
@@ -182,5 +190,25 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
                "tile_waste_k": sk_pad / sk, "efficiency": round(eff, 4)}
 
 
-__all__ = ["cost", "occupancy", "compute_units", "programs", "waves", "split_limit", "splits_at", "LOAD_COST",
-           "ATOMIC_COST", "BULK_REDUCE_COST", "ROWS_PER_WARP", "SPLIT_WAVES", "SPLIT_SETUP"]
+def forward_fitted(arch: str | None) -> bool:
+    """Whether the forward's ranking was fitted to measurements on ``arch`` (wgmma targets: :data:`SCORE_REGS`)."""
+    return bool(arch) and arch_info(arch).get("matrix") == "wgmma"
+
+
+def _warps(alg: dict) -> int:
+    return max(1, int(alg["wave"][0]) if alg.get("wave") else 4)
+
+
+def _score_pressure(entry, arch: str | None, m0: int, n0: int) -> float:
+    """How much slower a forward tile runs for its score tile's registers (1.0: not at all; see SCORE_REGS)."""
+    a = entry.alg
+    if entry.sig.get("family") not in ("fwd", "fwd_splitkv") or not forward_fitted(arch):
+        return 1.0
+    threads = _warps(a) * int(arch_info(arch).get("warp_size", 32))
+    over = max(0.0, m0 * n0 / threads / SCORE_REGS - 1.0)
+    return 1.0 + (SCORE_PRESSURE_TMA if uses_tma("triton", a.get("pipeline")) else SCORE_PRESSURE) * over
+
+
+__all__ = ["cost", "forward_fitted", "occupancy", "compute_units", "programs", "waves", "split_limit", "splits_at",
+           "LOAD_COST", "ATOMIC_COST", "BULK_REDUCE_COST", "ROWS_PER_WARP", "SCORE_REGS", "SCORE_PRESSURE",
+           "SCORE_PRESSURE_TMA", "SPLIT_WAVES", "SPLIT_SETUP"]

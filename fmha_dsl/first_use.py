@@ -11,9 +11,10 @@ methods below, so compiling stays on the build side of the pipeline.
     bounds checks) -- and, for batch-mode lengths that are multiples of :data:`ALIGN`, the unpadded variant of each
     tile that divides them too --, every tile of the arch's table and every pipeline (the TMA pipelines only for aligned
     arguments), and -- for problems with few query blocks -- split-KV kernels.  Ranked by the cost model, at most
-    ``FMHA_DSL_TUNE_CANDIDATES`` of them (split-KV ones included; half as many for the backward, whose kernels
-    take about twice as long to compile: the cost model's first 12 hold the measured best of every one of the 96
-    classes the shipped H100 and H200 tables measured, ``bench/probe_candidate_order.py``).
+    ``FMHA_DSL_TUNE_CANDIDATES`` of them (split-KV ones included), half as many for the backward and -- on wgmma
+    targets, without split kernels -- for the forward: the cost model's first 12 hold the measured best (within
+    3 %) of the classes the shipped H100 and H200 tables measured, 96 of each family
+    (``bench/probe_candidate_order.py``).
 ``Builder.compile(entries, aligned)``
     ``[(entry with build, binaries) | (entry, reason)]``: each from the artifact cache or compiled in worker
     processes (crash-isolated, ``FMHA_DSL_JOBS`` at a time), then cached.  ``binaries`` maps the entry's identifier
@@ -126,20 +127,27 @@ class Builder:
                     tight[_same_kernel(e)] = e
             # every problem of this decision key is aligned alike: the padded twin of an unpadded kernel is dropped
             out = [e for e in out if _same_kernel(e) not in tight] + list(tight.values())
-        return _with_splits(problem, arch, aligned, limit, out, "fwd_splitkv", 3)
+        # where the cost model's forward ranking was fitted, its first half of FMHA_DSL_TUNE_CANDIDATES holds the
+        # measured best of a prefill class (tests/test_runtime.py)
+        from .costmodel import forward_fitted
+
+        return _with_splits(problem, arch, aligned, limit, out, "fwd_splitkv", 3,
+                            alone=max(1, knobs.tune_candidates() // 2) if forward_fitted(arch) else None)
 
     def _backward(self, problem, arch: str, aligned: bool, limit: int | None) -> list[Entry]:
         """The backward's candidates: every tile and staging the rules allow, padded (and, for lengths that are
         multiples of ALIGN, unpadded), ranked by the cost model; by default half of ``FMHA_DSL_TUNE_CANDIDATES``."""
-        from .data import load
-        from .rules.triton_bwd import _vendor_has, stages
+        from .arch import info as arch_info
         from .costmodel import compute_units, cost
+        from .data import load
+        from .rules.triton_bwd import _vendor_has, smem_bytes, stages
 
         out = {}
         aq, ak = seq_aligned(problem.max_seqlen_q or problem.seqlen_q, problem.max_seqlen_k or problem.seqlen_k,
                              problem.mode == "group")
         staged = any(_vendor_has(arch, p) and stages(arch, {"pipeline": p}) > 1
                      for p in load("triton_bwd")["pipelines"])
+        limit_bytes = arch_info(arch)["shared_bytes"]
         # a problem that does not ask for determinism also gets the deterministic kernels (dQ by dedicated programs in
         # a fixed order, no atomics): faster on some shapes, the timing decides
         variants = (problem,) if problem.deterministic else (
@@ -148,6 +156,8 @@ class Builder:
             for pads in {(1, 1), (0 if aq else 1, 0 if ak else 1)}:
                 for b, fr in _bindings(prob, arch, "bwd_dq_dk_dv", aligned, pads):
                     if staged and stages(arch, b) <= 1:  # a single-stage loop only where nothing is staged
+                        continue
+                    if aligned and smem_bytes(b, aligned=True) > limit_bytes:  # the rule checked any build
                         continue
                     t = b["tile"].tile
                     if pads != (1, 1) and (ALIGN % t[0] or ALIGN % t[1]):
@@ -281,18 +291,20 @@ class Builder:
 
 
 def _with_splits(problem, arch: str, aligned: bool, limit: int | None, out: list, split_family: str,
-                 share: int, always: bool = False) -> list[Entry]:
+                 share: int, always: bool = False, alone: int | None = None) -> list[Entry]:
     """``out`` (a family's candidates) plus -- for a problem of ``split_family``, one whose grid fills fewer than
     :data:`SPLIT_BELOW_WAVES` waves of the device, or ``always`` -- that split-KV family's, ranked by the cost model
     (pipelined before single-stage loads, unpadded before padded) and cut to ``FMHA_DSL_TUNE_CANDIDATES``, keeping
-    ``n // share`` split kernels in the cut (the timing decides between the kinds)."""
+    ``n // share`` split kernels in the cut (the timing decides between the kinds); without split kernels, cut to
+    ``alone`` where given."""
     from .costmodel import compute_units, cost
     from .rules.triton_fwd import stages
 
     sq = max(problem.max_seqlen_q or problem.seqlen_q, 1)
     cus = compute_units(arch)
     few = min((_programs(e, problem, sq) for e in out), default=0)
-    if always or problem.family == split_family or few < SPLIT_BELOW_WAVES * cus:
+    splits = always or problem.family == split_family or few < SPLIT_BELOW_WAVES * cus
+    if splits:
         out = out + [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, split_family, aligned)]
 
     def rank(e):
@@ -300,7 +312,7 @@ def _with_splits(problem, arch: str, aligned: bool, limit: int | None, out: list
         return (one, cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
 
     ranked = sorted(out, key=rank)
-    n = knobs.tune_candidates() if limit is None else limit
+    n = limit if limit is not None else alone if alone is not None and not splits else knobs.tune_candidates()
     if len(ranked) > n and n >= share:  # keep both kinds in the cut when there are split kernels
         base = [e for e in ranked if e.sig["family"] != split_family]
         spl = [e for e in ranked if e.sig["family"] == split_family]

@@ -88,7 +88,8 @@ AUTOTUNE = Knob("FMHA_DSL_AUTOTUNE", "bool", True,
                 "seqtune table): `0` compiles the cost model's choice instead of timing the candidates.")
 TUNE_CANDIDATES = Knob("FMHA_DSL_TUNE_CANDIDATES", "int", 24,
                        "How many rule-checked candidates a first-use decision compiles and times at most (the "
-                       "cost model's best first); a backward decision takes half as many.")
+                       "cost model's best first); a backward decision takes half as many, and so does a forward "
+                       "one on sm90 unless split-KV kernels are among its candidates.")
 TUNED_SHIPPED = Knob("FMHA_DSL_TUNED_SHIPPED", "bool", True,
                      "`0` ignores the first-use decisions shipped with the package (`fmha_dsl/data/tuned/`): every "
                      "decision is measured on this machine (benchmarks of the first call use it).")

@@ -321,3 +321,30 @@ kernel_set d {
     for (n_pad, sel_pad), (n_np, sel_np) in zip(l_pad, l_np):
         assert abs(n_pad - n_np) <= 0.02 * n_np and sel_pad == sel_np, got
     assert r_pad <= r_np + 32, got
+
+
+# ---- a backward kernel over the LDS: the bound lets it through, the build fails it ------------------------------
+def test_bigger_than_lds_fails_its_build(tmp_path):
+    """gfx942 (64 KB of LDS): the 64 x 64 atomic tile fits at d128 (the rule's old estimate dropped it) and builds;
+    at d192 x d128 the rule's bound lets it through, the build takes 114,688 bytes and fails it, naming the figure
+    (tests/test_expand.py checks the bound against every measured build)."""
+    ks = fmha_dsl.loads("""
+kernel_set lds {
+    backend(triton) arch(gfx942)
+    kernel k {
+        signature { family(bwd_dq_dk_dv) dtype(fp16) hdim(128) deterministic(false) }
+        algorithm { pipeline(bwd_async) tile(64, 64, *, *, *, *, *, *, *) wave(4, *, *, *, *, *, *, *, *)
+                    padding(true, true, false, false) }
+    }
+    kernel k192 {
+        signature { family(bwd_dq_dk_dv) dtype(fp16) hdim(192, 128) deterministic(false) }
+        algorithm { pipeline(bwd_async) tile(64, 64, *, *, *, *, *, *, *) wave(4, *, *, *, *, *, *, *, *)
+                    padding(true, true, false, false) }
+    }
+}""", path="lds.fmha")
+    res = build(ks, str(tmp_path / "out"), jobs=2, cache_dir=str(tmp_path / "cache"))
+    assert res.by_arch == {"gfx942": 1}
+    (failed,) = res.failures
+    assert "d192x128" in failed["name"] and "bytes of shared memory; gfx942 allows 65536" in failed["reason"]
+    (e,) = fmha_dsl.Registry.load(str(tmp_path / "out" / "registry.json"))
+    assert "d128x128" in e.name and 0 < e.build["shared"] <= 65536

@@ -1,5 +1,8 @@
 """Expansion semantics: defaults, wildcards, alternatives, explicit errors, where filters, tiles."""
 
+import json
+import os
+
 import pytest
 
 import fmha_dsl
@@ -447,3 +450,40 @@ def test_triton_expansion_has_no_two_kernels_with_the_same_code(write):
     # (any Dq <= 80): two kernels, both kept
     assert {k.alg["pad_d"] for k in rep.kernels if k.sig["hdim_q"] == 80} == {0, 1}
     assert all(not (k.sig["sink"] and k.sig["mask"] == "no") for k in rep.kernels)
+
+
+# ---- the backward's shared-memory bound against what Triton's builds take ---------------------------------------
+SHARED_BYTES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results",
+                            "2026-11-28_cpu_bwd_shared_bytes_s38.json")
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_the_backward_shared_memory_bound_drops_no_kernel_that_fits(aligned):
+    """Against the shared memory (LDS) Triton's CPU builds of the backward candidates took, per arch
+    (bench/results/..._cpu_bwd_shared_bytes_s38.json, bench/measure_bwd_shared.py): no build that fits its arch is
+    over the bound -- the rule's (any build) or first use's for aligned builds -- and on sm90 first use's bound
+    drops most aligned builds that do not fit, the tiles among the cost model's first candidates at head dims
+    160-256 (the build fails the rest: tests/test_build_triton.py::test_bigger_than_lds_fails_its_build)."""
+    from types import SimpleNamespace
+
+    from fmha_dsl import arch as arch_table
+    from fmha_dsl.kernels.bwd_abi import block_d
+    from fmha_dsl.rules.triton_bwd import smem_bytes
+
+    with open(SHARED_BYTES) as f:
+        doc = json.load(f)
+    measured = [(a, rows) for part in (("archs", "archs_triton_3_9") if aligned else ("archs_unaligned",))
+                for a, rows in doc[part].items()]
+    assert {a for a, _ in measured} >= {"sm90", "sm80", "gfx942"} | ({"gfx1100"} if aligned else set())
+    for arch, rows in measured:
+        limit = arch_table.info(arch)["shared_bytes"]
+        over = dropped = 0
+        for dtype, hq, hv, (m0, n0), warps, pipeline, det, real in rows:
+            dq, dv = block_d(hq), block_d(hv)
+            b = {"tile": SimpleNamespace(tile=(m0, n0, dq, m0, dv, m0, n0, dq, dv)), "dtype": dtype, "arch": arch,
+                 "pipeline": pipeline, "deterministic": det}
+            for bound in {smem_bytes(b), smem_bytes(b, aligned=aligned)}:
+                assert bound <= limit or real > limit, (arch, dtype, hq, hv, m0, n0, warps, pipeline, det, real, bound)
+            over += real > limit
+            dropped += smem_bytes(b, aligned=aligned) > limit
+        assert rows and (arch != "sm90" or not aligned or dropped >= 0.85 * over), (arch, over, dropped)

@@ -19,10 +19,10 @@ DEV = {"name": "NVIDIA H100 80GB HBM3", "arch": "sm90", "compute_units": 132, "d
        "torch": "2"}
 
 
-def key(tile=(128, 64), pads=(1, 1, 1, 1), dtype="fp16", mask="no", rank=0, pipeline="qr_async"):
+def key(tile=(128, 64), pads=(1, 1, 1, 1), dtype="fp16", mask="no", rank=0, pipeline="qr_async", warps=4):
     sig = Signature(family="fwd", dtype=dtype, mode="batch", hdim_q=128, hdim_v=128, mask=mask)
     m0, n0 = tile
-    alg = Algorithm(pipeline=pipeline, tile=(m0, n0, 128, 128, n0, 128), wave=(4, 1, 1, 4, 1, 1, 1, 1, 1),
+    alg = Algorithm(pipeline=pipeline, tile=(m0, n0, 128, 128, n0, 128), wave=(warps, 1, 1, warps, 1, 1, 1, 1, 1),
                     pad_s=pads[0], pad_sk=pads[1], pad_d=pads[2], pad_dv=pads[3], selection_rank=rank)
     return KernelKey(signature=sig, algorithm=alg, arch="sm90")
 
@@ -173,7 +173,7 @@ def test_buckets():
 
 
 def test_cost_model_on_hand_checked_cases():
-    small, big = entry("m64", tile=(64, 64)), entry("m128", tile=(128, 64))
+    small, big = entry("m64", tile=(64, 64)), entry("m128", tile=(128, 64), warps=8)
     # seqlen 100, one head: one wave either way; m0 128 pads 100 -> 128 rows and does twice the work per program
     c64, d64 = seqtune.cost(small, problem(100, b=1, hq=1), "sm90", 132)
     c128, d128 = seqtune.cost(big, problem(100, b=1, hq=1), "sm90", 132)
@@ -183,6 +183,12 @@ def test_cost_model_on_hand_checked_cases():
     c128, d128 = seqtune.cost(big, problem(16384, b=8, hq=16), "sm90", 132)
     assert (d64["rounds"], d128["rounds"]) == (249, 125) and c128 < c64
     assert c64 / c128 == pytest.approx((249 * 64 / (4096 / 6144)) / (125 * 128 / (8192 / 11264)))
+    # the same tile on 4 warps: 64 fp32 scores a thread, 32 past SCORE_REGS: 1.25x with pointer loads, 1.1x with TMA
+    for pipeline, more in (("qr_async", 1.25), ("qr_async_trload", 1.10)):
+        one, two = (entry("w", tile=(128, 64), warps=w, pipeline=pipeline) for w in (8, 4))
+        p = problem(16384, b=8, hq=16)
+        assert seqtune.cost(two, p, "sm90", 132)[0] / seqtune.cost(one, p, "sm90", 132)[0] == pytest.approx(more)
+        assert seqtune.cost(two, p, "sm80", 132)[0] == seqtune.cost(one, p, "sm80", 132)[0]   # fitted on wgmma only
     # a partial last wave costs a full one: 133 programs take two rounds on 132 SMs
     assert seqtune.cost(big, problem(128, b=133, hq=1), "sm90", 132)[1]["rounds"] == 2
     # occupancy from the build: 64 regs x 128 threads -> 8 by registers, 16 by threads, by shared 232448 // 40000
@@ -275,7 +281,8 @@ def test_failed_kernels_are_excluded_and_unmeasured_ones_ranked_after():
 
 def test_cost_model_selects_without_a_table():
     b = {"num_warps": 4, "warp_size": 32, "shared": 65536, "resources": {"regs": 128}}
-    reg = Registry("c", [entry("small", build=dict(b), tile=(64, 64)), entry("large", build=dict(b), tile=(128, 64))])
+    reg = Registry("c", [entry("small", build=dict(b), tile=(64, 64)),
+                         entry("large", build=dict(b, num_warps=8, resources={"regs": 64}), tile=(128, 64), warps=8)])
     d = Dispatcher(reg, arch="sm90")
     assert d.table is None and d.ranking
     assert d.plan(problem(100, b=1, hq=1)).entry.name == "small"
