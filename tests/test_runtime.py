@@ -1338,6 +1338,23 @@ def test_the_shipped_tables_match_the_current_candidate_space(device):
     assert len(got) > 50 and not stale, f"{len(stale)} shipped decisions are stale: run bench/device_run.sh retune"
 
 
+def test_the_forward_cut_is_halved_only_where_the_ranking_was_fitted(monkeypatch):
+    """A prefill class on sm90 times half of FMHA_DSL_TUNE_CANDIDATES; a decode class there (split-KV kernels among
+    its candidates: nothing measured supports a cut) and a prefill class on sm80 (the forward ranking is fitted on
+    wgmma targets only) time all of it; an explicit limit wins."""
+    monkeypatch.setenv("FMHA_DSL_TUNE_CANDIDATES", "20")
+    b = Builder()
+    prefill = Problem(dtype="bf16", hdim_q=128, hdim_v=128, seqlen_q=4096, seqlen_k=4096, batch=4, nhead_q=16,
+                      nhead_k=16)
+    decode = Problem(dtype="bf16", hdim_q=128, hdim_v=128, seqlen_q=1, seqlen_k=8192, batch=1, nhead_q=32, nhead_k=8)
+    assert len(b.candidates(prefill, "sm90")) == 10
+    got = b.candidates(decode, "sm90")
+    assert len(got) == 20 and {e.sig["family"] for e in got} == {"fwd", "fwd_splitkv"}
+    assert len(b.candidates(prefill, "sm90", limit=15)) == 15
+    monkeypatch.setenv("FMHA_DSL_TUNE_CANDIDATES", "8")   # sm80 has 9 forward candidates for it
+    assert len(b.candidates(prefill, "sm80")) == 8 and len(b.candidates(prefill, "sm90")) == 4
+
+
 @pytest.mark.parametrize("family", ["fwd", "bwd_dq_dk_dv"])
 @pytest.mark.parametrize("device", SHIPPED_DEVICES)
 def test_the_cut_keeps_the_measured_best_of_the_shipped_classes(device, family, monkeypatch):
