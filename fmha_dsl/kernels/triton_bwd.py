@@ -348,6 +348,8 @@ def signature(family: str, dtype: str) -> dict[str, str]:
 
 def constexprs(sig: dict, alg: dict) -> dict:
     """Constexpr values of a backward stage's kernel key (``sig["family"]`` picks the stage)."""
+    from ..data import uses_tma  # the backend's data marks the pipelines that go through the copy engine
+
     family = sig.get("family")
     if family not in KERNELS:
         raise ValueError(f"the triton backward template does not implement family={family!r}")
@@ -387,11 +389,5 @@ def constexprs(sig: dict, alg: dict) -> dict:
         "SOFTCAP": bool(sig.get("logits", False)), "DETERMINISTIC": det, "IEEE": dtype == "fp32",
         # TMA: 0 pointer loads; 2 Q/dO through descriptors and dQ by bulk reduction (1: loads only, for Triton's
         # interpreter, which has no descriptor reductions)
-        "UPCAST_DOT": False, "TMA": 2 if _uses_tma(alg.get("pipeline", "bwd")) else 0,
+        "UPCAST_DOT": False, "TMA": 2 if uses_tma("triton_bwd", alg.get("pipeline", "bwd")) else 0,
     }
-
-
-def _uses_tma(pipeline: str) -> bool:
-    from ..data import load  # the backend's data marks the pipelines that go through the copy engine
-
-    return bool(load("triton_bwd")["pipelines"].get(pipeline, {}).get("tma"))

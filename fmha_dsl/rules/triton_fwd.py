@@ -25,6 +25,7 @@ import functools
 
 from .. import arch as arch_table
 from ..data import load
+from ..data import uses_tma as data_uses_tma
 from ..kernels.fwd_abi import block_d, packs_gqa
 from .base import FamilyRules, Rule, Tile, pad_token, tf
 
@@ -51,7 +52,7 @@ def stages(b: dict) -> int:
 
 def uses_tma(pipeline: str) -> bool:
     """Whether ``pipeline`` loads K/V through tensor descriptors (the TMA copy engine)."""
-    return bool(_data()["pipelines"].get(pipeline, {}).get("tma"))
+    return data_uses_tma("triton", pipeline)
 
 
 def _tma_ok(b) -> bool:
