@@ -168,8 +168,8 @@ MAIN = COMMON + (
          "pair sink(true) with a mask", blame="sink", filter=True),
     Rule("triton.bwd.shared-memory", ("arch", "dtype", "pipeline", "tile"),
          lambda b: smem_bytes(b) <= arch_info(b["arch"])["shared_bytes"],
-         lambda b: f"tile {b['tile'].tile[:2]} needs at least {smem_bytes(b)} bytes of shared memory in any build; "
-                   f"{b['arch']} has {arch_info(b['arch'])['shared_bytes']}",
+         lambda b: f"tile {b['tile'].tile[:2]} needs about {smem_bytes(b)} bytes of shared memory in any build "
+                   f"(estimated); {b['arch']} has {arch_info(b['arch'])['shared_bytes']}",
          "use a smaller bm0 or bn0", blame="tile"),
     Rule("triton.bwd.registers", ("arch", "dtype", "tile"), lambda b: acc_regs(b) <= reg_budget(b["arch"]),
          lambda b: f"tile {b['tile'].tile[:2]} keeps {acc_regs(b)} fp32 values per thread on {b['tile'].wave[0]} "
