@@ -85,7 +85,7 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
     todo, hits = [], []
 
     def accept(key, meta, data, cached):  # a kernel too large to launch is cached too: not compiled again to find out
-        too_big = _over_shared(meta, wanted[key][3])
+        too_big = _over_shared(meta, wanted[key][3])  # a job is (kind, signature, algorithm, arch[, aligned])
         if too_big:
             why[key] = too_big
         else:

@@ -132,7 +132,7 @@ class Builder:
         from .costmodel import forward_fitted
 
         return _with_splits(problem, arch, aligned, limit, out, "fwd_splitkv", 3,
-                            alone=max(1, knobs.tune_candidates() // 2) if forward_fitted(arch) else None)
+                            alone=_half_cut() if forward_fitted(arch) else None)
 
     def _backward(self, problem, arch: str, aligned: bool, limit: int | None) -> list[Entry]:
         """The backward's candidates: every tile and staging the rules allow, padded (and, for lengths that are
@@ -172,8 +172,7 @@ class Builder:
             one = stages(arch, e.alg) <= 1
             return (one, cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
 
-        n = max(1, knobs.tune_candidates() // 2) if limit is None else limit
-        return sorted(out.values(), key=rank)[:n]
+        return sorted(out.values(), key=rank)[:_half_cut() if limit is None else limit]
 
     def _serving(self, problem, arch: str, aligned: bool, limit: int | None) -> list[Entry]:
         """The serving families' candidates: append-KV has one kernel per key; paged attention every tile and
@@ -312,7 +311,12 @@ def _with_splits(problem, arch: str, aligned: bool, limit: int | None, out: list
         return (one, cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
 
     ranked = sorted(out, key=rank)
-    n = limit if limit is not None else alone if alone is not None and not splits else knobs.tune_candidates()
+    if limit is not None:
+        n = limit
+    elif alone is not None and not splits:
+        n = alone
+    else:
+        n = knobs.tune_candidates()
     if len(ranked) > n and n >= share:  # keep both kinds in the cut when there are split kernels
         base = [e for e in ranked if e.sig["family"] != split_family]
         spl = [e for e in ranked if e.sig["family"] == split_family]
@@ -320,6 +324,12 @@ def _with_splits(problem, arch: str, aligned: bool, limit: int | None, out: list
             ns = min(len(spl), max(n // share, 1))
             ranked = sorted(base[:n - ns] + spl[:ns], key=rank)
     return ranked[:n]
+
+
+def _half_cut() -> int:
+    """The candidates first use times where the cost model's ranking was fitted to measurements (the backward; the
+    forward on wgmma targets): half of ``FMHA_DSL_TUNE_CANDIDATES``."""
+    return max(1, knobs.tune_candidates() // 2)
 
 
 def _programs(e: Entry, problem, sq: int) -> int:

@@ -105,8 +105,9 @@ def start(on_ready=None) -> None:
                     m = None
                 with _LOCK:
                     todo = _STATE.pop("ready", [])  # after a failure: dropped, nothing will call them back
-                for f in todo if m is not None else ():
-                    f(m)
+                if m is not None:
+                    for f in todo:
+                        f(m)
 
             t = _STATE["thread"] = threading.Thread(target=work, name="fmha-dsl-torch-fast", daemon=True)
             t.start()  # under the lock: wait() never finds the thread unstarted
