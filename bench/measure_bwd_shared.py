@@ -50,14 +50,24 @@ def measure(arch: str, dtypes, jobs: int, cache_dir: str, aligned: bool = True) 
 
 
 def main() -> int:
+    from fmha_dsl.arch import backend_archs
+
+    archs = backend_archs("triton")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arch", action="append", required=True)
-    ap.add_argument("--dtype", action="append", default=None)
+    ap.add_argument("--arch", action="append", required=True, choices=archs, help="a Triton target (repeatable)")
+    ap.add_argument("--dtype", action="append", default=None, choices=("fp16", "bf16", "fp32"))
     ap.add_argument("--unaligned", action="store_true", help="builds for arguments without alignment promises")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", required=True)
     ap.add_argument("--cache-dir", default=None, help="the artifact cache to compile through (default: a fresh one)")
     args = ap.parse_args()
+    if args.jobs < 1:
+        ap.error(f"-j/--jobs: must be a whole number >= 1, not {args.jobs}")
+    try:  # before the compiles: an unwritable path fails now, not after them
+        with open(args.json, "a"):
+            pass
+    except OSError as exc:
+        ap.error(f"--json: cannot write {args.json}: {exc.strerror}")
     import triton
 
     with tempfile.TemporaryDirectory() as fresh:

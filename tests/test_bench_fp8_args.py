@@ -1,5 +1,5 @@
-"""bench/bench_fp8_serving.py, bench/probe_fp8_decode.py, bench/profile_bwd.py, bench/probe_route.py and
-bench/probe_sass_paged.py refuse malformed arguments before they touch a GPU or compile: exit 2 with their usage,
+"""bench/bench_fp8_serving.py, bench/probe_fp8_decode.py, bench/profile_bwd.py, bench/probe_route.py,
+bench/probe_sass_paged.py and bench/measure_bwd_shared.py refuse malformed arguments before they touch a GPU or compile: exit 2 with their usage,
 no traceback."""
 
 import os
@@ -25,6 +25,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("probe_route.py", ["--rounds", "0"], "--rounds: at least 1"),
     ("probe_sass_paged.py", ["--tiles", "128x64"], "--tiles: each M0xN0wWARPS, e.g. 128x64w8, got '128x64'"),
     ("probe_sass_paged.py", ["--pages", "16k"], "--pages: page sizes, e.g. 16,1024, got '16k'"),
+    ("measure_bwd_shared.py", ["--arch", "sm99", "--json", "/tmp/x.json"], "argument --arch: invalid choice: 'sm99'"),
+    ("measure_bwd_shared.py", ["--arch", "sm90", "--dtype", "fp8", "--json", "/tmp/x.json"],
+     "argument --dtype: invalid choice: 'fp8'"),
+    ("measure_bwd_shared.py", ["--arch", "sm90", "-j", "0", "--json", "/tmp/x.json"], "-j/--jobs: must be a whole"),
+    ("measure_bwd_shared.py", ["--arch", "sm90", "--json", "/nonexistent/dir/x.json"],
+     "--json: cannot write /nonexistent/dir/x.json"),
 ])
 def test_bad_arguments_exit_2_with_the_usage(script, args, says):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), *args], cwd=ROOT, capture_output=True,
