@@ -8,7 +8,7 @@ import os
 
 _DISPATCHERS: dict = {}     # registry key -> (Dispatcher, keepalive)
 _JIT: dict = {}             # device -> the compile-on-first-use dispatcher
-_ARCHS: dict = {}           # device index -> arch
+_ARCHS: dict = {}           # device index -> (arch, what the device allows: runtime.device.device_limits)
 _CLASS: list = []           # [fmha_dsl.runtime.dispatch.Dispatcher], once imported
 
 
@@ -28,16 +28,18 @@ def dispatcher(registry, dev: int):
     got = _DISPATCHERS.get(fast_key)
     if got is not None and (got[1] is registry or isinstance(registry, (str, os.PathLike))):
         return got[0]
-    arch = _ARCHS.get(dev)
-    if arch is None:
-        from .runtime.dispatch import detect_arch
+    arch, limits = _ARCHS.get(dev) or (None, None)
+    if arch is None:  # the device's arch and what it allows (two GPUs of one arch may differ in shared memory)
+        from .runtime.device import detect_arch, device_limits
 
-        arch = _ARCHS[dev] = detect_arch(None if dev < 0 else dev)
+        arch = detect_arch(None if dev < 0 else dev)
+        limits = device_limits(arch, dev)
+        _ARCHS[dev] = (arch, limits)
     if isinstance(registry, (str, os.PathLike)):
-        key = ("path", os.path.abspath(os.fspath(registry)), arch)
+        key = ("path", os.path.abspath(os.fspath(registry)), arch, tuple(sorted(limits.items())))
         got = _DISPATCHERS.get(key)
         if got is None:
-            got = _DISPATCHERS[key] = (Dispatcher(registry, arch), registry)
+            got = _DISPATCHERS[key] = (Dispatcher(registry, arch, limits=limits), registry)
     else:
         builder = None
         if registry is None:
@@ -47,7 +49,7 @@ def dispatcher(registry, dev: int):
         import torch
 
         name = torch.cuda.get_device_name(dev) if dev >= 0 else None  # the tuned table of *this* device
-        got = (Dispatcher(registry, arch, builder=builder, device_name=name), registry)
+        got = (Dispatcher(registry, arch, builder=builder, device_name=name, limits=limits), registry)
     _DISPATCHERS[fast_key] = got
     return got[0]
 

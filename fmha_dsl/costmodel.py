@@ -122,6 +122,14 @@ ROWS_PER_WARP = 16
 SCORE_REGS = 32
 SCORE_PRESSURE = 0.25
 SCORE_PRESSURE_TMA = 0.10
+# fp32 problems run their products in IEEE precision, on NVIDIA targets on the FMA units: both products' operands (Q
+# and K, P and V) and the accumulator are held in registers, (m0 + n0) x (Dq + Dv) + m0 x n0 fp32 values over the
+# program's threads.  Beyond FP32_REGS per thread a tile loses FP32_PRESSURE of its efficiency per further FP32_REGS.
+# Measured on an H200 over every candidate (bench/probe_flag_cut.py): the tiles past about 200 ran 6-40x slower
+# than the best, and the cost model without this term put them first (fp32 d128 causal: the first 12 candidates
+# lost 5.9x, the first 16 1.6x; fp32 d64: the first 24 lost 31 %).
+FP32_REGS = 128
+FP32_PRESSURE = 1.0
 
 
 def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dict]:
@@ -180,6 +188,9 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
     if p.mask != "no":
         work *= 0.5 + 0.5 * min(1.0, m0 / sq)   # causal: half the keys, plus the diagonal tile
     eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0)) / _score_pressure(entry, arch, m0, n0)
+    if fma_products(p.dtype, arch) and entry.sig.get("family") in ("fwd", "fwd_splitkv"):
+        held = ((m0 + n0) * (p.hdim_q + p.hdim_v) + m0 * n0) / (_warps(a) * int(arch_info(arch).get("warp_size", 32)))
+        eff /= 1.0 + FP32_PRESSURE * max(0.0, held / FP32_REGS - 1.0)
     full, rem = divmod(nprog, cus * occ)
     rounds = full * occ + _cdiv(rem, cus)
     c = rounds * work / (eff * (1.0 - 0.25 / occ))
@@ -193,6 +204,13 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
 def forward_fitted(arch: str | None) -> bool:
     """Whether the forward's ranking was fitted to measurements on ``arch`` (wgmma targets: :data:`SCORE_REGS`)."""
     return bool(arch) and arch_info(arch).get("matrix") == "wgmma"
+
+
+def fma_products(dtype: str, arch: str | None) -> bool:
+    """Whether a problem of ``dtype`` runs its products on the FMA units of ``arch`` (fp32, computed in IEEE
+    precision, on NVIDIA targets): its ranking weighs the registers its operands take (:data:`FP32_REGS`) and puts
+    single-stage loads among the pipelined ones, not after them."""
+    return dtype == "fp32" and bool(arch) and arch_info(arch).get("vendor") == "nvidia"
 
 
 def _warps(alg: dict) -> int:
@@ -209,6 +227,7 @@ def _score_pressure(entry, arch: str | None, m0: int, n0: int) -> float:
     return 1.0 + (SCORE_PRESSURE_TMA if uses_tma("triton", a.get("pipeline")) else SCORE_PRESSURE) * over
 
 
-__all__ = ["cost", "forward_fitted", "occupancy", "compute_units", "programs", "waves", "split_limit", "splits_at",
+__all__ = ["cost", "forward_fitted", "fma_products", "occupancy", "compute_units", "programs", "waves", "split_limit",
+           "splits_at",
            "LOAD_COST", "ATOMIC_COST", "BULK_REDUCE_COST", "ROWS_PER_WARP", "SCORE_REGS", "SCORE_PRESSURE",
-           "SCORE_PRESSURE_TMA", "SPLIT_WAVES", "SPLIT_SETUP"]
+           "SCORE_PRESSURE_TMA", "FP32_REGS", "FP32_PRESSURE", "SPLIT_WAVES", "SPLIT_SETUP"]

@@ -34,7 +34,10 @@ from .seqtune import seq_aligned
 SPLIT_BELOW_WAVES = 2
 SPLITS_LOG2 = (4, 5, 6)         # 16, 32 and 64 splits at most (fewer when the key axis is short)
 PAGED = ("batch_prefill", "fwd_pagedkv", "fwd_appendkv")   # the serving families
-CANDIDATES_VERSION = 3          # bumped when the candidate rules below change (part of Builder.fingerprint)
+# bumped when the candidate rules below change (part of Builder.fingerprint).  4: fp32's ranking on NVIDIA
+# (costmodel.FP32_REGS, the forward's single-stage loads not last, the backward's TMA pipeline last): a user's
+# recorded decisions are measured again (every dtype's: the fingerprint is per family); the shipped ones restamped
+CANDIDATES_VERSION = 4
 SERVING_CANDIDATES_VERSION = 2  # the same for the serving families' own rules (their fingerprint only)
 DECODE_ROWS = 16                # a paged problem with at most this many query rows per K/V head (decode) also gets the
 #                                 split-KV family's short-tile kernels, however many programs it has (they may run 1 split)
@@ -138,8 +141,8 @@ class Builder:
         """The backward's candidates: every tile and staging the rules allow, padded (and, for lengths that are
         multiples of ALIGN, unpadded), ranked by the cost model; by default half of ``FMHA_DSL_TUNE_CANDIDATES``."""
         from .arch import info as arch_info
-        from .costmodel import compute_units, cost
-        from .data import load
+        from .costmodel import compute_units, cost, fma_products
+        from .data import load, uses_tma
         from .rules.triton_bwd import _vendor_has, smem_bytes, stages
 
         out = {}
@@ -167,10 +170,14 @@ class Builder:
                     if k not in out or _unpadded(e) > _unpadded(out[k]):
                         out[k] = e
         cus = compute_units(arch)
+        # fp32 on the FMA units: the TMA pipeline ran 4.5-19x slower than the best in 9 of the 14 builds of its
+        # atomic route measured (H200, bench/probe_flag_cut.py), so it comes after the others
+        fp32 = fma_products(problem.dtype, arch)
 
         def rank(e):
             one = stages(arch, e.alg) <= 1
-            return (one, cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
+            late = fp32 and uses_tma("triton_bwd", e.alg["pipeline"])
+            return (one, late, cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
 
         return sorted(out.values(), key=rank)[:_half_cut() if limit is None else limit]
 
@@ -293,13 +300,16 @@ def _with_splits(problem, arch: str, aligned: bool, limit: int | None, out: list
                  share: int, always: bool = False, alone: int | None = None) -> list[Entry]:
     """``out`` (a family's candidates) plus -- for a problem of ``split_family``, one whose grid fills fewer than
     :data:`SPLIT_BELOW_WAVES` waves of the device, or ``always`` -- that split-KV family's, ranked by the cost model
-    (pipelined before single-stage loads, unpadded before padded) and cut to ``FMHA_DSL_TUNE_CANDIDATES``, keeping
-    ``n // share`` split kernels in the cut (the timing decides between the kinds); without split kernels, cut to
-    ``alone`` where given."""
-    from .costmodel import compute_units, cost
+    (pipelined before single-stage loads, but for the fp32 forward; unpadded before padded) and cut to
+    ``FMHA_DSL_TUNE_CANDIDATES``, keeping ``n // share`` split kernels in the cut (the timing decides between the
+    kinds); without split kernels, cut to ``alone`` where given."""
+    from .costmodel import compute_units, cost, fma_products
     from .rules.triton_fwd import stages
 
     sq = max(problem.max_seqlen_q or problem.seqlen_q, 1)
+    # fp32 on the FMA units (the forward; the serving families were not measured): single-stage loads are not put
+    # behind the pipelined ones, fp32 d64's best was one (H200, bench/probe_flag_cut.py)
+    fma = fma_products(problem.dtype, arch) and split_family == "fwd_splitkv"
     cus = compute_units(arch)
     few = min((_programs(e, problem, sq) for e in out), default=0)
     splits = always or problem.family == split_family or few < SPLIT_BELOW_WAVES * cus
@@ -307,7 +317,7 @@ def _with_splits(problem, arch: str, aligned: bool, limit: int | None, out: list
         out = out + [_entry(b, fr, arch, aligned) for b, fr in _bindings(problem, arch, split_family, aligned)]
 
     def rank(e):
-        one = stages({"arch": arch, "pipeline": e.alg["pipeline"]}) <= 1
+        one = stages({"arch": arch, "pipeline": e.alg["pipeline"]}) <= 1 and not fma
         return (one, cost(e, problem, arch, cus)[0], -_unpadded(e), e.identifier)
 
     ranked = sorted(out, key=rank)

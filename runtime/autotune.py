@@ -19,6 +19,7 @@ from fmha_dsl import costmodel, knobs
 from fmha_dsl.errors import FmhaError, error
 
 from .decisions import close_runners_up, key, record_of
+from .device import over_limits
 from .match import describe, mismatches, no_kernel_error
 from .race import confirm, race
 
@@ -35,7 +36,7 @@ def enabled() -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 class MeasuredSelection:
     """First-use selection for :class:`fmha_dsl.runtime.dispatch.Dispatcher` (which inherits it).  It uses the
-    dispatcher's ``arch``, ``entries``, ``builder``, ``tuned``, ``compute_units``, ``registry``, ``_lock``,
+    dispatcher's ``arch``, ``entries``, ``builder``, ``tuned``, ``compute_units``, ``limits``, ``registry``, ``_lock``,
     ``_decided``, ``measured``, ``add_many()`` and ``plan_for()``."""
 
     def _first_use(self, p, aligned: bool, measure) -> Entry:
@@ -57,7 +58,8 @@ class MeasuredSelection:
                 self._decided[tk] = got
                 return got
             if no_build:
-                raise no_kernel_error(p, self.arch, self.entries, self.registry.name, self.registry.archs, aligned)
+                raise no_kernel_error(p, self.arch, self.entries, self.registry.name, self.registry.archs, aligned,
+                                      self.too_big, self.limits)
             cands = self.builder.candidates(p, self.arch, aligned)
             if not cands:
                 raise error("runtime.jit", f"the Triton rules allow no kernel for {describe(p)} on {self.arch}",
@@ -74,6 +76,9 @@ class MeasuredSelection:
                 if built and (len(_without_spills(built)) < len(built) or not any(_spills(x) for x in built)):
                     break
             if not built:
+                if any(not mismatches(e, p, aligned) for e in self.too_big):  # they built, this GPU cannot run them
+                    raise no_kernel_error(p, self.arch, [], self.registry.name, self.registry.archs, aligned,
+                                          self.too_big, self.limits)
                 raise error("runtime.jit", f"no candidate kernel for {describe(p)} on {self.arch} compiled", None,
                             "report this with the problem's shapes; meanwhile pass a registry built elsewhere")
             if timed and len(built) > 1:  # measured: a kernel whose resource report shows a stack frame (counted
@@ -97,7 +102,8 @@ class MeasuredSelection:
         if e is not None:
             return e.name
         rec = self._current(tk, p)
-        return rec.get("kernel") if rec is not None else None
+        name = rec.get("kernel") if rec is not None else None
+        return None if any(e.name == name for e in self.too_big) else name  # this GPU cannot run it: chosen afresh
 
     def _recorded(self, tk: str, p, aligned: bool, cache_only: bool, also: list = ()) -> Entry | None:
         """The recorded decision for ``tk`` (measured under this builder's candidate space), compiled or loaded from
@@ -132,7 +138,8 @@ class MeasuredSelection:
 
     def _usable(self, entries: list, p, aligned: bool) -> list:
         """``entries`` compiled (or loaded): those that built (a kernel needing more shared memory than the arch has
-        does not, :func:`fmha_dsl.build_triton.compile_through_cache`) and serve ``p``."""
+        does not, :func:`fmha_dsl.build_triton.compile_through_cache`), fit this GPU (:attr:`limits`: a device of
+        the arch may allow less) and serve ``p``."""
         return self._serving(self._compile(entries, aligned), p, aligned)
 
     def _serving(self, entries: list, p, aligned: bool) -> list:
@@ -147,9 +154,10 @@ class MeasuredSelection:
                    key=lambda x: (costmodel.cost(x, p, self.arch, self.compute_units)[0], x.identifier))
 
     def _compile(self, entries, aligned: bool, cache_only: bool = False) -> list[Entry]:
-        """Compile (or load) ``entries`` through the builder and add them; the ones that compiled, in order.
-        ``cache_only``: load from the artifact cache, compile nothing (``FMHA_DSL_NO_BUILD``)."""
-        have = {e.identifier: e for e in self.entries}
+        """Compile (or load) ``entries`` through the builder and add them; the ones that compiled and fit this GPU's
+        shared memory, in order.  ``cache_only``: load from the artifact cache, compile nothing
+        (``FMHA_DSL_NO_BUILD``)."""
+        have = {e.identifier: e for e in self.entries + self.too_big}  # a kernel too big for the GPU: not again
         out, new = [], []
         todo = [e for e in entries if e.identifier not in have]
         if todo:
@@ -160,9 +168,10 @@ class MeasuredSelection:
                     have[e.identifier] = e
         if new:
             self.add_many(new)
-        for e in entries:
-            if e.identifier in have and (have[e.identifier].build or {}):
-                out.append(have[e.identifier])
+        for e in entries:  # a kernel that needs more shared memory than this GPU has is never a candidate
+            got = have.get(e.identifier)
+            if got is not None and got.build and not over_limits(got, self.limits):
+                out.append(got)
         return out
 
     def _measured(self, p, aligned: bool, cands: list, measure, decide=race, fallback: Entry | None = None) -> Entry:

@@ -1,6 +1,8 @@
 """The device and the registry a dispatcher serves: the registry arch of the current GPU, the GPU's name (which a
-seqtune table and the first-use tables are keyed by), and opening a registry given as an object, a build directory
-or a ``registry.json`` path.  Importing it does no work (torch is imported when asked)."""
+seqtune table and the first-use tables are keyed by), what the GPU allows a kernel (its shared memory per block and
+its compute units: devices of one arch differ, e.g. an RTX 4090 runs sm80 binaries with 99 KB of shared memory per
+block where an A100 has 163 KB), and opening a registry given as an object, a build directory or a
+``registry.json`` path.  Importing it does no work (torch is imported when asked)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,38 @@ def detect_arch(device=None) -> str:
     return arch
 
 
+def device_limits(arch: str, device=None) -> dict:
+    """What GPU ``device`` (default: the current one) allows, when torch sees it and it is of ``arch``:
+    ``{"shared_bytes": shared memory per block (opt-in maximum), "compute_units": SMs/CUs}`` (a key is left out when
+    the device does not report it); ``{}`` otherwise (the arch table's figures stand: :mod:`fmha_dsl.arch`)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return {}
+        dev = torch.cuda.current_device() if device is None or device < 0 else device
+        if detect_arch(dev) != arch:
+            return {}
+        props = torch.cuda.get_device_properties(dev)
+    except Exception:  # noqa: BLE001  (no usable device: the arch table's figures)
+        return {}
+    got = {"shared_bytes": getattr(props, "shared_memory_per_block_optin", 0),
+           "compute_units": getattr(props, "multi_processor_count", 0)}
+    return {k: int(v) for k, v in got.items() if isinstance(v, int) and v > 0}
+
+
+def over_limits(entry, limits: dict) -> int:
+    """The shared memory per block ``entry``'s build (or one of its companion kernels) needs beyond
+    ``limits["shared_bytes"]``: the most of any of its kernels when one does not fit the device, else 0."""
+    cap = limits.get("shared_bytes")
+    build = getattr(entry, "build", None) or {}
+    if not cap or not build:
+        return 0
+    parts = [build] + [v for v in build.values() if isinstance(v, dict) and "shared" in v]
+    need = max(int(b.get("shared") or 0) for b in parts)
+    return need if need > cap else 0
+
+
 def open_registry(registry) -> tuple[Registry, str | None]:
     """``(Registry, root)`` from a Registry, a build directory or a registry.json path (root: where binaries are)."""
     if isinstance(registry, Registry):
@@ -62,4 +96,4 @@ def _device_name() -> str | None:
     return None
 
 
-__all__ = ["detect_arch", "open_registry", "ARCH_OF_CAPABILITY"]
+__all__ = ["detect_arch", "device_limits", "over_limits", "open_registry", "ARCH_OF_CAPABILITY"]

@@ -65,7 +65,8 @@ from .plan import (_I32_MAX, Plan, Stage, _stream_handle, alibi_strides, bias_st
                    fwd_args)
 from .plan_bwd import BackwardPlan
 from .plan_paged import AppendPlan, PagedPlan
-from .device import ARCH_OF_CAPABILITY, _device_name, detect_arch, open_registry  # noqa: F401  (re-exported)
+from .device import (ARCH_OF_CAPABILITY, _device_name, detect_arch, device_limits, open_registry,  # noqa: F401
+                     over_limits)
 
 
 # the plan class of each family a plan starts from (its stages, workspace and launch order); Plan otherwise
@@ -104,7 +105,7 @@ class Dispatcher(MeasuredSelection):
 
     def __init__(self, registry=None, arch: str | None = None, *, root: str | None = None,
                  launcher: str | None = None, builder=None, device_name: str | None = None,
-                 tuned_dir: str | None = None):
+                 tuned_dir: str | None = None, limits: dict | None = None):
         reg, found_root = open_registry(registry)
         if builder is not None and registry is not None:  # compiled kernels are added here, not to the caller's
             reg = reg.filter()
@@ -116,6 +117,9 @@ class Dispatcher(MeasuredSelection):
             raise error("usage.value", f"unknown launcher {self.launcher!r}", None,
                         f"one of: {', '.join(LAUNCHERS)} (FMHA_DSL_LAUNCHER sets the default)", cls=UsageError)
         self.builder = builder
+        # what the GPU allows (kernels needing more shared memory per block are never selected); none when interpreted
+        self.limits = dict(limits) if limits is not None else (
+            device_limits(self.arch) if self.launcher != "interpret" else {})
         self._lock = threading.RLock()
         self._decided: dict[str, Entry] = {}   # decision key -> the entry chosen (measured or recorded)
         self.measured: dict[str, dict] = {}    # decision key -> {kernel name: microseconds} timed in this process
@@ -133,7 +137,8 @@ class Dispatcher(MeasuredSelection):
                 seqtune.warn_ignored(self.table_note)
                 table = None
         self.table = table
-        self.compute_units = costmodel.compute_units(self.arch, table)
+        cus = table.device.get("compute_units") if table is not None else None
+        self.compute_units = int(cus or self.limits.get("compute_units") or costmodel.compute_units(self.arch))
         self.tuned = None
         if builder is not None or table is None:
             if device_name is None:
@@ -148,7 +153,9 @@ class Dispatcher(MeasuredSelection):
 
     # -- index ------------------------------------------------------------------------------------------
     def _reindex(self) -> None:
-        self.entries = [e for e in self.registry if e.arch == self.arch]
+        mine = [e for e in self.registry if e.arch == self.arch]
+        self.entries = [e for e in mine if not over_limits(e, self.limits)]
+        self.too_big = [e for e in mine if over_limits(e, self.limits)]  # built for the arch, beyond this GPU
         groups: dict[tuple, list[Entry]] = {}
         for e in self.entries:
             groups.setdefault(group_key(e.sig, dict.__getitem__), []).append(e)
@@ -273,6 +280,10 @@ class Dispatcher(MeasuredSelection):
             if e.identifier not in ids:
                 rows.append({"kernel": e.identifier, "name": e.name, "excluded": True,
                              "why": [f"{f}: {w}" for f, w in mismatches(e, problem, aligned)]})
+        for e in (e for e in self.too_big if not mismatches(e, problem, aligned)):
+            rows.append({"kernel": e.identifier, "name": e.name, "excluded": True,
+                         "why": [f"shared memory: needs {over_limits(e, self.limits)} bytes per block, this GPU "
+                                 f"allows {self.limits['shared_bytes']}"]})
         return rows
 
     def candidates(self, p, aligned: bool = True) -> list[Entry]:
@@ -297,7 +308,8 @@ class Dispatcher(MeasuredSelection):
             if measure is not None and len(c) > 1 and self.table is None and autotune.enabled():
                 return self._measured(p, aligned, c[:MAX_TIMED], measure)
             return self._best(p, c, aligned)
-        raise no_kernel_error(p, self.arch, self.entries, self.registry.name, self.registry.archs, aligned)
+        raise no_kernel_error(p, self.arch, self.entries, self.registry.name, self.registry.archs, aligned,
+                              self.too_big, self.limits)
 
     def plan(self, problem, aligned: bool = True, measure=None) -> Plan:
         """The execution plan for ``problem`` (a :class:`fmha_dsl.keys.Problem`); cached per problem class.

@@ -175,8 +175,23 @@ def describe(p) -> str:
             f" max_seqlen_q={_max_sq(p)} seqlen_k={_max_sk(p)}" + (" " + " ".join(extras) if extras else ""))
 
 
-def no_kernel_error(p, arch: str, entries, reg_name: str, all_archs=(), aligned: bool = True) -> FmhaError:
+def no_kernel_error(p, arch: str, entries, reg_name: str, all_archs=(), aligned: bool = True, too_big=(),
+                    limits=None) -> FmhaError:
+    """The ``dispatch.no-kernel`` error (the closest entries and how they differ), or -- when among ``too_big``, the
+    arch's entries left out because they need more shared memory per block than the GPU's ``limits`` allow, some
+    would serve ``p`` -- the ``dispatch.shared-memory`` error."""
     entries = list(entries)
+    big = [e for e in too_big if not mismatches(e, p, aligned)]
+    if big:  # the registry has the kernel, this device cannot launch it
+        from .device import over_limits
+
+        need, have = min(over_limits(e, limits or {}) for e in big), (limits or {}).get("shared_bytes")
+        return DispatchError(Diagnostic(
+            "dispatch.shared-memory", f"registry `{reg_name}` serves {describe(p)} on {arch} only with kernels that "
+            f"need more shared memory per block than this GPU has ({need} bytes at least; it has {have})", None,
+            "rebuild the set for this device with smaller tiles or fewer stages (`tile(...)`, `pipeline(...)` in the "
+            ".fmha file), or call with registry=None: first use compiles what fits",
+            tuple(f"too big: {e.name} ({over_limits(e, limits or {})} bytes)" for e in big[:3])))
     notes = []
     if not entries:
         have = ", ".join(all_archs) or "none"

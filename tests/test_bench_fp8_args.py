@@ -1,6 +1,6 @@
 """bench/bench_fp8_serving.py, bench/probe_fp8_decode.py, bench/profile_bwd.py, bench/probe_route.py,
-bench/probe_sass_paged.py and bench/measure_bwd_shared.py refuse malformed arguments before they touch a GPU or compile: exit 2 with their usage,
-no traceback."""
+bench/probe_sass_paged.py, bench/measure_bwd_shared.py and bench/probe_flag_cut.py refuse malformed arguments before
+they touch a GPU or compile: exit 2 with their usage, no traceback."""
 
 import os
 import subprocess
@@ -31,10 +31,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("measure_bwd_shared.py", ["--arch", "sm90", "-j", "0", "--json", "/tmp/x.json"], "-j/--jobs: must be a whole"),
     ("measure_bwd_shared.py", ["--arch", "sm90", "--json", "/nonexistent/dir/x.json"],
      "--json: cannot write /nonexistent/dir/x.json"),
+    ("probe_flag_cut.py", ["--json", "/nonexistent/dir/x.json"], "--json: cannot write /nonexistent/dir/x.json"),
+    ("probe_flag_cut.py", ["--quick"], "run with FMHA_DSL_TUNED_SHIPPED=0"),
 ])
 def test_bad_arguments_exit_2_with_the_usage(script, args, says):
+    env = {k: v for k, v in os.environ.items() if k != "FMHA_DSL_TUNED_SHIPPED"}
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60)
+                       text=True, timeout=60, env=env)
     assert r.returncode == 2, r.stderr
     assert says in r.stderr and "Traceback" not in r.stderr
 

@@ -912,3 +912,30 @@ def test_first_use_times_the_kernels_not_the_host_path_that_launches_them():
     assert max(ts[2:]) < 60.0, ts
     measure(fast, 2)
     assert measure(late, 2)[1] < 60.0
+
+
+def test_the_device_limits_are_the_drivers():
+    """What the dispatcher reads from the GPU (runtime/device.py, through torch) is what the CUDA driver reports
+    (cuDeviceGetAttribute through ctypes): the opt-in shared memory per block and the SM count."""
+    import ctypes
+
+    from fmha_dsl import arch as arch_table
+    from fmha_dsl.api_dispatch import dispatcher
+    from fmha_dsl.runtime.device import detect_arch, device_limits
+
+    if getattr(torch.version, "hip", None):
+        pytest.skip("the CUDA driver's attributes")
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev, value = ctypes.c_int(), ctypes.c_int()
+    assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), torch.cuda.current_device()) == 0
+
+    def attribute(n):  # CUdevice_attribute: 16 multiprocessor count, 97 max shared memory per block (opt-in)
+        assert cuda.cuDeviceGetAttribute(ctypes.byref(value), n, dev) == 0
+        return value.value
+
+    arch = detect_arch()
+    lim = device_limits(arch)
+    assert lim == {"shared_bytes": attribute(97), "compute_units": attribute(16)}
+    assert 48 * 1024 < lim["shared_bytes"] <= arch_table.info(arch)["shared_bytes"]
+    d = dispatcher(None, torch.cuda.current_device())
+    assert d.limits == lim and d.compute_units == lim["compute_units"]
