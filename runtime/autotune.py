@@ -67,8 +67,15 @@ class MeasuredSelection:
             timed = measure is not None and enabled()
             if timed:  # all of them; when none compiled, the ones after them, as below
                 built, tried = self._usable(cands, p, aligned), {e.identifier for e in cands}
-                rest = [] if built else [e for e in self.builder.candidates(p, self.arch, aligned, ALL_CANDIDATES)
-                                         if e.identifier not in tried]
+                short = sum(e.identifier in tried for e in self.too_big)  # built, but beyond this GPU
+                rest = [] if built and not short else [e for e in self.builder.candidates(
+                    p, self.arch, aligned, ALL_CANDIDATES) if e.identifier not in tried]
+                while built and short > 0 and rest:  # the next candidates take their places: as many are timed
+                    n = max(short, _UNTIMED)
+                    got = self._usable(rest[:n], p, aligned)[:short]
+                    built, rest, short = built + got, rest[n:], short - len(got)
+                if built:
+                    rest = []
             else:
                 built, rest = [], cands
             for i in range(0, len(rest), _UNTIMED):  # a few at a time, until one compiles without spilling

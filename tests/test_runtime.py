@@ -1684,6 +1684,7 @@ def test_first_use_never_times_nor_picks_a_kernel_beyond_the_gpus_shared_memory(
     d = Dispatcher(None, arch="sm90", builder=b, tuned_dir="", limits={"shared_bytes": 101376})
     e = d.select(p, measure=measure)
     assert e.identifier not in big and timed and not big & set(timed) and not mismatches(e, p)
+    assert len(set(timed)) == len(ranked)   # the next candidates took the places of the three: as many were timed
     d.select(p.model_copy(update={"seqlen_q": 16384, "seqlen_k": 16384}), measure=measure)   # another decision key
     asked = [i for i, _ in b.asked]
     assert len(asked) == len(set(asked))   # what was compiled once (too big or not) is not compiled again
