@@ -125,9 +125,9 @@ SCORE_PRESSURE_TMA = 0.10
 # fp32 problems run their products in IEEE precision, on NVIDIA targets on the FMA units: both products' operands (Q
 # and K, P and V) and the accumulator are held in registers, (m0 + n0) x (Dq + Dv) + m0 x n0 fp32 values over the
 # program's threads.  Beyond FP32_REGS per thread a tile loses FP32_PRESSURE of its efficiency per further FP32_REGS.
-# Measured on an H200 over every candidate (bench/probe_flag_cut.py): the tiles past about 200 ran 6-40x slower
+# Measured on an H200 over every candidate (bench/probe_flag_cut.py): most tiles past about 190 ran 6-40x slower
 # than the best, and the cost model without this term put them first (fp32 d128 causal: the first 12 candidates
-# lost 5.9x, the first 16 1.6x; fp32 d64: the first 24 lost 31 %).
+# lost 5.9x, the first 16 1.6x; fp32 d64: the first 24 lost 31 %).  Fitted on two classes, checked on two more.
 FP32_REGS = 128
 FP32_PRESSURE = 1.0
 
@@ -145,7 +145,8 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
       partial wave costs as much as its most loaded SM;
     * occupancy (:func:`occupancy`, from the build's resource usage) hides latency: ``hiding = 1 - 0.25 / occupancy``;
     * efficiency ``m0 n0 / (m0 n0 + LOAD_COST (m0 + n0))``: larger tiles reuse each loaded element more (on
-      wgmma targets less so where the score tile crowds the registers: :data:`SCORE_REGS`);
+      wgmma targets less so where the score tile crowds the registers: :data:`SCORE_REGS`; fp32 on NVIDIA less so
+      where the operands of its FMA products do: :data:`FP32_REGS`);
     * split-KV kernels (:func:`splits_at` splits): ``splits`` times the programs, each with ``1/splits`` of the key
       blocks, plus the combine pass: ``2 LOAD_COST splits x padded rows x Dv x heads x batch / CUs`` (the fp32
       partials written and read back).

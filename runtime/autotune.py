@@ -36,8 +36,8 @@ def enabled() -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 class MeasuredSelection:
     """First-use selection for :class:`fmha_dsl.runtime.dispatch.Dispatcher` (which inherits it).  It uses the
-    dispatcher's ``arch``, ``entries``, ``builder``, ``tuned``, ``compute_units``, ``limits``, ``registry``, ``_lock``,
-    ``_decided``, ``measured``, ``add_many()`` and ``plan_for()``."""
+    dispatcher's ``arch``, ``entries``, ``too_big``, ``builder``, ``tuned``, ``compute_units``, ``limits``,
+    ``registry``, ``_lock``, ``_decided``, ``measured``, ``add_many()`` and ``plan_for()``."""
 
     def _first_use(self, p, aligned: bool, measure) -> Entry:
         tk = key(p, aligned)
