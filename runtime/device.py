@@ -41,8 +41,9 @@ def detect_arch(device=None) -> str:
 
 def device_limits(arch: str, device=None) -> dict:
     """What GPU ``device`` (default: the current one) allows, when torch sees it and it is of ``arch``:
-    ``{"shared_bytes": shared memory per block (opt-in maximum), "compute_units": SMs/CUs}`` (a key is left out when
-    the device does not report it); ``{}`` otherwise (the arch table's figures stand: :mod:`fmha_dsl.arch`)."""
+    ``{"shared_bytes": shared memory per block (opt-in maximum; NVIDIA only), "compute_units": SMs/CUs}`` (a key is
+    left out when the device does not report it); ``{}`` otherwise (the arch table's figures stand:
+    :mod:`fmha_dsl.arch`)."""
     try:
         import torch
 
@@ -54,8 +55,9 @@ def device_limits(arch: str, device=None) -> dict:
         props = torch.cuda.get_device_properties(dev)
     except Exception:  # noqa: BLE001  (no usable device: the arch table's figures)
         return {}
-    got = {"shared_bytes": getattr(props, "shared_memory_per_block_optin", 0),
-           "compute_units": getattr(props, "multi_processor_count", 0)}
+    got = {"compute_units": getattr(props, "multi_processor_count", 0)}
+    if not getattr(torch.version, "hip", None):  # an AMD arch's LDS is the same on every device of it (arch table)
+        got["shared_bytes"] = getattr(props, "shared_memory_per_block_optin", 0)
     return {k: int(v) for k, v in got.items() if isinstance(v, int) and v > 0}
 
 

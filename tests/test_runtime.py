@@ -1630,6 +1630,10 @@ def test_device_limits_are_read_from_the_device_of_the_arch(monkeypatch):
     assert device.device_limits("sm90") == {}   # another arch's dispatcher (arch= given): the arch table stands
     props.shared_memory_per_block_optin = 0      # not reported: left out
     assert device.device_limits("sm80") == {"compute_units": 128}
+    props.shared_memory_per_block_optin = 32768  # ROCm: the arch table's LDS stands (the same on every device)
+    props.gcnArchName = "gfx942:sramecc+:xnack-"
+    monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
+    assert device.device_limits("gfx942") == {"compute_units": 128}
 
 
 def test_a_registry_kernel_beyond_the_gpus_shared_memory_is_never_selected():
