@@ -42,11 +42,6 @@ STEPS = [
 EXHAUSTIVE = 100   # more than any class has (the backward times half of it)
 
 
-def _writable(path: str) -> str | None:
-    folder = os.path.dirname(os.path.abspath(path)) or "."
-    return None if os.path.isdir(folder) and os.access(folder, os.W_OK) else f"cannot write {path}"
-
-
 def _row(name: str, p, arch: str, aligned: bool, disp, candidates) -> dict:
     """One decision's record: every candidate's time, the winner's position in the cost model's order, and the regret
     of first use's default cut (and of the order's first 16 and 24)."""
@@ -76,8 +71,9 @@ def main() -> None:
     ap.add_argument("--select", default="", help="only the classes whose names contain this text (e.g. fp32)")
     ap.add_argument("--json", default=None, help="write the records and regrets here")
     args = ap.parse_args()
-    if args.json and _writable(args.json):
-        ap.error(f"--json: {_writable(args.json)}")
+    folder = os.path.dirname(os.path.abspath(args.json or ".")) or "."
+    if args.json and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):  # now, not after the measuring
+        ap.error(f"--json: cannot write {args.json}")
     if os.environ.get("FMHA_DSL_TUNED_SHIPPED", "1") != "0":
         ap.error("run with FMHA_DSL_TUNED_SHIPPED=0 (a shipped decision would be used instead of measured)")
     import shutil

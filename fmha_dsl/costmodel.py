@@ -188,10 +188,7 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
     work = m0 * sk_pad * (p.hdim_q + p.hdim_v)
     if p.mask != "no":
         work *= 0.5 + 0.5 * min(1.0, m0 / sq)   # causal: half the keys, plus the diagonal tile
-    eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0)) / _score_pressure(entry, arch, m0, n0)
-    if fma_products(p.dtype, arch) and entry.sig.get("family") in ("fwd", "fwd_splitkv"):
-        held = ((m0 + n0) * (p.hdim_q + p.hdim_v) + m0 * n0) / (_warps(a) * int(arch_info(arch).get("warp_size", 32)))
-        eff /= 1.0 + FP32_PRESSURE * max(0.0, held / FP32_REGS - 1.0)
+    eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0)) / _register_pressure(entry, p, arch, m0, n0)
     full, rem = divmod(nprog, cus * occ)
     rounds = full * occ + _cdiv(rem, cus)
     c = rounds * work / (eff * (1.0 - 0.25 / occ))
@@ -218,14 +215,22 @@ def _warps(alg: dict) -> int:
     return max(1, int(alg["wave"][0]) if alg.get("wave") else 4)
 
 
-def _score_pressure(entry, arch: str | None, m0: int, n0: int) -> float:
-    """How much slower a forward tile runs for its score tile's registers (1.0: not at all; see SCORE_REGS)."""
+def _register_pressure(entry, p, arch: str | None, m0: int, n0: int) -> float:
+    """How much slower a forward tile runs for the registers it holds (1.0: not at all): its score tile on wgmma
+    targets (:data:`SCORE_REGS`), and for fp32 on NVIDIA the operands of its FMA products (:data:`FP32_REGS`)."""
     a = entry.alg
-    if entry.sig.get("family") not in ("fwd", "fwd_splitkv") or not forward_fitted(arch):
+    scores, fma = forward_fitted(arch), fma_products(p.dtype, arch)
+    if entry.sig.get("family") not in ("fwd", "fwd_splitkv") or not (scores or fma):
         return 1.0
     threads = _warps(a) * int(arch_info(arch).get("warp_size", 32))
-    over = max(0.0, m0 * n0 / threads / SCORE_REGS - 1.0)
-    return 1.0 + (SCORE_PRESSURE_TMA if uses_tma("triton", a.get("pipeline")) else SCORE_PRESSURE) * over
+    slower = 1.0
+    if scores:
+        over = max(0.0, m0 * n0 / threads / SCORE_REGS - 1.0)
+        slower *= 1.0 + (SCORE_PRESSURE_TMA if uses_tma("triton", a.get("pipeline")) else SCORE_PRESSURE) * over
+    if fma:
+        held = ((m0 + n0) * (p.hdim_q + p.hdim_v) + m0 * n0) / threads
+        slower *= 1.0 + FP32_PRESSURE * max(0.0, held / FP32_REGS - 1.0)
+    return slower
 
 
 __all__ = ["cost", "forward_fitted", "fma_products", "occupancy", "compute_units", "programs", "waves", "split_limit",

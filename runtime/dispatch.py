@@ -153,9 +153,10 @@ class Dispatcher(MeasuredSelection):
 
     # -- index ------------------------------------------------------------------------------------------
     def _reindex(self) -> None:
-        mine = [e for e in self.registry if e.arch == self.arch]
-        self.entries = [e for e in mine if not over_limits(e, self.limits)]
-        self.too_big = [e for e in mine if over_limits(e, self.limits)]  # built for the arch, beyond this GPU
+        self.entries, self.too_big = [], []  # too big: built for the arch, needing more shared memory than this GPU
+        for e in self.registry:
+            if e.arch == self.arch:
+                (self.too_big if over_limits(e, self.limits) else self.entries).append(e)
         groups: dict[tuple, list[Entry]] = {}
         for e in self.entries:
             groups.setdefault(group_key(e.sig, dict.__getitem__), []).append(e)

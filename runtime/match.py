@@ -12,6 +12,8 @@ from functools import reduce
 from fmha_dsl.errors import Diagnostic, DispatchError, FmhaError
 from fmha_dsl.registry import Entry
 
+from .device import over_limits
+
 # Signature fields compared exactly (CK's fmha_signature_matches), besides mask, head dims and the conditionals
 EXACT = ("family", "dtype", "mode", "vlayout", "bias", "lse", "dropout", "logits", "sink", "qscale", "rope",
          "paged_kv", "fp8_static_quant", "skip", "dbias", "store_randval", "deterministic")
@@ -183,8 +185,6 @@ def no_kernel_error(p, arch: str, entries, reg_name: str, all_archs=(), aligned:
     entries = list(entries)
     big = [e for e in too_big if not mismatches(e, p, aligned)]
     if big:  # the registry has the kernel, this device cannot launch it
-        from .device import over_limits
-
         need, have = min(over_limits(e, limits or {}) for e in big), (limits or {}).get("shared_bytes")
         return DispatchError(Diagnostic(
             "dispatch.shared-memory", f"registry `{reg_name}` serves {describe(p)} on {arch} only with kernels that "
