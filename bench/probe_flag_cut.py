@@ -74,6 +74,11 @@ def main() -> None:
     folder = os.path.dirname(os.path.abspath(args.json or ".")) or "."
     if args.json and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):  # now, not after the measuring
         ap.error(f"--json: cannot write {args.json}")
+    todo = [(c, False) for c in CLASSES if args.only != "steps"] + [(c, True) for c in STEPS if args.only != "forward"]
+    todo = [(c, step) for c, step in todo if args.select in c[0]][:3 if args.quick else None]
+    if not todo:
+        ap.error(f"--select: no class{' of --only ' + args.only if args.only else ''} has {args.select!r} in its name; "
+                 f"the classes: {', '.join(c[0] for c in CLASSES + STEPS)}")
     if os.environ.get("FMHA_DSL_TUNED_SHIPPED", "1") != "0":
         ap.error("run with FMHA_DSL_TUNED_SHIPPED=0 (a shipped decision would be used instead of measured)")
     import shutil
@@ -83,12 +88,12 @@ def main() -> None:
     # used as it is, and nothing measured
     os.environ["FMHA_DSL_CACHE_DIR"] = cache = tempfile.mkdtemp(prefix="probe_flag_cut_")
     try:
-        _probe(args)
+        _probe(args, todo)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
 
-def _probe(args) -> None:
+def _probe(args, todo: list) -> None:
     import torch
 
     import fmha_dsl
@@ -106,9 +111,7 @@ def _probe(args) -> None:
 
     Builder.candidates = noting
     rows = []
-    todo = [(c, False) for c in CLASSES if args.only != "steps"] + [(c, True) for c in STEPS if args.only != "forward"]
-    todo = [(c, step) for c, step in todo if args.select in c[0]]
-    for (name, dtype, d, s, kw), step in todo[:3] if args.quick else todo:
+    for (name, dtype, d, s, kw), step in todo:
         dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
         b, h = max(1, (8192 if step else 16384) // s), 16
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt, requires_grad=step) for _ in range(3))

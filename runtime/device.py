@@ -61,6 +61,18 @@ def device_limits(arch: str, device=None) -> dict:
     return {k: int(v) for k, v in got.items() if isinstance(v, int) and v > 0}
 
 
+def checked_limits(limits) -> dict:
+    """``limits=`` as given to a Dispatcher, checked: what a GPU allows, as :func:`device_limits` reads it."""
+    keys = ("shared_bytes", "compute_units")
+    bad = (not isinstance(limits, dict) or set(limits) - set(keys)
+           or any(type(v) is not int or v < 1 for v in limits.values()))
+    if bad:
+        raise error("usage.value", f"limits= must be a dict of {' and '.join(keys)} (positive whole numbers), got "
+                    f"{limits!r}", None, "e.g. limits={'shared_bytes': 101376, 'compute_units': 128}, or leave it "
+                    "out to read them from the device", cls=UsageError)
+    return dict(limits)
+
+
 def over_limits(entry, limits: dict) -> int:
     """The shared memory per block ``entry``'s build (or one of its companion kernels) needs beyond
     ``limits["shared_bytes"]``: the most of any of its kernels when one does not fit the device, else 0."""
@@ -98,4 +110,4 @@ def _device_name() -> str | None:
     return None
 
 
-__all__ = ["detect_arch", "device_limits", "over_limits", "open_registry", "ARCH_OF_CAPABILITY"]
+__all__ = ["detect_arch", "device_limits", "checked_limits", "over_limits", "open_registry", "ARCH_OF_CAPABILITY"]

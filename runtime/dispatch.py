@@ -65,8 +65,8 @@ from .plan import (_I32_MAX, Plan, Stage, _stream_handle, alibi_strides, bias_st
                    fwd_args)
 from .plan_bwd import BackwardPlan
 from .plan_paged import AppendPlan, PagedPlan
-from .device import (ARCH_OF_CAPABILITY, _device_name, detect_arch, device_limits, open_registry,  # noqa: F401
-                     over_limits)
+from .device import (ARCH_OF_CAPABILITY, _device_name, checked_limits, detect_arch, device_limits,  # noqa: F401
+                     open_registry, over_limits)
 
 
 # the plan class of each family a plan starts from (its stages, workspace and launch order); Plan otherwise
@@ -101,6 +101,8 @@ class Dispatcher(MeasuredSelection):
     tensors: tests and debugging).  ``builder``: compile on first use (see the module docstring); it has
     ``candidates(problem, arch, aligned)`` and ``compile(entries, aligned)`` (:class:`fmha_dsl.first_use.Builder`).
     ``tuned_dir``: where first-use decisions are recorded (default: fmha-dsl's cache folder; ``""``: nowhere).
+    ``limits``: what the GPU allows, ``{"shared_bytes": ..., "compute_units": ...}`` (default: read from the current
+    device, :func:`fmha_dsl.runtime.device.device_limits`): kernels needing more shared memory are never selected.
     """
 
     def __init__(self, registry=None, arch: str | None = None, *, root: str | None = None,
@@ -118,7 +120,7 @@ class Dispatcher(MeasuredSelection):
                         f"one of: {', '.join(LAUNCHERS)} (FMHA_DSL_LAUNCHER sets the default)", cls=UsageError)
         self.builder = builder
         # what the GPU allows (kernels needing more shared memory per block are never selected); none when interpreted
-        self.limits = dict(limits) if limits is not None else (
+        self.limits = checked_limits(limits) if limits is not None else (
             device_limits(self.arch) if self.launcher != "interpret" else {})
         self._lock = threading.RLock()
         self._decided: dict[str, Entry] = {}   # decision key -> the entry chosen (measured or recorded)

@@ -33,6 +33,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
      "--json: cannot write /nonexistent/dir/x.json"),
     ("probe_flag_cut.py", ["--json", "/nonexistent/dir/x.json"], "--json: cannot write /nonexistent/dir/x.json"),
     ("probe_flag_cut.py", ["--quick"], "run with FMHA_DSL_TUNED_SHIPPED=0"),
+    ("probe_flag_cut.py", ["--only", "steps", "--select", "softcap"],
+     "--select: no class of --only steps has 'softcap' in its name; the classes: fp32 d64, "),
 ])
 def test_bad_arguments_exit_2_with_the_usage(script, args, says):
     env = {k: v for k, v in os.environ.items() if k != "FMHA_DSL_TUNED_SHIPPED"}

@@ -1636,6 +1636,16 @@ def test_device_limits_are_read_from_the_device_of_the_arch(monkeypatch):
     assert device.device_limits("gfx942") == {"compute_units": 128}
 
 
+@pytest.mark.parametrize("limits", [{"shared": 1024}, {"shared_bytes": "99K"}, {"compute_units": 0}, [101376],
+                                    {"shared_bytes": True}])
+def test_bad_limits_are_a_located_usage_error(limits):
+    with pytest.raises(UsageError) as ei:
+        Dispatcher(Registry("hand"), arch="sm90", limits=limits)
+    err = ei.value
+    assert err.rule == "usage.value" and "limits= must be a dict of shared_bytes and compute_units" in err.message
+    assert repr(limits) in err.message and "leave it out" in err.hint
+
+
 def test_a_registry_kernel_beyond_the_gpus_shared_memory_is_never_selected():
     """Of two kernels serving a problem, the one needing more shared memory per block than the device allows is left
     out whatever the static order says; when every match needs more, the error says so (not "no kernel")."""
