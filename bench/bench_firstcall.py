@@ -20,7 +20,11 @@ kernels first use timed.  The processes run in this order, the later ones reusin
 * ``never_seen_cached``: the same cache: kernels and decisions cached.
 
 The first class of each process also pays Triton's import and the start of the compile workers (later classes
-reuse the workers while they wait idle); it is reported like the others and marked ``first_in_process``.  Triton's
+reuse the workers while they wait idle); it is reported like the others and marked ``first_in_process``.  Before
+any class, each process runs one tiny torch backward and reports its time (``torch_first_backward_s``): torch
+imports its symbolic-shapes module (and sympy) on a process's first ``.backward()`` whatever the model calls --
+2.1-2.6 s on the GPU machine, whose site-packages hold no cached bytecode -- and that one-off is torch's, not a
+first call's.  Triton's
 own cache (``TRITON_CACHE_DIR``) lives in each situation's cache folder, so a situation that starts from an empty
 folder starts from a cold Triton cache too.  Times are host wall-clock seconds around one call and a
 ``torch.cuda.synchronize()``.
@@ -68,7 +72,12 @@ def child(spec: dict) -> None:
     from fmha_dsl.api_dispatch import dispatcher
 
     t2 = time.perf_counter()
-    print(json.dumps({"torch_cuda_init_s": round(t1 - t0, 3), "import_fmha_dsl_s": round(t2 - t1, 3)}), flush=True)
+    x = torch.ones(2, device="cuda", requires_grad=True)  # torch's own first backward: any library's user pays it
+    (x * 2).backward(torch.ones_like(x))
+    torch.cuda.synchronize()
+    t3 = time.perf_counter()
+    print(json.dumps({"torch_cuda_init_s": round(t1 - t0, 3), "import_fmha_dsl_s": round(t2 - t1, 3),
+                      "torch_first_backward_s": round(t3 - t2, 3)}), flush=True)
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}
     for n, (kind, dtype, d, causal, s) in enumerate(spec["classes"]):
         b = TOKENS // s

@@ -26,7 +26,7 @@ from .attention_args import (CALLER, torch_dtype_names, _bad_dtypes, _bad_types,
                              _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
                              _group_lengths, _group_shapes, _mask, _usage)
 
-__all__ = ["attention_backward"]
+__all__ = ["attention_backward", "compile_backward_ahead"]
 
 
 def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, bias=None, alibi_slopes=None,
@@ -175,14 +175,8 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
     cache = disp.fast_bwd
     plan = cache.get(cls + disp.seq_key(sq, sk, b * hq))
     if plan is None:
-        from .keys import Problem
-
-        problem = Problem(family="bwd_dq_dk_dv", dtype=dname, arch=disp.arch, batch=max(1, int(b)),
-                          nhead_q=int(hq), nhead_k=int(hk), seqlen_q=int(sq), seqlen_k=int(sk), max_seqlen_q=int(sq),
-                          max_seqlen_k=int(sk), hdim_q=int(dq), hdim_v=int(dv), mode="group" if group else "batch",
-                          mask=mask, window_left=int(wl), window_right=int(wr), bias=bias_kind,
-                          dropout=bool(dropout_p), logits=softcap is not None, sink=sink > 0,
-                          dbias=bias is not None, deterministic=deterministic)
+        problem = _problem(disp.arch, dname, group, b, hq, hk, sq, sk, dq, dv, mask, wl, wr, bias_kind, dropout_p,
+                           softcap, sink, bias is not None, deterministic)
         plan = disp.plan(problem, aligned, timer(dev, lambda pl: pl.run(*tensors, **kw)))
         cache[cls + disp.seq_key(sq, sk, b * hq)] = plan  # (a first-use compile may have re-indexed the dispatcher)
     steps, buf = plan.run(*tensors, workspace=workspace, **kw)
@@ -191,6 +185,74 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
         t[6:10] = dqt, dkt, dvt, buf
         _replay.record(tuple(t), {6, 7, 8, 9}, call[1], plan, steps, zeroed={9} if plan.accumulates else ())
     return _result(dqt, dkt, dvt, dbias, bias)
+
+
+def _problem(arch, dname, group, b, hq, hk, sq, sk, dq, dv, mask, wl, wr, bias_kind, dropout_p, softcap, sink, dbias,
+             deterministic):
+    """The backward's problem (its dispatcher decision's key) from the call's checked arguments."""
+    from .keys import Problem
+
+    return Problem(family="bwd_dq_dk_dv", dtype=dname, arch=arch, batch=max(1, int(b)), nhead_q=int(hq),
+                   nhead_k=int(hk), seqlen_q=int(sq), seqlen_k=int(sk), max_seqlen_q=int(sq), max_seqlen_k=int(sk),
+                   hdim_q=int(dq), hdim_v=int(dv), mode="group" if group else "batch", mask=mask,
+                   window_left=int(wl), window_right=int(wr), bias=bias_kind, dropout=bool(dropout_p),
+                   logits=softcap is not None, sink=sink > 0, dbias=dbias, deterministic=deterministic)
+
+
+_AHEAD_SEEN: dict = {}  # the training forwards' classes whose backward was handed to compile ahead
+_AHEAD_SEEN_MAX = 4096
+
+
+def compile_backward_ahead(q, k, v, causal, window, bias, alibi_slopes, dropout_p, softcap, sink, cu_seqlens_q,
+                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, registry):
+    """Before a training forward (the autograd route of :func:`fmha_dsl.attention`, called with the backward's own
+    keywords): name its backward's problem to the dispatcher, which has first use's builder compile that problem's
+    candidates in the background after the forward's own (:meth:`MeasuredSelection.compile_ahead
+    <fmha_dsl.runtime.autotune.MeasuredSelection.compile_ahead>`): the backward's first call then finds them
+    compiled.  Returns the dispatcher when it queued something (the caller starts what the forward did not take:
+    ``start_ahead()``), else None -- for a class seen before, a decided or prebuilt one, and any argument the forward
+    will reject (it reports that itself).  Group mode only with ``max_seqlen_q/k`` given (nothing is read back)."""
+    import torch
+
+    group = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if group and (max_seqlen_q is None or max_seqlen_k is None):
+        return None
+    det = torch.are_deterministic_algorithms_enabled()
+    try:
+        seen = (q.shape, k.shape, v.shape, q.dtype, q.device, causal, window, None if bias is None else bias.shape,
+                alibi_slopes is None, bool(dropout_p), softcap is None, sink, max_seqlen_q, max_seqlen_k, det,
+                registry if registry is None or isinstance(registry, str) else id(registry))
+        if seen in _AHEAD_SEEN:
+            return None
+    except (AttributeError, TypeError):  # not tensors, or unhashable arguments: the forward says what is wrong
+        return None
+    if len(_AHEAD_SEEN) >= _AHEAD_SEEN_MAX:
+        _AHEAD_SEEN.clear()
+    _AHEAD_SEEN[seen] = True
+    try:
+        dname = torch_dtype_names().get(q.dtype)
+        dev = q.get_device()
+        if dname is None or k.dtype != q.dtype or v.dtype != q.dtype or dev < 0:
+            return None
+        if group:
+            _, hq, dq, _, hk, dv = _group_shapes(q.shape, k.shape, v.shape, cu_seqlens_q, cu_seqlens_k)
+            b, sq, sk = cu_seqlens_q.shape[0] - 1, int(max_seqlen_q), int(max_seqlen_k)
+        else:
+            b, hq, sq, dq, hk, sk, dv = _batch_shapes(q.shape, k.shape, v.shape)
+        mask, wl, wr, _ = _mask(causal, window)
+        sink = int(sink or 0) if mask != "no" else 0
+        bias_kind = "no"
+        if bias is not None or alibi_slopes is not None:
+            bias_kind = _check_bias(bias, alibi_slopes, q, b, hq, sq, sk, group, dev)[0]
+        from .api_dispatch import dispatcher
+
+        disp = dispatcher(registry, dev)
+        p = _problem(disp.arch, dname, group, b, hq, hk, sq, sk, dq, dv, mask, wl, wr, bias_kind, dropout_p, softcap,
+                     sink, bias is not None, det)
+        # (the gradients are made like q, k and v; out and dO are contiguous as a rule)
+        return disp if disp.compile_ahead(p, _all_aligned((q, k, v))) else None
+    except Exception:  # noqa: BLE001  (compiling ahead only saves time: the forward and backward report errors)
+        return None
 
 
 def _missing_seed():
@@ -212,10 +274,11 @@ def _aligned(tensors) -> bool:
     ``DOT_ALIGNED`` / ``CONVERT_ALIGNED``): 16-byte aligned bases and every non-unit stride a multiple of 16
     elements, for q, k, v, the output, dO and the gradients."""
     q, k, v, out, lse, dout, dq, dk, dv = tensors
-    for x in (q, k, v, out, dout, dq, dk, dv):
-        if x.data_ptr() & 15 or any(s & 15 for s in x.stride()[:-1]):
-            return False
-    return True
+    return _all_aligned((q, k, v, out, dout, dq, dk, dv))
+
+
+def _all_aligned(xs) -> bool:
+    return not any(x.data_ptr() & 15 or any(s & 15 for s in x.stride()[:-1]) for x in xs)
 
 
 def backward_flops(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, hdim_q: int, hdim_v: int,

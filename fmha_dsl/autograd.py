@@ -63,12 +63,22 @@ def _forward(attention, q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
              window_left, window_right, dropout_p, seed, offset, softcap, sink, scale, registry):
     """``(out, lse)``: the forward both routes run (``causal``: "no" | "top_left" | "bottom_right"; a plain call --
     no window, top-left or no mask -- is passed as one, so that repeat calls replay on the torch fast path)."""
+    from .attention_bwd import compile_backward_ahead
+
     window = None if window_left < 0 and window_right < 0 else (window_left, window_right)
     c = True if causal == "top_left" and window is None else _CAUSAL[causal]
-    return attention(q, k, v, causal=c, window=window, bias=bias,
-                     alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, softcap=softcap, sink=sink, scale=scale,
-                     return_lse=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, offset=offset,
-                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, registry=_registry(registry))
+    # a new class: its backward's candidates compile in the background behind the forward's (the backward's own
+    # keywords, as _backward passes them)
+    ahead = compile_backward_ahead(q, k, v, _CAUSAL[causal], (window_left, window_right), bias, alibi_slopes,
+                                   dropout_p, softcap, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   _registry(registry))
+    got = attention(q, k, v, causal=c, window=window, bias=bias,
+                    alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, softcap=softcap, sink=sink, scale=scale,
+                    return_lse=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, offset=offset,
+                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, registry=_registry(registry))
+    if ahead is not None:  # the forward compiled nothing (decided already): the backward's start now
+        ahead.start_ahead()
+    return got
 
 
 def _backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

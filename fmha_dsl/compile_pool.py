@@ -16,7 +16,8 @@ compile took 1.8 s, its next ones 0.8 s, on this repository's CPU box).  Idle wo
 that started them, for the same job function, environment, working directory and package sources; a job whose
 reused worker dies before answering anything in the batch goes back to the queue (a fresh worker is started), so an
 idle worker killed meanwhile never fails a kernel it did not compile.  A forked child leaves its parent's workers
-alone.
+alone.  Workers run below their parent's priority (:data:`WORKER_NICE`): the process waiting for them -- first use
+timing a forward's candidates while its backward's compile behind them -- keeps its core.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from multiprocessing.connection import wait
 from .errors import UsageError, error
 
 _READY = "ready"
+WORKER_NICE = 10  # workers' scheduling priority below their parent's (os.nice): the parent's host work goes first
 
 
 def _serve(conn, fn) -> None:
@@ -42,6 +44,10 @@ def _serve(conn, fn) -> None:
     is the parent's to handle (it terminates a worker busy with an interrupted batch): an idle worker must not die
     of it, with a traceback, whenever the terminal's process group gets one."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:  # below the process that waits for it: first use times kernels while a background batch compiles
+        os.nice(WORKER_NICE)
+    except (AttributeError, OSError):
+        pass
     conn.send(_READY)
     while True:
         try:

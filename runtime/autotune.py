@@ -96,6 +96,39 @@ class MeasuredSelection:
             self._decided[tk] = e
             return e
 
+    def compile_ahead(self, p, aligned: bool) -> bool:
+        """Have the builder compile, in the background after its next batch (or at :meth:`start_ahead`), what first
+        use of ``p`` would compile: its candidates, or a recorded decision's winner and the runners-up it is
+        confirmed against.  A training step names its backward this way before its forward compiles, so the workers
+        the forward leaves idle start on the backward.  True when something was queued; False when ``p``'s key is
+        decided, measuring is off, this dispatcher compiles nothing (a prebuilt registry) or everything is built."""
+        builder = self.builder
+        if builder is None or not hasattr(builder, "compile_ahead") or not enabled() or knobs.no_build():
+            return False
+        tk = key(p, aligned)
+        if tk in self._decided:
+            return False
+        try:
+            rec = self._current(tk, p)
+            if rec is None:
+                entries = builder.candidates(p, self.arch, aligned)
+            else:
+                want = recorded_entry(builder, rec, self.arch)
+                close = self._runner_up_entries(tk, p, aligned) if knobs.tuned_confirm() else []
+                entries = ([want] if want is not None else []) + close
+        except FmhaError:  # first use reports it when the backward comes
+            return False
+        have = {e.identifier for e in self.entries + self.too_big}
+        entries = [e for e in entries if e.identifier not in have]
+        if entries:
+            builder.compile_ahead(entries, aligned)
+        return bool(entries)
+
+    def start_ahead(self) -> None:
+        """Start what :meth:`compile_ahead` queued and no compile has taken (the forward was decided already)."""
+        if self.builder is not None and hasattr(self.builder, "start_ahead"):
+            self.builder.start_ahead()
+
     def _current(self, tk: str, p) -> dict | None:
         """The recorded decision for ``tk`` when it was measured under this builder's candidate space for ``p``'s
         family; None when there is none or it is stale (another template or candidate space: measured again)."""

@@ -436,3 +436,35 @@ def test_repeat_backward_calls_replay_their_launches():
     for g, w in zip(grads, want):
         err = np.abs(_f64(g) - w).max() / max(1.0, np.abs(w).max())
         assert err < 3e-2, err
+
+
+def test_a_never_seen_training_step_compiles_its_backward_behind_its_forward(tmp_path, monkeypatch):
+    """A training step of a class nothing has compiled or decided: the forward's first use compiles the backward's
+    candidates too, behind its own, in one batch of workers; the backward's first use compiles nothing more, and
+    its gradients match the reference."""
+    from fmha_dsl import build_triton as bt
+    from fmha_dsl.first_use import Builder
+    from fmha_dsl.runtime.dispatch import Dispatcher
+
+    monkeypatch.setenv("FMHA_DSL_TUNED_SHIPPED", "0")
+    batches, real = [], bt.run_isolated
+
+    def recorded(fn, jobs, workers, on_result):
+        batches.append([job[1]["family"] for job in jobs])
+        return real(fn, jobs, workers, on_result)
+
+    monkeypatch.setattr(bt, "run_isolated", recorded)
+    d = Dispatcher(None, builder=Builder(cache_dir=str(tmp_path)), tuned_dir=str(tmp_path))
+    t = torch.bfloat16
+    q, k, v = (_rand((1, 2, 320, 96), t, i).requires_grad_() for i in (1, 2, 3))
+    do = _rand((1, 2, 320, 96), t, 4)
+    out = fmha_dsl.attention(q, k, v, causal=True, registry=d)
+    assert len(batches) == 1 and not batches[0][0].startswith("bwd") and "bwd_dq_dk_dv" in batches[0], batches
+    out.backward(do)
+    torch.cuda.synchronize()
+    assert len(batches) == 1, batches
+    ref_out, lse = fmha_dsl.attention(q.detach(), k.detach(), v.detach(), causal=True, return_lse=True, registry=d)
+    want = attention_bwd(_f64(q), _f64(k), _f64(v), _f64(ref_out), _f64(lse), _f64(do), accum=np.float64, causal=True)
+    for name, g, w in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), want):
+        scale = max(1.0, float(np.abs(w).max()))
+        assert float(np.abs(_f64(g) - w).max()) <= TOL[t] * scale, name

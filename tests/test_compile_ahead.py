@@ -1,0 +1,173 @@
+"""Compiling ahead: a training step's backward candidates compile behind its forward's, in the same batch of
+workers, and the backward's first use takes them instead of compiling them again (fmha_dsl/build_triton.py's
+``ahead``, ``Builder.compile_ahead``, ``Dispatcher.compile_ahead``).  The compile workers are replaced by a recorder
+here: what is checked is which jobs run in which batch, when each call returns, and what a later call gets."""
+
+import itertools
+import threading
+
+import pytest
+
+from fmha_dsl import build_triton as bt
+from fmha_dsl.cache import ArtifactCache
+from fmha_dsl.errors import UsageError, error
+from fmha_dsl.first_use import Builder, _jobs
+from fmha_dsl.keys import Problem
+from fmha_dsl.runtime.dispatch import Dispatcher
+
+_KEYS = itertools.count()
+
+
+def _key() -> str:  # cache keys of this test only (AHEAD is the process's)
+    return f"{next(_KEYS):04d}" + "ab" * 30
+
+
+def _job(name: str) -> tuple:
+    return ("kernel", {"family": name}, None, "sm90")
+
+
+class _Workers:
+    """Stands in for compile_pool.run_isolated: records each batch's jobs; holds back the jobs of ``hold``'s families
+    until ``release`` is set; ``fail`` names families that fail to compile."""
+
+    def __init__(self, hold=(), fail=()):
+        self.batches, self.hold, self.fail = [], set(hold), set(fail)
+        self.release = threading.Event()
+
+    def __call__(self, fn, jobs, workers, on_result):
+        self.batches.append([j[1]["family"] for j in jobs])
+        for i, j in enumerate(jobs):
+            fam = j[1]["family"]
+            if fam in self.hold:
+                assert self.release.wait(20)
+            if fam in self.fail:
+                on_result(i, (None, f"{fam} does not compile"))
+            else:
+                on_result(i, ({"binary_kind": "cubin", "shared": 0, "name": fam}, fam.encode()))
+
+
+def test_ahead_jobs_run_after_the_wanted_ones_in_one_batch_and_are_taken_not_compiled_again(tmp_path, monkeypatch):
+    w = _Workers(hold={"bwd"})
+    monkeypatch.setattr(bt, "run_isolated", w)
+    cache = ArtifactCache(str(tmp_path))
+    kf, kb, kc = _key(), _key(), _key()
+    ready, why = bt.compile_through_cache({kf: _job("fwd")}, cache, 16,
+                                          ahead={kb: _job("bwd"), kc: _job("bwd_companion"), kf: _job("fwd")})
+    # returned with the forward's kernel while the backward's is still held: one batch, the forward's job first
+    assert list(ready) == [kf] and ready[kf][1] == b"fwd" and not why
+    assert w.batches == [["fwd", "bwd", "bwd_companion"]]
+    assert bt.AHEAD.pending(kb) and bt.AHEAD.pending(kc)
+    got = {}
+    t = threading.Thread(target=lambda: got.update(r=bt.compile_through_cache({kb: _job("bwd"), kc: _job("bwd_companion")},
+                                                                              cache, 16)))
+    t.start()
+    t.join(0.3)
+    assert t.is_alive(), "the backward's call waits for the background batch"
+    w.release.set()
+    t.join(20)
+    ready, why = got["r"]
+    assert ready[kb][1] == b"bwd" and ready[kc][1] == b"bwd_companion" and not why
+    assert not ready[kb][2]  # compiled in this process, not loaded
+    assert w.batches == [["fwd", "bwd", "bwd_companion"]], "nothing compiled twice"
+    assert not bt.AHEAD.pending(kb) and cache.get(kb)[1] == b"bwd"  # cached as it came in
+
+
+def test_a_kernel_compiled_ahead_that_failed_is_reported_not_compiled_again(tmp_path, monkeypatch):
+    w = _Workers(fail={"bwd"})
+    monkeypatch.setattr(bt, "run_isolated", w)
+    cache = ArtifactCache(str(tmp_path))
+    kf, kb = _key(), _key()
+    bt.compile_through_cache({kf: _job("fwd")}, cache, 4, ahead={kb: _job("bwd")})
+    for _ in range(100):  # the background batch finishes on its own
+        if not bt.AHEAD.pending(kb):
+            break
+        threading.Event().wait(0.01)
+    ready, why = bt.compile_through_cache({kb: _job("bwd")}, cache, 4)
+    assert not ready and why[kb] == "bwd does not compile" and len(w.batches) == 1
+
+
+def test_a_batch_whose_workers_cannot_start_raises_and_leaves_the_ahead_kernels_to_whoever_wants_them(tmp_path,
+                                                                                                       monkeypatch):
+    def no_workers(fn, jobs, workers, on_result):
+        raise error("build.workers", "a compile worker process exited (status 1) before it started", None, "",
+                    cls=UsageError)
+
+    monkeypatch.setattr(bt, "run_isolated", no_workers)
+    cache = ArtifactCache(str(tmp_path))
+    kf, kb = _key(), _key()
+    with pytest.raises(UsageError, match="before it started"):
+        bt.compile_through_cache({kf: _job("fwd")}, cache, 4, ahead={kb: _job("bwd")})
+    assert not bt.AHEAD.pending(kb)
+    w = _Workers()
+    monkeypatch.setattr(bt, "run_isolated", w)
+    ready, _ = bt.compile_through_cache({kb: _job("bwd")}, cache, 4)
+    assert ready[kb][1] == b"bwd" and w.batches == [["bwd"]]
+
+
+def _problems():
+    common = dict(dtype="bf16", arch="sm90", batch=2, nhead_q=8, nhead_k=8, seqlen_q=2048, seqlen_k=2048,
+                  max_seqlen_q=2048, max_seqlen_k=2048, hdim_q=128, hdim_v=128, mode="batch", mask="top_left")
+    return Problem(family="fwd", lse=True, **common), Problem(family="bwd_dq_dk_dv", **common)
+
+
+def test_the_builder_puts_the_queued_backward_behind_the_next_forward_compile(tmp_path, monkeypatch):
+    pytest.importorskip("triton")  # Builder.compile checks that it is installed
+    w = _Workers()
+    monkeypatch.setattr(bt, "run_isolated", w)
+    fwd, bwd = _problems()
+    b = Builder(cache_dir=str(tmp_path))
+    fc, bc = b.candidates(fwd, "sm90"), b.candidates(bwd, "sm90")
+    b.compile_ahead(bc, True)
+    got = b.compile(fc, True)
+    assert [e.identifier for e, _ in got] == [e.identifier for e in fc]
+    [batch] = w.batches
+    n_fwd = len(_jobs(fc, True)[0])  # the forward's kernels and companions (split-KV's combine) first
+    assert not any(f.startswith("bwd") for f in batch[:n_fwd])
+    assert set(batch[n_fwd:]) == {"bwd_dq_dk_dv", "bwd_dot_do_o", "bwd_convert_dq"}
+    assert batch.count("bwd_dq_dk_dv") == len(bc)
+    got = b.compile(bc, True)  # the backward's first use: every candidate, with its companions, no new batch
+    assert all(isinstance(bins, dict) and e.build["dot_do_o"] and e.build["convert_dq"] for e, bins in got)
+    assert len(w.batches) == 1
+    # queued while nothing compiles (the forward was decided): start_ahead starts it alone, in the background
+    other = Problem(**dict(bwd.model_dump(), hdim_q=64, hdim_v=64))
+    b.compile_ahead(b.candidates(other, "sm90"), True)
+    b.start_ahead()
+    for _ in range(200):
+        if len(w.batches) == 2 and not any(bt.AHEAD.pending(k) for k in bt.AHEAD.events):
+            break
+        threading.Event().wait(0.01)
+    assert len(w.batches) == 2 and set(w.batches[1]) == {"bwd_dq_dk_dv", "bwd_dot_do_o", "bwd_convert_dq"}
+    b.compile(b.candidates(other, "sm90"), True)
+    assert len(w.batches) == 2
+
+
+class _Queue(Builder):
+    """Records what the dispatcher queues; compiles nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.queued = []
+
+    def compile_ahead(self, entries, aligned=True):
+        self.queued.append(([e.identifier for e in entries], aligned))
+
+
+def test_the_dispatcher_queues_what_first_use_would_compile_and_nothing_once_decided(tmp_path, monkeypatch):
+    _, bwd = _problems()
+    b = _Queue()
+    d = Dispatcher(None, arch="sm90", builder=b, tuned_dir="")
+    assert d.compile_ahead(bwd, True)
+    assert b.queued == [([e.identifier for e in b.candidates(bwd, "sm90", True)], True)]
+    d._decided["x"] = None  # (an unrelated key changes nothing)
+    monkeypatch.setenv("FMHA_DSL_AUTOTUNE", "0")
+    assert not d.compile_ahead(bwd, True)  # measuring off: first use compiles a few, one at a time
+    monkeypatch.delenv("FMHA_DSL_AUTOTUNE")
+    monkeypatch.setenv("FMHA_DSL_NO_BUILD", "1")
+    assert not d.compile_ahead(bwd, True)
+    monkeypatch.delenv("FMHA_DSL_NO_BUILD")
+    from fmha_dsl.runtime.decisions import key
+
+    d._decided[key(bwd, True)] = object()
+    assert not d.compile_ahead(bwd, True) and len(b.queued) == 1
+    assert not Dispatcher(Dispatcher(None, arch="sm90", builder=b, tuned_dir="").registry, arch="sm90",
+                          tuned_dir="").compile_ahead(bwd, True)  # a prebuilt registry: nothing compiles
