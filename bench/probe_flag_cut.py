@@ -1,8 +1,8 @@
 """How much first use's cut costs on classes its ranking was not fitted on (fp32, bias, ALiBi, dropout, soft-cap,
 sinks), on the device.
 
-    FMHA_DSL_TUNED_SHIPPED=0 python3 -P bench/probe_flag_cut.py [--quick] [--only forward|steps] [--select TEXT]
-                                                                [--json PATH]
+    FMHA_DSL_TUNED_SHIPPED=0 python3 -P bench/probe_flag_cut.py [--quick] [--only forward|steps|paged]
+                                                                [--select TEXT] [--json PATH]
 
 The cost model's forward ranking was fitted on the shipped tables' classes (fp16 and bf16, no bias, dropout, soft-cap
 or sinks), and first use times its first 12 on a wgmma target (``fmha_dsl.first_use``).  Here each class below is
@@ -11,7 +11,8 @@ every candidate the rules allow timed (``FMHA_DSL_TUNE_CANDIDATES`` = 100, a fre
 the call's tensors), and each decision is compared with first use's default cut (24, halved where the ranking was
 fitted): the winner's position in the cost model's order, and the regret had only the cut been timed (the fastest
 time among the cut's candidates over the fastest of all, as in ``bench/probe_candidate_order.py``; a candidate the
-race pruned has no time and is left out).
+race pruned has no time and is left out).  The paged classes call ``fmha_dsl.paged_attention`` the same way (each
+of their decisions is reported: a paged kernel's, and for a prefill the gathered route's forward).
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ STEPS = [
     ("fp32 d64 step", "fp32", 64, 1024, {}),
     ("fp32 d128 causal step", "fp32", 128, 1024, {"causal": True}),
     ("bf16 d128 alibi causal step", "bf16", 128, 4096, {"causal": True, "alibi": True}),
+]
+# serving, through fmha_dsl.paged_attention over a cache of 16-token pages scattered at random (bench_serving.py's):
+# decode (one query row per sequence, 16 sequences) and a prefill (one sequence); GQA 32/8
+PAGED = [
+    ("fp32 paged decode", "fp32", 128, 8192, {"decode": True}),
+    ("fp32 paged prefill causal", "fp32", 128, 4096, {"causal": True}),
+    ("bf16 paged decode", "bf16", 128, 8192, {"decode": True}),
 ]
 EXHAUSTIVE = 100   # more than any class has (the backward times half of it)
 
@@ -66,19 +74,20 @@ def _row(name: str, p, arch: str, aligned: bool, disp, candidates) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the first three classes only")
-    ap.add_argument("--only", choices=("forward", "steps"), default=None,
-                    help="only the forward classes, or only the training steps")
+    ap.add_argument("--only", choices=("forward", "steps", "paged"), default=None,
+                    help="only the forward classes, the training steps or the paged (serving) classes")
     ap.add_argument("--select", default="", help="only the classes whose names contain this text (e.g. fp32)")
     ap.add_argument("--json", default=None, help="write the records and regrets here")
     args = ap.parse_args()
     folder = os.path.dirname(os.path.abspath(args.json or ".")) or "."
     if args.json and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):  # now, not after the measuring
         ap.error(f"--json: cannot write {args.json}")
-    todo = [(c, False) for c in CLASSES if args.only != "steps"] + [(c, True) for c in STEPS if args.only != "forward"]
-    todo = [(c, step) for c, step in todo if args.select in c[0]][:3 if args.quick else None]
+    groups = (("forward", CLASSES, False), ("steps", STEPS, True), ("paged", PAGED, "paged"))
+    todo = [(c, kind) for group, classes, kind in groups if args.only in (None, group) for c in classes]
+    todo = [(c, kind) for c, kind in todo if args.select in c[0]][:3 if args.quick else None]
     if not todo:
         ap.error(f"--select: no class{' of --only ' + args.only if args.only else ''} has {args.select!r} in its name; "
-                 f"the classes: {', '.join(c[0] for c in CLASSES + STEPS)}")
+                 f"the classes: {', '.join(c[0] for c in CLASSES + STEPS + PAGED)}")
     if os.environ.get("FMHA_DSL_TUNED_SHIPPED", "1") != "0":
         ap.error("run with FMHA_DSL_TUNED_SHIPPED=0 (a shipped decision would be used instead of measured)")
     import shutil
@@ -104,8 +113,8 @@ def _probe(args, todo: list) -> None:
     seen: list = []
     real = Builder.candidates
 
-    def noting(self, problem, arch, aligned=True, limit=None):  # the problem first use ranks
-        if limit is None:
+    def noting(self, problem, arch, aligned=True, limit=None):  # the problems first use ranks, each once (a training
+        if limit is None and (problem, arch, aligned) not in seen:  # forward names its backward's ahead of it)
             seen.append((problem, arch, aligned))
         return real(self, problem, arch, aligned, limit)
 
@@ -113,17 +122,22 @@ def _probe(args, todo: list) -> None:
     rows = []
     for (name, dtype, d, s, kw), step in todo:
         dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-        b, h = max(1, (8192 if step else 16384) // s), 16
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt, requires_grad=step) for _ in range(3))
-        kw = dict(kw)
-        if kw.pop("alibi", False):
-            kw["alibi_slopes"] = torch.tensor([2.0 ** (-8 * (i + 1) / h) for i in range(h)], device="cuda")
-        if kw.pop("bias", False):
-            kw["bias"] = torch.randn(1, h, s, s, device="cuda", dtype=dt)
         seen.clear()
-        out = fmha_dsl.attention(q, k, v, **kw)
-        if step:
-            out.backward(torch.randn_like(out))
+        if step == "paged":
+            out = q = k = v = None
+            _paged_call(fmha_dsl, torch, dt, d, s, **kw)
+            kw = None
+        else:
+            b, h = max(1, (8192 if step else 16384) // s), 16
+            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt, requires_grad=step) for _ in range(3))
+            kw = dict(kw)
+            if kw.pop("alibi", False):
+                kw["alibi_slopes"] = torch.tensor([2.0 ** (-8 * (i + 1) / h) for i in range(h)], device="cuda")
+            if kw.pop("bias", False):
+                kw["bias"] = torch.randn(1, h, s, s, device="cuda", dtype=dt)
+            out = fmha_dsl.attention(q, k, v, **kw)
+            if step:
+                out.backward(torch.randn_like(out))
         torch.cuda.synchronize()
         disp = dispatcher(None, torch.cuda.current_device())
         for p, arch, aligned in seen:
@@ -138,6 +152,25 @@ def _probe(args, todo: list) -> None:
             with open(args.json, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                            "triton": __import__("triton").__version__, "rows": rows}, f, indent=1)
+
+
+def _paged_call(fmha_dsl, torch, dt, d: int, s: int, decode: bool = False, causal: bool = False) -> None:
+    """One ``paged_attention`` call of a :data:`PAGED` class: GQA 32/8, 16-token pages scattered at random; decode:
+    16 sequences of ``s`` cached keys and one query row each; else one sequence of ``s`` queries and keys."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_serving", os.path.join(os.path.dirname(__file__),
+                                                                                 "bench_serving.py"))
+    serving = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(serving)
+    b, sq, hq, hk = (16, 1, 32, 8) if decode else (1, s, 32, 8)
+    k, v = (torch.randn(b, hk, s, d, device="cuda", dtype=dt) for _ in range(2))
+    kc, vc, bt, _, _ = serving.paged_copy(k, v, 16)
+    q = torch.randn(b * sq, hq, d, device="cuda", dtype=dt)
+    cu = torch.arange(b + 1, dtype=torch.int32, device="cuda") * sq
+    lens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+    fmha_dsl.paged_attention(q, kc, vc, block_table=bt, seqlens_k=lens, cu_seqlens_q=cu, max_seqlen_q=sq,
+                             max_seqlen_k=s, causal=causal)
 
 
 if __name__ == "__main__":

@@ -199,11 +199,11 @@ def _problem(arch, dname, group, b, hq, hk, sq, sk, dq, dv, mask, wl, wr, bias_k
                    logits=softcap is not None, sink=sink > 0, dbias=dbias, deterministic=deterministic)
 
 
-_AHEAD_SEEN: dict = {}  # the training forwards' classes whose backward was handed to compile ahead
+_AHEAD_SEEN: set = set()  # the training forwards' classes whose backward was named ahead (at most _AHEAD_SEEN_MAX)
 _AHEAD_SEEN_MAX = 4096
 
 
-def compile_backward_ahead(q, k, v, causal, window, bias, alibi_slopes, dropout_p, softcap, sink, cu_seqlens_q,
+def compile_backward_ahead(q, k, v, *, causal, window, bias, alibi_slopes, dropout_p, softcap, sink, cu_seqlens_q,
                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, registry):
     """Before a training forward (the autograd route of :func:`fmha_dsl.attention`, called with the backward's own
     keywords): name its backward's problem to the dispatcher, which has first use's builder compile that problem's
@@ -228,7 +228,7 @@ def compile_backward_ahead(q, k, v, causal, window, bias, alibi_slopes, dropout_
         return None
     if len(_AHEAD_SEEN) >= _AHEAD_SEEN_MAX:
         _AHEAD_SEEN.clear()
-    _AHEAD_SEEN[seen] = True
+    _AHEAD_SEEN.add(seen)
     try:
         dname = torch_dtype_names().get(q.dtype)
         dev = q.get_device()
@@ -252,6 +252,7 @@ def compile_backward_ahead(q, k, v, causal, window, bias, alibi_slopes, dropout_
         # (the gradients are made like q, k and v; out and dO are contiguous as a rule)
         return disp if disp.compile_ahead(p, _all_aligned((q, k, v))) else None
     except Exception:  # noqa: BLE001  (compiling ahead only saves time: the forward and backward report errors)
+        _AHEAD_SEEN.discard(seen)  # (e.g. tensors without storage: a later call of the class may name it)
         return None
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 
 from .cache import ArtifactCache, content_key, sha256_bytes
+from . import compile_ahead
 from .compile_pool import run_isolated
 from .errors import UsageError, error
 from .expand import expand, nothing_to_build
@@ -83,13 +83,14 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
     ``on_result(key, ok, cached)`` is called as each job finishes (the hits first).  ``cache_only``: nothing is
     compiled.
 
-    ``ahead`` (cache key -> job): compiled *after* ``wanted``'s jobs in the same batch of workers, in the background:
-    this returns once ``wanted``'s are in, and a later call that wants one of them waits for it instead of compiling it
-    again (:data:`AHEAD`).  First use hands it a training step's backward candidates while the forward's compile:
-    the workers its forward leaves idle start on them."""
+    ``ahead`` (cache key -> job): compiled *after* ``wanted``'s jobs, in the same batch of workers, in the background
+    (:mod:`fmha_dsl.compile_ahead`): this returns once ``wanted``'s are in, and a later call that wants one of them
+    waits for it instead of compiling it again.  First use hands it a training step's backward candidates while its
+    forward compiles: the workers the forward's jobs leave idle start on them."""
     ready: dict[str, tuple] = {}
     why = {} if why is None else why  # filled before on_result hears of a failure
     todo, hits, waits = [], [], []
+    keys = compile_ahead.AHEAD
 
     def accept(key, meta, data, cached):  # a kernel too large to launch is cached too: not compiled again to find out
         too_big = _over_shared(meta, wanted[key][3])  # a job is (kind, signature, algorithm, arch[, aligned])
@@ -103,7 +104,7 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
         if hit is not None:
             hits.append(key)
             accept(key, hit[0], hit[1], True)
-        elif AHEAD.holds(key):
+        elif keys.holds(key):
             waits.append(key)
         elif cache_only:
             why[key] = "not in the kernel cache (FMHA_DSL_NO_BUILD is set)"
@@ -112,15 +113,14 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
     if on_result:
         for key in hits:
             on_result(key, key in ready, True)
-    for key in waits:  # compiled by an earlier call's background batch: its result, else compiled here
-        got = AHEAD.wait(key) or cache.get(key)
+    for key in waits:  # being compiled by an earlier call's batch: its result, else compiled here
+        got = keys.wait(key)
         if got is None:
-            if cache_only:
-                why[key] = "not in the kernel cache (FMHA_DSL_NO_BUILD is set)"
-            else:
+            got = cache.get(key)
+            if got is None and not cache_only:  # that batch stopped before it
                 todo.append((key, wanted[key]))
-            continue
-        meta, data = got
+                continue
+        meta, data = got or (None, "not in the kernel cache (FMHA_DSL_NO_BUILD is set)")
         if meta is None:
             why[key] = str(data)
         else:
@@ -128,127 +128,37 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
         if on_result:
             on_result(key, key in ready, False)
     later = [] if cache_only or not ahead else [
-        (key, job) for key, job in ahead.items() if key not in wanted and cache.get(key) is None and AHEAD.claim(key)]
+        (key, job) for key, job in ahead.items() if key not in wanted and not cache.has(key) and keys.claim(key)]
+    jobs = todo + later
+    # in the background, this call's own keys are claimed too: a caller interrupted while it waits leaves them to
+    # the batch, and a retry waits for them instead of compiling them alongside
+    claimed = ({key for key, _ in todo if keys.claim(key)} | {key for key, _ in later}) if later else set()
 
     def finish(i, result):
-        if i >= len(todo):  # a job compiled ahead: cached, and its result kept for the call that will want it
-            key, job = later[i - len(todo)]
-            meta, data = result
-            if meta is not None:
-                cache.put(key, meta, data, f"{job[0]}.{meta['binary_kind']}")
-                meta = dict(meta, sha256=sha256_bytes(data), size=len(data))
-            AHEAD.done(key, meta, data)
-            return
-        key, job = todo[i]
+        key, job = jobs[i]
         meta, data = result
+        stored = meta is not None and cache.put(key, meta, data, f"{job[0]}.{meta['binary_kind']}")
+        if meta is not None:
+            meta = dict(meta, sha256=sha256_bytes(data), size=len(data))
+        if key in claimed:  # a waiting call reads the cache, or gets what the cache does not hold
+            keys.done(key, None if stored else (meta, data))
+        if i >= len(todo):
+            return
         if meta is None:
             why[key] = str(data)
         else:
-            cache.put(key, meta, data, f"{job[0]}.{meta['binary_kind']}")
-            accept(key, dict(meta, sha256=sha256_bytes(data), size=len(data)), data, False)
+            accept(key, meta, data, False)
         if on_result:
             on_result(key, key in ready, False)
 
     # every compile runs in a worker process: a compiler that crashes fails its kernel, not the build
-    jobs = [job for _, job in todo] + [job for _, job in later]
-    workers = max(1, min(workers, len(jobs) or 1))
-    if not jobs:
-        pass
-    elif not later:
-        run_isolated(_compile_in_worker, jobs, workers, finish)
-    else:
-        _in_background(jobs, workers, finish, len(todo), [key for key, _ in later])
+    n = max(1, min(workers, len(jobs) or 1))
+    if later:
+        compile_ahead.run_in_background(run_isolated, _compile_in_worker, [job for _, job in jobs], n, finish,
+                                        len(todo), claimed)
+    elif jobs:
+        run_isolated(_compile_in_worker, [job for _, job in jobs], n, finish)
     return ready, why
-
-
-class _Ahead:
-    """The cache keys a background batch compiles (:func:`compile_through_cache`'s ``ahead``): each one's event, then
-    its result ``(meta, data)`` or ``(None, reason)`` until the call that wants it takes it (at most :data:`KEPT`
-    results are held: the oldest are dropped, the cache has them)."""
-
-    KEPT = 64
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.events: dict[str, threading.Event] = {}
-        self.results: dict[str, tuple] = {}
-
-    def claim(self, key: str) -> bool:
-        """Mark ``key`` as compiled ahead; False when a background batch already has it."""
-        with self.lock:
-            if key in self.events:
-                return False
-            self.events[key] = threading.Event()
-            return True
-
-    def pending(self, key: str) -> bool:
-        """Whether a background batch is compiling ``key`` now."""
-        with self.lock:
-            return key in self.events
-
-    def holds(self, key: str) -> bool:
-        """Whether ``key`` is being compiled ahead or its result waits to be taken."""
-        with self.lock:
-            return key in self.events or key in self.results
-
-    def done(self, key: str, meta, data) -> None:
-        with self.lock:
-            ev = self.events.pop(key, None)
-            self.results[key] = (meta, data)
-            while len(self.results) > self.KEPT:
-                self.results.pop(next(iter(self.results)))
-        if ev is not None:
-            ev.set()
-
-    def drop(self, key: str) -> None:
-        """``key`` was not compiled after all (its batch stopped): whoever waits for it compiles it."""
-        with self.lock:
-            ev = self.events.pop(key, None)
-        if ev is not None:
-            ev.set()
-
-    def wait(self, key: str) -> tuple | None:
-        """``key``'s result once its batch has it (None: taken by another call, or dropped: read the cache)."""
-        with self.lock:
-            ev = self.events.get(key)
-        if ev is not None:
-            ev.wait()
-        with self.lock:
-            return self.results.pop(key, None)
-
-
-AHEAD = _Ahead()
-
-
-def _in_background(jobs: list, workers: int, finish, first: int, later: list) -> None:
-    """Run ``jobs`` on ``workers`` worker processes in a background thread; return once the ``first`` of them have
-    finished (an error starting the workers is raised here when it comes before that).  The keys ``later`` (the
-    jobs after the first) that the batch stopped before compiling are dropped (:meth:`_Ahead.drop`)."""
-    left, done, failed = [first], threading.Event(), []
-
-    def result(i, res):
-        finish(i, res)
-        if i < first:
-            left[0] -= 1
-            if not left[0]:
-                done.set()
-
-    def batch():
-        try:
-            run_isolated(_compile_in_worker, jobs, workers, result)
-        except BaseException as exc:  # noqa: BLE001  (handed to the waiting caller, or the ahead jobs fail with it)
-            failed.append(exc)
-        finally:
-            for key in later:  # not compiled: a call that wants one compiles it itself
-                AHEAD.drop(key)
-            done.set()
-
-    if not first:
-        done.set()
-    threading.Thread(target=batch, name="fmha-dsl-compile-ahead", daemon=True).start()
-    done.wait()
-    if failed and left[0]:
-        raise failed[0]
 
 
 def build_record(meta: dict, key: str, binary: str | None, **extra) -> dict:

@@ -66,6 +66,10 @@ class ArtifactCache:
             return None
         return meta, data
 
+    def has(self, key: str) -> bool:
+        """Whether an entry is stored under ``key`` (not read: :meth:`get` checks it)."""
+        return os.path.isfile(os.path.join(self._dir(key), "meta.json"))
+
     def put(self, key: str, meta: dict, data: bytes, filename: str) -> bool:
         """Store atomically; a concurrent writer of the same key wins harmlessly.  A cache folder that cannot be
         written is not an error (the cache only saves time): a warning, and False."""

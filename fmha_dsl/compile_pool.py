@@ -22,6 +22,7 @@ timing a forward's candidates while its backward's compile behind them -- keeps 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import multiprocessing
@@ -48,7 +49,10 @@ def _serve(conn, fn) -> None:
         os.nice(WORKER_NICE)
     except (AttributeError, OSError):
         pass
-    conn.send(_READY)
+    try:
+        conn.send(_READY)
+    except OSError:  # the parent is gone already (it exited while this worker started)
+        return
     while True:
         try:
             msg = conn.recv()
@@ -223,6 +227,11 @@ class _IdleWorkers:
 
 
 _LIVE: "weakref.WeakSet[_Worker]" = weakref.WeakSet()  # every worker this process started and has not stopped
+# set when the interpreter exits, before multiprocessing's own exit handler (registered earlier, so run later)
+# terminates the workers: a batch still running in a background thread then starts no replacement for them (one
+# started then would be left behind, failing with a traceback once its parent is gone)
+_EXITING = threading.Event()
+atexit.register(_EXITING.set)
 _IDLE = _IdleWorkers()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_IDLE.forget_after_fork)
@@ -286,7 +295,7 @@ def run_isolated(fn, jobs: list, workers: int, on_result) -> None:
             pending.append(i)
         elif i is not None:
             on_result(i, (None, _died(w.proc.exitcode)))
-        if pending:
+        if pending and not _EXITING.is_set():  # (at exit the workers are stopped, and none is started again)
             pool.append(_Worker(ctx, fn))
 
     done = False

@@ -22,8 +22,7 @@ methods below, so compiling stays on the build side of the pipeline.
 ``Builder.compile_ahead(entries, aligned)``
     Queues ``entries`` behind the next ``compile`` call's own jobs, in the same batch of workers, which goes on in
     the background (``start_ahead()``: now): a training step's backward candidates while its forward compiles.  A
-    later ``compile`` of them takes their results.  On an H200 (16 cores) a never-seen training step went from
-    9.2-10.4 s to 4.4-4.7 s (bench/bench_firstcall.py, session 40).
+    later ``compile`` of them takes their results (:mod:`fmha_dsl.compile_ahead`).
 """
 
 from __future__ import annotations
@@ -266,7 +265,7 @@ class Builder:
         of workers: the ones its own jobs leave idle start on them), or at once on :meth:`start_ahead`.  A later
         :meth:`compile` of them waits for their results instead of compiling them again.  First use calls this with
         a training step's backward candidates before the forward's compile."""
-        from .build_triton import AHEAD
+        from .compile_ahead import AHEAD
 
         wanted, _ = _jobs(entries, aligned)
         with self._ahead_lock:

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from fmha_dsl import build_triton as bt
+from fmha_dsl import compile_ahead
 from fmha_dsl.cache import ArtifactCache
 from fmha_dsl.errors import UsageError, error
 from fmha_dsl.first_use import Builder, _jobs
@@ -16,6 +17,13 @@ from fmha_dsl.keys import Problem
 from fmha_dsl.runtime.dispatch import Dispatcher
 
 _KEYS = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def own_keys(monkeypatch):
+    """Each test with keys of its own: nothing it leaves reaches the process's later compiles."""
+    monkeypatch.setattr(compile_ahead, "AHEAD", compile_ahead.AheadKeys())
+    return compile_ahead.AHEAD
 
 
 def _key() -> str:  # cache keys of this test only (AHEAD is the process's)
@@ -56,10 +64,10 @@ def test_ahead_jobs_run_after_the_wanted_ones_in_one_batch_and_are_taken_not_com
     # returned with the forward's kernel while the backward's is still held: one batch, the forward's job first
     assert list(ready) == [kf] and ready[kf][1] == b"fwd" and not why
     assert w.batches == [["fwd", "bwd", "bwd_companion"]]
-    assert bt.AHEAD.pending(kb) and bt.AHEAD.pending(kc)
+    assert compile_ahead.AHEAD.holds(kb) and compile_ahead.AHEAD.holds(kc)
     got = {}
-    t = threading.Thread(target=lambda: got.update(r=bt.compile_through_cache({kb: _job("bwd"), kc: _job("bwd_companion")},
-                                                                              cache, 16)))
+    wanted = {kb: _job("bwd"), kc: _job("bwd_companion")}
+    t = threading.Thread(target=lambda: got.update(r=bt.compile_through_cache(wanted, cache, 16)))
     t.start()
     t.join(0.3)
     assert t.is_alive(), "the backward's call waits for the background batch"
@@ -69,7 +77,7 @@ def test_ahead_jobs_run_after_the_wanted_ones_in_one_batch_and_are_taken_not_com
     assert ready[kb][1] == b"bwd" and ready[kc][1] == b"bwd_companion" and not why
     assert not ready[kb][2]  # compiled in this process, not loaded
     assert w.batches == [["fwd", "bwd", "bwd_companion"]], "nothing compiled twice"
-    assert not bt.AHEAD.pending(kb) and cache.get(kb)[1] == b"bwd"  # cached as it came in
+    assert not compile_ahead.AHEAD.holds(kb) and cache.get(kb)[1] == b"bwd"  # cached as it came in
 
 
 def test_a_kernel_compiled_ahead_that_failed_is_reported_not_compiled_again(tmp_path, monkeypatch):
@@ -78,11 +86,7 @@ def test_a_kernel_compiled_ahead_that_failed_is_reported_not_compiled_again(tmp_
     cache = ArtifactCache(str(tmp_path))
     kf, kb = _key(), _key()
     bt.compile_through_cache({kf: _job("fwd")}, cache, 4, ahead={kb: _job("bwd")})
-    for _ in range(100):  # the background batch finishes on its own
-        if not bt.AHEAD.pending(kb):
-            break
-        threading.Event().wait(0.01)
-    ready, why = bt.compile_through_cache({kb: _job("bwd")}, cache, 4)
+    ready, why = bt.compile_through_cache({kb: _job("bwd")}, cache, 4)  # (waits for the background batch)
     assert not ready and why[kb] == "bwd does not compile" and len(w.batches) == 1
 
 
@@ -97,7 +101,7 @@ def test_a_batch_whose_workers_cannot_start_raises_and_leaves_the_ahead_kernels_
     kf, kb = _key(), _key()
     with pytest.raises(UsageError, match="before it started"):
         bt.compile_through_cache({kf: _job("fwd")}, cache, 4, ahead={kb: _job("bwd")})
-    assert not bt.AHEAD.pending(kb)
+    assert not compile_ahead.AHEAD.holds(kb)
     w = _Workers()
     monkeypatch.setattr(bt, "run_isolated", w)
     ready, _ = bt.compile_through_cache({kb: _job("bwd")}, cache, 4)
@@ -132,13 +136,8 @@ def test_the_builder_puts_the_queued_backward_behind_the_next_forward_compile(tm
     other = Problem(**dict(bwd.model_dump(), hdim_q=64, hdim_v=64))
     b.compile_ahead(b.candidates(other, "sm90"), True)
     b.start_ahead()
-    for _ in range(200):
-        if len(w.batches) == 2 and not any(bt.AHEAD.pending(k) for k in bt.AHEAD.events):
-            break
-        threading.Event().wait(0.01)
+    b.compile(b.candidates(other, "sm90"), True)  # waits for that batch, compiles nothing itself
     assert len(w.batches) == 2 and set(w.batches[1]) == {"bwd_dq_dk_dv", "bwd_dot_do_o", "bwd_convert_dq"}
-    b.compile(b.candidates(other, "sm90"), True)
-    assert len(w.batches) == 2
 
 
 class _Queue(Builder):
@@ -153,12 +152,13 @@ class _Queue(Builder):
 
 
 def test_the_dispatcher_queues_what_first_use_would_compile_and_nothing_once_decided(tmp_path, monkeypatch):
+    for knob in ("FMHA_DSL_AUTOTUNE", "FMHA_DSL_NO_BUILD", "FMHA_DSL_TUNED_CONFIRM"):
+        monkeypatch.delenv(knob, raising=False)
     _, bwd = _problems()
     b = _Queue()
     d = Dispatcher(None, arch="sm90", builder=b, tuned_dir="")
     assert d.compile_ahead(bwd, True)
     assert b.queued == [([e.identifier for e in b.candidates(bwd, "sm90", True)], True)]
-    d._decided["x"] = None  # (an unrelated key changes nothing)
     monkeypatch.setenv("FMHA_DSL_AUTOTUNE", "0")
     assert not d.compile_ahead(bwd, True)  # measuring off: first use compiles a few, one at a time
     monkeypatch.delenv("FMHA_DSL_AUTOTUNE")
@@ -171,3 +171,22 @@ def test_the_dispatcher_queues_what_first_use_would_compile_and_nothing_once_dec
     assert not d.compile_ahead(bwd, True) and len(b.queued) == 1
     assert not Dispatcher(Dispatcher(None, arch="sm90", builder=b, tuned_dir="").registry, arch="sm90",
                           tuned_dir="").compile_ahead(bwd, True)  # a prebuilt registry: nothing compiles
+
+
+def test_a_recorded_decision_queues_its_winner_only(tmp_path, monkeypatch):
+    """A decision recorded on this device: the backward's first use compiles (or loads) its winner alone, so that is
+    what the forward queues."""
+    from fmha_dsl.runtime import decisions
+
+    for knob in ("FMHA_DSL_AUTOTUNE", "FMHA_DSL_NO_BUILD"):
+        monkeypatch.delenv(knob, raising=False)
+    _, bwd = _problems()
+    b = _Queue()
+    win = b.candidates(bwd, "sm90", True)[3]
+    rec = dict(decisions.record_of(win, {win.identifier: 1.0}, {win.identifier: win.name}),
+               space=b.fingerprint("bwd_dq_dk_dv"))
+    decisions.TunedTable("sm90", None, str(tmp_path)).record(decisions.key(bwd, True), rec)
+    d = Dispatcher(None, arch="sm90", builder=b, tuned_dir=str(tmp_path))
+    assert d.compile_ahead(bwd, True)
+    [(ids, aligned)] = b.queued
+    assert ids == [b.entry_for(win.sig, win.alg, "sm90").identifier] == [win.identifier] and aligned

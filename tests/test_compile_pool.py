@@ -304,3 +304,18 @@ def test_a_forked_child_leaves_the_parents_idle_workers_alone(tmp_path):
                          timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stdout[-1000:] + out.stderr[-2000:]
     assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr[-2000:]
+
+
+def test_at_interpreter_exit_a_dead_worker_is_not_replaced(monkeypatch):
+    """When the interpreter exits, multiprocessing stops the workers; a batch still running in a background thread
+    (compiling ahead) must start no replacement, which would outlive its parent and fail with a traceback.  With
+    the exit flag set, the worker that dies takes its job's failure with it and the batch ends; the jobs left are
+    not run."""
+    from fmha_dsl import compile_pool
+
+    flag = threading.Event()
+    flag.set()
+    monkeypatch.setattr(compile_pool, "_EXITING", flag)
+    got = {}
+    run_isolated(_work, [(7,), (1,), (2,)], 1, got.__setitem__)
+    assert list(got) == [0] and "status 3" in got[0][1]

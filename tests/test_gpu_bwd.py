@@ -438,10 +438,20 @@ def test_repeat_backward_calls_replay_their_launches():
         assert err < 3e-2, err
 
 
-def test_a_never_seen_training_step_compiles_its_backward_behind_its_forward(tmp_path, monkeypatch):
+AHEAD_CASES = {
+    "causal": {"causal": True},
+    "window, sink and ALiBi": {"causal": True, "window": (64, 0), "sink": 4, "alibi": True},
+    "soft-cap": {"softcap": 30.0},
+    "dropout": {"dropout_p": 0.1, "seed": 7},
+    "group mode": {"causal": True, "group": True},
+}
+
+
+@pytest.mark.parametrize("case", list(AHEAD_CASES))
+def test_a_never_seen_training_step_compiles_its_backward_behind_its_forward(case, tmp_path, monkeypatch):
     """A training step of a class nothing has compiled or decided: the forward's first use compiles the backward's
-    candidates too, behind its own, in one batch of workers; the backward's first use compiles nothing more, and
-    its gradients match the reference."""
+    candidates too, behind its own, in one batch of workers; the backward's first use compiles nothing more (the
+    problem the forward named is the one the backward wants), and its gradients match the reference."""
     from fmha_dsl import build_triton as bt
     from fmha_dsl.first_use import Builder
     from fmha_dsl.runtime.dispatch import Dispatcher
@@ -455,16 +465,25 @@ def test_a_never_seen_training_step_compiles_its_backward_behind_its_forward(tmp
 
     monkeypatch.setattr(bt, "run_isolated", recorded)
     d = Dispatcher(None, builder=Builder(cache_dir=str(tmp_path)), tuned_dir=str(tmp_path))
-    t = torch.bfloat16
-    q, k, v = (_rand((1, 2, 320, 96), t, i).requires_grad_() for i in (1, 2, 3))
-    do = _rand((1, 2, 320, 96), t, 4)
-    out = fmha_dsl.attention(q, k, v, causal=True, registry=d)
+    kw, h, d_, t = dict(AHEAD_CASES[case]), 2, 96, torch.bfloat16
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = torch.tensor([0.25, 0.5], device="cuda")
+    shape = (1, h, 320, d_)
+    if kw.pop("group", False):
+        cu = torch.tensor([0, 200, 320], dtype=torch.int32, device="cuda")
+        kw.update(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=200, max_seqlen_k=200)
+        shape = (320, h, d_)
+    q, k, v = (_rand(shape, t, i).requires_grad_() for i in (1, 2, 3))
+    do = _rand(shape, t, 4)
+    out = fmha_dsl.attention(q, k, v, registry=d, **kw)
     assert len(batches) == 1 and not batches[0][0].startswith("bwd") and "bwd_dq_dk_dv" in batches[0], batches
     out.backward(do)
     torch.cuda.synchronize()
     assert len(batches) == 1, batches
-    ref_out, lse = fmha_dsl.attention(q.detach(), k.detach(), v.detach(), causal=True, return_lse=True, registry=d)
-    want = attention_bwd(_f64(q), _f64(k), _f64(v), _f64(ref_out), _f64(lse), _f64(do), accum=np.float64, causal=True)
+    ref_out, lse = fmha_dsl.attention(q.detach(), k.detach(), v.detach(), return_lse=True, registry=d, **kw)
+    ref_kw = {key: (_ref_arg(val) if torch.is_tensor(val) else val) for key, val in kw.items()
+              if key not in ("max_seqlen_q", "max_seqlen_k")}
+    want = attention_bwd(_f64(q), _f64(k), _f64(v), _f64(ref_out), _f64(lse), _f64(do), accum=np.float64, **ref_kw)
     for name, g, w in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), want):
         scale = max(1.0, float(np.abs(w).max()))
         assert float(np.abs(_f64(g) - w).max()) <= TOL[t] * scale, name
