@@ -99,6 +99,11 @@ TUNED_CONFIRM = Knob("FMHA_DSL_TUNED_CONFIRM", "bool", True,
                      "arguments, sustained: the first after 0.2 s of itself, the others after 50 ms; the result is "
                      "recorded in the cache's table, about 0.7 s once the kernels are cached): two "
                      "devices of one model can order such kernels differently. `0` runs the shipped winner as it is.")
+COMPILE_AHEAD = Knob("FMHA_DSL_COMPILE_AHEAD", "bool", True,
+                     "A training forward's first use also compiles what its backward's first use will need, behind "
+                     "its own candidates in the same batch of compile workers, in the background: the backward's "
+                     "first call then compiles nothing. `0` compiles each on its own first call (a forward on "
+                     "tensors that require grad whose backward never comes then costs no background compile).")
 GATHER_MIB = Knob("FMHA_DSL_GATHER_MIB", "int", 1024,
                   "The most MiB of workspace `paged_attention()` may use to copy a prefill batch's cached K/V into "
                   "contiguous rows for the forward kernels (the gathered route, timed against the paged kernels on "
@@ -108,7 +113,7 @@ JOBS = Knob("FMHA_DSL_JOBS", "int", None,
             "after a compile for the process's next one (a worker takes about a second to start), then stop.")
 
 KNOBS: tuple[Knob, ...] = (CACHE_DIR, LAUNCHER, NO_BUILD, NATIVE_LAUNCH, TORCH_FAST, AUTOTUNE, TUNE_CANDIDATES,
-                           TUNED_SHIPPED, TUNED_CONFIRM, GATHER_MIB, JOBS)
+                           TUNED_SHIPPED, TUNED_CONFIRM, COMPILE_AHEAD, GATHER_MIB, JOBS)
 
 
 def cache_dir() -> str | None:
@@ -147,6 +152,10 @@ def tuned_confirm() -> bool:
     return TUNED_CONFIRM.get()
 
 
+def compile_ahead() -> bool:
+    return COMPILE_AHEAD.get()
+
+
 def gather_bytes() -> int:
     return GATHER_MIB.get() << 20
 
@@ -176,4 +185,4 @@ def markdown_table() -> str:
 __all__ = ["Knob", "KNOBS", "CACHE_DIR", "LAUNCHER", "NO_BUILD", "NATIVE_LAUNCH", "TORCH_FAST", "cache_dir",
            "launcher", "no_build", "native_launch", "torch_fast", "AUTOTUNE", "TUNE_CANDIDATES", "JOBS", "TUNED_SHIPPED",
            "TUNED_CONFIRM", "autotune", "tune_candidates", "tuned_shipped", "tuned_confirm", "jobs", "by_name",
-           "markdown_table", "GATHER_MIB", "gather_bytes"]
+           "markdown_table", "GATHER_MIB", "gather_bytes", "COMPILE_AHEAD", "compile_ahead"]

@@ -101,9 +101,11 @@ class MeasuredSelection:
         use of ``p`` would compile: its candidates, or a recorded decision's winner and the runners-up it is
         confirmed against.  A training step names its backward this way before its forward compiles, so the workers
         the forward leaves idle start on the backward.  True when something was queued; False when ``p``'s key is
-        decided, measuring is off, this dispatcher compiles nothing (a prebuilt registry) or everything is built."""
+        decided, measuring is off, this dispatcher compiles nothing (a prebuilt registry), everything is built, or
+        ``FMHA_DSL_COMPILE_AHEAD=0``."""
         builder = self.builder
-        if builder is None or not hasattr(builder, "compile_ahead") or not enabled() or knobs.no_build():
+        if (builder is None or not hasattr(builder, "compile_ahead") or not enabled() or knobs.no_build()
+                or not knobs.compile_ahead()):
             return False
         tk = key(p, aligned)
         if tk in self._decided:

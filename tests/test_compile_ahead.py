@@ -152,7 +152,7 @@ class _Queue(Builder):
 
 
 def test_the_dispatcher_queues_what_first_use_would_compile_and_nothing_once_decided(tmp_path, monkeypatch):
-    for knob in ("FMHA_DSL_AUTOTUNE", "FMHA_DSL_NO_BUILD", "FMHA_DSL_TUNED_CONFIRM"):
+    for knob in ("FMHA_DSL_AUTOTUNE", "FMHA_DSL_NO_BUILD", "FMHA_DSL_TUNED_CONFIRM", "FMHA_DSL_COMPILE_AHEAD"):
         monkeypatch.delenv(knob, raising=False)
     _, bwd = _problems()
     b = _Queue()
@@ -165,6 +165,9 @@ def test_the_dispatcher_queues_what_first_use_would_compile_and_nothing_once_dec
     monkeypatch.setenv("FMHA_DSL_NO_BUILD", "1")
     assert not d.compile_ahead(bwd, True)
     monkeypatch.delenv("FMHA_DSL_NO_BUILD")
+    monkeypatch.setenv("FMHA_DSL_COMPILE_AHEAD", "0")
+    assert not d.compile_ahead(bwd, True)
+    monkeypatch.delenv("FMHA_DSL_COMPILE_AHEAD")
     from fmha_dsl.runtime.decisions import key
 
     d._decided[key(bwd, True)] = object()
@@ -178,7 +181,7 @@ def test_a_recorded_decision_queues_its_winner_only(tmp_path, monkeypatch):
     what the forward queues."""
     from fmha_dsl.runtime import decisions
 
-    for knob in ("FMHA_DSL_AUTOTUNE", "FMHA_DSL_NO_BUILD"):
+    for knob in ("FMHA_DSL_AUTOTUNE", "FMHA_DSL_NO_BUILD", "FMHA_DSL_COMPILE_AHEAD"):
         monkeypatch.delenv(knob, raising=False)
     _, bwd = _problems()
     b = _Queue()
