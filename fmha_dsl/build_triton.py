@@ -73,6 +73,9 @@ def companion_job(csig: dict, arch: str) -> tuple[str, str, tuple]:
     return companion_name(csig, arch), content_key(companion_parts(csig, arch)), ("companion", csig, None, arch)
 
 
+_NOT_CACHED = "not in the kernel cache (FMHA_DSL_NO_BUILD is set)"
+
+
 def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_result=None,
                           cache_only: bool = False, why: dict | None = None, ahead: dict | None = None
                           ) -> tuple[dict, dict]:
@@ -99,6 +102,14 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
         else:
             ready[key] = (meta, data, cached)
 
+    def settle(key, meta, data):  # a compile's result (meta None: data is the reason it failed), reported
+        if meta is None:
+            why[key] = str(data)
+        else:
+            accept(key, meta, data, False)
+        if on_result:
+            on_result(key, key in ready, False)
+
     for key, job in wanted.items():
         hit = cache.get(key)
         if hit is not None:
@@ -107,26 +118,18 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
         elif keys.holds(key):
             waits.append(key)
         elif cache_only:
-            why[key] = "not in the kernel cache (FMHA_DSL_NO_BUILD is set)"
+            why[key] = _NOT_CACHED
         else:
             todo.append((key, job))
     if on_result:
         for key in hits:
             on_result(key, key in ready, True)
     for key in waits:  # being compiled by an earlier call's batch: its result, else compiled here
-        got = keys.wait(key)
-        if got is None:
-            got = cache.get(key)
-            if got is None and not cache_only:  # that batch stopped before it
-                todo.append((key, wanted[key]))
-                continue
-        meta, data = got or (None, "not in the kernel cache (FMHA_DSL_NO_BUILD is set)")
-        if meta is None:
-            why[key] = str(data)
+        got = keys.wait(key) or cache.get(key)
+        if got is None and not cache_only:  # that batch stopped before it
+            todo.append((key, wanted[key]))
         else:
-            accept(key, meta, data, False)
-        if on_result:
-            on_result(key, key in ready, False)
+            settle(key, *(got or (None, _NOT_CACHED)))
     later = [] if cache_only or not ahead else [
         (key, job) for key, job in ahead.items() if key not in wanted and not cache.has(key) and keys.claim(key)]
     jobs = todo + later
@@ -142,14 +145,8 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
             meta = dict(meta, sha256=sha256_bytes(data), size=len(data))
         if key in claimed:  # a waiting call reads the cache, or gets what the cache does not hold
             keys.done(key, None if stored else (meta, data))
-        if i >= len(todo):
-            return
-        if meta is None:
-            why[key] = str(data)
-        else:
-            accept(key, meta, data, False)
-        if on_result:
-            on_result(key, key in ready, False)
+        if i < len(todo):  # (the jobs after them were compiled ahead, for a later call)
+            settle(key, meta, data)
 
     # every compile runs in a worker process: a compiler that crashes fails its kernel, not the build
     n = max(1, min(workers, len(jobs) or 1))

@@ -265,11 +265,9 @@ class Builder:
         of workers: the ones its own jobs leave idle start on them), or at once on :meth:`start_ahead`.  A later
         :meth:`compile` of them waits for their results instead of compiling them again.  First use calls this with
         a training step's backward candidates before the forward's compile."""
-        from .compile_ahead import AHEAD
-
-        wanted, _ = _jobs(entries, aligned)
+        wanted, _ = _jobs(entries, aligned)  # (a key another batch compiles already is left to it then)
         with self._ahead_lock:
-            self._ahead.update((k, job) for k, job in wanted.items() if not AHEAD.holds(k))
+            self._ahead.update(wanted)
 
     def start_ahead(self) -> None:
         """Start the kernels :meth:`compile_ahead` queued that no :meth:`compile` call has taken, in the background."""
