@@ -27,9 +27,7 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
-import time
 
 SHAPES = ((1, 8192), (1, 32768), (8, 8192), (32, 8192), (128, 1024), (8, 32768), (32, 32768), (1, 131072))
 HQ, HK, D, PAGE = 32, 8, 128, 16
@@ -143,16 +141,10 @@ def main() -> None:
     parts = set(args.parts.split(","))
     if not parts or parts - {"decode", "prefill"}:
         ap.error(f"--parts takes decode, prefill or decode,prefill, got {args.parts!r}")
-    import torch
-
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU (torch.cuda.is_available() is False)")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_serving import copy_bandwidth
+    from bench_serving import copy_bandwidth, device_doc
 
-    doc = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-           "triton": __import__("triton").__version__, "python": platform.python_version(),
-           "copy_gbs": copy_bandwidth(), "rows": []}
+    doc = dict(device_doc(ap), copy_gbs=copy_bandwidth(), rows=[])
     print(f"{doc['device']}: copy {doc['copy_gbs']:.0f} GB/s (read + write)", flush=True)
     for b, s in (SHAPES[:1] + SHAPES[3:5] if args.quick else SHAPES) if "decode" in parts else ():
         r = row(b, s)

@@ -171,6 +171,17 @@ def paged_copy(k, v, page: int, seed: int = 0, scatter: bool = True):
     return kc, vc, bt, indptr, bt.reshape(-1).contiguous()
 
 
+def device_doc(ap) -> dict:
+    """A results document's header (device, date, versions) for a bench that needs a CUDA GPU (``ap.error`` without
+    one)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    return {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "python": platform.python_version()}
+
+
 def copy_bandwidth() -> float:
     import torch
 

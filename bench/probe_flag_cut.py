@@ -39,6 +39,7 @@ STEPS = [
     ("fp32 d64 step", "fp32", 64, 1024, {}),
     ("fp32 d128 causal step", "fp32", 128, 1024, {"causal": True}),
     ("bf16 d128 alibi causal step", "bf16", 128, 4096, {"causal": True, "alibi": True}),
+    ("bf16 d128 window+sink step", "bf16", 128, 4096, {"causal": True, "window": (512, 0), "sink": 4}),
 ]
 # serving, through fmha_dsl.paged_attention over a cache of 16-token pages scattered at random (bench_serving.py's):
 # decode (one query row per sequence, 16 sequences) and a prefill (one sequence); GQA 32/8

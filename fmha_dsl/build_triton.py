@@ -111,11 +111,14 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
             on_result(key, key in ready, False)
 
     for key, job in wanted.items():
-        hit = cache.get(key)
+        # a batch's key first, then the cache: the batch stores a binary before it lets the key go, so a key let go
+        # between the two looks is in the cache (the other order could miss both and compile the key again)
+        held = keys.holds(key)
+        hit = None if held else cache.get(key)
         if hit is not None:
             hits.append(key)
             accept(key, hit[0], hit[1], True)
-        elif keys.holds(key):
+        elif held:
             waits.append(key)
         elif cache_only:
             why[key] = _NOT_CACHED

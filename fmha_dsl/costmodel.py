@@ -151,7 +151,8 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
       blocks, plus the combine pass: ``2 LOAD_COST splits x padded rows x Dv x heads x batch / CUs`` (the fp32
       partials written and read back).
 
-    The backward (``bwd_dq_dk_dv``) runs one program per key block and K/V head over every query block: per pair of
+    The backward (``bwd_dq_dk_dv``) runs one program per key block and K/V head over the query blocks that see it
+    (causal: about half; a window: those in its reach): per pair of
     blocks its five products, plus -- deterministic dQ -- the two that its dQ programs compute again, or -- atomic dQ
     -- ``ATOMIC_COST`` per fp32 atomic add of dQ's partial (``BULK_REDUCE_COST`` where the copy engine adds it); its
     efficiency also falls where a warp gets fewer than ``ROWS_PER_WARP`` rows of the key block.
@@ -171,9 +172,10 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
         else:  # dQ's m0 x hdim_q partial added to the fp32 workspace by atomics
             bulk = uses_tma("triton_bwd", a.get("pipeline"))  # the TMA pipeline: the copy engine's bulk reduction
             pair += (BULK_REDUCE_COST if bulk else ATOMIC_COST) * m0 * p.hdim_q
-        work = _cdiv(sq, m0) * g * pair
-        if p.mask != "no":
-            work *= 0.5 + 0.5 * min(1.0, n0 / sk)
+        blocks = _cdiv(sq, m0)
+        if p.mask != "no":  # causal: half the query blocks, plus the diagonal's; a window: those in its reach
+            blocks = min(blocks * (0.5 + 0.5 * min(1.0, n0 / sk)), window_blocks(p, n0, m0))
+        work = blocks * g * pair
         eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0)) * min(1.0, n0 / _warps(a) / ROWS_PER_WARP)
         full, rem = divmod(nprog, cus * occ)
         rounds = full * occ + _cdiv(rem, cus)
@@ -185,9 +187,13 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
     nprog *= ns
     w = waves(nprog, cus * occ)
     sk_pad = _cdiv(_cdiv(sk, n0), ns) * n0   # keys per program (split-KV: per split)
-    work = m0 * sk_pad * (p.hdim_q + p.hdim_v)
+    keys = sk_pad
     if p.mask != "no":
-        work *= 0.5 + 0.5 * min(1.0, m0 / sq)   # causal: half the keys, plus the diagonal tile
+        keys *= 0.5 + 0.5 * min(1.0, m0 / sq)   # causal: half the keys, plus the diagonal tile
+        reach = window_blocks(p, m0, n0)  # a window: the blocks in its reach (and the sinks'), shared by the splits
+        if reach < _cdiv(sk, n0):
+            keys = min(keys, _cdiv(int(reach) + p.sink, ns) * n0)
+    work = m0 * keys * (p.hdim_q + p.hdim_v)
     eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0)) / _register_pressure(entry, p, arch, m0, n0)
     full, rem = divmod(nprog, cus * occ)
     rounds = full * occ + _cdiv(rem, cus)
@@ -197,6 +203,17 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
     return c, {"waves": w, "rounds": rounds, "programs": nprog, "occupancy": occ, "splits": ns,
                "tile_waste_q": _cdiv(sq, m0) * m0 / sq,
                "tile_waste_k": sk_pad / sk, "efficiency": round(eff, 4)}
+
+
+def window_blocks(p, rows: int, block: int) -> float:
+    """The blocks of ``block`` keys (forward: the key blocks of ``rows`` query rows) or query rows (backward: the
+    query blocks that see a key block of ``rows`` keys) that a bounded window leaves in reach, at most one more for
+    an edge off the block grid; infinite when either side of ``p``'s window is unbounded (a causal mask alone).  A
+    sliding window of 512 keys makes a 128-row program visit 5-6 key blocks of 128, whatever the length."""
+    wl, wr = int(p.window_left), int(p.window_right)
+    if wl < 0 or wr < 0:
+        return float("inf")
+    return float(_cdiv(rows + wl + wr, block) + (1 if (wl + wr) % block else 0))
 
 
 def forward_fitted(arch: str | None) -> bool:
@@ -233,7 +250,7 @@ def _register_pressure(entry, p, arch: str | None, m0: int, n0: int) -> float:
     return slower
 
 
-__all__ = ["cost", "forward_fitted", "fma_products", "occupancy", "compute_units", "programs", "waves", "split_limit",
-           "splits_at",
+__all__ = ["cost", "window_blocks", "forward_fitted", "fma_products", "occupancy", "compute_units", "programs", "waves",
+           "split_limit", "splits_at",
            "LOAD_COST", "ATOMIC_COST", "BULK_REDUCE_COST", "ROWS_PER_WARP", "SCORE_REGS", "SCORE_PRESSURE",
            "SCORE_PRESSURE_TMA", "FP32_REGS", "FP32_PRESSURE", "SPLIT_WAVES", "SPLIT_SETUP"]

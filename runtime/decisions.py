@@ -61,9 +61,24 @@ def key(p, aligned: bool = True) -> str:
     parts += [f"d{p.hdim_q}x{p.hdim_v}", "mask" if p.mask != "no" else "nmask", "a" if aligned else "u",
               "g%d" % gqa_octave(p.nhead_q, p.nhead_k)]
     sq, sk = p.max_seqlen_q or p.seqlen_q, p.max_seqlen_k or p.seqlen_k
+    w = window_octave(p.window_left, p.window_right, sk) if p.mask != "no" else 0
+    if w:
+        parts.append("w%d" % w)
     oq, ok, obh, aq, ak = buckets(sq, sk, p.batch * p.nhead_q, p.mode == "group")
     parts += ["q%d%s" % (oq, "a" if aq else ""), "k%d%s" % (ok, "a" if ak else ""), "bh%d" % obh]
     return ".".join(parts)
+
+
+def window_octave(window_left: int, window_right: int, sk: int | None = None) -> int:
+    """The octave of a sliding window's span (``left + right + 1`` keys a row sees), 0 when either side is unbounded
+    (a causal mask alone) or, given the key length ``sk``, when the span's octave is not below ``sk``'s (the window
+    then leaves most keys visible).  Part of a decision key: a window much shorter than the sequence makes each
+    program visit a few key blocks, and smaller tiles win (``fmha_dsl.costmodel.window_keys``).  With ``sk`` the
+    value is the same for every key length of one octave (the torch fast path serves a recipe over that span)."""
+    if window_left < 0 or window_right < 0:
+        return 0
+    w = octave(window_left + window_right + 1)
+    return w if sk is None or w < octave(sk) else 0
 
 
 def gqa_octave(nhead_q: int, nhead_k: int) -> int:

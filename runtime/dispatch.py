@@ -200,7 +200,8 @@ class Dispatcher(MeasuredSelection):
         """The problem class: everything :meth:`select` looks at, reduced so equal keys select equally."""
         gqa = decisions.gqa_octave(p.nhead_q, p.nhead_k) if self.builder is not None else 0  # packed candidates
         return ((_exact_key(p, getattr), p.hdim_q, p.hdim_v, aligned, p.kv_layout, p.kv_lookup, p.page_size,
-                 p.num_splits, gqa) + self.seq_key(_max_sq(p), _max_sk(p), p.batch * p.nhead_q))
+                 p.num_splits, gqa, self.window_key(p.window_left, p.window_right, _max_sk(p)) if p.mask != "no" else 0)
+                + self.seq_key(_max_sq(p), _max_sk(p), p.batch * p.nhead_q))
 
     def seq_key(self, sq: int, sk: int, bh: int) -> tuple:
         """What of the lengths (and batch x heads) a decision depends on: the residues modulo the tiles' lcm,
@@ -215,6 +216,13 @@ class Dispatcher(MeasuredSelection):
         if self.ranking:
             key += self.bucket_key(sq, sk, bh)
         return key
+
+    def window_key(self, window_left: int, window_right: int, sk: int) -> int:
+        """What of a masked call's window a decision depends on (0: unbounded; part of every cached decision's key
+        next to :meth:`seq_key`): a compiling dispatcher's decision keys hold the window's octave where it is below
+        the key length's (:func:`fmha_dsl.runtime.decisions.window_octave`, constant over a :meth:`seq_span`);
+        ranked selection sees the window through the cost model, its keys hold the window's octave."""
+        return decisions.window_octave(window_left, window_right, sk if self.builder is not None else None)
 
     def seq_span(self, sq: int, sk: int, bh: int) -> tuple[int, int, int, int, bool]:
         """The key lengths ``n`` that share :meth:`seq_key` ``(sq, n, bh)`` with ``sk > 0``, as ``(lo, hi, mod, res,

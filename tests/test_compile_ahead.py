@@ -108,6 +108,39 @@ def test_a_batch_whose_workers_cannot_start_raises_and_leaves_the_ahead_kernels_
     assert ready[kb][1] == b"bwd" and w.batches == [["bwd"]]
 
 
+def test_a_key_let_go_between_the_looks_at_the_batch_and_the_cache_is_not_compiled_again(tmp_path, monkeypatch):
+    """A later call looks for its key in a background batch's and in the artifact cache.  The batch stores the binary
+    and then lets the key go: looking at the batch first, the key is in one place or the other whenever it is let
+    go.  (Looking at the cache first, a key stored and let go between the two looks was compiled a second time: a
+    full suite on two cores saw it.)"""
+    w = _Workers()
+    monkeypatch.setattr(bt, "run_isolated", w)
+    cache = ArtifactCache(str(tmp_path))
+    key, meta = _key(), {"binary_kind": "cubin", "shared": 0, "name": "bwd"}
+    assert compile_ahead.AHEAD.claim(key)   # a background batch compiles it
+
+    def batch_ends():  # the batch's end: the binary stored, then the key let go
+        cache.put(key, meta, b"bwd", "bwd.cubin")
+        compile_ahead.AHEAD.done(key)
+
+    real_get = cache.get
+
+    def get(k):  # the batch ends just after a look at the cache that found nothing
+        got = real_get(k)
+        if k == key and got is None and compile_ahead.AHEAD.holds(key):
+            batch_ends()
+        return got
+
+    monkeypatch.setattr(cache, "get", get)
+    timer = threading.Timer(0.2, batch_ends)  # (else: the batch ends while the call waits for it)
+    timer.start()
+    try:
+        ready, why = bt.compile_through_cache({key: _job("bwd")}, cache, 4)
+    finally:
+        timer.join()
+    assert ready[key][1] == b"bwd" and not why and w.batches == []
+
+
 def _problems():
     common = dict(dtype="bf16", arch="sm90", batch=2, nhead_q=8, nhead_k=8, seqlen_q=2048, seqlen_k=2048,
                   max_seqlen_q=2048, max_seqlen_k=2048, hdim_q=128, hdim_v=128, mode="batch", mask="top_left")

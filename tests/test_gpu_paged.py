@@ -442,11 +442,17 @@ def test_the_gathered_route_equals_the_reference(page, form, layout, kw, monkeyp
 def test_a_prefill_times_the_gathered_route_and_it_replays_and_is_captured(monkeypatch):
     """Through the public API: a prefill-sized call times the gathered route against the paged kernels (a route
     record); forced to win, it replays with new tables and lengths, and a CUDA graph captured with a workspace of
-    workspace_numel() elements replays it."""
+    workspace_numel() elements replays it.  The route runs one forward kernel over the copy: where the forward's
+    first use picks a split-KV kernel (a prefill of few programs can: its splits share the keys in reach) the paged
+    plan stays, so the forward's split-KV candidates are left out here."""
     from fmha_dsl import api_dispatch
+    from fmha_dsl.first_use import Builder
     from fmha_dsl.paged import workspace_numel
     from fmha_dsl.runtime import plan_gather
 
+    real = Builder.candidates
+    monkeypatch.setattr(Builder, "candidates", lambda self, p, *a, **kw: [
+        e for e in real(self, p, *a, **kw) if p.family != "fwd" or e.sig.get("family") != "fwd_splitkv"])
     disp = api_dispatch.dispatcher(None, torch.cuda.current_device())
     # route decisions in memory only: none recorded by an earlier process, and the forced one below not persisted
     monkeypatch.setattr(disp, "tuned", plan_gather.decisions.TunedTable(disp.arch, disp.tuned.device))

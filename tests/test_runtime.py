@@ -689,6 +689,57 @@ def test_decision_keys_bucket_by_octave():
     assert k(problem(), aligned=False) != k(problem())
 
 
+def test_a_window_far_shorter_than_the_keys_is_a_decision_of_its_own():
+    """A sliding window makes each program visit a few key blocks, and other tiles win than for the causal mask
+    alone: the window's octave joins the decision key when it is below the key length's -- the same for every key
+    length of one octave (the torch fast path serves a recipe over that span), and no new decision for a window as
+    wide as the keys."""
+    from fmha_dsl.runtime import decisions
+
+    k = decisions.key
+    causal = dict(seqlen_q=4096, seqlen_k=4096, mask="top_left", window_right=0)
+    assert k(problem(**causal, window_left=512)) != k(problem(**causal))
+    assert k(problem(**causal, window_left=512)) != k(problem(**causal, window_left=1024))
+    assert k(problem(**causal, window_left=512)) == k(problem(**causal, window_left=1000))   # one octave
+    assert k(problem(**causal, window_left=8191)) == k(problem(**causal))   # as wide as the keys: the mask's own
+    assert k(problem(**dict(causal, window_left=512, window_right=-1))) == k(problem(**causal))   # one side open
+    assert k(problem(mask="no", window_left=16, window_right=16)) == k(problem())            # no mask: no window
+    grow = {k(problem(mask="bottom_right", seqlen_q=1, seqlen_k=n, window_left=1000, window_right=0))
+            for n in range(4096, 8192, 97)}
+    assert len(grow) == 2 and all(".w10.q1.k13" in x for x in grow)   # (and whether a multiple of 128)
+    d = Dispatcher(Registry("none"), arch="sm90")   # ranked selection: the window's octave, whatever the length
+    assert d.window_key(512, 0, 100) == d.window_key(1000, 0, 1 << 20) == 10 and d.window_key(-1, 0, 4096) == 0
+
+
+@pytest.mark.parametrize("run,row", [("s39run1", "bf16 d128 window+sink"), ("window_s41run4", "bf16 d128 window+sink"),
+                                     ("window_s41run4", "bf16 d128 window+sink step/fwd"),
+                                     ("window_s41run4", "bf16 d128 window+sink step/bwd_dq_dk_dv")])
+def test_the_cost_model_counts_the_key_blocks_a_window_leaves_in_reach(run, row, monkeypatch):
+    """bf16 d128 causal with a window of 512 keys and 4 sinks over 4096 (16 heads, 16k tokens; the training step 8k),
+    every candidate timed on an H200 (``bench/probe_flag_cut.py``, session 39 run 1 and session 41 run 4): the
+    forward's fastest was 22nd in the cost model's order, which took the window for the causal mask alone (2,048
+    keys a row on average), and first use's cut lost 3.2 % and 3.0 % (1.8 % with the LSE).  Counting the key blocks
+    in reach ranks it 10th; the backward's within 0.3 % either way."""
+    import json
+
+    from fmha_dsl import costmodel
+
+    monkeypatch.delenv("FMHA_DSL_TUNE_CANDIDATES", raising=False)
+    name, family = (row.split("/") + ["fwd"])[:2]
+    path = os.path.join(os.path.dirname(__file__), "..", "bench", "results",
+                        f"2026-11-28_h200_probe_flag_cut_{run}.json")
+    with open(path) as f:
+        rec = next(r for r in json.load(f)["rows"] if r["class"] == name and r.get("problem", {}).get(
+            "family", "fwd") == family)
+    p = Problem(family="fwd", dtype="bf16", batch=4, nhead_q=16, nhead_k=16, seqlen_q=4096, seqlen_k=4096,
+                hdim_q=128, hdim_v=128, mask="top_left", window_left=512, window_right=0, sink=True)
+    p = Problem(**rec["problem"]) if rec.get("problem") else p
+    assert len(rec["times_us"]) == 32 and p.window_left == 512
+    assert _regret_of_the_cut(p, rec["times_us"]) <= 0.03
+    assert costmodel.window_blocks(p, 64, 32) == 18 and costmodel.window_blocks(p, 128, 128) == 5
+    assert costmodel.window_blocks(p.model_copy(update={"window_left": -1}), 64, 32) == float("inf")
+
+
 def test_dispatcher_reads_what_the_triton_build_writes(tmp_path):
     pytest.importorskip("triton")
     from fmha_dsl.build import build

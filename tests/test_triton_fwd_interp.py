@@ -543,6 +543,25 @@ def test_split_kv(interp, name, splits):
     check(interp, "fp32", q, k, v, num_splits=splits, **kw)
 
 
+@pytest.mark.parametrize("sink", [0, 3])
+def test_the_splits_share_the_blocks_a_window_leaves_in_reach(interp, sink):
+    """A decode row with a window of 64 keys over 192 (block 16): 4 key blocks in reach, one per split of 4, so every
+    split computes (its partial LSE is finite) and the partials add up to the row's LSE; the sink block is the first
+    split's.  Splitting all 12 key blocks instead (3 a split) left the first two splits with nothing to do."""
+    q, k, v = make("fp32", Hq=2, Sq=1, Sk=192, Dq=16, seed=3)
+    kw = dict(causal="bottom_right", window=(63, 0), sink=sink)
+    out, lse, parts = interp(q, k, v, num_splits=4, block_n=16, partials=True, **kw)
+    ro, rl = attention_fwd(*(np.asarray(x, np.float64) for x in (q, k, v)), accum=np.float64, **kw)
+    assert np.abs(out - ro).max() < 1e-4 and np.abs(lse - rl).max() < 1e-4
+    parts = np.asarray(parts, np.float64).reshape(1, 2, 4, 1)   # [batch, head, split, row]
+    assert np.isfinite(parts).all(), parts.ravel()
+    np.testing.assert_allclose(np.log(np.exp(parts).sum(axis=2)), rl, atol=1e-4)
+    if sink:  # the sink columns' block is the first split's: it holds more than its share of the window
+        _, _, alone = interp(q, k, v, num_splits=4, block_n=16, partials=True, causal="bottom_right", window=(63, 0))
+        alone = np.asarray(alone, np.float64).reshape(1, 2, 4, 1)
+        assert (parts[:, :, 0] > alone[:, :, 0]).all() and np.allclose(parts[:, :, 1:], alone[:, :, 1:], atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_split_kv_low_precision(interp, dtype):
     q, k, v, kw = _setup(dtype, dict(causal=True, window=(20, 0), shape=dict(Hq=4, Hk=2, Sq=9, Sk=90)))

@@ -116,6 +116,25 @@ def test_split_kv_decode_with_the_combine_kernel(interp, splits, pipeline):
                 run={"num_splits": splits, "pipeline": pipeline})
 
 
+@pytest.mark.parametrize("sink", [0, 2])
+def test_the_splits_share_the_pages_a_window_leaves_in_reach(interp, sink):
+    """Decode rows with a window of 64 keys over 192 (pages of 16): the 4 key blocks in reach are one per split of
+    4 (each split's partial LSE finite, the partials adding up to the row's LSE), not 12 blocks split 3 a split,
+    which left the first two splits nothing.  The sink block is the first split's."""
+    lens_k = [192, 192]
+    kc, vc, tab = cache(lens_k, 16, 2, 16, None, seed=5, dtype="fp32", form="vllm")
+    q = np.random.default_rng(9).standard_normal((2, 2, 16)).astype(np.float32)
+    cq, lens = np.array([0, 1, 2], np.int32), np.asarray(lens_k, np.int32)
+    kw = dict(causal="bottom_right", window=(63, 0), sink=sink)
+    want, wlse = paged_attention(q, kc, vc, seqlens_k=lens, cu_seqlens_q=cq, return_lse=True, **tab, **kw)
+    got, lse, parts = interp("run_interpreted_paged", q, kc, vc, seqlens_k=lens, cu_seqlens_q=cq, num_splits=4,
+                             partials=True, **tab, **kw)
+    assert np.abs(got - want).max() < 1e-4 and np.abs(lse - wlse).max() < 1e-4
+    parts = np.asarray(parts, np.float64).reshape(2, 2, 4)   # [sequence, head, split] (one row each)
+    assert np.isfinite(parts).all(), parts.ravel()
+    np.testing.assert_allclose(np.log(np.exp(parts).sum(axis=2)), np.asarray(wlse).T, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_half_precision_gqa_and_uneven_head_dims(interp, dtype):
     check_paged(interp, [4, 17], [20, 50], hq=6, hk=3, d=40, dv=24, dtype=dtype, causal="bottom_right")

@@ -141,7 +141,7 @@ def _bf16_decode(b):
 def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0,
                     offset=0, softcap=None, sink=0, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                     dtype=None, block_m=16, block_n=16, lse=True, vlayout="r", hdim_q=None, hdim_v=None,
-                    pad=None, mask_kernel=None, num_splits=0, pipeline="qr_async"):
+                    pad=None, mask_kernel=None, num_splits=0, pipeline="qr_async", partials=False):
     """Run :func:`fmha_fwd` on the CPU (``TRITON_INTERPRET=1`` must have been set before triton was
     imported) with the keyword arguments of :func:`fmha_dsl.reference.attention_fwd`.
 
@@ -151,7 +151,8 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
     ``pad`` (``(pad_s, pad_sk, pad_d, pad_dv)``; default: only the checks the shapes need), ``mask_kernel``
     (force the mask kernel on or off; default: on when a causal mask or window is given), ``num_splits`` (> 0:
     run the split-KV kernel with that many splits, then the combine kernel), ``pipeline`` (``"qr_async_trload"``:
-    K/V through tensor descriptors).
+    K/V through tensor descriptors), ``partials`` (split-KV: also return the splits' partial LSEs, an array
+    ``[batch, nhead_q * splits, max_seqlen_q]`` (natural log), ``-inf`` where a split saw no key).
     q/k/v may be any strided views whose head dim is contiguous.  Returns ``(out, lse)`` as NumPy arrays
     (``out`` float32 for bf16; ``lse`` None when ``lse`` is False).
     """
@@ -256,11 +257,13 @@ def run_interpreted(q, k, v, *, causal=None, window=None, bias=None, alibi_slope
         softcap=0.0 if softcap is None else float(softcap), dropout_p=float(dropout_p), seed=seed, offset=offset,
         window_left=left, window_right=right, bottom_right=bottom_right, sink=int(sink), vlayout=vlayout)
     if num_splits:
-        _run_split_interpreted(args, const, g, int(num_splits), sq_max, Dv, Hk)
+        lws = _run_split_interpreted(args, const, g, int(num_splits), sq_max, Dv, Hk)
     else:
         fmha_fwd[g](*args, **const)
     if dtype == "bf16":
         out = _bf16_decode(out)
+    if partials and num_splits:
+        return out, (lse_arr if lse else None), lws
     return out, (lse_arr if lse else None)
 
 
@@ -284,3 +287,4 @@ def _run_split_interpreted(args, const, g, splits, msq, dv, nhk):
     cconst = C.constexprs({"hdim_v": dv, "mode": "group" if const["IS_GROUP"] else "batch",
                            "lse": const["STORE_LSE"]})
     C.fmha_fwd_combine[grid(batch, nhq, msq, cconst["BLOCK_M"])](*cargs, **cconst)
+    return lws

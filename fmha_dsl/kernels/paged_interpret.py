@@ -86,7 +86,7 @@ def _table(block_table, kv_indptr, kv_indices, batch):
 def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block_table=None, kv_indptr=None,
                           kv_indices=None, causal=None, window=None, sink=0, softcap=None, alibi_slopes=None,
                           scale=None, dtype=None, block_m=16, block_n=16, lse=True, num_splits=0,
-                          pipeline="qr_async", hnd=False, vectorized=False, descales=None):
+                          pipeline="qr_async", hnd=False, vectorized=False, descales=None, partials=False):
     """``(out [Tq, Hq, Dv], lse [Hq, Tq] | None)`` of ``fmha_paged`` for :func:`fmha_dsl.reference_paged.
     paged_attention`'s arguments (linear NHD caches ``[P, page_size, Hk, D]``; ``hnd``: run on an HND copy
     ``[P, Hk, page_size, D]`` through its strides; ``vectorized``: on a copy in CK's vectorized layout, 16-byte
@@ -94,7 +94,8 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
     and the combine kernel; ``pipeline="qr_nwarp_sshuffle"`` packs the query heads of a GQA group.  ``dtype=
     "fp8bf16"``: q and the caches as e4m3 bytes, ``descales`` their ``(q, k, v)`` descales (numbers; K's and V's
     ``[num_pages, Hk]`` arrays: KV block scales, or ``[num_pages, page_size, Hk]`` ones with q's a number or ``[Tq,
-    Hq]``: per token and head), the output bf16."""
+    Hq]``: per token and head), the output bf16.  ``partials`` (split-KV): also return the splits' partial LSEs
+    ``[batch, Hq * splits, max_seqlen_q]`` (natural log, ``-inf`` where a split saw no key)."""
     from . import triton_combine as C
     from . import triton_paged as T
     from .fwd_abi import grid_of, workspace_strides
@@ -151,6 +152,8 @@ def run_interpreted_paged(q, k_cache, v_cache, *, seqlens_k, cu_seqlens_q, block
         T.fmha_paged[grid_of(const["PACK_GQA"], B, Hq, Hk, msq, block_m, num_splits)](*sargs, **const)
         cconst = C.constexprs({"hdim_v": Dv, "mode": "group", "lse": bool(lse)})
         C.fmha_fwd_combine[((msq + cconst["BLOCK_M"] - 1) // cconst["BLOCK_M"], Hq, B)](*cargs, **cconst)
+        if partials:
+            return _decode(out, odt), (lse_arr if lse else None), lws
     else:
         T.fmha_paged[g](*args, **const)
     return _decode(out, odt), (lse_arr if lse else None)

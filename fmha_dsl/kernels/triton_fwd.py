@@ -119,7 +119,8 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
         rows_total = seqlen_q * group_r
     if start_m >= rows_total:
         return
-    # split-KV: this program sees the key blocks [s_lo, s_hi) (whole blocks, evenly shared by the splits)
+    # split-KV without a mask: this program sees the key blocks [s_lo, s_hi) (whole blocks, evenly shared by the
+    # splits); with a mask the splits share the blocks in the mask's reach (below)
     s_lo = start_m * 0
     s_hi = s_lo
     if SPLIT:
@@ -228,13 +229,14 @@ def fmha_fwd(Q, K, V, Out, Lse, Bias, Alibi, cu_seqlens_q, cu_seqlens_k,
         if SINK:
             s_end = tl.minimum(tl.cdiv(sink, BLOCK_N), tl.cdiv(seqlen_k, BLOCK_N)) * BLOCK_N
             k_hi = s_end
-            if SPLIT:
-                k_lo = s_lo
-                k_hi = tl.maximum(tl.minimum(s_end, s_hi), s_lo)
+            if SPLIT:  # the sink blocks are the first split's
+                k_hi = tl.where(split == 0, s_end, k_lo)
             lo = tl.maximum(lo, s_end)
-        if SPLIT:
-            lo = tl.maximum(lo, s_lo)
-            end = tl.maximum(tl.minimum(end, s_hi), lo)
+        if SPLIT:  # the splits share the blocks in reach evenly: a window leaves most of a long cache out of it
+            end = tl.maximum(end, lo)
+            per = tl.cdiv((end - lo) // BLOCK_N, n_split) * BLOCK_N
+            lo = tl.minimum(lo + split * per, end)
+            end = tl.minimum(lo + per, end)
         a_end = tl.maximum(tl.minimum(f_lo, end), lo)
         b_end = tl.maximum(tl.minimum(f_hi, end), a_end)
         if not SOFTCAP and BIAS_TYPE == 0:  # the unmasked loop's FMA form needs qk_scale >= 0: a negative scale

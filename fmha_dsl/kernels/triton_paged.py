@@ -180,7 +180,7 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
         rows_total = seqlen_q * group_r
     if start_m >= rows_total:
         return
-    s_lo = start_m * 0
+    s_lo = start_m * 0  # split-KV without a mask: the key blocks [s_lo, s_hi) (with one: those in reach, below)
     s_hi = s_lo
     if SPLIT:
         per = tl.cdiv(tl.cdiv(seqlen_k, BLOCK_N), n_split) * BLOCK_N
@@ -285,13 +285,14 @@ def fmha_paged(Q, K, V, Out, Lse, Alibi, cu_seqlens_q, seqlens_k, Table, kv_indp
         if SINK:  # the sink blocks, then the window from past them
             s_end = tl.minimum(tl.cdiv(sink, BLOCK_N), tl.cdiv(seqlen_k, BLOCK_N)) * BLOCK_N
             k_hi = s_end
-            if SPLIT:
-                k_lo = s_lo
-                k_hi = tl.maximum(tl.minimum(s_end, s_hi), s_lo)
+            if SPLIT:  # the sink blocks are the first split's
+                k_hi = tl.where(split == 0, s_end, k_lo)
             lo = tl.maximum(lo, s_end)
-        if SPLIT:
-            lo = tl.maximum(lo, s_lo)
-            end = tl.maximum(tl.minimum(end, s_hi), lo)
+        if SPLIT:  # the splits share the blocks in reach evenly: a window leaves most of a long cache out of it
+            end = tl.maximum(end, lo)
+            per = tl.cdiv((end - lo) // BLOCK_N, n_split) * BLOCK_N
+            lo = tl.minimum(lo + split * per, end)
+            end = tl.minimum(lo + per, end)
         a_end = tl.maximum(tl.minimum(f_lo, end), lo)
         b_end = tl.maximum(tl.minimum(f_hi, end), a_end)
         # the blocks every row sees in full (no mask), then the masked ones -- sink, left edge, diagonal -- in one loop
