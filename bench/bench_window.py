@@ -1,7 +1,7 @@
 """Sliding-window attention as a user calls it: ``fmha_dsl.attention`` and ``fmha_dsl.paged_attention`` with a
 ``window`` (Mistral's 4,096 keys, the local layers of Gemma's 1,024), default arguments, next to the peers.
 
-    python bench/bench_window.py [--parts decode,prefill] [--quick] [--sinks] [--ours-only] [--json OUT.json]
+    python bench/bench_window.py [--parts decode,prefill,train] [--quick] [--sinks] [--ours-only] [--json OUT.json]
 
 * decode: one query token per sequence (``causal="bottom_right", window=(W - 1, 0)``: the last W keys), GQA 32/8,
   d128, bf16, batch 1/8/32, contexts 8k-128k, W = 1024 and 4096: contiguous K/V through ``attention`` and the same
@@ -13,6 +13,9 @@
 * prefill: bf16 d128, 16 heads, 16k tokens, S = 4096 and 16384, causal windows of 512 and 4096 keys: TFLOP/s
   counting the (query, key) pairs the window leaves visible, next to FlexAttention (a sliding-window block mask)
   and to the same call without the window (its own FLOPs: a causal mask's).
+* train: the same shapes' backward (``torch.autograd.grad`` of ``attention``'s output, as bench_bwd.py times it;
+  FLOPs 2.5x the forward's), next to FlexAttention's backward; the gradients checked against SDPA's efficient
+  backend with the mask spelled out.
 
 Every output is checked before it is timed: decode against the bound's (SDPA on the keys in reach), prefill against
 SDPA's efficient backend with the window's mask spelled out (a boolean ``attn_mask``).  Timing:
@@ -34,15 +37,15 @@ PREFILL = [(4096, 512), (4096, 4096), (16384, 512), (16384, 4096)]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="decode,prefill", help="decode, prefill or both (comma-separated)")
+    ap.add_argument("--parts", default="decode,prefill,train", help="decode, prefill, train (comma-separated)")
     ap.add_argument("--quick", action="store_true", help="a few shapes of each part")
     ap.add_argument("--sinks", action="store_true", help="decode: also each shape with 4 sink tokens")
     ap.add_argument("--ours-only", action="store_true", help="no peers or bounds (e.g. to compare two versions)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args()
     parts = args.parts.split(",")
-    if not parts or set(parts) - {"decode", "prefill"}:
-        ap.error(f"--parts takes decode, prefill or decode,prefill, got {args.parts!r}")
+    if not parts or set(parts) - {"decode", "prefill", "train"}:
+        ap.error(f"--parts takes decode, prefill and train, comma-separated, got {args.parts!r}")
     folder = os.path.dirname(os.path.abspath(args.json)) if args.json else "."
     if args.json and not os.access(folder, os.W_OK):
         ap.error(f"--json: cannot write into {folder}")
@@ -60,7 +63,7 @@ def main() -> None:
             write_atomic(args.json, json.dumps(doc, indent=1))
 
     for part in parts:
-        doc["parts"][part] = {"decode": decode, "prefill": prefill}[part](args, doc["copy_gbps"])
+        doc["parts"][part] = {"decode": decode, "prefill": prefill, "train": train}[part](args, doc["copy_gbps"])
         save()
 
 
@@ -151,42 +154,88 @@ def _pairs(s: int, w: int) -> int:
     return near * (near + 1) // 2 + (s - near) * w
 
 
-def prefill(args, copy: float) -> list:
+def _prefill_shapes(args, tensors: int):
+    """bench_fwd's matrix's lengths with each window: ``(s, w, row, tensors, visible, sliding)`` -- the row's
+    fields, ``tensors`` random bf16 ``[B, 16, S, 128]`` tensors (16k tokens), the visible pairs as a boolean mask
+    and as FlexAttention's mask_mod."""
     import torch
 
+    h, d = 16, 128
+    for s, w in PREFILL[:2] if args.quick else PREFILL:
+        b = max(1, 16384 // s)
+        torch.manual_seed(0)
+        ts = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(tensors)]
+        i = torch.arange(s, device="cuda")
+        visible = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < w)
+
+        def sliding(b_, h_, j, n, w=w):
+            return (j >= n) & (j - n < w)
+        row = {"batch": b, "heads": h, "seqlen": s, "window": w, "flops": 4 * d * _pairs(s, w) * b * h}
+        yield s, w, row, ts, visible, sliding
+        ts = visible = i = None
+        torch.cuda.empty_cache()
+
+
+def prefill(args, copy: float) -> list:
     import fmha_dsl
     from bench_serving import _sdpa, _timed
 
-    h, d = 16, 128
-    shapes = PREFILL[:2] if args.quick else PREFILL
     rows = []
-    for s, w in shapes:
-        b = max(1, 16384 // s)
-        torch.manual_seed(0)
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-
-        def sliding(b_, h_, i, j, w=w):
-            return (i >= j) & (i - j < w)
-        flops = 4 * d * _pairs(s, w) * b * h
-        row = {"batch": b, "heads": h, "seqlen": s, "window": w, "flops": flops}
-        i = torch.arange(s, device="cuda")
-        visible = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < w)
+    for s, w, row, (q, k, v), visible, sliding in _prefill_shapes(args, 3):
+        flops = row["flops"]
         ref = _sdpa(q, k, v, False, "efficient", mask=visible)()   # the truth: SDPA with the mask spelled out
         _timed(row, "attention", lambda: fmha_dsl.attention(q, k, v, causal=True, window=(w - 1, 0)), ref, f=flops)
         if not args.ours_only:
             _peer(row, "flex", lambda: (lambda f: (lambda: f(q, k, v)))(_flex(sliding, s, s, False)), ref, f=flops)
-        if not args.ours_only:
             _timed(row, "attention_causal", lambda: fmha_dsl.attention(q, k, v, causal=True),
-                   f=2 * d * s * s * b * h)
+                   f=2 * q.shape[3] * s * s * q.shape[0] * q.shape[1])
         rows.append(row)
 
         def t(n):
             return (row.get(n) or {}).get("tflops", 0)
         print(f"prefill S{s:>6} W{w:>5}: attention={t('attention'):5.0f} flex={t('flex'):5.0f} TFLOP/s  "
               f"(causal, no window: {t('attention_causal'):.0f})", flush=True)
-        q = k = v = ref = visible = i = None
-        torch.cuda.empty_cache()
+        q = k = v = ref = None
     return rows
+
+
+def train(args, copy: float) -> list:
+    import fmha_dsl
+    from bench_serving import _bench, _sdpa
+
+    rows = []
+    for s, w, row, (q, k, v, do), visible, sliding in _prefill_shapes(args, 4):
+        row["flops"] = flops = 2.5 * row["flops"]
+        want = _grads(lambda q, k, v: _sdpa(q, k, v, False, "efficient", mask=visible)(), q, k, v, do)()
+        ways = {"attention": lambda q, k, v: fmha_dsl.attention(q, k, v, causal=True, window=(w - 1, 0))}
+        if not args.ours_only:
+            ways["flex"] = lambda q, k, v: _flex(sliding, s, s, False)(q, k, v)
+        for name, forward in ways.items():
+            try:
+                run = _grads(forward, q, k, v, do)
+                err = max(((g.float() - x.float()).norm() / x.float().norm()).item() for g, x in zip(run(), want))
+                row[name] = {"error": f"wrong gradients (rel err {err:.3g})"} if not err <= 2e-2 else {
+                    "ms": _bench(run), "rel_err": err}
+                if "ms" in row[name]:
+                    row[name]["tflops"] = flops / row[name]["ms"] / 1e9
+            except Exception as exc:  # a peer's failure is a figure of the run, not the end of it
+                row[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:140]}"}
+        rows.append(row)
+
+        def t(n):
+            return (row.get(n) or {}).get("tflops", 0)
+        print(f"backward S{s:>6} W{w:>5}: attention={t('attention'):5.0f} flex={t('flex'):5.0f} TFLOP/s", flush=True)
+        q = k = v = do = want = None
+    return rows
+
+
+def _grads(forward, q, k, v, do):
+    """``run()`` -> the gradients of ``forward(q, k, v)`` for ``do``, over one recorded graph (bench_bwd.py's)."""
+    import torch
+
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    out = forward(q, k, v)
+    return lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
 
 
 if __name__ == "__main__":

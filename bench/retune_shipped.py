@@ -38,7 +38,9 @@ def problem_of(key: str) -> dict | None:
         rest = rest[2:]
     if vlayout != "r" or bias != "no" or dropout != "false" or logits != "false" or sink != "false":
         return None
-    dims, mask, al, g, q, k, bh = rest[:7]
+    if len(rest) != 7:  # a window's class (its octave after the GQA group's): not one of the shipped shapes
+        return None
+    dims, mask, al, g, q, k, bh = rest
     dq, dv = (int(x) for x in dims[1:].split("x"))
     if al != "a":
         return None

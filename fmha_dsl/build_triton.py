@@ -114,7 +114,7 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
         # a batch's key first, then the cache: the batch stores a binary before it lets the key go, so a key let go
         # between the two looks is in the cache (the other order could miss both and compile the key again)
         held = keys.holds(key)
-        hit = None if held else cache.get(key)
+        hit = cache.get(key)
         if hit is not None:
             hits.append(key)
             accept(key, hit[0], hit[1], True)
@@ -133,12 +133,15 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
             todo.append((key, wanted[key]))
         else:
             settle(key, *(got or (None, _NOT_CACHED)))
+    # claimed, then looked for in the cache (the other order could miss a key another batch stores and lets go
+    # between the two, and compile it again); a key found is let go at once
     later = [] if cache_only or not ahead else [
-        (key, job) for key, job in ahead.items() if key not in wanted and not cache.has(key) and keys.claim(key)]
+        (key, job) for key, job in ahead.items() if key not in wanted and keys.claim(key) and not _let_go_if(
+            keys, cache.has(key), key)]
     jobs = todo + later
-    # in the background, this call's own keys are claimed too: a caller interrupted while it waits leaves them to
-    # the batch, and a retry waits for them instead of compiling them alongside
-    claimed = ({key for key, _ in todo if keys.claim(key)} | {key for key, _ in later}) if later else set()
+    # this call's own keys are claimed too: a batch started meanwhile leaves them to it, and in the background a
+    # caller interrupted while it waits leaves them to the batch, where a retry waits for them
+    claimed = {key for key, _ in todo if keys.claim(key)} | {key for key, _ in later}
 
     def finish(i, result):
         key, job = jobs[i]
@@ -157,8 +160,20 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
         compile_ahead.run_in_background(run_isolated, _compile_in_worker, [job for _, job in jobs], n, finish,
                                         len(todo), claimed)
     elif jobs:
-        run_isolated(_compile_in_worker, [job for _, job in jobs], n, finish)
+        try:
+            run_isolated(_compile_in_worker, [job for _, job in jobs], n, finish)
+        finally:  # (however it ends: a key it did not compile is compiled by whichever call wants it)
+            for key in claimed:
+                keys.done(key)
     return ready, why
+
+
+def _let_go_if(keys, found: bool, key: str) -> bool:
+    """``found``, after letting ``key`` go (just claimed in ``keys``) when it is: :func:`compile_through_cache`'s
+    claim of a job to compile ahead whose binary another batch has stored already."""
+    if found:
+        keys.done(key)
+    return found
 
 
 def build_record(meta: dict, key: str, binary: str | None, **extra) -> dict:

@@ -190,9 +190,11 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
     keys = sk_pad
     if p.mask != "no":
         keys *= 0.5 + 0.5 * min(1.0, m0 / sq)   # causal: half the keys, plus the diagonal tile
-        reach = window_blocks(p, m0, n0)  # a window: the blocks in its reach (and the sinks'), shared by the splits
+        # a window: the key blocks in reach of the block's rows (a decode's few), shared by the splits; the sink
+        # block is the first split's
+        reach = window_blocks(p, min(m0, sq * g), n0)
         if reach < _cdiv(sk, n0):
-            keys = min(keys, _cdiv(int(reach) + p.sink, ns) * n0)
+            keys = min(keys, (_cdiv(int(reach), ns) + p.sink) * n0)
     work = m0 * keys * (p.hdim_q + p.hdim_v)
     eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0)) / _register_pressure(entry, p, arch, m0, n0)
     full, rem = divmod(nprog, cus * occ)

@@ -252,9 +252,14 @@ class Dispatcher(MeasuredSelection):
         # representative is one head of batch = the bucket's smallest product, so every problem of the cached
         # bucket is ranked at the same point, whichever of them comes first
         rbh = r(seqtune.bucket(p.batch * p.nhead_q))
-        return p.model_copy(update={"seqlen_q": rq, "seqlen_k": rk, "max_seqlen_q": rq if p.max_seqlen_q else 0,
-                                    "max_seqlen_k": rk if p.max_seqlen_k else 0, "batch": rbh, "nhead_q": 1,
-                                    "nhead_k": 1})
+        up = {"seqlen_q": rq, "seqlen_k": rk, "max_seqlen_q": rq if p.max_seqlen_q else 0,
+              "max_seqlen_k": rk if p.max_seqlen_k else 0, "batch": rbh, "nhead_q": 1, "nhead_k": 1}
+        w = self.window_key(p.window_left, p.window_right, sk) if p.mask != "no" else 0
+        if w:  # a window's octave (window_key) by its smallest span: every window of the octave ranked alike
+            span = 1 << (w - 1)
+            right = min(p.window_right, span - 1)
+            up.update(window_left=span - 1 - right, window_right=right)
+        return p.model_copy(update=up)
 
     def ranked(self, p, aligned: bool = True, candidates=None) -> list[dict]:
         """The candidates of ``p`` ranked fastest first (:func:`fmha_dsl.seqtune.rank`): rows with ``entry``,

@@ -125,20 +125,41 @@ def test_a_key_let_go_between_the_looks_at_the_batch_and_the_cache_is_not_compil
 
     real_get = cache.get
 
-    def get(k):  # the batch ends just after a look at the cache that found nothing
+    def get(k):  # the batch ends just after the call's first look at the cache, which found nothing
         got = real_get(k)
         if k == key and got is None and compile_ahead.AHEAD.holds(key):
             batch_ends()
         return got
 
     monkeypatch.setattr(cache, "get", get)
-    timer = threading.Timer(0.2, batch_ends)  # (else: the batch ends while the call waits for it)
-    timer.start()
-    try:
-        ready, why = bt.compile_through_cache({key: _job("bwd")}, cache, 4)
-    finally:
-        timer.join()
+    ready, why = bt.compile_through_cache({key: _job("bwd")}, cache, 4)
     assert ready[key][1] == b"bwd" and not why and w.batches == []
+
+
+def test_keys_are_let_go_however_a_batch_ends(tmp_path, monkeypatch):
+    """An ahead job whose binary is already cached is claimed, found and let go (not compiled); a foreground batch
+    claims its own keys while it compiles and lets them go when it ends, by an error too -- a key left claimed would
+    make every later call wait for it."""
+    w = _Workers()
+    monkeypatch.setattr(bt, "run_isolated", w)
+    cache = ArtifactCache(str(tmp_path))
+    kf, kb = _key(), _key()
+    cache.put(kb, {"binary_kind": "cubin", "shared": 0, "name": "bwd"}, b"bwd", "bwd.cubin")
+    seen = []
+    real = w.__call__
+    monkeypatch.setattr(bt, "run_isolated", lambda *a: (seen.append(compile_ahead.AHEAD.holds(kf)), real(*a)))
+    ready, _ = bt.compile_through_cache({kf: _job("fwd")}, cache, 4, ahead={kb: _job("bwd")})
+    assert w.batches == [["fwd"]] and seen == [True] and ready[kf][1] == b"fwd"
+    assert not compile_ahead.AHEAD.holds(kb) and not compile_ahead.AHEAD.holds(kf)
+
+    def crash(fn, jobs, workers, on_result):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bt, "run_isolated", crash)
+    k2 = _key()
+    with pytest.raises(KeyboardInterrupt):
+        bt.compile_through_cache({k2: _job("fwd")}, cache, 4)
+    assert not compile_ahead.AHEAD.holds(k2)
 
 
 def _problems():

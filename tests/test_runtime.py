@@ -709,6 +709,10 @@ def test_a_window_far_shorter_than_the_keys_is_a_decision_of_its_own():
     assert len(grow) == 2 and all(".w10.q1.k13" in x for x in grow)   # (and whether a multiple of 128)
     d = Dispatcher(Registry("none"), arch="sm90")   # ranked selection: the window's octave, whatever the length
     assert d.window_key(512, 0, 100) == d.window_key(1000, 0, 1 << 20) == 10 and d.window_key(-1, 0, 4096) == 0
+    # and every window of the octave is ranked at one representative (the octave's smallest span)
+    reps = {(r.window_left, r.window_right) for r in (d._representative(problem(**causal, window_left=n))
+                                                      for n in (511, 700, 1022))}
+    assert reps == {(511, 0)}
 
 
 @pytest.mark.parametrize("run,row", [("s39run1", "bf16 d128 window+sink"), ("window_s41run4", "bf16 d128 window+sink"),
@@ -1489,21 +1493,43 @@ def _record(tmp_path, b, p, e, **extra):
     decisions.TunedTable("sm90", None, str(tmp_path)).record(decisions.key(p), rec)
 
 
-def test_no_build_loads_a_recorded_decision_from_the_kernel_cache(tmp_path, monkeypatch):
-    """FMHA_DSL_NO_BUILD=1 with a recorded decision whose kernel is in the cache: loaded, nothing compiled; with the
-    kernel missing from the cache: the no-kernel error."""
-    monkeypatch.setenv("FMHA_DSL_NO_BUILD", "1")
-    p = problem(hdim_q=64, hdim_v=64, lse=True)
+def _recorded_and_cached(tmp_path, p, call):
+    """Record a decision for ``p`` (its second candidate) with its kernel in the cache; check that a dispatcher with
+    nothing to compile serves ``call`` by it, loaded and nothing else asked for.  Returns the decided entry."""
     probe = _FakeBuilder()
     want = probe.candidates(p, "sm90", limit=3)[1]
     _record(tmp_path, probe, p, want)
     b = _FakeBuilder(cached={want.identifier})
     d = Dispatcher(None, arch="sm90", builder=b, tuned_dir=str(tmp_path))
-    assert d.select(p).identifier == want.identifier and b.asked == [(want.identifier, True)]
+    assert d.select(call).identifier == want.identifier and b.asked == [(want.identifier, True)]
+    return want
+
+
+def test_no_build_loads_a_recorded_decision_from_the_kernel_cache(tmp_path, monkeypatch):
+    """FMHA_DSL_NO_BUILD=1 with a recorded decision whose kernel is in the cache: loaded, nothing compiled; with the
+    kernel missing from the cache: the no-kernel error."""
+    monkeypatch.setenv("FMHA_DSL_NO_BUILD", "1")
+    p = problem(hdim_q=64, hdim_v=64, lse=True)
+    want = _recorded_and_cached(tmp_path, p, p)
     d2 = Dispatcher(None, arch="sm90", builder=_FakeBuilder(cached=set()), tuned_dir=str(tmp_path))
     with pytest.raises(FmhaError) as ei:
         d2.select(p)
     assert ei.value.rule == "dispatch.no-kernel"
+
+
+def test_no_build_serves_a_window_by_the_decision_for_its_mask_alone(tmp_path, monkeypatch):
+    """A window's class has a decision key of its own; with FMHA_DSL_NO_BUILD=1 (nothing compiles) and no decision
+    for it, the decision recorded for the mask alone serves it (the window is a run-time argument), loaded from the
+    cache -- as before windows had keys of their own -- instead of the no-kernel error."""
+    monkeypatch.setenv("FMHA_DSL_NO_BUILD", "1")
+    causal = problem(seqlen_q=4096, seqlen_k=4096, mask="top_left", window_right=0)
+    windowed = causal.model_copy(update={"window_left": 511})
+    want = _recorded_and_cached(tmp_path, causal, windowed)
+    monkeypatch.delenv("FMHA_DSL_NO_BUILD")
+    b2 = _FakeBuilder(cached={want.identifier})  # builds allowed: the window's class is decided for itself
+    d2 = Dispatcher(None, arch="sm90", builder=b2, tuned_dir=str(tmp_path))
+    d2.select(windowed)
+    assert len(b2.asked) > 1
 
 
 def test_a_damaged_or_foreign_record_is_measured_again(tmp_path):
