@@ -52,11 +52,10 @@ class MeasuredSelection:
             confirming = not no_build and measure is not None and enabled() and knobs.tuned_confirm()
             close = self._runner_up_entries(tk, p, aligned) if confirming else []
             got = self._recorded(tk, p, aligned, cache_only=no_build, also=close)
-            if got is None and no_build and p.mask != "no" and (p.window_left >= 0 and p.window_right >= 0):
-                # nothing compiles here: a window's class without a decision of its own runs the kernel decided
-                # for the mask alone (it serves every window: the window is a run-time argument)
-                alone = p.model_copy(update={"window_left": -1, "window_right": 0 if p.window_right >= 0 else -1})
-                got = self._recorded(key(alone, aligned), p, aligned, cache_only=True)
+            alone = key(p.model_copy(update={"window_left": -1}), aligned) if no_build and got is None else tk
+            if alone != tk:  # nothing compiles here: a window's class without a decision of its own runs the kernel
+                # decided for its mask alone (which serves every window: the window is a run-time argument)
+                got = self._recorded(alone, p, aligned, cache_only=True)
             if got is not None:
                 if close:
                     got = self._confirmed(p, aligned, got, close, measure)

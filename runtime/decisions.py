@@ -73,7 +73,7 @@ def window_octave(window_left: int, window_right: int, sk: int | None = None) ->
     """The octave of a sliding window's span (``left + right + 1`` keys a row sees), 0 when either side is unbounded
     (a causal mask alone) or, given the key length ``sk``, when the span's octave is not below ``sk``'s (the window
     then leaves most keys visible).  Part of a decision key: a window much shorter than the sequence makes each
-    program visit a few key blocks, and smaller tiles win (``fmha_dsl.costmodel.window_keys``).  With ``sk`` the
+    program visit a few key blocks, and smaller tiles win (``fmha_dsl.costmodel.window_blocks``).  With ``sk`` the
     value is the same for every key length of one octave (the torch fast path serves a recipe over that span)."""
     if window_left < 0 or window_right < 0:
         return 0
