@@ -2,7 +2,8 @@
 
 A compiling dispatcher (``Dispatcher(None, builder=...)``, what :func:`fmha_dsl.attention` uses without a registry)
 decides once per *decision key* -- the problem class (every field that selects a kernel, the head dims, whether
-the arguments keep the 16-byte promise, the GQA group size's octave) plus the octave of ``max_seqlen_q``, of
+the arguments keep the 16-byte promise, the GQA group size's octave, a sliding window's octave where it is below
+the key length's: :func:`window_octave`) plus the octave of ``max_seqlen_q``, of
 ``max_seqlen_k`` and of ``batch x nhead_q`` and whether the lengths are multiples of 128 (:func:`key`) -- and
 records what it measured (:func:`record_of`) in a :class:`TunedTable`.  Later processes on the same device read the
 record and compile (or load from the artifact cache) only the winner (a shipped decision with close runners-up is

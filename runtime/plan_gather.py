@@ -13,6 +13,8 @@ attention time -- and a workspace of ``B x max_seqlen_k`` rows (:func:`fmha_dsl.
 :func:`with_gathered` offers the route to a prefill-sized call (:func:`fmha_dsl.kernels.paged_abi.gather_fits`,
 within ``FMHA_DSL_GATHER_MIB``) of a compiling dispatcher: the copy kernel is built, the forward problem's own
 first-use selection picks its kernel on the gathered rows, and the two routes are timed on the caller's arguments.
+The route runs one forward kernel: where that selection picks a split-KV kernel (a prefill of few programs, whose
+splits share the keys in reach) the paged plan runs, untimed against it.
 A :class:`GatheredPlan` launches like a :class:`~.plan_paged.PagedPlan` (same arguments, the same ``workspace``
 slot, CUDA-graph capturable with a caller's workspace); with a caller's workspace too small for the copy it runs the
 paged plan it was measured against.
