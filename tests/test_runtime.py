@@ -1086,6 +1086,12 @@ plan = next(iter(d.fast.values()))
 o2, l2 = torch.empty_like(o), torch.empty(B, Hq, Sq)
 plan.run(q, k, v, o2, l2, window=(-1, 0), bottom_right=True)
 check("plan.run", (o2, l2), (o.numpy(), l.numpy()), 0.0)
+# a window is a plan (a decision) of its own in attention()'s cache, apart from its mask alone; one per octave
+for w in (3, 2, 6):
+    o3, l3 = fmha_dsl.attention(q, k, v, causal="bottom_right", window=(w, 0), return_lse=True, registry=d)
+    check(f"window-{w}", (o3, l3), attention_fwd(q.numpy(), k.numpy(), v.numpy(), causal="bottom_right",
+                                                 window=(w, 0)))
+assert len(d.fast) == 3, list(d.fast)
 # 3. group mode, column-major V, ALiBi [B, Hq], dropout, window + sink, Dq != Dv
 cq, ck = [0, 5, 5, 17], [0, 9, 12, 30]
 q = torch.randn(17, 4, 16); k = torch.randn(30, 2, 16); v = torch.randn(2, 8, 30).permute(2, 0, 1)
