@@ -140,6 +140,17 @@ try:
 except UsageError as e:
     assert "workspace_numel" in str(e.hint), e
 print("short-workspace ok")
+# a window of another octave is a plan of its own in attention_backward()'s cache
+n = len(d.fast_bwd)
+kw2 = dict(kw, window=(20, 2))
+g = dict(cu_seqlens_q=np.array(cq), cu_seqlens_k=np.array(ck), alibi_slopes=sl.numpy())
+out2, lse2 = attention_fwd(q.numpy(), k.numpy(), v.numpy(), **g, **kw2)
+got = fmha_dsl.attention_backward(q, k, v, torch.from_numpy(out2), torch.from_numpy(lse2), do, cu_seqlens_q=cqt,
+                                  cu_seqlens_k=ckt, max_seqlen_q=12, max_seqlen_k=18, alibi_slopes=sl, registry=d,
+                                  **kw2)
+check("window-of-another-octave", got, attention_bwd(q.numpy(), k.numpy(), v.numpy(), out2, lse2, do.numpy(), **g,
+                                                     **kw2)[:3])
+assert len(d.fast_bwd) == n + 1, list(d.fast_bwd)
 
 # 3. a bias broadcast over heads, with its gradient through autograd; soft-cap; deterministic
 B, H, S = 2, 2, 20

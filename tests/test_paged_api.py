@@ -422,6 +422,13 @@ for causal in (False, True):
     live = np.isfinite(wl)
     assert np.abs(lse.numpy()[live] - wl[live]).max() < 1e-3
     assert np.array_equal(np.isfinite(lse.numpy()), live)
+# a window is a plan of its own in paged_attention()'s cache, apart from its mask alone
+n = len(disp.fast_paged)
+want, _ = ref(q.astype(np.float32), kc.astype(np.float32), vc.astype(np.float32), block_table=bt,
+              seqlens_k=lens_k, cu_seqlens_q=cq, causal="bottom_right", window=(4, 0), return_lse=True)
+out, _ = fmha_dsl.paged_attention(T(q), T(kc), T(vc), block_table=T(bt), seqlens_k=T(np.int32(lens_k)),
+                                  cu_seqlens_q=T(cq), causal=True, window=(4, 0), registry=disp, return_lse=True)
+assert np.abs(out.float().numpy() - want).max() < 3e-3 and len(disp.fast_paged) == n + 1, list(disp.fast_paged)
 # CK's vectorized layout: the same values as 5-D caches pick the vectorized kernels
 from fmha_dsl.reference_paged import vectorized_caches, linear_caches
 k5, v5 = vectorized_caches(T(kc), T(vc))
