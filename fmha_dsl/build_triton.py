@@ -133,15 +133,38 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
             todo.append((key, wanted[key]))
         else:
             settle(key, *(got or (None, _NOT_CACHED)))
-    # claimed, then looked for in the cache (the other order could miss a key another batch stores and lets go
-    # between the two, and compile it again); a key found is let go at once
-    later = [] if cache_only or not ahead else [
-        (key, job) for key, job in ahead.items() if key not in wanted and keys.claim(key) and not _let_go_if(
-            keys, cache.has(key), key)]
-    jobs = todo + later
-    # this call's own keys are claimed too: a batch started meanwhile leaves them to it, and in the background a
-    # caller interrupted while it waits leaves them to the batch, where a retry waits for them
-    claimed = {key for key, _ in todo if keys.claim(key)} | {key for key, _ in later}
+    # Each key this call compiles is claimed first, then looked for in the cache once more (another batch may have
+    # stored it and let it go since the first look): found, it is let go at once.  A claim is let go when its key is
+    # done, and -- whoever holds the rest -- whenever the batch ends; in the background the batch holds them (a
+    # caller interrupted while it waits leaves them to it, and a retry waits for them).
+    claimed: set = set()   # the keys this call holds and has not let go
+    todo_jobs, later = [], []
+    try:
+        for key, job in todo:
+            if keys.claim(key):
+                claimed.add(key)
+                hit = cache.get(key)
+                if hit is not None:  # compiled meanwhile by another batch
+                    claimed.discard(key)
+                    keys.done(key)
+                    accept(key, hit[0], hit[1], True)
+                    if on_result:
+                        on_result(key, key in ready, True)
+                    continue
+            todo_jobs.append((key, job))  # (held by another batch since the first look: compiled here too)
+        for key, job in () if cache_only or not ahead else ahead.items():
+            if key not in wanted and keys.claim(key):
+                claimed.add(key)
+                if cache.has(key):
+                    claimed.discard(key)
+                    keys.done(key)
+                else:
+                    later.append((key, job))
+    except BaseException:
+        for key in claimed:
+            keys.done(key)
+        raise
+    jobs = todo_jobs + later
 
     def finish(i, result):
         key, job = jobs[i]
@@ -149,31 +172,24 @@ def compile_through_cache(wanted: dict, cache: ArtifactCache, workers: int, on_r
         stored = meta is not None and cache.put(key, meta, data, f"{job[0]}.{meta['binary_kind']}")
         if meta is not None:
             meta = dict(meta, sha256=sha256_bytes(data), size=len(data))
-        if key in claimed:  # a waiting call reads the cache, or gets what the cache does not hold
-            keys.done(key, None if stored else (meta, data))
-        if i < len(todo):  # (the jobs after them were compiled ahead, for a later call)
+        if key in claimed:  # a waiting call reads the cache, or (a job compiled ahead) gets what the cache lacks
+            claimed.discard(key)
+            keys.done(key, None if stored or i < len(todo_jobs) else (meta, data))
+        if i < len(todo_jobs):  # (the jobs after them were compiled ahead, for a later call)
             settle(key, meta, data)
 
     # every compile runs in a worker process: a compiler that crashes fails its kernel, not the build
     n = max(1, min(workers, len(jobs) or 1))
-    if later:
+    if later:  # (the batch lets go of what it still holds when it ends)
         compile_ahead.run_in_background(run_isolated, _compile_in_worker, [job for _, job in jobs], n, finish,
-                                        len(todo), claimed)
+                                        len(todo_jobs), claimed)
     elif jobs:
         try:
             run_isolated(_compile_in_worker, [job for _, job in jobs], n, finish)
-        finally:  # (however it ends: a key it did not compile is compiled by whichever call wants it)
-            for key in claimed:
+        finally:  # however it ends: a key it did not compile is compiled by whichever call wants it
+            for key in list(claimed):
                 keys.done(key)
     return ready, why
-
-
-def _let_go_if(keys, found: bool, key: str) -> bool:
-    """``found``, after letting ``key`` go (just claimed in ``keys``) when it is: :func:`compile_through_cache`'s
-    claim of a job to compile ahead whose binary another batch has stored already."""
-    if found:
-        keys.done(key)
-    return found
 
 
 def build_record(meta: dict, key: str, binary: str | None, **extra) -> dict:

@@ -4,10 +4,12 @@
 handed over while its forward compiles -- and runs them after its own jobs in one batch of worker processes, on the
 workers its own jobs leave idle and then on all of them.  The batch runs in a background thread
 (:func:`run_in_background`) and the call returns once its own jobs are in.  :data:`AHEAD` holds the cache keys
-such a batch is compiling, so that a later call that wants one waits for it instead of compiling it a second time.
+batches are compiling -- such a batch's, and a call's own in the foreground -- so that a later call that wants one
+waits for it instead of compiling it a second time.
 
-A finished key's binary is in the artifact cache, where the waiting call reads it.  A result is kept in memory
-only when the cache cannot give it back: a failed compile's reason, or a cache folder that cannot be written.
+A finished key's binary is in the artifact cache, where the waiting call reads it.  A job compiled ahead keeps its
+result in memory only when the cache cannot give it back (a failed compile's reason, or a cache folder that cannot
+be written); a call's own jobs keep nothing (a waiter then compiles the key itself).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ KEPT = 64  # results held at most for calls that have not come yet (the oldest a
 
 
 class AheadKeys:
-    """The cache keys background batches are compiling: each one's event until its batch is done with it, and the
-    results the artifact cache cannot give back (see the module docstring)."""
+    """The cache keys batches are compiling: each one's event until its batch is done with it, and the results of
+    jobs compiled ahead that the artifact cache cannot give back (see the module docstring)."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -44,14 +46,14 @@ class AheadKeys:
         """The batch that claimed ``key`` is done with it: ``result`` -- ``(meta, data)`` or ``(None, reason)`` --
         when the artifact cache does not hold it, else None (a waiter reads the cache, or compiles the key when the
         batch stopped before it).  Done twice: the second time does nothing."""
-        with self.lock:
+        with self.lock:  # (the event set under the lock too: an interrupt cannot leave it popped and never set)
             ev = self.events.pop(key, None)
             if ev is not None and result is not None:
                 self.results[key] = result
                 while len(self.results) > KEPT:
                     self.results.pop(next(iter(self.results)))
-        if ev is not None:
-            ev.set()
+            if ev is not None:
+                ev.set()
 
     def wait(self, key: str) -> tuple | None:
         """Once ``key``'s batch is done with it: its kept result (taken), or None (read the cache)."""

@@ -192,7 +192,7 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
         keys *= 0.5 + 0.5 * min(1.0, m0 / sq)   # causal: half the keys, plus the diagonal tile
         # a window: the key blocks in reach of the block's rows (a decode's few), shared by the splits; the sink
         # block is the first split's
-        reach = window_blocks(p, min(m0, sq * g), n0)
+        reach = window_blocks(p, _cdiv(min(m0, sq * g), g), n0)   # (GQA-packed rows: g to a query position)
         if reach < _cdiv(sk, n0):
             keys = min(keys, (_cdiv(int(reach), ns) + p.sink) * n0)
     work = m0 * keys * (p.hdim_q + p.hdim_v)

@@ -162,6 +162,59 @@ def test_keys_are_let_go_however_a_batch_ends(tmp_path, monkeypatch):
     assert not compile_ahead.AHEAD.holds(k2)
 
 
+def test_a_calls_own_failed_compile_is_not_replayed_and_nothing_of_it_is_kept(tmp_path, monkeypatch):
+    """A call's own jobs keep no result in memory: a compile that failed (a worker killed for memory, say) is tried
+    again by the next call, not handed its reason; with a cache that cannot be written nothing is held either."""
+    w = _Workers(fail={"fwd"})
+    monkeypatch.setattr(bt, "run_isolated", w)
+    cache = ArtifactCache(str(tmp_path))
+    key = _key()
+    for _ in range(2):
+        ready, why = bt.compile_through_cache({key: _job("fwd")}, cache, 4)
+        assert key in why and key not in ready
+    assert w.batches == [["fwd"], ["fwd"]] and not compile_ahead.AHEAD.results
+    monkeypatch.setattr(cache, "put", lambda *a: False)   # an unwritable cache folder
+    w.fail = set()
+    k2 = _key()
+    ready, _ = bt.compile_through_cache({k2: _job("bwd")}, cache, 4)
+    assert ready[k2][1] == b"bwd" and not compile_ahead.AHEAD.holds(k2) and not compile_ahead.AHEAD.results
+
+
+def test_a_batch_lets_go_only_of_the_keys_it_still_holds(tmp_path, monkeypatch):
+    """A key done early in a batch is let go then; when the batch ends it lets go of what it still holds, not of a
+    claim another call has made on that key meanwhile (that call's waiters would compile it again)."""
+    cache = ArtifactCache(str(tmp_path))
+    kx, ky = _key(), _key()
+
+    def run(fn, jobs, workers, on_result):
+        on_result(0, (None, "does not compile"))          # kx done: let go
+        assert compile_ahead.AHEAD.claim(kx)              # another call claims it to try again
+        on_result(1, ({"binary_kind": "cubin", "shared": 0, "name": "y"}, b"y"))
+
+    monkeypatch.setattr(bt, "run_isolated", run)
+    bt.compile_through_cache({kx: _job("x"), ky: _job("y")}, cache, 4)
+    assert kx in compile_ahead.AHEAD.events and not compile_ahead.AHEAD.holds(ky)   # the other call's claim stands
+    compile_ahead.AHEAD.done(kx)
+
+
+def test_a_key_stored_by_another_batch_before_the_claim_is_not_compiled(tmp_path, monkeypatch):
+    """Between a call's first look at the cache and its claim, another batch may store the key and let it go: the
+    call looks again once it holds the claim, and takes the binary."""
+    w = _Workers()
+    monkeypatch.setattr(bt, "run_isolated", w)
+    cache = ArtifactCache(str(tmp_path))
+    key = _key()
+    real = compile_ahead.AHEAD.claim
+
+    def claim(k):  # the other batch finishes just before this call claims the key
+        cache.put(key, {"binary_kind": "cubin", "shared": 0, "name": "fwd"}, b"fwd", "fwd.cubin")
+        return real(k)
+
+    monkeypatch.setattr(compile_ahead.AHEAD, "claim", claim)
+    ready, why = bt.compile_through_cache({key: _job("fwd")}, cache, 4)
+    assert ready[key][1] == b"fwd" and ready[key][2] and w.batches == [] and not compile_ahead.AHEAD.holds(key)
+
+
 def _problems():
     common = dict(dtype="bf16", arch="sm90", batch=2, nhead_q=8, nhead_k=8, seqlen_q=2048, seqlen_k=2048,
                   max_seqlen_q=2048, max_seqlen_k=2048, hdim_q=128, hdim_v=128, mode="batch", mask="top_left")
