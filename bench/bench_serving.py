@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import time
@@ -169,6 +170,14 @@ def paged_copy(k, v, page: int, seed: int = 0, scatter: bool = True):
     bt = perm.view(b, per).to(k.device)
     indptr = (torch.arange(b + 1, dtype=torch.int32) * per).to(k.device)
     return kc, vc, bt, indptr, bt.reshape(-1).contiguous()
+
+
+def check_json(ap, path: str | None) -> None:
+    """``ap.error`` unless ``--json``'s ``path`` (None: none asked for) can be written: told before the measuring,
+    not after it."""
+    folder = os.path.dirname(os.path.abspath(path or ".")) or "."
+    if path and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        ap.error(f"--json: cannot write {path}")
 
 
 def device_doc(ap) -> dict:

@@ -46,12 +46,10 @@ def main() -> None:
     parts = args.parts.split(",")
     if not parts or set(parts) - {"decode", "prefill", "train"}:
         ap.error(f"--parts takes decode, prefill and train, comma-separated, got {args.parts!r}")
-    folder = os.path.dirname(os.path.abspath(args.json)) if args.json else "."
-    if args.json and not os.access(folder, os.W_OK):
-        ap.error(f"--json: cannot write into {folder}")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_serving import copy_bandwidth, device_doc
+    from bench_serving import check_json, copy_bandwidth, device_doc
 
+    check_json(ap, args.json)
     doc = dict(device_doc(ap), bytes="K + V bytes in the window", flops="4 * D per visible (query, key) pair and head",
                copy_gbps=copy_bandwidth(), parts={})
     print(f"{doc['device']}: copy {doc['copy_gbps']:.0f} GB/s (read + write)", flush=True)
@@ -67,15 +65,15 @@ def main() -> None:
         save()
 
 
-def _flex(mask_mod, sq: int, sk: int, gqa: bool):
-    """FlexAttention (compiled once per shape) with ``mask_mod``'s block mask over ``sq`` x ``sk``."""
+def _flex(mask_mod, q, k, v):
+    """``run()``: FlexAttention on ``q``, ``k``, ``v`` with ``mask_mod``'s block mask (compiled afresh)."""
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     torch._dynamo.reset()  # a fresh compile: a graph compiled for another window (mask_mod) must not be reused
     flex = torch.compile(flex_attention, dynamic=False)
-    bm = create_block_mask(mask_mod, None, None, sq, sk)
-    return lambda q, k, v: flex(q, k, v, block_mask=bm, enable_gqa=gqa)
+    bm = create_block_mask(mask_mod, None, None, q.shape[2], k.shape[2])
+    return lambda: flex(q, k, v, block_mask=bm, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def _peer(row, name, make, *a, **kw):
@@ -132,7 +130,7 @@ def decode(args, copy: float) -> list:
 
                     def sliding(b_, h, i, j, off=off, w=w):
                         return (i + off >= j) & (i + off - j < w)
-                    _peer(row, "flex", lambda: (lambda f: (lambda: f(q, k, v)))(_flex(sliding, 1, sk, True)), ref,
+                    _peer(row, "flex", lambda: _flex(sliding, q, k, v), ref,
                           nbytes=nbytes)
                 rows.append(row)
 
@@ -186,7 +184,7 @@ def prefill(args, copy: float) -> list:
         ref = _sdpa(q, k, v, False, "efficient", mask=visible)()   # the truth: SDPA with the mask spelled out
         _timed(row, "attention", lambda: fmha_dsl.attention(q, k, v, causal=True, window=(w - 1, 0)), ref, f=flops)
         if not args.ours_only:
-            _peer(row, "flex", lambda: (lambda f: (lambda: f(q, k, v)))(_flex(sliding, s, s, False)), ref, f=flops)
+            _peer(row, "flex", lambda: _flex(sliding, q, k, v), ref, f=flops)
             _timed(row, "attention_causal", lambda: fmha_dsl.attention(q, k, v, causal=True),
                    f=2 * q.shape[3] * s * s * q.shape[0] * q.shape[1])
         rows.append(row)
@@ -209,7 +207,7 @@ def train(args, copy: float) -> list:
         want = _grads(lambda q, k, v: _sdpa(q, k, v, False, "efficient", mask=visible)(), q, k, v, do)()
         ways = {"attention": lambda q, k, v: fmha_dsl.attention(q, k, v, causal=True, window=(w - 1, 0))}
         if not args.ours_only:
-            ways["flex"] = lambda q, k, v: _flex(sliding, s, s, False)(q, k, v)
+            ways["flex"] = lambda q, k, v: _flex(sliding, q, k, v)()
         for name, forward in ways.items():
             try:
                 run = _grads(forward, q, k, v, do)

@@ -80,9 +80,10 @@ def main() -> None:
     ap.add_argument("--select", default="", help="only the classes whose names contain this text (e.g. fp32)")
     ap.add_argument("--json", default=None, help="write the records and regrets here")
     args = ap.parse_args()
-    folder = os.path.dirname(os.path.abspath(args.json or ".")) or "."
-    if args.json and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):  # now, not after the measuring
-        ap.error(f"--json: cannot write {args.json}")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_serving import check_json
+
+    check_json(ap, args.json)
     groups = (("forward", CLASSES, False), ("steps", STEPS, True), ("paged", PAGED, "paged"))
     todo = [(c, kind) for group, classes, kind in groups if args.only in (None, group) for c in classes]
     todo = [(c, kind) for c, kind in todo if args.select in c[0]][:3 if args.quick else None]
@@ -158,15 +159,11 @@ def _probe(args, todo: list) -> None:
 def _paged_call(fmha_dsl, torch, dt, d: int, s: int, decode: bool = False, causal: bool = False) -> None:
     """One ``paged_attention`` call of a :data:`PAGED` class: GQA 32/8, 16-token pages scattered at random; decode:
     16 sequences of ``s`` cached keys and one query row each; else one sequence of ``s`` queries and keys."""
-    import importlib.util
+    from bench_serving import paged_copy   # (main put bench/ on the path)
 
-    spec = importlib.util.spec_from_file_location("bench_serving", os.path.join(os.path.dirname(__file__),
-                                                                                 "bench_serving.py"))
-    serving = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(serving)
     b, sq, hq, hk = (16, 1, 32, 8) if decode else (1, s, 32, 8)
     k, v = (torch.randn(b, hk, s, d, device="cuda", dtype=dt) for _ in range(2))
-    kc, vc, bt, _, _ = serving.paged_copy(k, v, 16)
+    kc, vc, bt, _, _ = paged_copy(k, v, 16)
     q = torch.randn(b * sq, hq, d, device="cuda", dtype=dt)
     cu = torch.arange(b + 1, dtype=torch.int32, device="cuda") * sq
     lens = torch.full((b,), s, dtype=torch.int32, device="cuda")

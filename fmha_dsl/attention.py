@@ -181,8 +181,7 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
     # interpreter takes tensors and has no such promise.
     aligned = dev < 0 or not any(args[i] & 15 for i in _ALIGNED_IDX[vc])
     key = (dname, group, dq, dv, vc, mask != "no", bias_kind, bool(return_lse), bool(dropout_p),
-           softcap is not None, sink > 0, aligned, hq // hk, disp.window_key(wl, wr, sk) if wr >= 0 else 0
-           ) + disp.seq_key(sq, sk, b * hq)
+           softcap is not None, sink > 0, aligned, hq // hk, disp.window_key(wl, wr, sk)) + disp.seq_key(sq, sk, b * hq)
     plan = disp.fast.get(key)
     if plan is None:
         plan = _plan(disp, key, dname, group, b, hq, hk, sq, sk, dq, dv, vc, mask, wl, wr, bias_kind, return_lse,

@@ -171,7 +171,7 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
     aligned = dev < 0 or _aligned(tensors)
     # the plans of this call's class, by a plain tuple (a training loop's repeat calls build no Problem)
     cls = (dname, group, dq, dv, mask != "no", bias_kind, bool(dropout_p), softcap is not None, sink > 0,
-           bias is not None, deterministic, aligned, hq // hk, disp.window_key(wl, wr, sk) if wr >= 0 else 0)
+           bias is not None, deterministic, aligned, hq // hk, disp.window_key(wl, wr, sk))
     cache = disp.fast_bwd
     plan = cache.get(cls + disp.seq_key(sq, sk, b * hq))
     if plan is None:

@@ -235,8 +235,7 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
         layout == "vectorized" or (k_cache.stride(0) == page * k_cache.stride(1)
                                    and v_cache.stride(0) == page * v_cache.stride(1))))
     key = (dname, qscale, dq, dv, hq, hk, mask != "no", alibi_slopes is not None, bool(return_lse), softcap is not None,
-           sink > 0, layout, lookup, page, aligned, disp.window_key(wl, wr, msk) if wr >= 0 else 0
-           ) + disp.seq_key(msq, msk, b * hq)
+           sink > 0, layout, lookup, page, aligned, disp.window_key(wl, wr, msk)) + disp.seq_key(msq, msk, b * hq)
     plan = disp.fast_paged.get(key)
     if plan is None:
         problem = _problem(disp, dname, qscale, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi_slopes is not None,

@@ -1,6 +1,6 @@
 """bench/bench_fp8_serving.py, bench/probe_fp8_decode.py, bench/profile_bwd.py, bench/probe_route.py,
-bench/probe_sass_paged.py, bench/measure_bwd_shared.py and bench/probe_flag_cut.py refuse malformed arguments before
-they touch a GPU or compile: exit 2 with their usage, no traceback."""
+bench/probe_sass_paged.py, bench/measure_bwd_shared.py, bench/probe_flag_cut.py and bench/bench_window.py refuse
+malformed arguments before they touch a GPU or compile: exit 2 with their usage, no traceback."""
 
 import os
 import subprocess
@@ -33,6 +33,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
      "--json: cannot write /nonexistent/dir/x.json"),
     ("probe_flag_cut.py", ["--json", "/nonexistent/dir/x.json"], "--json: cannot write /nonexistent/dir/x.json"),
     ("probe_flag_cut.py", ["--quick"], "run with FMHA_DSL_TUNED_SHIPPED=0"),
+    ("bench_window.py", ["--parts", "decode,serve"], "--parts takes decode, prefill and train, comma-separated, got "
+                                                    "'decode,serve'"),
+    ("bench_window.py", ["--json", "/nonexistent/dir/x.json"], "--json: cannot write /nonexistent/dir/x.json"),
     ("probe_flag_cut.py", ["--only", "steps", "--select", "softcap"],
      "--select: no class of --only steps has 'softcap' in its name; the classes: fp32 d64, "),
 ])
