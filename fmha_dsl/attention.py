@@ -39,7 +39,8 @@ from .api_dispatch import timer as _timer
 from .attention_args import TORCH_DTYPES as _TORCH_DTYPES  # torch dtype -> key dtype name
 from .attention_args import (torch_dtype_names as _torch_dtype_names, _bad_dtypes, _bad_strides, _batch_shapes,
                              _bad_types, _check_bias, _check_devices, _check_dropout, _check_scale, _check_sink,
-                             _check_softcap, _group_lengths, _group_shapes, _mask, _usage)
+                             _check_softcap, _group_lengths, _group_shapes, _mask, _usage, named)
+from .errors import UsageError
 
 __all__ = ["attention"]
 
@@ -294,10 +295,13 @@ def _numpy_attention(q, k, v, causal, window, bias, alibi_slopes, dropout_p, see
                          "pass q, k and v of one kind")
     if seed is None:
         seed = int(np.random.default_rng().integers(0, 1 << 63)) if dropout_p else 0
-    out, lse = attention_fwd(q, k, v, causal=causal, window=window, bias=bias, alibi_slopes=alibi_slopes,
-                             dropout_p=dropout_p, seed=seed, offset=offset, softcap=softcap,
-                             sink=0 if sink is None else sink, scale=scale, cu_seqlens_q=cu_seqlens_q,
-                             cu_seqlens_k=cu_seqlens_k)
+    try:
+        out, lse = attention_fwd(q, k, v, causal=causal, window=window, bias=bias, alibi_slopes=alibi_slopes,
+                                 dropout_p=dropout_p, seed=seed, offset=offset, softcap=softcap,
+                                 sink=0 if sink is None else sink, scale=scale, cu_seqlens_q=cu_seqlens_q,
+                                 cu_seqlens_k=cu_seqlens_k)
+    except UsageError as exc:
+        raise named(exc) from None
     return (out, lse) if return_lse else out
 
 

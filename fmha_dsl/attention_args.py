@@ -39,6 +39,13 @@ def _usage(rule: str, msg: str, hint: str | None = None) -> UsageError:
     return error(rule, f"{CALLER.get()}: {msg}", None, hint, cls=UsageError)
 
 
+def named(exc: UsageError) -> UsageError:
+    """A reference's :class:`~fmha_dsl.errors.UsageError` (which names no API function) again, naming the function
+    being called (:data:`CALLER`)."""
+    d = exc.diagnostics[0]
+    return _usage(d.rule, d.message, d.hint)
+
+
 def _num(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -47,8 +54,15 @@ def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+def as_bool(x):
+    """A NumPy bool scalar as Python's (a flag given as ``np.bool_`` means what True or False means); else ``x``."""
+    t = type(x)
+    return bool(x) if t.__module__ == "numpy" and t.__name__ in ("bool", "bool_") else x
+
+
 def _mask(causal, window):
     """(mask name, window_left, window_right, bottom_right) per docs/semantics.md."""
+    causal = as_bool(causal)
     if causal is False or causal is None:
         mode = None
     elif causal is True or causal == "top_left":

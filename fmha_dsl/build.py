@@ -38,6 +38,8 @@ class BuildResult:
     cached: int = 0       # kernels taken from the cache
     failures: list = field(default_factory=list)   # [{name, arch, reason}] left out of the registry
     seconds: float = 0.0
+    written: bool = True      # False: no kernel was kept, and no registry written (one already there is unchanged)
+    kept_table: bool = False  # the seqtune table of the registry it replaced carried over
 
 
 _WORKER_STATE: tuple | None = None   # (declarations, archs, profile, backend), set in each forked worker only

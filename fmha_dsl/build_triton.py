@@ -20,7 +20,7 @@ import time
 from .cache import ArtifactCache, content_key, sha256_bytes
 from . import compile_ahead
 from .compile_pool import run_isolated
-from .errors import UsageError, error
+from .errors import FmhaError, UsageError, error
 from .expand import expand, nothing_to_build
 from .registry import Entry, Registry, registry_path, write_atomic
 
@@ -290,13 +290,28 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     failures.sort(key=lambda f: (f["arch"], f["name"]))
     spilled.sort(key=lambda f: (f["arch"], f["name"]))
     path = registry_path(out)
-    kept.save(path)
+    table = _previous_table(path)
+    if len(kept):  # (every kernel failed: a registry already there stays as it was, and none is written)
+        kept.seqtune = table  # a rebuild keeps the measurements `fmha-dsl tune` made (kernels are found by name)
+        kept.save(path)
     seconds = time.perf_counter() - t0
     write_atomic(os.path.join(out, "build-report.json"), json.dumps(
         {"compiled": compiled, "cached": cached, "failed": failures, "dropped_for_spills": spilled,
          "kernels": len(kept), "seconds": round(seconds, 3), "jobs": jobs}, indent=1, sort_keys=True) + "\n")
     return {"path": path, "total": len(kept), "by_arch": kept.statistics()["by_arch"], "report": rep,
-            "compiled": compiled, "cached": cached, "failures": failures, "seconds": seconds}
+            "compiled": compiled, "cached": cached, "failures": failures, "seconds": seconds,
+            "written": bool(len(kept)), "kept_table": bool(len(kept)) and table is not None}
+
+
+def _previous_table(path: str) -> dict | None:
+    """The seqtune table of the registry a build is about to replace (None: no file, no table, or not a registry
+    this version reads -- a rebuild then writes its registry without one)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        return Registry.load(path).seqtune
+    except (FmhaError, OSError):
+        return None
 
 
 __all__ = ["build_with_triton", "compile_through_cache", "kernel_job", "companion_jobs", "build_record"]

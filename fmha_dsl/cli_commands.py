@@ -147,7 +147,13 @@ def cmd_build(args) -> int:
         per = ", ".join(f"{a}: {n}" for a, n in res.by_arch.items())
         extra = (f"; compiled {res.compiled}, from cache {res.cached}, failed {len(res.failures)}"
                  if res.compiled or res.cached or res.failures else "")
-        _out(f"wrote {res.path}: {res.total} kernels ({per}){extra}")
+        if res.written:
+            _out(f"wrote {res.path}: {res.total} kernels ({per}){extra}")
+        else:
+            _out(f"no registry written: every kernel failed{extra}; {res.path} is as it was")
+        if res.kept_table:
+            _out(f"kept the seqtune table of the registry it replaced (`fmha-dsl tune {args.output}` measures what "
+                 "is new)")
         if args.verbose:
             for rid, n in sorted(res.report.dropped.items(), key=lambda t: (-t[1], t[0])):
                 _out(f"  dropped {n:>8} by {rid}")

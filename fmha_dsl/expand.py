@@ -276,11 +276,13 @@ def _fields(b: dict) -> tuple[dict, dict]:
     b["wave"], b["warp"], b["block_per_cu"], b["max_seq_len_q"] = t.wave, t.warp, t.block_per_cu, t.max_seq_len_q
     b["tile"] = t.tile
     alg = {k: b[k] for k in _ALG_ORDER}
-    # CK's auto_fill: an unset (<= 0) head-dim alignment is the tile's k0max (the padded head dim it loads)
+    # CK's auto_fill: an unset (<= 0) head-dim alignment is the tile's k0max (the padded head dim it loads); a
+    # 1-d stage's tile (the backward's dot_do_o / convert_dq on Triton: (m0, n0)) has none: 0, as CK's zeros
+    k0max = t.tile[5] if len(t.tile) > 5 else 0
     if alg["hdim_q_alignment"] <= 0:
-        alg["hdim_q_alignment"] = t.tile[5]
+        alg["hdim_q_alignment"] = k0max
     if alg["hdim_v_alignment"] <= 0:
-        alg["hdim_v_alignment"] = t.tile[5]
+        alg["hdim_v_alignment"] = k0max
     return {k: b[k] for k in _SIG_ORDER}, alg
 
 

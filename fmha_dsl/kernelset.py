@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 def _archs(arch: ArchArg) -> Optional[tuple[str, ...]]:
     if arch is None:
         return None
+    if not isinstance(arch, (str, Iterable)):
+        raise error("usage.arch", f"arch must be a name like 'gfx942', a comma-separated list or a list of names, got "
+                    f"{type(arch).__name__} {arch!r}", None, f"one of: {', '.join(V.ARCHS)}", cls=UsageError)
     items = [arch] if isinstance(arch, str) else list(arch)
     out, bad = [], []
     for a in items:
@@ -151,9 +154,18 @@ def shipped(name: str) -> str:
     return str(ref)
 
 
+def _path(func: str, path) -> str:
+    """``path`` as a string, or a located error naming what was given (``os.fspath`` raises a bare TypeError)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise error("usage.type", f"{func}() takes the path of a .fmha file (str or os.PathLike), got "
+                    f"{type(path).__name__}", None, "fmha_dsl.load('kernels.fmha'); text goes to fmha_dsl.loads(text)",
+                    cls=UsageError)
+    return os.fspath(path)
+
+
 def load(path: str | os.PathLike) -> KernelSet:
     """Parse and resolve a ``.fmha`` file (and its includes).  Raises :class:`fmha_dsl.FmhaError`."""
-    p = os.fspath(path)
+    p = _path("load", path)
     return _make(parse_file(p), p)
 
 

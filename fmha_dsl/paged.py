@@ -37,10 +37,11 @@ import math
 from . import api_dispatch as _api
 from . import paged_numpy
 from . import replay as _fast
-from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _mask, _usage, torch_dtype_names
+from .attention_args import CALLER, _mask, _usage, as_bool, torch_dtype_names
+from .errors import UsageError, error
 from .kernels.paged_abi import FP8_DTYPES
-from .paged_args import (append_descales, cache_pair, check_tables_on_host, host_values, max_len, rotary_tables,
-                         sequences, tables)
+from .paged_args import (append_descales, cache_pair, check_scalars, check_tables_on_host, host_values, max_len,
+                         rotary_tables, sequences, tables)
 from .paged_args import descales as check_descales
 
 __all__ = ["paged_attention", "append_kv", "workspace_numel"]
@@ -82,6 +83,7 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     varlen and FlashInfer); ``causal="top_left"`` aligns the first query with the first key. ``out``: a preallocated
     output; ``workspace``: a float32 buffer of :func:`workspace_numel` elements for split-KV plans (see the module
     docstring)."""
+    causal = as_bool(causal)
     if causal is True:  # the queries are each sequence's last tokens (FlashAttention-2 varlen, FlashInfer)
         causal = "bottom_right"
     descales = (q_descale, k_descale, v_descale)
@@ -103,7 +105,8 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     try:
         if not torch_in:  # NumPy arrays run the reference
             return paged_numpy.paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q,
-                                     causal, window, alibi_slopes, softcap, sink, scale, return_lse, descales)
+                                     causal, window, alibi_slopes, softcap, sink, scale, return_lse, descales, out,
+                                     max_seqlen_q, max_seqlen_k)
         plan, dev, b, hq, msq, args, out, lse, used = _prepare(
             q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, max_seqlen_q,
             max_seqlen_k, causal, window, alibi_slopes, softcap, sink, scale, return_lse, registry, out, descales)
@@ -132,6 +135,10 @@ def workspace_numel(q, k_cache, v_cache, *, batch: int, max_seqlen_q: int, max_s
     from .runtime.plan_gather import fits
     from .runtime.plan_paged import geometry
 
+    if not _is_torch(q):
+        raise error("usage.type", f"workspace_numel(): `q` must be a torch tensor on the GPU, got {type(q).__name__}",
+                    None, "a workspace serves the kernels; NumPy arrays run the reference, which needs none",
+                    cls=UsageError)
     disp = _api.dispatcher(registry, q.get_device())
     _, _, hk, dk, dv, _, _ = geometry(k_cache, v_cache)
     n = workspace_bound(batch, q.shape[1], hk, max_seqlen_q, max_seqlen_k, dv, disp.compute_units)
@@ -195,15 +202,7 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
             raise _usage("usage.value", f"max_seqlen_k={msk} needs {-(-msk // page)} pages of {page} per sequence, "
                          f"block_table has {bt.shape[1]} columns", "widen the block table or lower max_seqlen_k")
     mask, wl, wr, br = _mask(causal, window)
-    if softcap is not None:
-        _check_softcap(softcap)
-    if scale is not None:
-        _check_scale(scale)
-        if scale < 0:
-            raise _usage("usage.value", f"paged_attention takes scale >= 0, got {scale!r}",
-                         "fold a negative sign into q")
-    if sink is not None:
-        _check_sink(sink)
+    check_scalars(softcap, scale, sink)
     sink = int(sink or 0) if mask != "no" else 0
     if alibi_slopes is not None:
         from .attention_args import _check_bias
@@ -261,6 +260,11 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     ``k_descale``/``v_descale`` (float32 tensors on the device, the ones attention reads: one element each, or
     ``[num_pages, Hk]`` block scales -- a contiguous cache's pages are its sequences) quantize each new row by its
     page's and head's: ``e4m3(clamp(x / descale, -448, 448))``, RoPE applied first; q is rotated in bfloat16."""
+    rotary_interleaved = as_bool(rotary_interleaved)
+    if not isinstance(rotary_interleaved, bool):
+        raise error("usage.type", f"append_kv(): rotary_interleaved must be True or False, got {rotary_interleaved!r}",
+                    None, "True: pairs (2i, 2i + 1) (GPT-J); False: (i, i + rotary_dim / 2) (GPT-NeoX)",
+                    cls=UsageError)
     torch_in = _is_torch(k_new)
     call = None
     if torch_in and max_seqlen_new is not None:  # the call for the replay path (fmha_dsl/replay.py)

@@ -8,7 +8,7 @@ not pass ``max_seqlen_*`` (one device-to-host copy then); with them nothing here
 
 from __future__ import annotations
 
-from .attention_args import CALLER, _is_int, _usage
+from .attention_args import CALLER, _is_int, _usage, named  # noqa: F401  (named: paged_numpy's)
 from .kernels.paged_abi import FP8_DTYPES, descale_kind
 
 
@@ -89,13 +89,6 @@ def check_tables_on_host(bt, ip, ix, lens, page: int, num_pages: int, extra=None
         _pages_of(bt, ip, ix, lens.shape[0], num_pages, tokens, page, what)
     except UsageError as exc:
         raise named(exc) from None
-
-
-def named(exc):
-    """A reference's :class:`~fmha_dsl.errors.UsageError` (which names no API function) again, naming the function
-    being called (:data:`~fmha_dsl.attention_args.CALLER`)."""
-    d = exc.diagnostics[0]
-    return _usage(d.rule, d.message, d.hint)
 
 
 def host_values(*tensors):
@@ -181,6 +174,21 @@ def sequences(cu_name: str, cu, total: int, seqlens_k, dev: int, max_given, max_
         _check_cu_host(cu_name, host, total)
         host = [host[i + 1] - host[i] for i in range(b)]
     return cu, b, lens, host, max_len(max_name, max_given, host, max_what)
+
+
+def check_scalars(softcap, scale, sink) -> None:
+    """paged_attention's soft-cap (None or > 0), scale (None or >= 0) and sink count (None or an int >= 0)."""
+    from .attention_args import _check_scale, _check_sink, _check_softcap
+
+    if softcap is not None:
+        _check_softcap(softcap)
+    if scale is not None:
+        _check_scale(scale)
+        if scale < 0:
+            raise _usage("usage.value", f"paged_attention takes scale >= 0, got {scale!r}",
+                         "fold a negative sign into q")
+    if sink is not None:
+        _check_sink(sink)
 
 
 def max_len(name: str, given, host, what: str) -> int:

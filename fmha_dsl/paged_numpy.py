@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from .attention_args import _usage
 from .errors import UsageError
-from .paged_args import named, qscale_of
+from .paged_args import check_scalars, max_len, named, qscale_of
 
 
 def paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal, window,
-          alibi_slopes, softcap, sink, scale, return_lse, descales):
-    """``paged_attention`` on NumPy arrays: the reference's result (``(out, lse)`` with ``return_lse``)."""
+          alibi_slopes, softcap, sink, scale, return_lse, descales, out=None, max_seqlen_q=None, max_seqlen_k=None):
+    """``paged_attention`` on NumPy arrays: the reference's result (``(out, lse)`` with ``return_lse``), written
+    into ``out`` when one is given; ``max_seqlen_q``/``max_seqlen_k``, when given, checked as the torch path
+    checks them (the registry and a workspace are the kernels' concern: unused here)."""
     import numpy as np
 
     from .reference_paged import paged_attention as ref
@@ -20,6 +22,7 @@ def paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu
     if not isinstance(q, np.ndarray):
         raise _usage("usage.type", f"`q` must be a numpy array or a torch tensor, got {type(q).__name__}",
                      "numpy runs the reference; torch GPU tensors run the kernels")
+    check_scalars(softcap, scale, sink)
     ds = _descales(descales)
     try:
         got = ref(q, k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
@@ -28,6 +31,19 @@ def paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu
                   return_lse=True, descales=ds)
     except UsageError as exc:
         raise named(exc) from None
+    cu = np.asarray(cu_seqlens_q).astype(np.int64)
+    max_len("max_seqlen_q", max_seqlen_q, np.diff(cu).tolist(), "the longest sequence's query tokens")
+    max_len("max_seqlen_k", max_seqlen_k, np.asarray(seqlens_k).astype(np.int64).tolist(),
+            "the longest sequence's cached tokens (seqlens_k)")
+    if out is not None:
+        if not isinstance(out, np.ndarray) or out.shape != got[0].shape or out.dtype != got[0].dtype \
+                or not out.flags.writeable:
+            raise _usage("usage.shape", f"`out` must be a writable numpy array of shape {got[0].shape} and dtype "
+                         f"{got[0].dtype} (q's), got " + (f"{out.shape} {out.dtype}" if isinstance(out, np.ndarray)
+                                                           else type(out).__name__),
+                         "pass np.empty_like(q[..., :Dv]) or leave out=None")
+        np.copyto(out, got[0])
+        got = (out, got[1])
     return got if return_lse else got[0]
 
 
@@ -79,7 +95,15 @@ def append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, s
             raise _usage("usage.type", f"`{name}` must be a writable numpy array (append_kv updates it in place), got "
                          f"{type(x).__name__}", f"pass np.array({name}) (a writable copy) and read the result from it")
     if block_table is None and kv_indptr is None and kv_indices is None:  # contiguous [B, capacity, Hk, D]
-        block_table = np.arange(np.asarray(k_cache).shape[0], dtype=np.int32)[:, None]
+        if k_cache.ndim != 4:
+            raise _usage("usage.shape", f"a cache without a page table is contiguous [B, capacity, Hk, D], got "
+                         f"`k_cache` of shape {k_cache.shape}", "a vectorized (5-D) cache is paged: pass its table")
+        block_table = np.arange(k_cache.shape[0], dtype=np.int32)[:, None]
+    for name, x in (("k_new", k_new), ("v_new", v_new)):
+        dt = getattr(x, "dtype", None)
+        if all(d is None for d in descales) and dt is not None and dt != k_cache.dtype:
+            raise _usage("usage.dtype", f"`{name}` must have the cache's dtype {k_cache.dtype}, got {dt}",
+                         f"pass {name}.astype(k_cache.dtype)")
     ds = _descales(descales, ("k_descale", "v_descale"))
     try:
         kc, vc, qr = ref(k_cache, v_cache, k_new, v_new, block_table=block_table, kv_indptr=kv_indptr,

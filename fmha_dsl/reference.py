@@ -307,8 +307,9 @@ def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dr
     if not _is_int(sink) or sink < 0:
         raise _usage("usage.value", f"sink must be an int >= 0, got {sink!r}", "0 disables sink tokens")
     seed = _check_seed(seed)
-    if not _is_int(offset) or offset < 0:
-        raise _usage("usage.value", f"offset must be an int >= 0, got {offset!r}")
+    if not _is_int(offset) or not 0 <= offset < (1 << 63):
+        raise _usage("usage.value", f"offset must be an int in [0, 2**63), got {offset!r}",
+                     "the Philox counter's base: advance it by the elements a previous call drew")
 
     # bias and slopes
     if bias is not None:

@@ -41,6 +41,9 @@ def attention_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bias=Non
         if a.shape != want_o:
             raise _usage("usage.shape", f"`{name}` must have the forward output's shape {want_o}, got {a.shape}")
     lse = np.asarray(lse)
+    if lse.dtype.kind != "f":
+        raise _usage("usage.dtype", f"`lse` must be the forward's float32 LSE, got dtype {lse.dtype}",
+                     "call the forward with return_lse=True and pass its second result")
     want_l = (c.Hq, q.shape[0]) if c.group else (c.B, c.Hq, c.Sq_max)
     if lse.shape != want_l:
         raise _usage("usage.shape", f"`lse` must be the forward's LSE of shape {want_l}, got {lse.shape}",

@@ -102,6 +102,9 @@ def _pages_of(block_table, kv_indptr, kv_indices, batch: int, num_pages: int, to
                          f"end at most at len(kv_indices) = {ix.shape[0]}; got {ip.tolist()}",
                          "kv_indptr[b + 1] - kv_indptr[b] is sequence b's page count")
         rows = [ix[ip[b]:ip[b + 1]] for b in range(batch)]
+    if page < 1:
+        raise _usage("usage.shape", "the caches' page size (their second dim) must be >= 1, got 0",
+                     "linear caches are [num_pages, page_size, Hk, D]")
     for b, r in enumerate(rows):
         need = -(-int(tokens[b]) // page)
         if need > r.shape[0]:
@@ -216,12 +219,21 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
         q = q * (qd.reshape(-1)[0] if qd.size == 1 else qd[:, :, None])
         k_cache = np.asarray(k_cache, np.float64) * _kv_descale("k_descale", descales[1], p, hk, page=page)
         v_cache = np.asarray(v_cache, np.float64) * _kv_descale("v_descale", descales[2], p, hk, page=page)
+    cq = _ints("cu_seqlens_q", cu_seqlens_q, 1)
+    batch = _lengths(seqlens_k).shape[0]
+    if cq.shape[0] != batch + 1:
+        raise _usage("usage.shape", f"`cu_seqlens_q` must be [B + 1] = [{batch + 1}] (one sequence per "
+                     f"seqlens_k entry), got {cq.shape[0]} entries", "B is len(seqlens_k)")
     k, v, cu_k = gather_kv(k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
                            seqlens_k=seqlens_k, layout=layout)
-    cq = _ints("cu_seqlens_q", cu_seqlens_q, 1)
-    if cq.shape != cu_k.shape:
-        raise _usage("usage.shape", f"`cu_seqlens_q` must be [B + 1] = [{cu_k.shape[0]}] (one sequence per "
-                     f"seqlens_k entry), got {cq.shape[0]} entries")
+    q = _as_float_array("q", q)
+    hk, d = k.shape[1], k.shape[2]
+    if q.ndim != 3 or q.shape[2] != d or q.shape[1] % max(hk, 1):
+        raise _usage("usage.shape", f"`q` must be [Tq, Hq, D = {d}] (the caches' head dim) with Hq a multiple of "
+                     f"the caches' Hk = {hk}, got shape {q.shape}", "k_cache is [num_pages, page_size, Hk, D]")
+    if descales is None and q.dtype != k.dtype:
+        raise _usage("usage.dtype", f"`q` must have the caches' dtype {k.dtype}, got {q.dtype}",
+                     "pass q.astype(k_cache.dtype)")
     out, lse = attention_fwd(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=cu_k, **forward)
     return (out, lse) if return_lse else out
 
@@ -231,11 +243,14 @@ def rotary(x, positions, cos, sin, interleaved: bool = False):
     pairs ``(2i, 2i + 1)`` when ``interleaved`` (GPT-J), else ``(i, i + rotary_dim / 2)`` (GPT-NeoX, half-rotated);
     ``cos``/``sin`` are ``[max_position, rotary_dim / 2]``."""
     x = np.array(x, copy=True)
-    cos = np.asarray(cos, np.float64)
-    sin = np.asarray(sin, np.float64)
-    if cos.ndim != 2 or cos.shape != sin.shape:
-        raise _usage("usage.shape", f"`rotary_cos`/`rotary_sin` must be [max_position, rotary_dim / 2] alike, got "
-                     f"{cos.shape} and {sin.shape}")
+    if not isinstance(interleaved, (bool, np.bool_)):
+        raise _usage("usage.type", f"rotary_interleaved must be True or False, got {interleaved!r}",
+                     "True: pairs (2i, 2i + 1) (GPT-J); False: (i, i + rotary_dim / 2) (GPT-NeoX)")
+    cos, sin = (_as_float_array(n, t).astype(np.float64) for n, t in (("rotary_cos", cos), ("rotary_sin", sin)))
+    if cos.ndim != 2 or cos.shape != sin.shape or cos.shape[1] < 1:
+        raise _usage("usage.shape", f"`rotary_cos`/`rotary_sin` must be [max_position, rotary_dim / 2] alike, "
+                     f"rotary_dim >= 2, got {cos.shape} and {sin.shape}",
+                     "one row per position, one column per rotated pair")
     half = cos.shape[1]
     if 2 * half > x.shape[-1]:
         raise _usage("usage.shape", f"rotary_dim = 2 x {half} exceeds the head dim {x.shape[-1]}")
@@ -271,6 +286,9 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     cn = _ints("cu_seqlens_new", cu_seqlens_new, 1)
     k_new = _as_float_array("k_new", k_new)
     v_new = _as_float_array("v_new", v_new)
+    if k_new.ndim != 3 or v_new.ndim != 3:
+        raise _usage("usage.shape", f"`k_new`/`v_new` must be 3-D [Tnew, Hk, D] / [Tnew, Hk, Dv], got {k_new.shape} "
+                     f"and {v_new.shape}", "the new tokens of every sequence, one after another (cu_seqlens_new)")
     if cn.shape[0] != lens.shape[0] + 1 or cn[0] != 0 or np.any(np.diff(cn) < 0) or cn[-1] != k_new.shape[0]:
         raise _usage("usage.value", f"`cu_seqlens_new` must be [B + 1] = [{lens.shape[0] + 1}], start at 0, never "
                      f"decrease and end at len(k_new) = {k_new.shape[0]}; got {cn.tolist()}")
@@ -289,9 +307,10 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     qr = None
     if q is not None:
         q = _as_float_array("q", q)
-        if q.shape[0] != k_new.shape[0] or q.ndim != 3:
-            raise _usage("usage.shape", f"`q` must be the new tokens' queries [Tnew = {k_new.shape[0]}, Hq, D], got "
-                         f"{q.shape}")
+        hk, d = k_new.shape[1], k_new.shape[2]
+        if q.ndim != 3 or q.shape[0] != k_new.shape[0] or q.shape[2] != d or q.shape[1] % hk:
+            raise _usage("usage.shape", f"`q` must be the new tokens' queries [Tnew = {k_new.shape[0]}, Hq, D = {d}] "
+                         f"with Hq a multiple of Hk = {hk}, got {q.shape}", "q rows are the same new tokens as k_new")
         qr = rotary(q, pos, rotary_cos, rotary_sin, rotary_interleaved) if rope else q.copy()
     if descales is not None:
         from .fp8 import E4M3_MAX, round_e4m3

@@ -348,3 +348,49 @@ kernel_set lds {
     assert "d192x128" in failed["name"] and "bytes of shared memory; gfx942 allows 65536" in failed["reason"]
     (e,) = fmha_dsl.Registry.load(str(tmp_path / "out" / "registry.json"))
     assert "d128x128" in e.name and 0 < e.build["shared"] <= 65536
+
+
+def _failing_compile(kind, sig, alg, arch):
+    raise RuntimeError("compiler says no")
+
+
+def test_a_build_that_keeps_nothing_leaves_the_registry_there_as_it_was(built, monkeypatch):
+    """Every kernel failing writes no registry: the one a previous build wrote (with its seqtune table) stays."""
+    import shutil
+
+    from fmha_dsl import build_triton as bt
+
+    ks, root, _, first = built
+    out = root / "out-keep"
+    shutil.copytree(root / "out", out)
+    before = (out / "registry.json").read_bytes()
+    monkeypatch.setattr(bt, "_compile_in_worker", _failing_compile)
+    res = build(ks, str(out), jobs=1, cache_dir=str(root / "cache-fail-all"))
+    assert res.total == 0 and not res.written and len(res.failures) == 3
+    assert (out / "registry.json").read_bytes() == before
+
+
+def test_a_rebuild_keeps_the_seqtune_table_of_the_registry_it_replaces(built):
+    """`fmha-dsl tune` measured into the build directory; building into it again keeps those measurements."""
+    import shutil
+
+    from fmha_dsl.keys import Problem
+    from fmha_dsl.seqtune import class_of_problem
+
+    ks, root, cache, _ = built
+    out = root / "out-tuned"
+    shutil.copytree(root / "out", out)
+    reg = fmha_dsl.Registry.load(str(out / "registry.json"))
+    name = next(iter(reg)).name
+    reg.seqtune = {"device": {"name": "NVIDIA H200", "arch": "sm90"}, "shapes": "default",
+                   "classes": [{"class": class_of_problem(Problem(family="fwd", dtype="fp16", hdim_q=64,
+                                                                  hdim_v=64, mask="top_left", lse=True)),
+                                "points": [{"seqlen_q": 1024, "seqlen_k": 1024, "batch": 1, "nhead_q": 16,
+                                            "nhead_k": 16, "times_us": {name: 12.5}, "failed": {}}]}]}
+    reg.save(str(out / "registry.json"))
+    assert fmha_dsl.Registry.load(str(out / "registry.json")).seqtune == reg.seqtune
+    res = build(ks, str(out), jobs=1, cache_dir=cache)
+    assert res.written and res.kept_table
+    assert fmha_dsl.Registry.load(str(out / "registry.json")).seqtune == reg.seqtune
+    fresh = build(ks, str(root / "out-fresh"), jobs=1, cache_dir=cache)
+    assert not fresh.kept_table and fmha_dsl.Registry.load(str(root / "out-fresh" / "registry.json")).seqtune is None

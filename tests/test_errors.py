@@ -196,3 +196,24 @@ def test_cli_exit_code_follows_the_class(monkeypatch, capsys):
         monkeypatch.setattr(cli, "cmd_check", boom)
         assert cli.main(["check", "ck_receipt0"]) == code
     assert "this is a bug" in capsys.readouterr().err
+
+
+def test_wrong_argument_types_to_the_python_api_are_usage_errors():
+    """Not a bare TypeError from os.fspath or list(): the argument, what was expected and a hint."""
+    import glob
+    import os
+
+    import numpy as np
+
+    with pytest.raises(fmha_dsl.errors.UsageError, match="load\\(\\) takes the path of a .fmha file.*got NoneType"):
+        fmha_dsl.load(None)
+    with pytest.raises(fmha_dsl.errors.UsageError, match="got int"):
+        fmha_dsl.load(3)
+    kernels = fmha_dsl.load(sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "kernelsets", "*.fmha")))[0])
+    with pytest.raises(fmha_dsl.errors.UsageError, match="arch must be a name like 'gfx942'.*got int 5"):
+        kernels.expand(arch=5)
+    q = np.zeros((1, 2, 3, 8), np.float32)
+    with pytest.raises(fmha_dsl.errors.UsageError, match=r"offset must be an int in \[0, 2\*\*63\)"):
+        fmha_dsl.attention(q, q, q, dropout_p=0.1, seed=1, offset=2 ** 63)
+    with pytest.raises(fmha_dsl.errors.UsageError, match="`lse` must be the forward's float32 LSE, got dtype <U1"):
+        fmha_dsl.attention_backward(q, q, q, q, np.full((1, 2, 3), "x"), q)

@@ -75,6 +75,70 @@ def test_numpy_errors_name_the_table_problem(kw, match):
                                  **kw)
 
 
+def test_numpy_paged_attention_reads_a_numpy_bool_as_a_bool_and_fills_out():
+    """causal=np.True_ is causal=True (bottom-right here), not top-left; ``out`` is written and returned."""
+    kc, vc, bt = _cache([9, 6])
+    q = np.random.default_rng(1).standard_normal((5, 4, 16)).astype(np.float32)
+    kw = dict(block_table=bt, seqlens_k=np.array([9, 6], np.int32), cu_seqlens_q=np.array([0, 3, 5], np.int32))
+    want = fmha_dsl.paged_attention(q, kc, vc, causal=True, **kw)
+    assert not np.allclose(want, fmha_dsl.paged_attention(q, kc, vc, causal="top_left", **kw))
+    np.testing.assert_array_equal(fmha_dsl.paged_attention(q, kc, vc, causal=np.bool_(True), **kw), want)
+    np.testing.assert_array_equal(fmha_dsl.paged_attention(q, kc, vc, causal=np.bool_(False), **kw),
+                                  fmha_dsl.paged_attention(q, kc, vc, **kw))
+    out = np.zeros_like(want)
+    assert fmha_dsl.paged_attention(q, kc, vc, causal=True, out=out, **kw) is out
+    np.testing.assert_array_equal(out, want)
+    with pytest.raises(UsageError, match=r"`out` must be a writable numpy array of shape \(5, 4, 16\)"):
+        fmha_dsl.paged_attention(q, kc, vc, out=np.zeros((5, 4, 15), np.float32), **kw)
+    with pytest.raises(UsageError, match=r"max_seqlen_k=8 is below the longest sequence \(9\)"):
+        fmha_dsl.paged_attention(q, kc, vc, max_seqlen_k=8, **kw)
+    with pytest.raises(UsageError, match=r"max_seqlen_q=2 is below the longest sequence \(3\)"):
+        fmha_dsl.paged_attention(q, kc, vc, max_seqlen_q=2, **kw)
+    with pytest.raises(UsageError, match="scale >= 0"):
+        fmha_dsl.paged_attention(q, kc, vc, scale=-1.0, **kw)
+    with pytest.raises(UsageError, match=r"page size \(their second dim\) must be >= 1"):
+        fmha_dsl.paged_attention(q, kc[:, :0], vc[:, :0], **kw)
+    with pytest.raises(UsageError, match=r"`q` must be \[Tq, Hq, D = 16\] \(the caches' head dim\)"):
+        fmha_dsl.paged_attention(q[..., :8], kc, vc, **kw)
+    with pytest.raises(UsageError, match="`q` must have the caches' dtype float32, got float16"):
+        fmha_dsl.paged_attention(q.astype(np.float16), kc, vc, **kw)
+    with pytest.raises(UsageError, match=r"`cu_seqlens_q` must be \[B \+ 1\] = \[4\]"):
+        fmha_dsl.paged_attention(q, kc, vc, **dict(kw, seqlens_k=np.array([9, 6, 1], np.int32)))
+    with pytest.raises(UsageError, match="workspace_numel\\(\\): `q` must be a torch tensor"):
+        fmha_dsl.paged.workspace_numel(q, kc, vc, batch=2, max_seqlen_q=3, max_seqlen_k=9)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"q": np.array(1.0, np.float32)}, r"`q` must be the new tokens' queries \[Tnew = 3, Hq, D = 16\]"),
+    ({"q": np.zeros((3, 3, 16), np.float32)}, "Hq a multiple of Hk = 2, got \\(3, 3, 16\\)"),
+    ({"q": np.zeros((3, 4, 8), np.float32)}, "D = 16"),
+    ({"rotary_cos": "a", "rotary_sin": "b"}, "`rotary_cos` must be float16, float32 or float64"),
+    ({"rotary_cos": np.zeros((8, 0)), "rotary_sin": np.zeros((8, 0))}, "rotary_dim >= 2"),
+    ({"rotary_cos": np.ones((8, 2)), "rotary_sin": np.ones((8, 2)), "rotary_interleaved": "no"},
+     "rotary_interleaved must be True or False, got 'no'"),
+    ({"k_new": np.ones((3, 2, 16), np.float16)}, "`k_new` must have the cache's dtype float32, got float16"),
+    ({"k_new": np.ones((2, 16), np.float32)}, "`k_new`/`v_new` must be 3-D"),
+])
+def test_numpy_append_kv_errors_are_located(kw, match):
+    kc, vc, bt = _cache([5, 2], page=4)
+    args = dict(k_new=np.ones((3, 2, 16), np.float32), v_new=np.ones((3, 2, 16), np.float32), block_table=bt,
+                seqlens_k=[5, 2], cu_seqlens_new=[0, 2, 3])
+    args.update(kw)
+    with pytest.raises(UsageError, match=match):
+        fmha_dsl.append_kv(kc, vc, **args)
+
+
+def test_numpy_append_kv_without_a_table_takes_a_contiguous_cache_only():
+    kn = np.ones((3, 2, 16), np.float32)
+    vec = np.zeros((2, 2, 2, 8, 8), np.float32)   # CK's vectorized K layout: paged, so it needs its table
+    with pytest.raises(UsageError, match="without a page table is contiguous"):
+        fmha_dsl.append_kv(vec, vec.copy(), kn, kn, seqlens_k=[1, 1], cu_seqlens_new=[0, 2, 3])
+    kc, vc, _ = _cache([5, 2], page=4)
+    with pytest.raises(UsageError, match=r"page size \(their second dim\) must be >= 1"):
+        fmha_dsl.append_kv(kc[:, :0].copy(), vc[:, :0].copy(), kn, kn, block_table=np.zeros((2, 1), np.int32),
+                           seqlens_k=[1, 1], cu_seqlens_new=[0, 2, 3])
+
+
 def test_torch_argument_errors_are_located():
     torch = pytest.importorskip("torch")
     kc, vc, bt = _cache([9, 6])
