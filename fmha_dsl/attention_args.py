@@ -62,7 +62,8 @@ def as_bool(x):
 
 def _mask(causal, window):
     """(mask name, window_left, window_right, bottom_right) per docs/semantics.md."""
-    causal = as_bool(causal)
+    if causal is not True and causal is not False and causal is not None:
+        causal = as_bool(causal)
     if causal is False or causal is None:
         mode = None
     elif causal is True or causal == "top_left":

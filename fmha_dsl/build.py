@@ -39,6 +39,7 @@ class BuildResult:
     failures: list = field(default_factory=list)   # [{name, arch, reason}] left out of the registry
     seconds: float = 0.0
     written: bool = True      # False: no kernel was kept, and no registry written (one already there is unchanged)
+    spilled: int = 0          # kernels left out for spilling registers (--no-spills)
     kept_table: bool = False  # the seqtune table of the registry it replaced carried over
 
 

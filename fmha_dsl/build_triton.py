@@ -290,9 +290,9 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     failures.sort(key=lambda f: (f["arch"], f["name"]))
     spilled.sort(key=lambda f: (f["arch"], f["name"]))
     path = registry_path(out)
-    table = _previous_table(path)
+    table = _carried_table(path, kept)
     if len(kept):  # (every kernel failed: a registry already there stays as it was, and none is written)
-        kept.seqtune = table  # a rebuild keeps the measurements `fmha-dsl tune` made (kernels are found by name)
+        kept.seqtune = table
         kept.save(path)
     seconds = time.perf_counter() - t0
     write_atomic(os.path.join(out, "build-report.json"), json.dumps(
@@ -300,18 +300,36 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
          "kernels": len(kept), "seconds": round(seconds, 3), "jobs": jobs}, indent=1, sort_keys=True) + "\n")
     return {"path": path, "total": len(kept), "by_arch": kept.statistics()["by_arch"], "report": rep,
             "compiled": compiled, "cached": cached, "failures": failures, "seconds": seconds,
-            "written": bool(len(kept)), "kept_table": bool(len(kept)) and table is not None}
+            "written": bool(len(kept)), "kept_table": bool(len(kept)) and table is not None, "spilled": len(spilled)}
 
 
-def _previous_table(path: str) -> dict | None:
-    """The seqtune table of the registry a build is about to replace (None: no file, no table, or not a registry
-    this version reads -- a rebuild then writes its registry without one)."""
+def _carried_table(path: str, kept: Registry) -> dict | None:
+    """What a rebuild keeps of the seqtune table of the registry at ``path`` that it replaces: the measurements
+    (times and failures) of the kernels it builds again from the same cache key -- the same source, options and
+    Triton; a kernel whose binary changed is measured again by the next `fmha-dsl tune`.  None: no previous
+    registry this version reads, no table, or nothing of it still applies."""
     if not os.path.isfile(path):
         return None
     try:
-        return Registry.load(path).seqtune
+        old = Registry.load(path)
     except (FmhaError, OSError):
         return None
+    if not old.seqtune:
+        return None
+    new_keys = {e.identifier: (e.build or {}).get("cache_key") for e in kept}
+    same = {e.identifier for e in old if (e.build or {}).get("cache_key") and
+            new_keys.get(e.identifier) == (e.build or {}).get("cache_key")}
+    classes = []
+    for c in old.seqtune.get("classes", []):
+        points = []
+        for p in c.get("points", []):
+            times = {k: v for k, v in p.get("times_us", {}).items() if k in same}
+            failed = {k: v for k, v in p.get("failed", {}).items() if k in same}
+            if times or failed:
+                points.append(dict(p, times_us=times, failed=failed))
+        if points:
+            classes.append(dict(c, points=points))
+    return dict(old.seqtune, classes=classes) if classes else None
 
 
 __all__ = ["build_with_triton", "compile_through_cache", "kernel_job", "companion_jobs", "build_record"]

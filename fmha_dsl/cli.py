@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -47,6 +48,20 @@ def _positive(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
     return n
+
+
+def _number(zero_ok: bool):
+    """argparse type: a finite number > 0 (``>= 0`` with ``zero_ok``): ``--budget nan`` never stopped, ``--rep 0``
+    timed nothing."""
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            x = math.nan
+        if not (math.isfinite(x) and (x >= 0 if zero_ok else x > 0)):
+            raise argparse.ArgumentTypeError(f"must be a finite number {'>=' if zero_ok else '>'} 0, got {text!r}")
+        return x
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,10 +110,10 @@ def _parser() -> argparse.ArgumentParser:
                         epilog="example: fmha-dsl tune build/bench --budget 600")
     sp.add_argument("dir", help="build directory (with registry.json and the compiled kernels)")
     sp.add_argument("--shapes", default=None, help="shape matrix, JSON or YAML (default: the shipped matrix)")
-    sp.add_argument("--budget", type=float, default=None, help="stop after this many seconds (resumable)")
+    sp.add_argument("--budget", type=_number(False), default=None, help="stop after this many seconds (resumable)")
     sp.add_argument("--arch", default=None, help="registry arch to tune (default: the GPU's)")
-    sp.add_argument("--warmup", type=float, default=10.0, help="warm-up per timing, ms (default 10)")
-    sp.add_argument("--rep", type=float, default=40.0, help="repeats per timing, ms (default 40)")
+    sp.add_argument("--warmup", type=_number(True), default=10.0, help="warm-up per timing, ms (default 10)")
+    sp.add_argument("--rep", type=_number(False), default=40.0, help="repeats per timing, ms (default 40)")
     sp.add_argument("-q", "--quiet", action="store_true")
     sp.add_argument("-v", "--verbose", action="store_true", help="print every timing")
     sp.set_defaults(fn=cmd_tune)
@@ -153,13 +168,23 @@ def _silence_stdout() -> None:
 
 
 def main(argv=None) -> int:
-    from .errors import FmhaError, InternalError
-
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "fn", None):
         parser.print_help()
         return EXIT_INPUT
+    import warnings
+
+    with warnings.catch_warnings():  # (restores the caller's warning display when the command returns)
+        if not args.debug:  # the library's warnings as the CLI's own lines, not Python's `file:line: Warning` form
+            warnings.showwarning = lambda message, *a, **k: _err(f"warning: {message}")
+        return _run(args)
+
+
+def _run(args) -> int:
+    """Run the command ``args`` names; its errors become messages and the exit code."""
+    from .errors import FmhaError, InternalError
+
     try:
         status = args.fn(args)
         _flush()  # here, not at exit: a stdout that refuses data is reported like any other error

@@ -143,14 +143,17 @@ def cmd_build(args) -> int:
     _print_notes(res.report, "text")
     for f in res.failures:
         _err(f"failed: {f['arch']} {f['name']}: {f['reason']}")
+    if not res.written:  # (an error: said even with -q)
+        why = ", ".join(f"{n} {what}" for n, what in ((len(res.failures), "failed"),
+                                                      (res.spilled, "dropped for spills (--no-spills)")) if n)
+        _err(f"no registry written: no kernel was kept ({why or 'none built'}); "
+             + (f"{res.path} is as it was" if os.path.exists(res.path) else f"{res.path} was not made"))
+        return EXIT_FAIL
     if not args.quiet:
         per = ", ".join(f"{a}: {n}" for a, n in res.by_arch.items())
         extra = (f"; compiled {res.compiled}, from cache {res.cached}, failed {len(res.failures)}"
                  if res.compiled or res.cached or res.failures else "")
-        if res.written:
-            _out(f"wrote {res.path}: {res.total} kernels ({per}){extra}")
-        else:
-            _out(f"no registry written: every kernel failed{extra}; {res.path} is as it was")
+        _out(f"wrote {res.path}: {res.total} kernels ({per}){extra}")
         if res.kept_table:
             _out(f"kept the seqtune table of the registry it replaced (`fmha-dsl tune {args.output}` measures what "
                  "is new)")
@@ -237,6 +240,9 @@ def cmd_precompile(args) -> int:
     doc = load_shapes(args.shapes)  # every input checked before the folder is made
     problems = [problem_of(cls, pt, args.arch) for cls, pts in expand_shapes(doc, args.shapes or "<shipped matrix>")
                 for pt in pts]
+    if not problems:  # (an empty list in the matrix: `classes: []`, `dtype: []`, `seqlens: []`)
+        raise error("usage.shapes", f"the shape matrix `{args.shapes}` names no problem: one of its lists is empty",
+                    None, "give each of classes, dtype and seqlens at least one value", cls=UsageError)
     folder = os.path.abspath(args.cache_dir if args.cache_dir is not None else cache_base())
     _check_writable(folder)
     t0 = time.perf_counter()

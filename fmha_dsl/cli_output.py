@@ -11,7 +11,10 @@ STDOUT_RULE = "output.stdout"
 
 
 def _write(text: str) -> None:
-    """Write to stdout; a stdout that refuses data (a full disk, /dev/full) is a usage error, not a bug."""
+    """Write to stdout; a stdout that refuses data (a full disk, /dev/full) or is closed is a usage error, not a
+    bug."""
+    if sys.stdout is None:  # started with stdout closed (`>&-`): Python leaves sys.stdout None
+        raise _stdout_error(OSError(9, "it is closed"))
     try:
         sys.stdout.write(text)
     except BrokenPipeError:
@@ -21,6 +24,8 @@ def _write(text: str) -> None:
 
 
 def _flush() -> None:
+    if sys.stdout is None:
+        return
     try:
         sys.stdout.flush()
     except BrokenPipeError:
@@ -42,4 +47,5 @@ def _out(text: str = "") -> None:
 
 
 def _err(text: str) -> None:
-    sys.stderr.write(text.rstrip("\n") + "\n")
+    if sys.stderr is not None:  # (closed: nowhere to say it; the exit code still does)
+        sys.stderr.write(text.rstrip("\n") + "\n")

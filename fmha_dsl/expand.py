@@ -21,8 +21,9 @@ from .expand_tiles import _explicit_tiles, _missed_tiles_hint, _tile_candidates
 from .expr import where_rule
 from .fields import ALG_KEYS, SIG_KEYS
 from .keyfields import KeyFields
+from .knobs import max_kernels
 from .rules import family_rules
-from .rules.base import FACTORY, Rule, Tile, schedule, search
+from .rules.base import FACTORY, Rule, Tile, TooMany, schedule, search
 from .rules.ck_common import common_rules
 
 AMD_ARCHS = arch_table.vendor_archs("amd")
@@ -233,7 +234,18 @@ class _Expander:
         n = 0
         src = f"{d.display or d.path or '<input>'}:{d.span.line}"
         label = d.label
-        for b in search(fields, candidates, plan, env, self.on_fail):
+        most = max_kernels()
+        try:  # (the walk stops past the limit: a runaway wildcard costs a bounded time and memory)
+            found = search(fields, candidates, plan, env, self.on_fail, most - len(out))
+        except TooMany:
+            found = None
+        if found is None:
+            raise RuleError(Diagnostic(
+                "decl.too-many", f"declaration `{label}` expands to more than {most:,} kernels ({arch}, "
+                f"{fr.family}, {self.backend} backend, and counting)", d.span,
+                "narrow its wildcards (a tile, a pipeline, padding), name fewer targets with --arch, or raise "
+                "FMHA_DSL_MAX_KERNELS"))
+        for b in found:
             name = fr.ck_name(b)
             sig, alg = _fields(b)  # rewrites b's tile entry: name it first
             out.append(Kernel(sig, alg, arch, name, src, label, self.backend))
@@ -334,11 +346,13 @@ def merge(results: list[DeclResult], decls, archs, backend: str | None = None, k
     keep them in ``Report.errors`` instead: ``explain`` shows the counts of a declaration that fails)."""
     report = Report()
     errors: list[Diagnostic] = []
-    for r in results:
+    for r, d in zip(results, decls):
         report.kernels.extend(r.report.kernels)
         report.dropped.update(r.report.dropped)
-        report.per_decl.update(r.report.per_decl)
-        for label in r.report.per_decl:
+        for label, counts in r.report.per_decl.items():
+            if label in report.per_decl:  # two `kernel x` (or two sets `a` across includes): each its own row
+                label = f"{label} ({d.display or d.path or '<input>'}:{d.span.line})"
+            report.per_decl[label] = counts
             report.decl_dropped[label] = dict(sorted(r.report.dropped.items(), key=lambda t: (-t[1], t[0])))
         report.notes.extend(r.report.notes)
         for k, v in r.report.rule_text.items():

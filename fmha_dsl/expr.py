@@ -15,7 +15,7 @@ from typing import Any, Callable
 from . import vocab as V
 from .ast import Expr, Where
 from .errors import ParseError, did_you_mean, error
-from .rules.base import Rule
+from .rules.base import FACTORY, Rule
 
 _TILE_DIMS = {f"tile_{n}": f"tile{i}" for i, n in enumerate(V.TILE_NAMES)}
 _TILE_DIMS.update({f"wave_{n}": f"wave{i}" for i, n in enumerate(V.WAVE_NAMES)})
@@ -82,10 +82,32 @@ def _canon_word(word: str, field: str | None = None) -> str:
 
 
 def _enum_field(e: Expr) -> str | None:
-    """The field a name node reads, when that field has an alias table (dtype, mask, pipeline ...)."""
-    if e.op == "name" and e.args[0] in V.ALIASES:
+    """The field a name node reads, when that field takes names from a known list (dtype, mask, pipeline, arch ...)."""
+    if e.op == "name" and _known_values(e.args[0]):
         return e.args[0]
     return None
+
+
+def _known_values(field: str | None) -> tuple[str, ...]:
+    """Every spelling ``field`` takes (its aliases included); empty when it is not a field of named values."""
+    if field in V.ALIASES:
+        return tuple(V.ALIASES[field])
+    if field == "arch":
+        return tuple(V.ARCHS)
+    if field == "factory":
+        return tuple(sorted(set(FACTORY.values())))
+    return ()
+
+
+def _value(word: str, field: str | None, e: Expr) -> str:
+    """``word`` compared with ``field``: its canonical spelling, or a located error when the field never takes it (a
+    typo like ``pipeline != "qrasync"`` would otherwise keep or drop every kernel without a word)."""
+    known = _known_values(field)
+    if known and word not in known:
+        canon = sorted(set(V.ALIASES[field].values())) if field in V.ALIASES else list(known)
+        raise error("where.unknown-value", f"`{word}` is not {_a(field)} value", e.span,
+                    did_you_mean(word, list(known)) or f"{field} is one of: {', '.join(canon)}", cls=ParseError)
+    return _canon_word(word, field)
 
 
 _PADS = ("pad_s", "pad_sk", "pad_d", "pad_dv")
@@ -125,7 +147,7 @@ def compile_expr(e: Expr, field: str | None = None) -> Compiled:
         v = e.args[0]
         return Compiled(lambda b: v, "int", frozenset())
     if op == "str":
-        v = _canon_word(e.args[0], field)
+        v = _value(e.args[0], field, e)
         return Compiled(lambda b: v, "str", frozenset())
     if op == "bool":
         v = e.args[0]
@@ -135,7 +157,7 @@ def compile_expr(e: Expr, field: str | None = None) -> Compiled:
         if n in NAMES:
             return Compiled(_getter(n), _type_of(n), frozenset({_field_of(n)}))
         if n in _KNOWN_WORDS or _canon_word(n) != n:
-            v = _canon_word(n, field)
+            v = _value(n, field, e)
             return Compiled(lambda b: v, "str", frozenset())
         raise error("where.unknown-name", f"unknown name `{n}` in where clause", e.span,
                     did_you_mean(n, NAMES + sorted(_KNOWN_WORDS)) or "names: " + ", ".join(NAMES), cls=ParseError)

@@ -40,7 +40,11 @@ def _archs(arch: ArchArg) -> Optional[tuple[str, ...]]:
             out.append(part)
     if bad:
         raise UsageError(bad)
-    return tuple(dict.fromkeys(out)) or None
+    if not out:  # `--arch ""` (an unset $ARCH): not every target, which `*` or no --arch asks for
+        raise error("usage.arch", f"arch names no target: got {arch!r}", None,
+                    f"name one or more ({', '.join(V.ARCHS)}), or `*` for every target the set declares",
+                    cls=UsageError)
+    return tuple(dict.fromkeys(out))
 
 
 def _profile(profile) -> Optional[str]:

@@ -111,9 +111,15 @@ GATHER_MIB = Knob("FMHA_DSL_GATHER_MIB", "int", 1024,
 JOBS = Knob("FMHA_DSL_JOBS", "int", None,
             "Compile worker processes for first-use compiles (default: the CPU count). They stay idle for 30 s "
             "after a compile for the process's next one (a worker takes about a second to start), then stop.")
+MAX_KERNELS = Knob("FMHA_DSL_MAX_KERNELS", "int", 200_000,
+                   "The most kernels one declaration may expand to: past it, `check`, `build` and the Python API stop "
+                   "with a located error instead of filling memory (a wildcard left open can mean millions: CK's "
+                   "receipt 0 under the Triton backend is 4.8 million kernels for sm90 alone, 10 GB). The largest "
+                   "declaration CK's generator gives (receipt 0 with profile `all`, every target) is 59,250.",
+                   minimum=1)
 
 KNOBS: tuple[Knob, ...] = (CACHE_DIR, LAUNCHER, NO_BUILD, NATIVE_LAUNCH, TORCH_FAST, AUTOTUNE, TUNE_CANDIDATES,
-                           TUNED_SHIPPED, TUNED_CONFIRM, COMPILE_AHEAD, GATHER_MIB, JOBS)
+                           TUNED_SHIPPED, TUNED_CONFIRM, COMPILE_AHEAD, GATHER_MIB, JOBS, MAX_KERNELS)
 
 
 def cache_dir() -> str | None:
@@ -162,6 +168,10 @@ def gather_bytes() -> int:
 
 def jobs() -> int:
     return JOBS.get() or max(1, os.cpu_count() or 1)
+
+
+def max_kernels() -> int:
+    return MAX_KERNELS.get()
 
 
 def by_name(name: str) -> Knob:

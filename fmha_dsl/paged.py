@@ -83,7 +83,8 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     varlen and FlashInfer); ``causal="top_left"`` aligns the first query with the first key. ``out``: a preallocated
     output; ``workspace``: a float32 buffer of :func:`workspace_numel` elements for split-KV plans (see the module
     docstring)."""
-    causal = as_bool(causal)
+    if causal is not True and causal is not False:
+        causal = as_bool(causal)
     if causal is True:  # the queries are each sequence's last tokens (FlashAttention-2 varlen, FlashInfer)
         causal = "bottom_right"
     descales = (q_descale, k_descale, v_descale)
@@ -260,8 +261,9 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     ``k_descale``/``v_descale`` (float32 tensors on the device, the ones attention reads: one element each, or
     ``[num_pages, Hk]`` block scales -- a contiguous cache's pages are its sequences) quantize each new row by its
     page's and head's: ``e4m3(clamp(x / descale, -448, 448))``, RoPE applied first; q is rotated in bfloat16."""
-    rotary_interleaved = as_bool(rotary_interleaved)
-    if not isinstance(rotary_interleaved, bool):
+    if rotary_interleaved is not False and rotary_interleaved is not True:
+        rotary_interleaved = as_bool(rotary_interleaved)
+    if rotary_interleaved is not False and rotary_interleaved is not True:
         raise error("usage.type", f"append_kv(): rotary_interleaved must be True or False, got {rotary_interleaved!r}",
                     None, "True: pairs (2i, 2i + 1) (GPT-J); False: (i, i + rotary_dim / 2) (GPT-NeoX)",
                     cls=UsageError)

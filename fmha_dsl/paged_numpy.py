@@ -38,10 +38,10 @@ def paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu
     if out is not None:
         if not isinstance(out, np.ndarray) or out.shape != got[0].shape or out.dtype != got[0].dtype \
                 or not out.flags.writeable:
-            raise _usage("usage.shape", f"`out` must be a writable numpy array of shape {got[0].shape} and dtype "
-                         f"{got[0].dtype} (q's), got " + (f"{out.shape} {out.dtype}" if isinstance(out, np.ndarray)
-                                                           else type(out).__name__),
-                         "pass np.empty_like(q[..., :Dv]) or leave out=None")
+            raise _usage("usage.value", f"`out` must be a writable numpy array of shape {got[0].shape} and dtype "
+                         f"{got[0].dtype}, got " + (f"{out.shape} {out.dtype}" if isinstance(out, np.ndarray)
+                                                    else type(out).__name__),
+                         f"pass np.empty({got[0].shape}, np.{got[0].dtype}) or leave out=None")
         np.copyto(out, got[0])
         got = (out, got[1])
     return got if return_lse else got[0]

@@ -257,7 +257,16 @@ class _Builder:
 
     # -- expressions
     def where(self, t) -> A.Where:
-        return A.Where(self.expr(t.children[0]), self.L.of_meta(t.meta))
+        sp = self.L.of_meta(t.meta)
+        try:
+            e = self.expr(t.children[0])
+        except RecursionError:
+            e = None
+        if e is None or _depth(e) - 1 > MAX_WHERE_DEPTH:   # (operators: the leaves are not)
+            raise error("where.too-deep", f"this where clause nests more than {MAX_WHERE_DEPTH} operators deep", sp,
+                        "split it into several `where` clauses (a kernel must pass each), or list alternatives with "
+                        "`field in [a, b, ...]`", cls=ParseError)
+        return A.Where(e, sp)
 
     def expr(self, t) -> A.Expr:
         from lark import Token
@@ -295,6 +304,21 @@ class _Builder:
         raise error("internal.parse", f"unknown expression node {d}")
 
 
+# The deepest where clause read: its checks, its evaluation and `fmha-dsl fmt` each walk it recursively, a frame or
+# two per level, within Python's default limit of 1,000 frames (a chain of `or`s is one level per operator)
+MAX_WHERE_DEPTH = 300
+
+
+def _depth(e: A.Expr) -> int:
+    """Nesting depth of an expression, counted without recursion."""
+    best, todo = 0, [(e, 1)]
+    while todo:
+        node, d = todo.pop()
+        best = max(best, d)
+        todo.extend((c, d + 1) for c in node.args if isinstance(c, A.Expr))
+    return best
+
+
 # ---- Lark errors -> diagnostics -----------------------------------------------------------------
 def _expected_words(expected) -> str:
     words = sorted({_TOKEN_WORDS.get(e, f"`{e.lower()}`") for e in expected})
@@ -312,6 +336,9 @@ def _translate(exc, lines: _Lines) -> ParseError:
         if ch in ('"', "'"):
             return error("syntax.unterminated-string", "unterminated string", sp,
                          "close the string on the same line", cls=ParseError)
+        if ch and (ch == "\ufeff" or not ch.isprintable()):  # a BOM mid-text, a NUL: shown as nothing
+            return error("syntax.unexpected-character", f"unexpected invisible character U+{ord(ch):04X}", sp,
+                         "delete it (invisible characters often come with pasted text)", cls=ParseError)
         hint = None
         allowed = getattr(exc, "allowed", None) or set()
         if allowed:
@@ -335,6 +362,12 @@ def _translate(exc, lines: _Lines) -> ParseError:
                          f"expected {_expected_words(exc.expected)}; is a `}}` or `)` missing?", cls=ParseError)
         sp = lines.span(tok.line, tok.column, tok.end_line, tok.end_column)
         shown = str(tok)
+        text = lines.lines[tok.line - 1]
+        at = {"/": tok.column, "*": tok.column - 1}.get(shown)   # `/*` never closed: `/` (or `*` after a `/`)
+        if at and text[at - 1: at + 1] == "/*":
+            return error("syntax.unterminated-comment", "unterminated comment: no `*/` after this `/*`",
+                         lines.span(tok.line, at, tok.line, at + 2),
+                         "close it with `*/` (or comment lines out with `#` or `//`)", cls=ParseError)
         hint = f"expected {_expected_words(exc.expected)}"
         if tok.type == "EQUAL" and "CMP_OP" in exc.expected:  # `where pipeline = "qr"`
             hint = "to compare, write `==` (`=` only names a setter's argument, as in `hdim(q=128)`)"
@@ -352,6 +385,7 @@ def parse_text(text: str, path: str | None = None) -> A.SourceFile:
 
     if not isinstance(text, str):
         raise error("input.not-text", f"expected .fmha source text, got {type(text).__name__}", cls=ParseError)
+    text = text.removeprefix("\ufeff")  # a byte-order mark read as text (open(p).read() of such a file)
     lines = _Lines(text, path)
     parser = _parser()
     with _PARSE_LOCK:  # the comment collector is shared by the one parser: one parse at a time
@@ -370,19 +404,29 @@ def parse_text(text: str, path: str | None = None) -> A.SourceFile:
 def read_source(path: str | os.PathLike, span: Span | None = None) -> str:
     p = os.fspath(path)
     try:
-        with open(p, encoding="utf-8") as f:
+        with open(p, encoding="utf-8-sig") as f:  # (a byte-order mark some editors write is not text)
             return f.read()
     except FileNotFoundError:
         raise error("input.file-not-found", f"no such file: `{p}`", span,
-                    "check the path; relative includes are resolved from the including file's folder",
+                    "check the path; relative includes are resolved from the including file's folder" if span
+                    else "check the path (`fmha-dsl list` names the shipped sets, which need no path)",
                     cls=ParseError) from None
     except IsADirectoryError:
         raise error("input.is-directory", f"`{p}` is a directory, not a .fmha file", span, cls=ParseError) from None
     except UnicodeDecodeError as exc:
-        raise error("input.not-utf8", f"`{p}` is not UTF-8 text (byte {exc.start})", span,
-                    "save the file as UTF-8", cls=ParseError) from None
+        raise error("input.not-utf8", f"`{p}` is not UTF-8 text: byte {exc.start} is {exc.object[exc.start]:#04x}",
+                    _byte_span(p, exc.object, exc.start), "save the file as UTF-8", cls=ParseError) from None
     except OSError as exc:
         raise error("input.unreadable", f"cannot read `{p}`: {exc.strerror}", span, cls=ParseError) from None
+
+
+def _byte_span(path: str, data: bytes, at: int) -> Span:
+    """Where byte ``at`` of a file's ``data`` is: line, column (in characters before it) and the line's text."""
+    start = data.rfind(b"\n", 0, at) + 1
+    end = data.find(b"\n", at)
+    line = data[start:end if end >= 0 else len(data)].decode("utf-8", errors="replace")
+    col = len(data[start:at].decode("utf-8", errors="replace")) + 1
+    return Span(path, data.count(b"\n", 0, at) + 1, col, source_line=line)
 
 
 def parse_file(path: str | os.PathLike, text: str | None = None) -> list[A.SourceFile]:

@@ -40,8 +40,11 @@ def attention_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bias=Non
     for name, a in (("out", out), ("dout", dout)):
         if a.shape != want_o:
             raise _usage("usage.shape", f"`{name}` must have the forward output's shape {want_o}, got {a.shape}")
+        if a.dtype != q.dtype:
+            raise _usage("usage.dtype", f"`{name}` must have q's dtype {q.dtype}, got {a.dtype}",
+                         f"pass {name}.astype(q.dtype)")
     lse = np.asarray(lse)
-    if lse.dtype.kind != "f":
+    if lse.dtype != np.float32:
         raise _usage("usage.dtype", f"`lse` must be the forward's float32 LSE, got dtype {lse.dtype}",
                      "call the forward with return_lse=True and pass its second result")
     want_l = (c.Hq, q.shape[0]) if c.group else (c.B, c.Hq, c.Sq_max)

@@ -176,6 +176,16 @@ class Registry:
                 raise RegistryError(_at(text, path, i, "registry.identifier",
                                         f"kernel {k.name!r}: identifier does not match its signature/algorithm",
                                         "the entry was edited by hand; rebuild the registry"))
+            flat = [(f, got, want) for f, got, want in (("family", k.family, k.signature.family),
+                                                         ("dtype", k.dtype, k.signature.dtype),
+                                                         ("pipeline", k.pipeline, k.algorithm.pipeline))
+                    if got != want]
+            if flat:  # CK's flat copies of three fields: a hand edit of one side only
+                f, got, want = flat[0]
+                raise RegistryError(_at(text, path, i, "registry.flat-field",
+                                        f"kernel {k.name!r}: `{f}` is {got!r} but its "
+                                        f"{'algorithm' if f == 'pipeline' else 'signature'} says {want!r}",
+                                        "the entry was edited by hand; rebuild the registry"))
             if not reg.add(Entry(key, k.name, k.source, k.build)):
                 raise RegistryError(_at(text, path, i, "registry.duplicate",
                                         f"kernel {k.name!r} appears twice", "remove the duplicate entry"))
@@ -315,6 +325,7 @@ def write_atomic(path: str | os.PathLike, chunks: Iterable[str] | str | bytes) -
         os.replace(tmp, real)
     except OSError as exc:
         hint = ("the disk is full: free some space and run again" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                else f"`{p}` is a folder: name a file in it" if exc.errno == errno.EISDIR
                 else f"make `{os.path.dirname(real) or '.'}` writable, or choose another output path")
         raise error("output.write", f"cannot write `{p}`: {exc.strerror or exc}", None, hint,
                     cls=UsageError) from None

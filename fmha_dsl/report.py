@@ -45,6 +45,7 @@ import html
 import json
 import os
 
+from .errors import UsageError, error
 from .registry import write_atomic
 from .report_model import (BANDWIDTH_NOTE, DECODE_ROWS, HINT, PALETTE, RULE, Chooser,  # noqa: F401
                            _class_model, _class_title, _coord, _device_title, fastest_measured, is_decode, load_table,
@@ -270,6 +271,10 @@ def write_report(build_dir_or_registry_json: str, out_path: str, *, png: bool | 
     there); plug the real selector in to show its choices.  ``png_backend_name``: ``auto`` (matplotlib
     when importable, else the built-in rasteriser), ``matplotlib`` or ``builtin``.
     """
+    if out_path.endswith(("/", os.sep)) or os.path.isdir(out_path):
+        raise error("usage.output", f"the report goes to a file, and `{out_path}` names a folder", None,
+                    f"name the page, e.g. -o {os.path.join(out_path, 'report.html')} (or .png for the image alone)",
+                    cls=UsageError)
     table, kernels = load_table(build_dir_or_registry_json)
     written = []
     png_path = None

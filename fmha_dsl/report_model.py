@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 import os
 
 from .errors import FmhaError, RegistryError, UsageError, error
-from .registry import read_document, registry_path
+from .registry import READABLE_VERSIONS, read_document, registry_path
 
 RULE = "report.no-table"
 HINT = "run fmha-dsl tune DIR first"
@@ -40,8 +40,10 @@ def load_table(build_dir_or_registry_json: str) -> tuple[dict, dict]:
                     "(on the GPU) measures it for the report", cls=UsageError)
     try:
         doc = read_document(path)
-    except RegistryError as e:
-        raise _fail(e.message, path) from None
+    except RegistryError as e:  # not a table missing: a file that is not a registry at all
+        raise error("report.bad-registry", e.message, None,
+                    "rebuild it: `fmha-dsl build FILE -o DIR` writes DIR/registry.json (then `fmha-dsl tune DIR` on "
+                    "the GPU)", cls=UsageError) from None
     table = doc.get("seqtune")
     if table is None:
         raise _fail(f"registry {path} has no seqtune table", path)
@@ -49,22 +51,64 @@ def load_table(build_dir_or_registry_json: str) -> tuple[dict, dict]:
         raise _fail(f"the seqtune table of {path} is malformed (no \"classes\" list)", path)
     if not table["classes"]:
         raise _fail(f"the seqtune table of {path} has no measured classes", path)
+    if doc.get("schema_version", 1) not in READABLE_VERSIONS:
+        raise error("report.bad-registry", f"registry {path} has schema_version {doc.get('schema_version')!r}; "
+                    f"this fmha-dsl reads {', '.join(map(str, READABLE_VERSIONS))}", None,
+                    "rebuild it with this version: `fmha-dsl build FILE -o DIR`, then `fmha-dsl tune DIR`",
+                    cls=UsageError)
     for i, c in enumerate(table["classes"]):
-        if not isinstance(c, dict) or not isinstance(c.get("class"), dict) or not isinstance(c.get("points"), list):
-            raise _fail(f"seqtune class #{i} of {path} is malformed (needs \"class\" and \"points\")", path)
+        if not isinstance(c, dict) or not isinstance(c.get("class"), dict) or not isinstance(c.get("points"), list) \
+                or not c["points"]:
+            raise _fail(f"seqtune class #{i} of {path} is malformed (needs \"class\" and a non-empty \"points\" "
+                        "list)", path)
+        why = _bad_class(c["class"])
+        if why:
+            raise _fail(f"seqtune class #{i} of {path} is malformed: {why}", path)
         for j, p in enumerate(c["points"]):
-            ok = isinstance(p, dict) and isinstance(p.get("times_us", {}), dict) and all(
-                isinstance(p.get(k), int) and p.get(k) > 0
-                for k in ("seqlen_q", "seqlen_k", "batch", "nhead_q"))
-            if ok:
-                ok = all(isinstance(v, (int, float)) and v > 0 for v in p.get("times_us", {}).values())
-            if not ok:
-                raise _fail(f"seqtune class #{i} point #{j} of {path} is malformed", path)
+            why = _bad_point(p)
+            if why:
+                raise _fail(f"seqtune class #{i} point #{j} of {path} is malformed: {why}", path)
     kernels = {}
     for k in doc.get("kernels") or []:
         if isinstance(k, dict) and isinstance(k.get("identifier"), str):
             kernels[k["identifier"]] = k
     return table, kernels
+
+
+_POINT_INTS = ("seqlen_q", "seqlen_k", "batch", "nhead_q")
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v < 1 << 31
+
+
+def _bad_class(cls: dict) -> str | None:
+    """What makes a class unusable for the report (None: nothing)."""
+    if not cls:
+        return "an empty class"
+    for k in ("hdim_q", "hdim_v", "page_size"):   # (page_size: serving classes only)
+        if (k != "page_size" or k in cls) and not _count(cls.get(k)):
+            return f"{k} must be an integer >= 1, got {cls.get(k)!r}"
+    for k in ("family", "dtype", "mode", "mask", "kv_layout", "kv_lookup", "qscale"):   # (the first two: always)
+        if (k in ("family", "dtype") or cls.get(k) is not None) and not isinstance(cls.get(k), str):
+            return f"{k} must be a name, got {cls.get(k)!r}"
+    return None
+
+
+def _bad_point(p) -> str | None:
+    """What makes a measured point unusable (None: nothing): counts in [1, 2**31), times finite and >= 1 ns."""
+    if not isinstance(p, dict):
+        return "not an object"
+    for k in _POINT_INTS + (("nhead_k",) if "nhead_k" in p else ()):
+        if not _count(p.get(k)):
+            return f"{k} must be an integer in [1, 2**31), got {p.get(k)!r}"
+    times = p.get("times_us", {})
+    if not isinstance(times, dict) or not isinstance(p.get("failed", {}), dict):
+        return "times_us and failed must map kernel names to values"
+    for k, v in times.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 1e-3 <= v < float("inf"):
+            return f"the time of {k} must be a finite number of microseconds >= 0.001, got {v!r}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

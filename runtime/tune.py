@@ -89,6 +89,10 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
          progress: Callable[[dict], None] | None = None, warmup_ms: float = 10.0, rep_ms: float = 40.0,
          check_tol: float = 2e-2) -> TuneResult:
     t_start = time.perf_counter()
+    if arch is not None and not str(arch).strip():  # `--arch "$ARCH"` with ARCH unset: not "the GPU's"
+        raise error("usage.arch", "--arch names no arch: got ''", None,
+                    "leave --arch out for the GPU's own, or name one of the registry's (sm80, sm90, gfx942 ...)",
+                    cls=UsageError)
     doc = load_shapes(shapes)  # a bad matrix is reported before torch, triton or the GPU are touched
     try:
         import torch
@@ -113,6 +117,12 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
         except FmhaError as exc:  # its hint names the Python argument (arch=); here it is the --arch flag
             raise error(exc.rule, exc.message, None, "pass --arch with the registry arch whose kernels this GPU "
                         "runs (sm80, sm90, gfx942 ...)", cls=UsageError) from None
+    if arch not in reg.archs:  # (`--arch ""`: an unset $ARCH would record a table no device matches)
+        from fmha_dsl.errors import did_you_mean
+
+        raise error("usage.arch", f"--arch {arch!r}: the registry has kernels for {', '.join(reg.archs) or 'none'}",
+                    None, did_you_mean(str(arch), list(reg.archs)) or "pass one of the registry's archs",
+                    cls=UsageError)
     dev = device_info(arch)
     res = TuneResult(path=path, device=dev)
 

@@ -381,7 +381,7 @@ def test_a_rebuild_keeps_the_seqtune_table_of_the_registry_it_replaces(built):
     out = root / "out-tuned"
     shutil.copytree(root / "out", out)
     reg = fmha_dsl.Registry.load(str(out / "registry.json"))
-    name = next(iter(reg)).name
+    name = next(iter(reg)).identifier   # a table names kernels by identifier
     reg.seqtune = {"device": {"name": "NVIDIA H200", "arch": "sm90"}, "shapes": "default",
                    "classes": [{"class": class_of_problem(Problem(family="fwd", dtype="fp16", hdim_q=64,
                                                                   hdim_v=64, mask="top_left", lse=True)),
@@ -394,3 +394,24 @@ def test_a_rebuild_keeps_the_seqtune_table_of_the_registry_it_replaces(built):
     assert fmha_dsl.Registry.load(str(out / "registry.json")).seqtune == reg.seqtune
     fresh = build(ks, str(root / "out-fresh"), jobs=1, cache_dir=cache)
     assert not fresh.kept_table and fmha_dsl.Registry.load(str(root / "out-fresh" / "registry.json")).seqtune is None
+    # a kernel whose binary changed (another cache key: a new template or Triton) is measured again: not carried
+    doc = json.loads((out / "registry.json").read_text())
+    for k in doc["kernels"]:
+        k["build"]["cache_key"] = "0" * 64
+    (out / "registry.json").write_text(json.dumps(doc))
+    again = build(ks, str(out), jobs=1, cache_dir=cache)
+    assert again.written and not again.kept_table
+    assert fmha_dsl.Registry.load(str(out / "registry.json")).seqtune is None
+
+
+def test_the_cli_fails_a_build_that_keeps_nothing_even_when_quiet(built, monkeypatch, capsys):
+    from fmha_dsl import build_triton as bt
+    from fmha_dsl.cli import main
+
+    _, root, _, _ = built
+    monkeypatch.setattr(bt, "_compile_in_worker", _failing_compile)
+    monkeypatch.setenv("FMHA_DSL_CACHE_DIR", str(root / "cache-cli-fail"))
+    assert main(["build", str(root / "small.fmha"), "-o", str(root / "out-cli-fail"), "-j", "1", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "no registry written: no kernel was kept (3 failed)" in err and "was not made" in err
+    assert not (root / "out-cli-fail" / "registry.json").exists()

@@ -221,6 +221,49 @@ def test_stdout_on_a_full_disk(write):
         assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
 
 
+@pytest.mark.parametrize("flag,value,says", [("--budget", "nan", "> 0"), ("--budget", "-5", "> 0"),
+                                             ("--warmup", "-1", ">= 0"), ("--rep", "0", "> 0"),
+                                             ("--rep", "inf", "> 0")])
+def test_tune_takes_finite_positive_times(tmp_path, flag, value, says):
+    """`--budget nan` never stopped, `--rep 0` timed nothing: argparse refuses them, naming the flag (exit 2)."""
+    r = cli("tune", str(tmp_path), flag, value)
+    assert r.returncode == 2 and f"argument {flag}: must be a finite number {says}, got '{value}'" in r.stderr
+
+
+def test_the_librarys_warnings_are_cli_lines(tmp_path):
+    """An unwritable kernel cache warns as `warning: ...`, not Python's `file:line: UserWarning` with a source line."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, FMHA_DSL_CACHE_DIR="/proc/fmha-dsl-no-such-dir")
+    src = tmp_path / "one.fmha"
+    src.write_text("kernel_set one { backend(triton) arch(sm90)\n  kernel k { signature { family(bwd_dot_do_o) "
+                   "dtype(bf16) hdim(64) } } }\n")
+    r = subprocess.run([sys.executable, "-m", "fmha_dsl.cli", "build", str(src), "-o", str(tmp_path / "o"), "-q"],
+                       capture_output=True, text=True, cwd=HERE, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr
+    assert "warning: the kernel cache `/proc/fmha-dsl-no-such-dir" in r.stderr and "UserWarning" not in r.stderr
+
+
+def test_an_empty_arch_is_an_error_not_every_target(write):
+    """`--arch "$ARCH"` with ARCH unset: exit 2, where it used to build for every target the set declares."""
+    p = write("g.fmha", GOOD)
+    for value in ("", ",", " , "):
+        r = cli("check", p, "--arch", value)
+        assert r.returncode == 2 and "arch names no target" in r.stderr and "`*` for every target" in r.stderr
+    assert cli("check", p, "--arch", "*").returncode == 0
+    r = cli("tune", str(HERE), "--arch", "")   # (before torch or the GPU are looked for)
+    assert r.returncode == 2 and "--arch names no arch" in r.stderr
+
+
+def test_a_closed_stdout_is_a_usage_error(write):
+    """Started with stdout closed (`fmha-dsl check f >&-`): Python leaves sys.stdout None (was an AttributeError)."""
+    p = write("g.fmha", GOOD)
+    for args in (("check", p), ("list", p, "--format", "json")):
+        r = subprocess.run([sys.executable, "-m", "fmha_dsl.cli", *args], stderr=subprocess.PIPE, text=True, cwd=HERE,
+                           timeout=300, preexec_fn=lambda: os.close(1))
+        assert r.returncode == 2, (args, r.stderr)
+        assert "cannot write to standard output: it is closed" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_tune_without_a_gpu_is_a_usage_error_naming_the_flag(tmp_path, monkeypatch, capsys):
     """A CPU-only torch (or no GPU): exit 2 and a hint about --arch, not an AssertionError from torch.cuda."""
     import types
@@ -448,6 +491,9 @@ def test_precompile_input_errors_exit_2_naming_the_argument(tmp_path, monkeypatc
              (("--arch", "sm90", "--cache-dir", c, "--device", "NVIDIA H100"),
               ["--device `NVIDIA H100`", "did you mean `NVIDIA H100 80GB HBM3`?"]),
              (("--arch", "sm90", "--cache-dir", c, "--device", "nvidia h200"), ["did you mean `NVIDIA H200`?"])]
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"classes": []}))
+    cases.append((("--arch", "sm90", "--cache-dir", c, "--shapes", str(empty)), ["names no problem"]))
     for args, words in cases:
         out = cli("precompile", *([] if "--shapes" in args else ["--shapes", str(shapes)]), *args)
         assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr)

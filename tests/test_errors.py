@@ -18,6 +18,11 @@ CASES = [
     ("kernel_set a { kernel { signature { dtype(fp16 $) } } }", "syntax.unexpected-character", 1, 48),
     ('kernel_set a { kernel { signature { family("fwd) } } }', "syntax.unterminated-string", 1, 44),
     ("kernel_set a { kernel { where hdim_q == } }", "syntax.unexpected-token", 1, 41),
+    ("kernel_set a {\n  /* never closed\n  arch(gfx942) }", "syntax.unterminated-comment", 2, 3),
+    ("kernel_set a { kernel { where tile_m0 /* x\n } }", "syntax.unterminated-comment", 1, 39),
+    ("kernel_set a { kernel { signature { family(fwd) } algorithm { block_per_cu(99999999999) } } }", "value.range", 1, 76),
+    ("kernel_set a { arch(gfx942)\x00 }", "syntax.unexpected-character", 1, 28),
+    ("kernel_set a { arch(gfx942) \ufeff}", "syntax.unexpected-character", 1, 29),
     ("kernel_set a { kernel { where (hdim_q == 1 } }", "syntax.unexpected-token", 1, 44),
     ("kernel_set a {\n  kernel {\n    signature { family(fwd) }\n", "syntax.unexpected-eof", 3, 30),
     ("kernel_set a { kernel { signature { hdim([64, 128) } } }", "syntax.unexpected-token", 1, 50),
@@ -141,6 +146,32 @@ def test_not_utf8(tmp_path):
     with pytest.raises(FmhaError) as info:
         fmha_dsl.load(str(p))
     assert info.value.rule == "input.not-utf8"
+    p.write_bytes("kernel_set a {\n    arch(gfx942)  # café\n".encode("latin-1"))   # é: one byte 0xe9
+    with pytest.raises(FmhaError) as info:
+        fmha_dsl.load(str(p))
+    d = info.value.diagnostics[0]
+    assert (d.span.line, d.span.column) == (2, 24) and "is 0xe9" in d.message and "^" in info.value.render()
+
+
+def test_the_numpy_backward_takes_the_forwards_dtypes():
+    import numpy as np
+
+    q = np.random.default_rng(0).random((1, 2, 3, 8)).astype(np.float32)
+    out, lse = fmha_dsl.attention(q, q, q, return_lse=True)
+    for args, says in (((out.astype(np.float16), lse, out), "`out` must have q's dtype float32, got float16"),
+                       ((out, lse, out.astype(np.float64)), "`dout` must have q's dtype float32, got float64"),
+                       ((out, lse.astype(np.float16), out), "`lse` must be the forward's float32 LSE")):
+        with pytest.raises(fmha_dsl.errors.UsageError, match=says):
+            fmha_dsl.attention_backward(q, q, q, *args)
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    """Some editors start UTF-8 files with a BOM (EF BB BF): it used to be `unexpected character`."""
+    p = tmp_path / "bom.fmha"
+    p.write_bytes(b"\xef\xbb\xbfkernel_set a {\n arch(gfx942)\n kernel k { signature { family(fwd) dtype(fp16) "
+                  b"hdim(128) } }\n}\n")
+    assert len(fmha_dsl.load(str(p)).expand()) == 2
+    assert len(fmha_dsl.loads(p.read_text(encoding="utf-8")).expand()) == 2   # (read as text: U+FEFF first)
 
 
 def test_error_pickles():

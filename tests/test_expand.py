@@ -487,3 +487,79 @@ def test_the_backward_shared_memory_bound_drops_no_kernel_that_fits(aligned):
             over += real > limit
             dropped += smem_bytes(b, aligned=aligned) > limit
         assert rows and (arch != "sm90" or not aligned or dropped >= 0.85 * over), (arch, over, dropped)
+
+
+def test_a_declaration_past_the_kernel_limit_stops_with_a_located_error(write, monkeypatch):
+    """A wildcard left open can mean millions of kernels (CK's receipt 0 under the Triton backend: 4.8 M on sm90):
+    past FMHA_DSL_MAX_KERNELS the expansion stops at the declaration instead of filling memory."""
+    path = write("big.fmha", """
+kernel_set s {
+    arch(gfx942)
+    kernel wide { signature { family(fwd) dtype(fp16) hdim(128) mask(*) bias(*) } }
+}
+""")
+    ks = fmha_dsl.load(path)
+    n = len(ks.expand())
+    assert n > 10
+    monkeypatch.setenv("FMHA_DSL_MAX_KERNELS", str(n))
+    assert len(ks.expand()) == n
+    monkeypatch.setenv("FMHA_DSL_MAX_KERNELS", str(n - 1))
+    import fmha_dsl.expand as ex
+    from fmha_dsl.rules.base import TooMany
+
+    stopped = []
+
+    def search(*a, **k):  # the walk itself stops past the limit (memory stays bounded), not the caller after it
+        try:
+            return real(*a, **k)
+        except TooMany:
+            stopped.append(a[5] if len(a) > 5 else k.get("most"))
+            raise
+    real = ex.search
+    monkeypatch.setattr(ex, "search", search)
+    with pytest.raises(RuleError) as exc:
+        ks.expand()
+    assert stopped == [n - 1]
+    d = exc.value.diagnostics[0]
+    assert d.rule == "decl.too-many" and (d.span.line, d.span.column) == (4, 5)
+    assert f"more than {n - 1:,} kernels" in d.message and "FMHA_DSL_MAX_KERNELS" in d.hint
+
+
+def test_the_triton_backends_one_d_backward_stages_expand():
+    """bwd_dot_do_o and bwd_convert_dq have a 1-d tile (m0, n0): no head-dim alignment to fill from it (was an
+    IndexError)."""
+    for family in ("bwd_dot_do_o", "bwd_convert_dq"):
+        keys = fmha_dsl.loads(f"kernel_set f {{ backend(triton) arch(sm90) kernel k {{ signature {{ family({family}) "
+                              f"dtype(bf16) hdim(128) }} }} }}").expand()
+        assert len(keys) == 1 and keys[0].signature.family == family
+        assert keys[0].algorithm.hdim_q_alignment == keys[0].algorithm.hdim_v_alignment == 0
+
+
+@pytest.mark.parametrize("where,word,hint", [
+    ('pipeline != "qrasync"', "qrasync", "did you mean `qr_async`?"),
+    ('pipeline in ["qr_async", "qr_asinc"]', "qr_asinc", "did you mean `qr_async`?"),
+    ('mask != "top_lefft"', "top_lefft", "did you mean `top_left`?"),
+    ("pipeline == top_left", "top_left", "pipeline is one of: "),
+    ('arch == "gfx943"', "gfx943", "did you mean `gfx942`?"),
+])
+def test_a_value_the_compared_field_never_takes_is_a_located_error(write, where, word, hint):
+    """Quoted or bare, a value is checked against the field it is compared with (a typo used to keep or drop every
+    kernel silently)."""
+    line = f"    kernel k {{ signature {{ family(fwd) dtype(fp16) hdim(128) }} where {where} }}"
+    with pytest.raises(FmhaError) as exc:
+        fmha_dsl.load(write("w.fmha", "kernel_set f {\n    arch(gfx942)\n" + line + "\n}\n")).expand()
+    d = exc.value.diagnostics[0]
+    assert d.rule == "where.unknown-value" and d.message.startswith(f"`{word}` is not a")
+    assert d.span.line == 3 and line[d.span.column - 1:].lstrip('"').startswith(word) and hint in d.hint
+    ok = fmha_dsl.load(write("ok.fmha", 'kernel_set f {\n    arch(gfx942)\n    kernel k { signature { family(fwd) '
+                                        'dtype(fp16) hdim(128) } where mask == "no" and arch == "gfx942" }\n}\n'))
+    assert len(ok.expand()) == 2
+
+
+def test_two_declarations_of_one_label_keep_a_row_each(write):
+    """`explain` keys its rows by label: a second `kernel x` used to overwrite the first's counts."""
+    rep = expand(write, "    arch(gfx942)\n"
+                        "    kernel x { signature { family(fwd) dtype(fp16) hdim(128) } }\n"
+                        "    kernel x { signature { family(fwd) dtype(bf16) hdim(128) } }")
+    assert rep.per_decl == {"x": {"gfx942": 2}, "x (t.fmha:4)": {"gfx942": 2}}
+    assert sum(sum(c.values()) for c in rep.per_decl.values()) == len(rep.kernels) == 4

@@ -143,3 +143,23 @@ def test_loads_with_a_path_follows_includes(write):
     text = 'include "common.fmha"\nkernel_set b { arch(gfx942) kernel { signature { family(bwd_dot_do_o) ' \
            'dtype(bf16) hdim(*) mode(*) } algorithm { padding(*) } } }'
     assert fmha_dsl.loads(text, top).sets == ("a", "b")
+
+
+@pytest.mark.parametrize("terms,ok", [(300, True), (301, False), (5000, False)])
+def test_a_where_clause_too_deep_to_walk_is_a_located_error(write, terms, ok):
+    """Long `or` chains and runs of `not` nest one level per operator; past MAX_WHERE_DEPTH (300) a located error,
+    where 1,000 used to end in a RecursionError (check and fmt, exit 70)."""
+    from fmha_dsl.errors import ParseError
+
+    # `terms` comparisons joined by `or`: terms - 1 `or`s over one `==`, `terms` operators deep
+    clause = " or ".join(f"tile_m0 == {i}" for i in range(terms)) if terms < 5000 else "not " * terms + "lse"
+    text = ("kernel_set a {\n    arch(gfx942)\n    kernel k { signature { family(fwd) dtype(fp16) hdim(128) }\n"
+            f"        where {clause} }}\n}}\n")
+    path = write("deep.fmha", text)
+    if ok:
+        assert len(fmha_dsl.load(path).expand()) == 2
+        return
+    with pytest.raises(ParseError) as exc:
+        fmha_dsl.load(path)
+    d = exc.value.diagnostics[0]
+    assert d.rule == "where.too-deep" and (d.span.line, d.span.column) == (4, 9) and "in [a, b, ...]" in d.hint

@@ -118,6 +118,11 @@ def test_bad_value_and_versions(reg, tmp_path):
     doc["kernels"].append(doc["kernels"][0])
     doc["metadata"]["total_kernels"] += 1
     assert _bad(tmp_path, json.dumps(doc)).rule == "registry.duplicate"
+    for field, value in (("pipeline", "qs_edited"), ("dtype", "bf16x"), ("family", "bwd_x")):
+        doc = json.loads(reg.to_json())   # CK's flat copy of a signature/algorithm field, edited alone
+        doc["kernels"][0][field] = value
+        err = _bad(tmp_path, json.dumps(doc))
+        assert err.rule == "registry.flat-field" and f"`{field}` is '{value}'" in err.message
 
 
 def test_missing_registry(tmp_path):

@@ -202,19 +202,72 @@ def test_deterministic(build_dir, tmp_path):
             assert f1.read() == f2.read()
 
 
-@pytest.mark.parametrize("content", ["{not json", "[]", json.dumps(_registry(with_table=False)),
-                                     json.dumps({"seqtune": {"classes": "x"}}),
-                                     json.dumps({"seqtune": {"classes": []}})])
-def test_error_no_table(tmp_path, content):
+@pytest.mark.parametrize("content,rule", [("{not json", "report.bad-registry"), ("[]", "report.bad-registry"),
+                                          (json.dumps(_registry(with_table=False)), "report.no-table"),
+                                          (json.dumps({"seqtune": {"classes": "x"}}), "report.no-table"),
+                                          (json.dumps({"seqtune": {"classes": []}}), "report.no-table")])
+def test_error_no_table(tmp_path, content, rule):
+    """A registry without a usable table: tune it; a file that is no registry: rebuild it."""
     d = tmp_path / "b"
     d.mkdir()
     if content is not None:
         (d / "registry.json").write_text(content)
     with pytest.raises(FmhaError) as ei:
         report.write_report(str(d), str(tmp_path / "o.html"))
-    assert ei.value.rule == "report.no-table"
-    assert "fmha-dsl tune" in ei.value.hint
+    assert ei.value.rule == rule and ei.value.exit_code == 2
+    assert ("fmha-dsl tune" if rule == "report.no-table" else "fmha-dsl build") in ei.value.hint
     assert not os.path.exists(tmp_path / "o.html")
+
+
+def _corrupt(edit):
+    doc = _registry()
+    edit(doc["seqtune"]["classes"][0], doc["seqtune"]["classes"][0]["points"][0], doc)
+    return doc
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda c, p, d: p["times_us"].update(kA=float("inf")), "the time of kA must be a finite number"),
+    (lambda c, p, d: p["times_us"].update(kA=1e-320), "microseconds >= 0.001"),
+    (lambda c, p, d: p.update(nhead_k="x"), "nhead_k must be an integer"),
+    (lambda c, p, d: p.update(seqlen_q=10 ** 40), "seqlen_q must be an integer in [1, 2**31)"),
+    (lambda c, p, d: p.update(failed=["kA"]), "times_us and failed must map kernel names"),
+    (lambda c, p, d: c.update({"class": {}}), "an empty class"),
+    (lambda c, p, d: c["class"].update(hdim_q="abc"), "hdim_q must be an integer >= 1"),
+    (lambda c, p, d: c["class"].update(family=["x"]), "family must be a name"),
+    (lambda c, p, d: c.update(points=[]), "non-empty \"points\" list"),
+    (lambda c, p, d: c["class"].pop("hdim_v"), "hdim_v must be an integer >= 1, got None"),
+    (lambda c, p, d: c["class"].pop("dtype"), "dtype must be a name, got None"),
+])
+def test_a_corrupt_table_is_a_located_input_error_not_a_crash(tmp_path, edit, says):
+    """Hand-edited or corrupt tables (each was an OverflowError, TypeError, ZeroDivisionError or ValueError)."""
+    d = tmp_path / "b"
+    d.mkdir()
+    (d / "registry.json").write_text(json.dumps(_corrupt(edit)))
+    with pytest.raises(FmhaError) as ei:
+        report.write_report(str(d), str(tmp_path / "o.html"))
+    assert ei.value.rule == "report.no-table" and says in ei.value.message, ei.value.message
+    assert ei.value.exit_code == 2 and not os.path.exists(tmp_path / "o.html")
+
+
+def test_a_registry_of_another_schema_version_is_to_be_rebuilt(tmp_path):
+    d = tmp_path / "b"
+    d.mkdir()
+    doc = _registry()
+    (d / "registry.json").write_text(json.dumps(dict(doc, schema_version=99)))
+    with pytest.raises(FmhaError, match="schema_version 99") as ei:
+        report.write_report(str(d), str(tmp_path / "o.html"))
+    assert ei.value.rule == "report.bad-registry" and "fmha-dsl build" in ei.value.hint
+    doc.pop("schema_version")   # (as Registry.load: no version is version 1)
+    (d / "registry.json").write_text(json.dumps(doc))
+    assert report.write_report(str(d), str(tmp_path / "o.html")) == [str(tmp_path / "o.html")]
+
+
+def test_the_report_goes_to_a_file_not_a_folder(build_dir, tmp_path):
+    for out in (str(tmp_path) + "/", str(tmp_path / "new") + "/"):
+        with pytest.raises(FmhaError, match="names a folder") as ei:
+            report.write_report(str(build_dir), out)
+        assert ei.value.rule == "usage.output" and "report.html" in ei.value.hint
+    assert not os.path.exists(tmp_path / "new")
 
 
 def test_error_no_registry_says_build_first(tmp_path):

@@ -116,14 +116,19 @@ def schedule(fields: Sequence[str], rules: Sequence[Rule]) -> list[list[Rule]]:
     return out
 
 
+class TooMany(Exception):
+    """:func:`search` found more bindings than its ``most``."""
+
+
 def search(fields: Sequence[str], candidates: Callable[[str, dict], Sequence[Any]],
            plan: list[list[Rule]], env: dict,
-           on_fail: Callable[[Rule, dict, str], None] | None = None) -> list[dict]:
+           on_fail: Callable[[Rule, dict, str], None] | None = None, most: int | None = None) -> list[dict]:
     """Depth-first walk: every binding of ``fields`` that passes all rules, in walk order.
 
     ``candidates(field, b)`` lists the values to try; ``on_fail(rule, b, field)`` is told about every
     pruned branch (for drop statistics and explicit-value errors).  Results are collected directly
-    (not through nested generators, which would pass each result up through every level).
+    (not through nested generators, which would pass each result up through every level).  Past ``most``
+    bindings the walk stops with :class:`TooMany` (memory and time stay bounded).
     """
     b = dict(env)
     out: list[dict] = []
@@ -151,6 +156,8 @@ def search(fields: Sequence[str], candidates: Callable[[str, dict], Sequence[Any
             else:
                 if i == last:
                     append(dict(b))
+                    if most is not None and len(out) > most:
+                        raise TooMany
                 else:
                     walk(i + 1)
         b.pop(f, None)
