@@ -295,9 +295,10 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
         kept.seqtune = table
         kept.save(path)
     seconds = time.perf_counter() - t0
-    write_atomic(os.path.join(out, "build-report.json"), json.dumps(
-        {"compiled": compiled, "cached": cached, "failed": failures, "dropped_for_spills": spilled,
-         "kernels": len(kept), "seconds": round(seconds, 3), "jobs": jobs}, indent=1, sort_keys=True) + "\n")
+    if len(kept):  # (a build that keeps nothing leaves the folder's registry and its report as they were)
+        write_atomic(os.path.join(out, "build-report.json"), json.dumps(
+            {"compiled": compiled, "cached": cached, "failed": failures, "dropped_for_spills": spilled,
+             "kernels": len(kept), "seconds": round(seconds, 3), "jobs": jobs}, indent=1, sort_keys=True) + "\n")
     return {"path": path, "total": len(kept), "by_arch": kept.statistics()["by_arch"], "report": rep,
             "compiled": compiled, "cached": cached, "failures": failures, "seconds": seconds,
             "written": bool(len(kept)), "kept_table": bool(len(kept)) and table is not None, "spilled": len(spilled)}
@@ -316,9 +317,8 @@ def _carried_table(path: str, kept: Registry) -> dict | None:
         return None
     if not old.seqtune:
         return None
-    new_keys = {e.identifier: (e.build or {}).get("cache_key") for e in kept}
-    same = {e.identifier for e in old if (e.build or {}).get("cache_key") and
-            new_keys.get(e.identifier) == (e.build or {}).get("cache_key")}
+    new_keys = {e.identifier: _binaries(e.build) for e in kept}
+    same = {e.identifier for e in old if _binaries(e.build) and new_keys.get(e.identifier) == _binaries(e.build)}
     classes = []
     for c in old.seqtune.get("classes", []):
         points = []
@@ -330,6 +330,16 @@ def _carried_table(path: str, kept: Registry) -> dict | None:
         if points:
             classes.append(dict(c, points=points))
     return dict(old.seqtune, classes=classes) if classes else None
+
+
+def _binaries(build: dict | None) -> tuple:
+    """The cache keys of what a kernel's timing ran: its binary and its companions' (split-KV's combine, the
+    backward's stages); empty without a build."""
+    b = build or {}
+    if not b.get("cache_key"):
+        return ()
+    return (b["cache_key"], *sorted((role, v["cache_key"]) for role, v in b.items()
+                                    if isinstance(v, dict) and v.get("cache_key")))
 
 
 __all__ = ["build_with_triton", "compile_through_cache", "kernel_job", "companion_jobs", "build_record"]

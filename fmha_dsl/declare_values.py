@@ -88,7 +88,7 @@ def _int_value(c, fld, v: A.Value, lo=None):
         c.err("value.range", f"`{fld}` must be >= {lo}, got {v.value}", v.span)
         return None
     if not -(1 << 31) <= v.value < 1 << 31:  # every integer field is a 32-bit one in the kernels and CK's tables
-        c.err("value.range", f"`{fld}` must fit in 32 bits (below 2,147,483,648), got {v.value}", v.span)
+        c.err("value.range", f"`{fld}` must fit in 32 bits (-2,147,483,648 to 2,147,483,647), got {v.value}", v.span)
         return None
     return v.value
 

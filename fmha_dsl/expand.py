@@ -71,6 +71,7 @@ class _Expander:
         self.explicit_tiles = None if decl.tile.wild else _explicit_tiles(decl)
         self._explicit_rules: dict = {}
         self.missed_tiles: dict = {}  # (arch, hdim) -> what the tile table offers for the declared dims
+        self.most: int | None = None  # kernels past which the walk stops (None: FMHA_DSL_MAX_KERNELS)
 
     # which dependencies of a failing rule were asked for explicitly
     def _is_explicit(self, dep: str) -> bool:
@@ -146,7 +147,11 @@ class _Expander:
                         no_backend.append(family)
                     continue
                 tried += 1
-                n_arch += self._expand_one(fr, arch, receipt, out)
+                try:
+                    n_arch += self._expand_one(fr, arch, receipt, out)
+                except TooManyKernels:  # explain's row shows what was counted before the walk stopped
+                    self.report.per_decl[d.label] = dict(counts, **{arch: n_arch})
+                    raise
             counts[arch] = n_arch
         self.report.per_decl[d.label] = counts
         for reason in dict.fromkeys(unsupported):
@@ -189,10 +194,14 @@ class _Expander:
         return "pick an arch that supports this family, or use `arch(*)`"
 
     def _nonempty_without_profile(self) -> bool:
-        """Would this declaration give kernels if no receipt filtered them?  (Only asked when empty.)"""
+        """Would this declaration give kernels if no receipt filtered them?  (Only asked when empty: the walk stops
+        at the first kernel.)"""
         probe = _Expander(self.decl, Report(), self.archs, "all", self.backend)
+        probe.most = 0
         try:
             return bool(probe.run())
+        except TooManyKernels:
+            return True
         except RuleError:
             return False
 
@@ -234,13 +243,13 @@ class _Expander:
         n = 0
         src = f"{d.display or d.path or '<input>'}:{d.span.line}"
         label = d.label
-        most = max_kernels()
+        most = max_kernels() if self.most is None else self.most
         try:  # (the walk stops past the limit: a runaway wildcard costs a bounded time and memory)
             found = search(fields, candidates, plan, env, self.on_fail, most - len(out))
         except TooMany:
             found = None
         if found is None:
-            raise RuleError(Diagnostic(
+            raise TooManyKernels(Diagnostic(
                 "decl.too-many", f"declaration `{label}` expands to more than {most:,} kernels ({arch}, "
                 f"{fr.family}, {self.backend} backend, and counting)", d.span,
                 "narrow its wildcards (a tile, a pipeline, padding), name fewer targets with --arch, or raise "
@@ -251,6 +260,10 @@ class _Expander:
             out.append(Kernel(sig, alg, arch, name, src, label, self.backend))
             n += 1
         return n
+
+
+class TooManyKernels(RuleError):
+    """A declaration expands to more kernels than the limit (``decl.too-many``)."""
 
 
 _SIG_AND_ALG_FIELDS = tuple(V.SIG_DEFAULTS) + tuple(V.ALG_DEFAULTS) + ("tile",)

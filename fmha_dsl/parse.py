@@ -414,7 +414,7 @@ def read_source(path: str | os.PathLike, span: Span | None = None) -> str:
     except IsADirectoryError:
         raise error("input.is-directory", f"`{p}` is a directory, not a .fmha file", span, cls=ParseError) from None
     except UnicodeDecodeError as exc:
-        raise error("input.not-utf8", f"`{p}` is not UTF-8 text: byte {exc.start} is {exc.object[exc.start]:#04x}",
+        raise error("input.not-utf8", f"`{p}` is not UTF-8 text: a byte {exc.object[exc.start]:#04x} here",
                     _byte_span(p, exc.object, exc.start), "save the file as UTF-8", cls=ParseError) from None
     except OSError as exc:
         raise error("input.unreadable", f"cannot read `{p}`: {exc.strerror}", span, cls=ParseError) from None

@@ -1,6 +1,7 @@
 """bench/bench_fp8_serving.py, bench/probe_fp8_decode.py, bench/profile_bwd.py, bench/probe_route.py,
-bench/probe_sass_paged.py, bench/measure_bwd_shared.py, bench/probe_flag_cut.py and bench/bench_window.py refuse
-malformed arguments before they touch a GPU or compile: exit 2 with their usage, no traceback."""
+bench/probe_sass_paged.py, bench/measure_bwd_shared.py, bench/probe_flag_cut.py, bench/bench_window.py and
+bench/probe_gather_block.py refuse malformed arguments before they touch a GPU or compile: exit 2 with their usage,
+no traceback."""
 
 import os
 import subprocess
@@ -36,6 +37,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("bench_window.py", ["--parts", "decode,serve"], "--parts takes decode, prefill and train, comma-separated, got "
                                                     "'decode,serve'"),
     ("bench_window.py", ["--json", "/nonexistent/dir/x.json"], "--json: cannot write /nonexistent/dir/x.json"),
+    ("probe_gather_block.py", ["--rows", "12"], "--rows must be a power of two >= 1, got 12"),
+    ("probe_gather_block.py", ["--rows", "16", "--json", "/nonexistent/dir/x.json"],
+     "--json: cannot write /nonexistent/dir/x.json"),
     ("probe_flag_cut.py", ["--only", "steps", "--select", "softcap"],
      "--select: no class of --only steps has 'softcap' in its name; the classes: fp32 d64, "),
 ])

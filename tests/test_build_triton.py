@@ -366,8 +366,10 @@ def test_a_build_that_keeps_nothing_leaves_the_registry_there_as_it_was(built, m
     before = (out / "registry.json").read_bytes()
     monkeypatch.setattr(bt, "_compile_in_worker", _failing_compile)
     res = build(ks, str(out), jobs=1, cache_dir=str(root / "cache-fail-all"))
+    report = (out / "build-report.json").read_bytes()
     assert res.total == 0 and not res.written and len(res.failures) == 3
     assert (out / "registry.json").read_bytes() == before
+    assert (out / "build-report.json").read_bytes() == report   # (the folder's report still describes its registry)
 
 
 def test_a_rebuild_keeps_the_seqtune_table_of_the_registry_it_replaces(built):
@@ -394,6 +396,14 @@ def test_a_rebuild_keeps_the_seqtune_table_of_the_registry_it_replaces(built):
     assert fmha_dsl.Registry.load(str(out / "registry.json")).seqtune == reg.seqtune
     fresh = build(ks, str(root / "out-fresh"), jobs=1, cache_dir=cache)
     assert not fresh.kept_table and fmha_dsl.Registry.load(str(root / "out-fresh" / "registry.json")).seqtune is None
+    # ... nor when a companion's binary changed (split-KV's combine, the backward's stages: timed with the kernel)
+    doc = json.loads((out / "registry.json").read_text())
+    for k in doc["kernels"]:
+        k["build"]["combine"] = {"cache_key": "c" * 64, "binary": "kernels/x.cubin"}
+    (out / "registry.json").write_text(json.dumps(doc))
+    assert not build(ks, str(out), jobs=1, cache_dir=cache).kept_table
+    reg.save(str(out / "registry.json"))
+    assert build(ks, str(out), jobs=1, cache_dir=cache).kept_table
     # a kernel whose binary changed (another cache key: a new template or Triton) is measured again: not carried
     doc = json.loads((out / "registry.json").read_text())
     for k in doc["kernels"]:

@@ -59,7 +59,7 @@ GPU_BENCH = ("bench/bench_fwd.py", "bench/bench_dispatch.py", "bench/bench_launc
              "bench/probe_placement.py", "bench/probe_vectorized.py", "bench/bench_fp8_serving.py",
              "bench/probe_fp8_decode.py", "bench/probe_route.py", "bench/bench_firstcall.py",
              "bench/probe_confirm.py", "bench/profile_firstcall.py", "bench/probe_flag_cut.py",
-             "bench/bench_window.py")
+             "bench/bench_window.py", "bench/probe_gather_block.py")
 SASS_PROBES = ("bench/probe_sass_paged.py",)   # compile sm90 kernels (no GPU) and read their SASS: minutes on CI
 TRITON_SETS = ("bench_fwd", "seqtune_fwd")
 

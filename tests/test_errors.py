@@ -150,7 +150,7 @@ def test_not_utf8(tmp_path):
     with pytest.raises(FmhaError) as info:
         fmha_dsl.load(str(p))
     d = info.value.diagnostics[0]
-    assert (d.span.line, d.span.column) == (2, 24) and "is 0xe9" in d.message and "^" in info.value.render()
+    assert (d.span.line, d.span.column) == (2, 24) and "a byte 0xe9 here" in d.message and "^" in info.value.render()
 
 
 def test_the_numpy_backward_takes_the_forwards_dtypes():

@@ -257,6 +257,29 @@ def test_profile_that_leaves_a_declaration_empty_is_a_warning(write):
     assert [d.rule for d in rep.notes] == ["profile.empty"] and rep.notes[0].severity == "warning"
 
 
+def test_the_kernel_limit_neither_hides_an_explain_row_nor_makes_a_profile_empty(write, monkeypatch):
+    """Past FMHA_DSL_MAX_KERNELS, explain (keep-going) still shows the declaration's row, and the check that a
+    profile left a declaration empty (whose walk without the profile stops at its first kernel) still says so."""
+    body = """
+    arch(gfx942)
+    dtype(*) hdim(*) mode(*) mask(*) bias(*) lse(*) logits(*) sink(*) paged_kv(*) fp8_static_quant(*)
+    pipeline(*) tile(*) padding(*)
+    kernel split { signature { family(fwd_splitkv) } }
+    kernel dot { signature { family(bwd_dot_do_o) } }"""
+    full = expand(write, body, profile="pytorch")
+    monkeypatch.setenv("FMHA_DSL_MAX_KERNELS", str(len(full.kernels) + 1))
+    rep = expand(write, body, profile="pytorch")   # (split's walk without the profile would pass the limit)
+    assert [d.rule for d in rep.notes] == ["profile.empty"] and len(rep.kernels) == len(full.kernels)
+    ks = fmha_dsl.load(write("wide.fmha", "kernel_set w {\n    arch(gfx942)\n"
+                                          "    kernel wide { signature { family(fwd) dtype(fp16) hdim(128) mask(*) "
+                                          "bias(*) } }\n"
+                                          "    kernel small { signature { family(fwd) dtype(bf16) hdim(128) } }\n}\n"))
+    monkeypatch.setenv("FMHA_DSL_MAX_KERNELS", "5")
+    rep = ks.expand_report(keep_going=True)
+    assert set(rep.per_decl) == {"wide", "small"} and rep.per_decl["small"] == {"gfx942": 2}
+    assert [d.rule for d in rep.errors] == ["decl.too-many"]
+
+
 def test_alignments_auto_fill_from_k0max(write):
     """CK's auto_fill: hdim_q/v_alignment <= 0 take tile_k0max; explicit alignments are kept."""
     base = """
