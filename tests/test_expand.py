@@ -244,14 +244,17 @@ def test_short_wave_warp_padded_like_ck(setter, expect):
     assert (t.wave if setter.startswith("wave") else t.warp) == expect
 
 
-def test_profile_that_leaves_a_declaration_empty_is_a_warning(write):
-    """Upstream's receipt 4 lists no split-KV kernels: a warning, like upstream's empty list, not an error."""
-    body = """
+SPLIT_AND_DOT = """
     arch(gfx942)
     dtype(*) hdim(*) mode(*) mask(*) bias(*) lse(*) logits(*) sink(*) paged_kv(*) fp8_static_quant(*)
     pipeline(*) tile(*) padding(*)
     kernel split { signature { family(fwd_splitkv) } }
     kernel dot { signature { family(bwd_dot_do_o) } }"""
+
+
+def test_profile_that_leaves_a_declaration_empty_is_a_warning(write):
+    """Upstream's receipt 4 lists no split-KV kernels: a warning, like upstream's empty list, not an error."""
+    body = SPLIT_AND_DOT
     rep = expand(write, body, profile="pytorch")
     assert rep.kernels and all(k.sig["family"] == "bwd_dot_do_o" for k in rep.kernels)
     assert [d.rule for d in rep.notes] == ["profile.empty"] and rep.notes[0].severity == "warning"
@@ -260,12 +263,7 @@ def test_profile_that_leaves_a_declaration_empty_is_a_warning(write):
 def test_the_kernel_limit_neither_hides_an_explain_row_nor_makes_a_profile_empty(write, monkeypatch):
     """Past FMHA_DSL_MAX_KERNELS, explain (keep-going) still shows the declaration's row, and the check that a
     profile left a declaration empty (whose walk without the profile stops at its first kernel) still says so."""
-    body = """
-    arch(gfx942)
-    dtype(*) hdim(*) mode(*) mask(*) bias(*) lse(*) logits(*) sink(*) paged_kv(*) fp8_static_quant(*)
-    pipeline(*) tile(*) padding(*)
-    kernel split { signature { family(fwd_splitkv) } }
-    kernel dot { signature { family(bwd_dot_do_o) } }"""
+    body = SPLIT_AND_DOT
     full = expand(write, body, profile="pytorch")
     monkeypatch.setenv("FMHA_DSL_MAX_KERNELS", str(len(full.kernels) + 1))
     rep = expand(write, body, profile="pytorch")   # (split's walk without the profile would pass the limit)
