@@ -44,6 +44,11 @@ def _print_notes(rep, fmt: str):
 
 def cmd_check(args) -> int:
     ks, rep, dt = _report(args)
+    if not rep.kernels:  # what `build` refuses (build.empty), `check` does not call ok
+        from .expand import nothing_to_build
+        from .kernelset import _archs
+
+        raise nothing_to_build(ks, rep, _archs(args.arch))
     reg = ks.registry(args.arch, args.profile, report=rep)
     if args.format == "json":
         _out(json.dumps({"ok": True, "kernels": len(reg), "by_arch": reg.statistics()["by_arch"],
@@ -77,16 +82,19 @@ def cmd_explain(args) -> int:
     """Counts even when a declaration fails: that is when they are wanted (its errors follow them)."""
     ks, rep, dt = _report(args, keep_going=True)
     status = EXIT_FAIL if rep.errors else EXIT_OK
+    distinct = len({k.identifier for k in rep.kernels})   # (as check, list and build count: once each)
+    twice = len(rep.kernels) - distinct
     if args.format == "json":
         _out(json.dumps({
             "ok": not rep.errors, "declarations": rep.per_decl, "dropped": dict(sorted(rep.dropped.items())),
-            "dropped_by_declaration": rep.decl_dropped, "rules": rep.rule_text, "kernels": len(rep.kernels),
+            "dropped_by_declaration": rep.decl_dropped, "rules": rep.rule_text, "kernels": distinct,
             "warnings": [d.to_dict() for d in rep.notes], "diagnostics": [d.to_dict() for d in rep.errors]},
             sort_keys=True, indent=1))
         return status
     _print_notes(rep, args.format)
-    _out(f"kernel set {ks.name}: {len(ks.declarations)} declarations, {len(rep.kernels)} kernels "
-         f"(expanded in {dt * 1000:.0f} ms)")
+    _out(f"kernel set {ks.name}: {len(ks.declarations)} declarations, {distinct} kernels "
+         + (f"({twice} named again by another declaration, counted once) " if twice else "")
+         + f"(expanded in {dt * 1000:.0f} ms)")
     _out("")
     _out("kernels per declaration and arch, and the candidates each rule dropped from it:")
     for label, counts in rep.per_decl.items():

@@ -243,6 +243,27 @@ def test_the_librarys_warnings_are_cli_lines(tmp_path):
     assert "warning: the kernel cache `/proc/fmha-dsl-no-such-dir" in r.stderr and "UserWarning" not in r.stderr
 
 
+def test_explain_counts_a_kernel_two_declarations_name_once(write):
+    """`kernel y` (mask(*)) names x's kernels again: check/list/build count 4; explain said 6."""
+    p = write("d.fmha", "kernel_set a {\n    arch(gfx942)\n"
+                        "    kernel x { signature { family(fwd) dtype(fp16) hdim(128) } }\n"
+                        "    kernel y { signature { family(fwd) dtype(fp16) hdim(128) mask(*) } }\n}\n")
+    assert "4 kernels (gfx942: 4)" in cli("check", p).stdout
+    text = cli("explain", p).stdout
+    assert "2 declarations, 4 kernels (2 named again by another declaration, counted once)" in text
+    assert json.loads(cli("explain", p, "--format", "json").stdout)["kernels"] == 4
+
+
+def test_check_refuses_what_build_refuses_as_empty(write):
+    """A set of no kernel (here: a family the Triton backend does not implement) was `ok: ... 0 kernels` in check and
+    build.empty in build; both now say build.empty (exit 1)."""
+    p = write("c.fmha", "kernel_set c {\n backend(triton)\n arch(*)\n"
+                        " kernel k { signature { family(fwd_splitkv_combine) dtype(fp16) hdim(128) } }\n}\n")
+    for cmd in ("check", "build"):
+        r = cli(cmd, p, *(("-o", os.path.join(os.path.dirname(p), "o")) if cmd == "build" else ()))
+        assert r.returncode == 1 and "error[build.empty]" in r.stderr and "has no triton kernels" in r.stderr, cmd
+
+
 def test_an_empty_arch_is_an_error_not_every_target(write):
     """`--arch "$ARCH"` with ARCH unset: exit 2, where it used to build for every target the set declares."""
     p = write("g.fmha", GOOD)
