@@ -39,7 +39,7 @@ from .api_dispatch import timer as _timer
 from .attention_args import TORCH_DTYPES as _TORCH_DTYPES  # torch dtype -> key dtype name
 from .attention_args import (torch_dtype_names as _torch_dtype_names, _bad_dtypes, _bad_strides, _batch_shapes,
                              _bad_types, _check_bias, _check_devices, _check_dropout, _check_scale, _check_sink,
-                             _check_softcap, _group_lengths, _group_shapes, _mask, _usage, named)
+                             _check_softcap, _group_lengths, _group_shapes, _mask, _usage, check_one_bias, named)
 from .errors import UsageError
 
 __all__ = ["attention"]
@@ -293,6 +293,7 @@ def _numpy_attention(q, k, v, causal, window, bias, alibi_slopes, dropout_p, see
         if not isinstance(x, np.ndarray):
             raise _usage("usage.type", f"`{name}` must be a numpy array like q, got {type(x).__name__}",
                          "pass q, k and v of one kind")
+    check_one_bias(bias, alibi_slopes)
     if seed is None:
         seed = int(np.random.default_rng().integers(0, 1 << 63)) if dropout_p else 0
     try:

@@ -39,6 +39,14 @@ def _usage(rule: str, msg: str, hint: str | None = None) -> UsageError:
     return error(rule, f"{CALLER.get()}: {msg}", None, hint, cls=UsageError)
 
 
+def check_one_bias(bias, alibi) -> None:
+    """The kernels take an elementwise bias or ALiBi slopes, not both (NumPy calls follow them: what runs on
+    arrays runs on the GPU)."""
+    if bias is not None and alibi is not None:
+        raise _usage("usage.value", "bias and alibi_slopes cannot be combined in one kernel",
+                     "fold the ALiBi term into the bias tensor")
+
+
 def named(exc: UsageError) -> UsageError:
     """A reference's :class:`~fmha_dsl.errors.UsageError` (which names no API function) again, naming the function
     being called (:data:`CALLER`)."""
@@ -292,10 +300,8 @@ def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):
     torch = _torch()
     T = torch.Tensor
     dt = q.dtype
+    check_one_bias(bias, alibi)
     if bias is not None:
-        if alibi is not None:
-            raise _usage("usage.value", "bias and alibi_slopes cannot be combined in one kernel",
-                         "fold the ALiBi term into the bias tensor")
         if not isinstance(bias, T):
             raise _usage("usage.type", f"`bias` must be a torch tensor, got {type(bias).__name__}")
         bsh = bias.shape

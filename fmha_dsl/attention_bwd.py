@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from .attention_args import (CALLER, torch_dtype_names, _bad_dtypes, _bad_types, _batch_shapes, _check_bias,
                              _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
-                             _group_lengths, _group_shapes, _mask, _usage, named)
+                             _group_lengths, _group_shapes, _mask, _usage, check_one_bias, named)
 from .errors import UsageError
 
 __all__ = ["attention_backward", "compile_backward_ahead"]
@@ -57,6 +57,7 @@ def _numpy(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes, dropout_
 
     if dropout_p and seed is None:
         _missing_seed()
+    check_one_bias(bias, alibi_slopes)
     try:
         dq, dk, dv, db = attention_bwd(q, k, v, out, lse, dout, causal=causal, window=window, bias=bias,
                                        alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed or 0, offset=offset,

@@ -151,6 +151,8 @@ def _parser() -> argparse.ArgumentParser:
                         epilog="example: fmha-dsl schema registry")
     sp.add_argument("what", choices=["key", "registry", "setters", "rules", "grammar"])
     sp.set_defaults(fn=cmd_schema)
+    for sp in sub.choices.values():  # `fmha-dsl check F --debug` as well as `fmha-dsl --debug check F`
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
 

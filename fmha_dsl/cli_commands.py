@@ -322,7 +322,16 @@ def cmd_fmt(args) -> int:
     from .registry import write_atomic
 
     status = EXIT_OK
-    for path in args.files:
+    for given in args.files:
+        if args.write and not os.path.exists(given) and os.sep not in given and "/" not in given:
+            from .errors import UsageError, error
+            from .kernelset import shipped_names
+
+            if given.removesuffix(".fmha") in shipped_names():
+                raise error("usage.write", f"`{given}` is a shipped kernel set: fmt --write rewrites files of yours",
+                            None, f"print it with `fmha-dsl fmt {given}` (or copy it and format the copy)",
+                            cls=UsageError)
+        path = given if args.write else _resolve_set(given)   # (a shipped set is read, never rewritten)
         text = read_source(path)
         new = format_source(text, path)
         if args.check:

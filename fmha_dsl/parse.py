@@ -409,7 +409,7 @@ def read_source(path: str | os.PathLike, span: Span | None = None) -> str:
     except FileNotFoundError:
         raise error("input.file-not-found", f"no such file: `{p}`", span,
                     "check the path; relative includes are resolved from the including file's folder" if span
-                    else "check the path (`fmha-dsl list` names the shipped sets, which need no path)",
+                    else "check the path (the shipped sets, such as `ck_receipt0`, are named without one)",
                     cls=ParseError) from None
     except IsADirectoryError:
         raise error("input.is-directory", f"`{p}` is a directory, not a .fmha file", span, cls=ParseError) from None

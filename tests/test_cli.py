@@ -254,6 +254,23 @@ def test_explain_counts_a_kernel_two_declarations_name_once(write):
     assert json.loads(cli("explain", p, "--format", "json").stdout)["kernels"] == 4
 
 
+def test_fmt_reads_a_shipped_set_by_name_and_never_rewrites_it():
+    r = cli("fmt", "serving")
+    assert r.returncode == 0 and r.stdout.startswith("# Serving kernels")
+    assert cli("fmt", "--check", "serving").returncode == 0
+    r = cli("fmt", "--write", "serving")
+    assert r.returncode == 2 and "`serving` is a shipped kernel set" in r.stderr and "fmha-dsl fmt serving" in r.stderr
+
+
+def test_debug_goes_before_or_after_the_command():
+    """`--debug` shows the traceback (the error raised), wherever it is written; without it, the located error."""
+    for args in (("--debug", "check", "no-such-set"), ("check", "no-such-set", "--debug")):
+        r = cli(*args)
+        assert "Traceback" in r.stderr and "UsageError" in r.stderr, args
+    r = cli("check", "no-such-set")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
 def test_check_refuses_what_build_refuses_as_empty(write):
     """A set of no kernel (here: a family the Triton backend does not implement) was `ok: ... 0 kernels` in check and
     build.empty in build; both now say build.empty (exit 1)."""

@@ -165,6 +165,18 @@ def test_the_numpy_backward_takes_the_forwards_dtypes():
             fmha_dsl.attention_backward(q, q, q, *args)
 
 
+def test_numpy_calls_take_a_bias_or_alibi_slopes_as_the_kernels_do():
+    """What runs on arrays runs on the GPU: the reference would add both, the kernels take one."""
+    import numpy as np
+
+    q = np.zeros((1, 2, 3, 8), np.float32)
+    both = dict(bias=np.zeros((1, 2, 3, 3), np.float32), alibi_slopes=np.ones(2, np.float32))
+    with pytest.raises(fmha_dsl.errors.UsageError, match=r"attention\(\): bias and alibi_slopes cannot be combined"):
+        fmha_dsl.attention(q, q, q, **both)
+    with pytest.raises(fmha_dsl.errors.UsageError, match=r"attention_backward\(\): bias and alibi_slopes cannot"):
+        fmha_dsl.attention_backward(q, q, q, q, np.zeros((1, 2, 3), np.float32), q, **both)
+
+
 def test_a_byte_order_mark_is_not_text(tmp_path):
     """Some editors start UTF-8 files with a BOM (EF BB BF): it used to be `unexpected character`."""
     p = tmp_path / "bom.fmha"
