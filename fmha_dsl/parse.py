@@ -1,9 +1,8 @@
 """[parse] ``.fmha`` text -> :class:`fmha_dsl.ast.SourceFile`.
 
 The grammar ``fmha.lark`` ships inside the package (``fmha_dsl.grammar``) and is loaded on first
-use, never at import.  Lark's errors are translated at this boundary into located
-:class:`~fmha_dsl.errors.ParseError` values that speak the user's spelling (``}`` rather than
-``RBRACE``).
+use, never at import.  Lark's errors are translated at this boundary (:mod:`fmha_dsl.parse_errors`) into located
+:class:`~fmha_dsl.errors.ParseError` values that speak the user's spelling (``}`` rather than ``RBRACE``).
 """
 
 from __future__ import annotations
@@ -15,18 +14,8 @@ import threading
 from . import ast as A
 from .errors import ParseError, Span, error
 from .locate import folder
+from .parse_errors import Lines, byte_span, translate
 
-# Terminal names -> how a user writes them.
-_TOKEN_WORDS = {
-    "LBRACE": "`{`", "RBRACE": "`}`", "LPAR": "`(`", "RPAR": "`)`", "LSQB": "`[`", "RSQB": "`]`",
-    "COMMA": "`,`", "VBAR": "`|`", "STAR": "`*`", "DOT": "`.`", "EQUAL": "`=`", "_SEMI": "`;`",
-    "SEMICOLON": "`;`", "MINUS": "`-`", "NAME": "a name", "INT": "an integer", "STRING": "a string",
-    "CMP_OP": "a comparison", "ADD_OP": "`+` or `-`", "MUL_OP": "`*`, `/` or `%`",
-    "SIG_CTOR": "`FmhaSignature`", "ALGO_CTOR": "`FmhaAlgorithm`", "$END": "end of file",
-    "KERNEL_SET": "`kernel_set`", "KERNEL": "`kernel`", "SIGNATURE": "`signature`",
-    "ALGORITHM": "`algorithm`", "WHERE": "`where`", "INCLUDE": "`include`", "ADD": "`add`",
-    "TRUE": "`true`", "FALSE": "`false`", "AND": "`and`", "OR": "`or`", "NOT": "`not`", "IN": "`in`",
-}
 
 
 def grammar_text() -> str:
@@ -123,23 +112,6 @@ def _parser():
     return parser
 
 
-# ---- spans ---------------------------------------------------------------------------------
-class _Lines:
-    def __init__(self, text: str, path: str | None):
-        self.lines = text.split("\n")
-        self.path = path
-
-    def span(self, line: int, col: int, end_line: int | None = None, end_col: int | None = None) -> Span:
-        src = self.lines[line - 1] if 0 < line <= len(self.lines) else None
-        return Span(self.path, line, col, end_line, end_col, src)
-
-    def of_meta(self, meta) -> Span:
-        return self.span(meta.line, meta.column, meta.end_line, meta.end_column)
-
-    def of_token(self, tok) -> Span:
-        return self.span(tok.line, tok.column, tok.end_line, tok.end_column)
-
-
 def _unquote(s: str) -> str:
     body = s[1:-1]
     out, i = [], 0
@@ -157,7 +129,7 @@ def _unquote(s: str) -> str:
 
 # ---- tree -> AST -----------------------------------------------------------------------------
 class _Builder:
-    def __init__(self, lines: _Lines):
+    def __init__(self, lines: Lines):
         self.L = lines
 
     def build(self, tree) -> A.SourceFile:
@@ -319,66 +291,6 @@ def _depth(e: A.Expr) -> int:
     return best
 
 
-# ---- Lark errors -> diagnostics -----------------------------------------------------------------
-def _expected_words(expected) -> str:
-    words = sorted({_TOKEN_WORDS.get(e, f"`{e.lower()}`") for e in expected})
-    if len(words) > 8:
-        words = words[:8] + ["..."]
-    return ", ".join(words)
-
-
-def _translate(exc, lines: _Lines) -> ParseError:
-    from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
-
-    if isinstance(exc, UnexpectedCharacters):
-        sp = lines.span(exc.line, exc.column)
-        ch = lines.lines[exc.line - 1][exc.column - 1: exc.column] if exc.line <= len(lines.lines) else ""
-        if ch in ('"', "'"):
-            return error("syntax.unterminated-string", "unterminated string", sp,
-                         "close the string on the same line", cls=ParseError)
-        if ch and (ch == "\ufeff" or not ch.isprintable()):  # a BOM mid-text, a NUL: shown as nothing
-            return error("syntax.unexpected-character", f"unexpected invisible character U+{ord(ch):04X}", sp,
-                         "delete it (invisible characters often come with pasted text)", cls=ParseError)
-        hint = None
-        allowed = getattr(exc, "allowed", None) or set()
-        if allowed:
-            hint = f"expected {_expected_words(allowed)}"
-        return error("syntax.unexpected-character", f"unexpected character `{ch}`", sp, hint, cls=ParseError)
-    if isinstance(exc, UnexpectedEOF):
-        last = len(lines.lines)
-        while last > 1 and not lines.lines[last - 1].strip():
-            last -= 1
-        col = len(lines.lines[last - 1]) + 1 if lines.lines else 1
-        return error("syntax.unexpected-eof", "unexpected end of file", lines.span(last, col),
-                     f"expected {_expected_words(exc.expected)}; is a `}}` or `)` missing?", cls=ParseError)
-    if isinstance(exc, UnexpectedToken):
-        tok = exc.token
-        if tok.type == "$END":
-            last = len(lines.lines)
-            while last > 1 and not lines.lines[last - 1].strip():
-                last -= 1
-            col = len(lines.lines[last - 1]) + 1
-            return error("syntax.unexpected-eof", "unexpected end of file", lines.span(last, col),
-                         f"expected {_expected_words(exc.expected)}; is a `}}` or `)` missing?", cls=ParseError)
-        sp = lines.span(tok.line, tok.column, tok.end_line, tok.end_column)
-        shown = str(tok)
-        text = lines.lines[tok.line - 1]
-        at = {"/": tok.column, "*": tok.column - 1}.get(shown)   # `/*` never closed: `/` (or `*` after a `/`)
-        if at and text[at - 1: at + 1] == "/*":
-            return error("syntax.unterminated-comment", "unterminated comment: no `*/` after this `/*`",
-                         lines.span(tok.line, at, tok.line, at + 2),
-                         "close it with `*/` (or comment lines out with `#` or `//`)", cls=ParseError)
-        hint = f"expected {_expected_words(exc.expected)}"
-        if tok.type == "EQUAL" and "CMP_OP" in exc.expected:  # `where pipeline = "qr"`
-            hint = "to compare, write `==` (`=` only names a setter's argument, as in `hdim(q=128)`)"
-        elif tok.type == "NAME" and "LPAR" in exc.expected:
-            hint += f"; setters are calls: write `{shown}(...)`"
-        elif tok.type == "NAME" and "LPAR" not in exc.expected and exc.expected & {"RBRACE", "NAME", "DOT"}:
-            hint = f"setters are calls: write `{shown}(...)`; " + hint
-        return error("syntax.unexpected-token", f"unexpected `{shown}`", sp, hint, cls=ParseError)
-    raise exc
-
-
 def parse_text(text: str, path: str | None = None) -> A.SourceFile:
     """Parse ``.fmha`` source text.  Raises :class:`ParseError` with a location."""
     from lark.exceptions import UnexpectedInput
@@ -386,14 +298,14 @@ def parse_text(text: str, path: str | None = None) -> A.SourceFile:
     if not isinstance(text, str):
         raise error("input.not-text", f"expected .fmha source text, got {type(text).__name__}", cls=ParseError)
     text = text.removeprefix("\ufeff")  # a byte-order mark read as text (open(p).read() of such a file)
-    lines = _Lines(text, path)
+    lines = Lines(text, path)
     parser = _parser()
     with _PARSE_LOCK:  # the comment collector is shared by the one parser: one parse at a time
         _CommentSink.items = []
         try:
             tree = parser.parse(text)
         except UnexpectedInput as exc:
-            raise _translate(exc, lines) from None
+            raise translate(exc, lines) from None
         finally:
             comments = tuple(_CommentSink.items)
             _CommentSink.items = []
@@ -415,18 +327,9 @@ def read_source(path: str | os.PathLike, span: Span | None = None) -> str:
         raise error("input.is-directory", f"`{p}` is a directory, not a .fmha file", span, cls=ParseError) from None
     except UnicodeDecodeError as exc:
         raise error("input.not-utf8", f"`{p}` is not UTF-8 text: a byte {exc.object[exc.start]:#04x} here",
-                    _byte_span(p, exc.object, exc.start), "save the file as UTF-8", cls=ParseError) from None
+                    byte_span(p, exc.object, exc.start), "save the file as UTF-8", cls=ParseError) from None
     except OSError as exc:
         raise error("input.unreadable", f"cannot read `{p}`: {exc.strerror}", span, cls=ParseError) from None
-
-
-def _byte_span(path: str, data: bytes, at: int) -> Span:
-    """Where byte ``at`` of a file's ``data`` is: line, column (in characters before it) and the line's text."""
-    start = data.rfind(b"\n", 0, at) + 1
-    end = data.find(b"\n", at)
-    line = data[start:end if end >= 0 else len(data)].decode("utf-8", errors="replace")
-    col = len(data[start:at].decode("utf-8", errors="replace")) + 1
-    return Span(path, data.count(b"\n", 0, at) + 1, col, source_line=line)
 
 
 def parse_file(path: str | os.PathLike, text: str | None = None) -> list[A.SourceFile]:
