@@ -323,15 +323,13 @@ def cmd_fmt(args) -> int:
 
     status = EXIT_OK
     for given in args.files:
-        if args.write and not os.path.exists(given) and os.sep not in given and "/" not in given:
+        path = _resolve_set(given)
+        if args.write and path != given:  # (a shipped set is read, never rewritten)
             from .errors import UsageError, error
-            from .kernelset import shipped_names
 
-            if given.removesuffix(".fmha") in shipped_names():
-                raise error("usage.write", f"`{given}` is a shipped kernel set: fmt --write rewrites files of yours",
-                            None, f"print it with `fmha-dsl fmt {given}` (or copy it and format the copy)",
-                            cls=UsageError)
-        path = given if args.write else _resolve_set(given)   # (a shipped set is read, never rewritten)
+            raise error("usage.write", f"`{given}` is a shipped kernel set: fmt --write rewrites files of yours",
+                        None, f"print it with `fmha-dsl fmt {given}` (or copy it and format the copy)",
+                        cls=UsageError)
         text = read_source(path)
         new = format_source(text, path)
         if args.check:

@@ -8,7 +8,7 @@ not pass ``max_seqlen_*`` (one device-to-host copy then); with them nothing here
 
 from __future__ import annotations
 
-from .attention_args import CALLER, _is_int, _usage, named  # noqa: F401  (named: paged_numpy's)
+from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _is_int, _usage, named
 from .kernels.paged_abi import FP8_DTYPES, descale_kind
 
 
@@ -178,8 +178,6 @@ def sequences(cu_name: str, cu, total: int, seqlens_k, dev: int, max_given, max_
 
 def check_scalars(softcap, scale, sink) -> None:
     """paged_attention's soft-cap (None or > 0), scale (None or >= 0) and sink count (None or an int >= 0)."""
-    from .attention_args import _check_scale, _check_sink, _check_softcap
-
     if softcap is not None:
         _check_softcap(softcap)
     if scale is not None:

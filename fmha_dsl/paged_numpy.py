@@ -5,9 +5,9 @@ function."""
 
 from __future__ import annotations
 
-from .attention_args import _usage
+from .attention_args import _usage, named
 from .errors import UsageError
-from .paged_args import check_scalars, max_len, named, qscale_of
+from .paged_args import check_scalars, max_len, qscale_of
 
 
 def paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal, window,

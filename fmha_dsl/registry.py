@@ -154,7 +154,7 @@ class Registry:
             raise RegistryError(Diagnostic("registry.json", f"not valid JSON: {exc.msg}",
                                            Span(path, exc.lineno, exc.colno, source_line=src),
                                            "was the file truncated or edited by hand?")) from None
-        if isinstance(doc, dict) and doc.get("schema_version") not in (None, *READABLE_VERSIONS):
+        if isinstance(doc, dict) and not readable_version(doc):
             raise RegistryError(Diagnostic(
                 "registry.schema-version", f"registry schema_version {doc.get('schema_version')!r} is not "
                 f"supported (this fmha-dsl reads versions {', '.join(map(str, READABLE_VERSIONS))})",
@@ -225,6 +225,11 @@ def read_text(path: str | os.PathLike) -> str:
                                        "build one with `fmha-dsl build SET.fmha -o DIR`")) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise RegistryError(Diagnostic("registry.unreadable", f"cannot read `{p}`: {exc}", None)) from None
+
+
+def readable_version(doc: dict) -> bool:
+    """Whether this version reads a registry document's ``schema_version`` (none given: version 1)."""
+    return doc.get("schema_version") in (None, *READABLE_VERSIONS)
 
 
 def read_document(path: str | os.PathLike) -> dict:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 import os
 
 from .errors import FmhaError, RegistryError, UsageError, error
-from .registry import READABLE_VERSIONS, read_document, registry_path
+from .registry import READABLE_VERSIONS, read_document, readable_version, registry_path
 
 RULE = "report.no-table"
 HINT = "run fmha-dsl tune DIR first"
@@ -51,7 +51,7 @@ def load_table(build_dir_or_registry_json: str) -> tuple[dict, dict]:
         raise _fail(f"the seqtune table of {path} is malformed (no \"classes\" list)", path)
     if not table["classes"]:
         raise _fail(f"the seqtune table of {path} has no measured classes", path)
-    if doc.get("schema_version", 1) not in READABLE_VERSIONS:
+    if not readable_version(doc):
         raise error("report.bad-registry", f"registry {path} has schema_version {doc.get('schema_version')!r}; "
                     f"this fmha-dsl reads {', '.join(map(str, READABLE_VERSIONS))}", None,
                     "rebuild it with this version: `fmha-dsl build FILE -o DIR`, then `fmha-dsl tune DIR`",
@@ -86,11 +86,14 @@ def _bad_class(cls: dict) -> str | None:
     """What makes a class unusable for the report (None: nothing)."""
     if not cls:
         return "an empty class"
-    for k in ("hdim_q", "hdim_v", "page_size"):   # (page_size: serving classes only)
-        if (k != "page_size" or k in cls) and not _count(cls.get(k)):
+    ints = ("hdim_q", "hdim_v") + (("page_size",) if "page_size" in cls else ())   # (a serving class names it)
+    names = ("family", "dtype") + tuple(k for k in ("mode", "mask", "kv_layout", "kv_lookup", "qscale")
+                                        if cls.get(k) is not None)
+    for k in ints:
+        if not _count(cls.get(k)):
             return f"{k} must be an integer >= 1, got {cls.get(k)!r}"
-    for k in ("family", "dtype", "mode", "mask", "kv_layout", "kv_lookup", "qscale"):   # (the first two: always)
-        if (k in ("family", "dtype") or cls.get(k) is not None) and not isinstance(cls.get(k), str):
+    for k in names:
+        if not isinstance(cls.get(k), str):
             return f"{k} must be a name, got {cls.get(k)!r}"
     return None
 
