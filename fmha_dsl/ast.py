@@ -72,6 +72,7 @@ class KernelDecl:
     wheres: tuple[Where, ...]
     span: Span
     form: str = "block"              # "block" or "add" (the C++ .add(...) form)
+    blocks: tuple[tuple[str, Span], ...] = ()   # ("signature" | "algorithm", the block's span): for the formatter
 
 
 @dataclass(frozen=True)

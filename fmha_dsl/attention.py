@@ -39,8 +39,10 @@ from .api_dispatch import timer as _timer
 from .attention_args import TORCH_DTYPES as _TORCH_DTYPES  # torch dtype -> key dtype name
 from .attention_args import (torch_dtype_names as _torch_dtype_names, _bad_dtypes, _bad_strides, _batch_shapes,
                              _bad_types, _check_bias, _check_devices, _check_dropout, _check_scale, _check_sink,
-                             _check_softcap, _group_lengths, _group_shapes, _mask, _usage, check_one_bias, named)
+                             _check_softcap, _group_lengths, _group_shapes, _mask, _usage, check_max_lengths,
+                             check_numpy_max_lengths, check_one_bias, named)
 from .errors import UsageError
+from .numeric import FP32_TINY, SCALAR_MAX
 
 __all__ = ["attention"]
 
@@ -61,7 +63,6 @@ _JIT = _api._JIT            # device -> the compile-on-first-use dispatcher (sha
 _ALIGNED_IDX: dict = {}     # V column-major? -> argument positions the 16-divisibility promise covers
 _fast_path = None           # the torch fast path's FastPath once it is built (runtime/torch_fast.py)
 _fast_run = None            # its run(), bound once for the hot path
-_INF = math.inf
 
 
 def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=None, dropout_p=0.0, seed=None,
@@ -127,9 +128,9 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
         seed = _check_dropout(dropout_p, seed, offset)
     elif dropout_p is not None and dropout_p.__class__ not in (float, int):
         _check_dropout(dropout_p, seed, offset)
-    if softcap is not None and (softcap.__class__ is not float or not 0.0 < softcap < _INF):
+    if softcap is not None and (softcap.__class__ is not float or not FP32_TINY <= softcap <= SCALAR_MAX):
         _check_softcap(softcap)
-    if scale is not None and (scale.__class__ is not float or not -_INF < scale < _INF):
+    if scale is not None and (scale.__class__ is not float or not -SCALAR_MAX <= scale <= SCALAR_MAX):
         _check_scale(scale)
     if sink:
         if sink.__class__ is not int or sink < 0:
@@ -143,6 +144,8 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
     if group:
         cu_seqlens_q, cu_seqlens_k, b, sq, sk = _group_lengths(cu_seqlens_q, cu_seqlens_k, tq, tk, dev, max_seqlen_q,
                                                                max_seqlen_k)
+    elif max_seqlen_q is not None or max_seqlen_k is not None:
+        check_max_lengths(max_seqlen_q, max_seqlen_k, [sq], [sk])
     if bias is None and alibi_slopes is None:
         bias_kind = "no"
         bst = ast = None
@@ -252,7 +255,7 @@ def _other(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap
                              registry=registry, offset=offset, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if mod == "numpy":
         return _numpy_attention(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale,
-                                return_lse, cu_seqlens_q, cu_seqlens_k, offset)
+                                return_lse, cu_seqlens_q, cu_seqlens_k, offset, max_seqlen_q, max_seqlen_k)
     raise _usage("usage.type", f"`q` must be a numpy array or a torch tensor, got {type(q).__name__}",
                  "numpy runs the reference; torch GPU tensors run the kernels")
 
@@ -284,7 +287,7 @@ def _init_torch():
 # NumPy: the reference
 # ---------------------------------------------------------------------------------------------------------
 def _numpy_attention(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale,
-                     return_lse, cu_seqlens_q, cu_seqlens_k, offset):
+                     return_lse, cu_seqlens_q, cu_seqlens_k, offset, max_seqlen_q, max_seqlen_k):
     import numpy as np
 
     from .reference import attention_fwd
@@ -303,6 +306,7 @@ def _numpy_attention(q, k, v, causal, window, bias, alibi_slopes, dropout_p, see
                                  cu_seqlens_k=cu_seqlens_k)
     except UsageError as exc:
         raise named(exc) from None
+    check_numpy_max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q.shape, k.shape)
     return (out, lse) if return_lse else out
 
 

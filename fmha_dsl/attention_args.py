@@ -7,11 +7,10 @@ them only then.  Importing this module does no work (torch is looked up when a c
 from __future__ import annotations
 
 import contextvars
-import math
-import numbers
 import sys
 
 from .errors import UsageError, error
+from .numeric import SCALAR_MAX, shown, as_float, is_int, usable_scale, usable_softcap, window_side
 
 
 def _torch():
@@ -55,11 +54,11 @@ def named(exc: UsageError) -> UsageError:
 
 
 def _num(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+    return as_float(x) is not None
 
 
 def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+    return is_int(x)
 
 
 def as_bool(x):
@@ -95,7 +94,7 @@ def _mask(causal, window):
     if not (_is_int(left) and _is_int(right)):
         raise _usage("usage.value", f"window must be a pair (left, right) of ints, got {window!r}",
                      "negative means unbounded, e.g. window=(128, 0) for a 128-token causal window")
-    left, right = int(left), int(right)
+    left, right = window_side(left), window_side(right)
     if mode is None:
         if left < 0 and right < 0:
             return "no", -1, -1, 1
@@ -257,13 +256,16 @@ def _check_dropout(p, seed, offset):
 
 
 def _check_softcap(softcap):
-    if not _num(softcap) or softcap <= 0:
-        raise _usage("usage.value", f"softcap must be None (off) or a finite number > 0, got {softcap!r}")
+    if not usable_softcap(softcap):
+        raise _usage("usage.value", f"softcap must be None (off) or a number in [2**-126, {SCALAR_MAX:.3g}] "
+                     f"(float32, after the kernels' multiply by log2(e)), got {shown(softcap)}",
+                     "typical soft-caps are 30 or 50 (Gemma 2, Grok); None turns it off")
 
 
 def _check_scale(scale):
-    if not _num(scale):
-        raise _usage("usage.value", f"scale must be a finite number, got {scale!r}", "None means 1/sqrt(Dq)")
+    if not usable_scale(scale):
+        raise _usage("usage.value", f"scale must be a finite number of magnitude <= {SCALAR_MAX:.3g} (float32, after "
+                     f"the kernels' multiply by log2(e)), got {shown(scale)}", "None means 1/sqrt(Dq)")
 
 
 def _check_sink(sink):
@@ -294,6 +296,38 @@ def _group_lengths(cu_q, cu_k, tq, tk, dev, max_q, max_k):
                 given = m
         maxes.append(int(given))
     return cu_q, cu_k, cu_q.shape[0] - 1, maxes[0], maxes[1]
+
+
+def max_len(name: str, given, host, what: str) -> int:
+    """``max_seqlen_*``: the caller's (an int >= 0, checked against host values when there are some) or the
+    host values' maximum."""
+    if given is not None and (not _is_int(given) or given < 0):
+        raise _usage("usage.value", f"{name} must be an int >= 0, got {given!r}", what)
+    if host is not None:
+        m = max(host, default=0)
+        if given is not None and given < m:
+            raise _usage("usage.value", f"{name}={given} is below the longest sequence ({m})", what)
+        return int(m if given is None else given)
+    return int(given)
+
+
+def check_max_lengths(max_q, max_k, lens_q, lens_k) -> None:
+    """``max_seqlen_q``/``max_seqlen_k``, each (when given) an int >= 0 and at least the longest of ``lens_q`` /
+    ``lens_k`` (batch mode: ``[S]``; group mode: the ``cu_seqlens`` differences)."""
+    for name, given, lens in (("max_seqlen_q", max_q, lens_q), ("max_seqlen_k", max_k, lens_k)):
+        if given is not None:
+            max_len(name, given, lens, "pass at least the longest sequence's length, or None to have it computed")
+
+
+def check_numpy_max_lengths(cu_q, cu_k, max_q, max_k, q_shape, k_shape) -> None:
+    """:func:`check_max_lengths` on the NumPy paths (after the reference has checked the ``cu_seqlens``)."""
+    import numpy as np
+
+    def lens(cu, shape):
+        return np.diff(np.asarray(cu).astype(np.int64)).tolist() if cu is not None else [shape[2]]
+
+    if max_q is not None or max_k is not None:
+        check_max_lengths(max_q, max_k, lens(cu_q, q_shape), lens(cu_k, k_shape))
 
 
 def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):

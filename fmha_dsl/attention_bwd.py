@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from .attention_args import (CALLER, torch_dtype_names, _bad_dtypes, _bad_types, _batch_shapes, _check_bias,
                              _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
-                             _group_lengths, _group_shapes, _mask, _usage, check_one_bias, named)
+                             _group_lengths, _group_shapes, _mask, _num, _usage, check_max_lengths,
+                             check_numpy_max_lengths, check_one_bias, named)
 from .errors import UsageError
 
 __all__ = ["attention_backward", "compile_backward_ahead"]
@@ -40,7 +41,7 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, bi
         mod = type(q).__module__ or ""
         if mod == "numpy":
             return _numpy(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink,
-                          scale, cu_seqlens_q, cu_seqlens_k, offset)
+                          scale, cu_seqlens_q, cu_seqlens_k, offset, max_seqlen_q, max_seqlen_k)
         if not mod.startswith("torch"):
             raise _usage("usage.type", f"`q` must be a numpy array or a torch tensor, got {type(q).__name__}",
                          "numpy runs the reference; torch GPU tensors run the kernels")
@@ -52,19 +53,23 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, bi
 
 
 def _numpy(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale,
-           cu_seqlens_q, cu_seqlens_k, offset):
+           cu_seqlens_q, cu_seqlens_k, offset, max_seqlen_q, max_seqlen_k):
     from .reference_bwd import attention_bwd
 
+    if not _num(dropout_p) or not 0.0 <= dropout_p < 1.0:
+        raise _usage("usage.value", f"dropout_p must be in [0, 1), got {dropout_p!r}", "0 disables dropout")
     if dropout_p and seed is None:
         _missing_seed()
     check_one_bias(bias, alibi_slopes)
     try:
         dq, dk, dv, db = attention_bwd(q, k, v, out, lse, dout, causal=causal, window=window, bias=bias,
-                                       alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed or 0, offset=offset,
+                                       alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                                       seed=0 if seed is None else seed, offset=offset,
                                        softcap=softcap, sink=0 if sink is None else sink, scale=scale,
                                        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     except UsageError as exc:
         raise named(exc) from None
+    check_numpy_max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q.shape, k.shape)
     return (dq, dk, dv) if db is None else (dq, dk, dv, db)
 
 
@@ -153,6 +158,8 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
     if group:
         cu_seqlens_q, cu_seqlens_k, b, sq, sk = _group_lengths(cu_seqlens_q, cu_seqlens_k, tq, tk, dev, max_seqlen_q,
                                                                max_seqlen_k)
+    elif max_seqlen_q is not None or max_seqlen_k is not None:
+        check_max_lengths(max_seqlen_q, max_seqlen_k, [sq], [sk])
     bias_kind = "no"
     if bias is not None or alibi_slopes is not None:
         bias_kind, _, _ = _check_bias(bias, alibi_slopes, q, b, hq, sq, sk, group, dev)

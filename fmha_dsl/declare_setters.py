@@ -7,8 +7,8 @@ from __future__ import annotations
 from . import ast as A
 from . import vocab as V
 from .declaration import WILD, FieldSpec
-from .declare_values import (_bool_value, _Collector, _enum_value, _flatten, _int_value, _pad_value, _show,
-                             _values)
+from .declare_values import (_bool_value, _Collector, _empty_lists, _enum_value, _flatten, _int_value, _pad_value,
+                             _show, _values)
 from .errors import Diagnostic, InternalError, Span, did_you_mean
 
 # ---- setters -------------------------------------------------------------------------------------
@@ -114,11 +114,15 @@ def _apply_setter(c: _Collector, sc: _Scope, st: A.Setter, block: str):
         if vals is not False:
             if name in ("block_per_cu", "max_seq_len_q"):
                 sc.tile_named[name] = (vals, sp)
+            elif name == "page_size":
+                _page_size(c, sc, vals, sp)
             else:
                 sc.fields[name] = FieldSpec(vals, sp)
     elif name == "constraint":
         a = args[0]
-        v = a.alt.options[0]
+        v = _single(c, name, a)
+        if v is None:
+            return
         if v.kind not in ("str", "name"):
             c.err("value.type", "`constraint` takes a string", v.span)
         else:
@@ -138,7 +142,7 @@ def _apply_setter(c: _Collector, sc: _Scope, st: A.Setter, block: str):
         if ps is not None:
             vals = _values(c, ps.alt, lambda v: _int_value(c, "page_size", v, 1))
             if vals is not False:
-                sc.fields["page_size"] = FieldSpec(vals, ps.span)
+                _page_size(c, sc, vals, ps.span)
     elif name == "padding":
         pads = ("pad_s", "pad_sk", "pad_d", "pad_dv")
         if len(st.args) == 1 and args[0] is not None and args[0].alt.options[0].kind == "wild" \
@@ -167,7 +171,7 @@ def _apply_setter(c: _Collector, sc: _Scope, st: A.Setter, block: str):
     elif name.startswith(("tile_", "wave_", "warp_")):
         kind, dim = name.split("_", 1)
         idx = (V.TILE_NAMES if kind == "tile" else V.WAVE_NAMES).index(dim)
-        vals, sp = one(0, lambda v: _int_value(c, name, v, 0))
+        vals, sp = one(0, lambda v: _int_value(c, name, v, 0 if kind == "tile" else 1))
         if vals is not False:
             sc.tile_named[f"{kind}{idx}"] = (vals, sp)
     elif name in ("profile", "receipt"):
@@ -175,7 +179,9 @@ def _apply_setter(c: _Collector, sc: _Scope, st: A.Setter, block: str):
             c.err("setter.duplicate", "set either `profile` or `receipt`, not both", st.name_span,
                   "receipt numbers are aliases of profiles: keep one of the two")
             return
-        v = args[0].alt.options[0]
+        v = _single(c, name, args[0])
+        if v is None:
+            return
         if v.kind == "int":
             if v.value not in V.RECEIPT_TO_PROFILE:
                 c.err("value.unknown", f"unknown receipt {v.value}", v.span,
@@ -184,8 +190,7 @@ def _apply_setter(c: _Collector, sc: _Scope, st: A.Setter, block: str):
             sc.profile = FieldSpec((V.RECEIPT_TO_PROFILE[v.value],), v.span)
         elif v.kind in ("name", "str"):
             key = str(v.value)
-            if key.isdigit() and int(key) in V.RECEIPT_TO_PROFILE:
-                key = V.RECEIPT_TO_PROFILE[int(key)]
+            key = V.receipt_profile(key) or key
             if key not in V.PROFILES:
                 c.err("value.unknown", f"unknown profile `{key}`", v.span,
                       did_you_mean(key, V.PROFILES) or "profiles: " + ", ".join(V.PROFILES))
@@ -194,12 +199,39 @@ def _apply_setter(c: _Collector, sc: _Scope, st: A.Setter, block: str):
         else:
             c.err("value.type", "`profile` takes a profile name or receipt number", v.span)
     elif name in ("mask_impl", "backend"):
-        v = args[0].alt.options[0]
+        v = _single(c, name, args[0])
+        if v is None:
+            return
         r = _enum_value(c, name, v)
         if r and r != WILD:
             setattr(sc, name, (r, v.span))
     else:  # a setter in vocab.SETTERS without a handler: our bug
         raise InternalError(Diagnostic("internal.setter", f"no handler for setter {name}"))
+
+
+def _page_size(c, sc: _Scope, vals, span) -> None:
+    """``page_size(...)`` or ``kv_cache(..., page_size)``: one of the two in a scope, as any setter is set once."""
+    if "page_size" in sc.fields:
+        c.err("setter.duplicate", "the page size is set twice in this scope (by `page_size` and `kv_cache`)", span,
+              "keep one: `kv_cache(layout, lookup, page_size)` or `page_size(...)`")
+        return
+    sc.fields["page_size"] = FieldSpec(vals, span)
+
+
+def _single(c, name: str, arg: A.Arg):
+    """The one value of a setter that takes one (``constraint``, ``profile``, ``mask_impl``, ``backend``), or None
+    after a located error for alternatives, a list or a wildcard."""
+    opts = arg.alt.options
+    if len(opts) == 1 and opts[0].kind not in ("wild", "list", "tuple"):
+        return opts[0]
+    c.err("value.single", f"`{name}` takes one value, not alternatives, a list or `*`", arg.span,
+          f"declare one {name} per kernel set (or per kernel), e.g. `{name}({_example(name)})`")
+    return None
+
+
+def _example(name: str) -> str:
+    return {"constraint": '"..."', "profile": "ck_default", "receipt": "0", "mask_impl": "generic",
+            "backend": "triton"}.get(name, "...")
 
 
 def _arch(c, sc: _Scope, st: A.Setter):
@@ -235,6 +267,11 @@ def _hdim(c, sc: _Scope, st: A.Setter, args):
     if qa is None:
         c.err("setter.arity", "`hdim` needs the q head dim", st.span, "hdim(q) or hdim(q, v), e.g. hdim(192, 128)")
         return
+    for a in (qa, va):
+        for v in _empty_lists(a.alt) if a is not None else ():
+            c.err("value.empty", "an empty list selects no value", v.span,
+                  "list the head dims (`[64, 128]`), or use `*` for every one the rules allow")
+            return
     opts: list[tuple] = []
     wild_q = wild_v = False
     q_vals: list = []
@@ -314,7 +351,7 @@ def _bulk(c, sc: _Scope, st: A.Setter, args, kind):
     for i, a in enumerate(args):
         if a is None:
             continue
-        vals = _values(c, a.alt, lambda v: _int_value(c, kind, v, 0))
+        vals = _values(c, a.alt, lambda v: _int_value(c, kind, v, 0 if kind == "tile" else 1))   # (warps: >= 1)
         if vals is not False:
             sc.tile_bulk[f"{kind}{i}"] = (vals, a.span)
     if kind == "tile":

@@ -94,10 +94,15 @@ def _int_value(c, fld, v: A.Value, lo=None):
 
 
 def _show(v: A.Value) -> str:
+    """A value as the user wrote it (the .fmha spelling: `true`, `(a, b)`, `[a, b]`)."""
     if v.kind == "str":
         return f'"{v.value}"'
+    if v.kind == "bool":
+        return "`true`" if v.value else "`false`"
     if v.kind in ("tuple", "list"):
-        return "a " + v.kind
+        inner = ", ".join(" | ".join(_show(o).strip("`") for o in a.options) for a in v.value)
+        text = f"({inner})" if v.kind == "tuple" else f"[{inner}]"
+        return f"the {v.kind} `{text}`" if len(text) <= 60 else f"a {v.kind}"
     return f"`{v.value}`"
 
 
@@ -113,9 +118,25 @@ def _flatten(alt: A.Alt) -> list[A.Value]:
     return out
 
 
+def _empty_lists(alt: A.Alt) -> list[A.Value]:
+    """The empty lists ``[]`` among ``alt``'s alternatives (nested lists included)."""
+    out, todo = [], list(alt.options)
+    while todo:
+        v = todo.pop()
+        if v.kind == "list":
+            if not v.value:
+                out.append(v)
+            todo.extend(o for sub in v.value for o in sub.options)
+    return out
+
+
 def _values(c, alt: A.Alt, conv) -> tuple | None | bool:
     """Alternatives -> tuple of canonical values, None for a wildcard, False on error."""
     vals, wild, bad = [], False, False
+    for v in _empty_lists(alt):
+        c.err("value.empty", "an empty list selects no value", v.span,
+              "list the values (`[a, b]`), or use `*` for every value the rules allow")
+        bad = True
     for v in _flatten(alt):
         if v.kind == "wild":
             wild = True

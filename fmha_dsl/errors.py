@@ -132,7 +132,8 @@ class FmhaError(Exception):
         d = self.diagnostics[0]
         loc = d.location()
         extra = f" (+{len(self.diagnostics) - 1} more)" if len(self.diagnostics) > 1 else ""
-        return f"{loc + ': ' if loc else ''}[{d.rule}] {d.message}{extra}"
+        hint = f" (hint: {d.hint})" if d.hint else ""
+        return f"{loc + ': ' if loc else ''}[{d.rule}] {d.message}{hint}{extra}"
 
     def __reduce__(self):  # survive process pools
         return (self.__class__, (self.diagnostics,))

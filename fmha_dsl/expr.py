@@ -33,6 +33,7 @@ _KNOWN_WORDS = set()
 for _tbl in V.ALIASES.values():
     _KNOWN_WORDS.update(_tbl.values())
 _KNOWN_WORDS.update(V.ARCHS)
+_KNOWN_WORDS.update(FACTORY.values())   # `factory == gfx9`, bare as the docs allow
 
 
 def _field_of(name: str) -> str:
@@ -170,7 +171,7 @@ def compile_expr(e: Expr, field: str | None = None) -> Compiled:
         l, r = compile_expr(e.args[0]), compile_expr(e.args[1])
         for side, node in ((l, e.args[0]), (r, e.args[1])):
             if side.type != "bool":
-                raise error("where.type", f"`{op}` needs true/false on both sides, got a {side.type}", node.span,
+                raise error("where.type", f"`{op}` needs true/false on both sides, got {_a(side.type)}", node.span,
                             "compare the field, e.g. `hdim_q == 128`", cls=ParseError)
         lf, rf = l.fn, r.fn
         fn = (lambda b: lf(b) and rf(b)) if op == "and" else (lambda b: lf(b) or rf(b))
@@ -178,19 +179,22 @@ def compile_expr(e: Expr, field: str | None = None) -> Compiled:
     if op == "not":
         a = compile_expr(e.args[0])
         if a.type != "bool":
-            raise error("where.type", f"`not` needs true/false, got a {a.type}", e.span, cls=ParseError)
+            raise error("where.type", f"`not` needs true/false, got {_a(a.type)}", e.span,
+                        "negate a condition, e.g. `not lse` or `not (hdim_q == 128)`", cls=ParseError)
         f = a.fn
         return Compiled(lambda b: not f(b), "bool", a.deps)
     if op == "neg":
         a = compile_expr(e.args[0])
         if a.type != "int":
-            raise error("where.type", f"`-` needs an integer, got a {a.type}", e.span, cls=ParseError)
+            raise error("where.type", f"`-` needs an integer, got {_a(a.type)}", e.span,
+                        "arithmetic works on numeric fields (hdim_q, tile_m0, ...) and numbers", cls=ParseError)
         f = a.fn
         return Compiled(lambda b: -f(b), "int", a.deps)
     if op == "bin":
         sym, l, r = e.args[0], compile_expr(e.args[1]), compile_expr(e.args[2])
         if l.type != "int" or r.type != "int":
-            raise error("where.type", f"`{sym}` needs integers on both sides", e.span, cls=ParseError)
+            raise error("where.type", f"`{sym}` needs integers on both sides", e.span,
+                        "arithmetic works on numeric fields (hdim_q, tile_m0, ...) and numbers", cls=ParseError)
         lf, rf = l.fn, r.fn
         if sym in ("/", "%"):
             def fn(b, lf=lf, rf=rf, sym=sym):
@@ -210,7 +214,8 @@ def compile_expr(e: Expr, field: str | None = None) -> Compiled:
             raise error("where.type", f"cannot compare {_a(l.type)} with {_a(r.type)}", e.span,
                         _mismatch_hint(e.args[1], l.type, e.args[2], r.type), cls=ParseError)
         if sym not in ("==", "!=") and l.type != "int":
-            raise error("where.type", f"`{sym}` compares integers only", e.span, cls=ParseError)
+            raise error("where.type", f"`{sym}` compares integers only", e.span,
+                        "names and true/false compare with `==` and `!=` only", cls=ParseError)
         cmpf, lf, rf = _CMP[sym], l.fn, r.fn
         return Compiled(lambda b: cmpf(lf(b), rf(b)), "bool", l.deps | r.deps)
     if op in ("in", "notin"):
@@ -218,6 +223,12 @@ def compile_expr(e: Expr, field: str | None = None) -> Compiled:
         if r.type != "tuple":
             raise error("where.type", "`in` needs a list on the right, e.g. `hdim_q in [64, 128]`",
                         e.args[1].span, cls=ParseError)
+        for item in e.args[1].args if e.args[1].op == "tuple" else ():   # each item of the field's type
+            t = compile_expr(item, _enum_field(e.args[0])).type
+            if t != l.type and not ({l.type, t} == {"int", "bool"} and _is_pad(e.args[0], item)):
+                left = f"`{e.args[0].args[0]}`" if e.args[0].op == "name" else "the left side"
+                raise error("where.type", f"this list holds {_a(t)} where {left} is {_a(l.type)}",
+                            item.span, _mismatch_hint(e.args[0], l.type, item, t), cls=ParseError)
         lf, rf = l.fn, r.fn
         if op == "in":
             return Compiled(lambda b: lf(b) in rf(b), "bool", l.deps | r.deps)
@@ -229,7 +240,7 @@ def where_rule(w: Where, index: int) -> Rule:
     """A where clause as a silent filter rule over the fields it reads."""
     c = compile_expr(w.expr)
     if c.type != "bool":
-        raise error("where.type", f"a where clause must be true or false, got a {c.type}", w.span,
+        raise error("where.type", f"a where clause must be true or false, got {_a(c.type)}", w.span,
                     "e.g. `where hdim_q == 128 and pipeline != \"qs\"`", cls=ParseError)
     src = w.span.source_line.strip() if w.span.source_line else "where"
     deps = tuple(sorted(c.deps))

@@ -89,82 +89,159 @@ def _expr(e: A.Expr, parent: int = 0) -> str:
     return s
 
 
-class _Printer:
-    def __init__(self, comments):
-        self.comments = sorted(comments)      # (line, col, text)
-        self.out: list[str] = []
-        self.last_line = 0
+class _Anchor:
+    """Something printed on a line of its own -- a setter, a where clause, an include, a header (``kernel_set x {``,
+    ``kernel {``, ``signature {``) or a closing brace -- with its source extent (``start``/``end``: (line, column)),
+    whether the source had a blank line right before it, and the comments that go with it."""
 
-    def _gap(self, first: int):
-        """Keep one blank line where the source had one or more."""
-        if self.last_line and first > self.last_line + 1 and self.out and self.out[-1] != "" \
-                and not self.out[-1].endswith("{"):
+    __slots__ = ("start", "end", "leaf", "lead", "trail", "blank")
+
+    def __init__(self, start, end, leaf=False):
+        self.start, self.end, self.leaf = start, end, leaf
+        self.lead: list[tuple[str, bool]] = []   # own-line comments before it (text, blank line before it)
+        self.trail: list[str] = []               # comments after it on its (last) line, or inside it
+        self.blank = False
+
+
+def _anchors(src: A.SourceFile) -> dict:
+    """Every anchor of the file by the AST node (or ``(node, role)``) it stands for."""
+    out: dict = {}
+
+    def leaf(node):
+        sp = node.span
+        out[id(node)] = _Anchor((sp.line, sp.column), (sp.end_line or sp.line, sp.end_column or sp.column), True)
+
+    def point(key, line, col):
+        out[key] = _Anchor((line, col), (line, col))
+
+    for item in src.items:
+        if isinstance(item, A.Include):
+            leaf(item)
+            continue
+        point((id(item), "open"), item.span.line, item.span.column)
+        for n in item.setters + item.wheres:
+            leaf(n)
+        for k in item.kernels:
+            sp = k.span
+            if k.form == "add":   # one statement: a comment after it on its last line trails `kernel {`
+                out[(id(k), "open")] = _Anchor((sp.line, sp.column), (sp.end_line, sp.end_column))
+            else:
+                point((id(k), "open"), sp.line, sp.column)
+                point((id(k), "close"), sp.end_line, sp.end_column - 1)
+            for kind, bs in k.blocks:
+                point((id(k), kind), bs.line, bs.column)
+                point((id(k), kind + "}"), bs.end_line, bs.end_column - 1)
+            for n in k.signature + k.algorithm + k.setters + k.wheres:
+                leaf(n)
+        point((id(item), "close"), item.span.end_line, item.span.end_column - 1)
+    return out
+
+
+def _attach(anchors: dict, comments, lines: list[str]) -> list[str]:
+    """Give each comment to an anchor: after an anchor on its line (the last to end before it), or inside a setter
+    or where clause that spans lines -- trailing; else before the next anchor -- leading.  Returns the comments after
+    the last anchor.  Marks the anchors (and leading comments) the source had a blank line before."""
+    order = sorted(anchors.values(), key=lambda a: a.start)
+    rest = []
+    for line, col, text in sorted(comments):
+        pos = (line, col)
+        on_line = [a for a in order if a.end[0] == line and a.end <= pos]
+        inside = [a for a in order if a.leaf and a.start < pos < a.end]
+        host = (max(on_line, key=lambda a: a.end) if on_line else inside[-1]) if on_line or inside else None
+        if host is not None and _fits_after(host.trail, text):
+            host.trail.append(text)
+            continue
+        nxt = next((a for a in order if a.start > pos), None)
+        if nxt is None:
+            rest.append(text)
+        else:
+            nxt.lead.append((text, _blank_before(lines, line)))
+    for a in order:
+        a.blank = _blank_before(lines, a.start[0])
+    return rest
+
+
+def _fits_after(trail: list[str], text: str) -> bool:
+    """Whether ``text`` can join a line that ends with the comments ``trail``: nothing follows a block comment over
+    several lines (it would land on that comment's last line, where nothing anchors it), and no comment over several
+    lines follows a line comment (its first line would be swallowed, its last read as code).  Such a comment goes on
+    a line of its own instead."""
+    if trail and "\n" in trail[-1]:
+        return False
+    return not ("\n" in text and any(t.startswith(("#", "//")) for t in trail))
+
+
+def _blank_before(lines: list[str], line: int) -> bool:
+    return line >= 2 and not lines[line - 2].strip()
+
+
+class _Printer:
+    def __init__(self, anchors: dict):
+        self.anchors = anchors
+        self.out: list[str] = []
+
+    def _blank(self):
+        """One blank line, where the source had one (never two, never right after an opening brace)."""
+        if self.out and self.out[-1] != "" and not self.out[-1].endswith("{"):
             self.out.append("")
 
-    def _take_on(self, line: int) -> str:
-        got = [c for c in self.comments if c[0] == line]
-        self.comments = [c for c in self.comments if c[0] != line]
-        return ("  " + " ".join(c[2] for c in got)) if got else ""
-
-    def emit(self, indent: int, text: str, span=None):
+    def emit(self, indent: int, text: str, key=None):
         pad = "    " * indent
-        if span is not None:
-            before = [c for c in self.comments if c[0] < span.line]
-            self._gap(min([c[0] for c in before] + [span.line]))
-            for line, _col, c in before:
-                self._gap(line)
-                self.out.append(pad + c)
-                self.last_line = line + c.count("\n")
-            self.comments = [c for c in self.comments if c[0] >= span.line]
-            self._gap(span.line)
-        trail = self._take_on(span.end_line or span.line) if span is not None else ""
-        self.out.append(pad + text + trail)
-        if span is not None:
-            self.last_line = span.end_line or span.line
+        a = self.anchors.get(key) if key is not None else None
+        if a is None:
+            self.out.append(pad + text)
+            return
+        for c, blank in a.lead:
+            if blank:
+                self._blank()
+            self.out.append(pad + c)
+        if a.blank:   # (after its comments too: a blank line between them and it stays)
+            self._blank()
+        self.out.append(pad + text + ("  " + " ".join(a.trail) if a.trail else ""))
 
-    def close(self, indent: int, end_line: int | None):
-        if end_line is not None:
-            for line, _col, c in [c for c in self.comments if c[0] < end_line + 1]:
-                self._gap(line)
-                self.out.append("    " * (indent + 1) + c)
-                self.last_line = line
-            self.comments = [c for c in self.comments if c[0] >= end_line + 1]
-        self.out.append("    " * indent + "}")
-        if end_line is not None:
-            self.last_line = end_line
+    def close(self, indent: int, key):
+        """A closing brace: the comments before it (inside the block), then ``}``."""
+        a = self.anchors.get(key)
+        for c, blank in (a.lead if a else ()):
+            if blank:
+                self._blank()
+            self.out.append("    " * (indent + 1) + c)
+        self.out.append("    " * indent + "}" + ("  " + " ".join(a.trail) if a and a.trail else ""))
 
     def kernel(self, k: A.KernelDecl, indent: int, ks: A.KernelSetDecl):
-        head = f"kernel {k.name} {{" if k.name else "kernel {"
-        self.emit(indent, head, _first_line(k.span))
+        self.emit(indent, f"kernel {k.name} {{" if k.name else "kernel {", (id(k), "open"))
         extra = _add_defaults(k, ks)
         for block, setters in (("signature", k.signature), ("algorithm", k.algorithm)):
-            if not setters and not (block == "algorithm" and extra):
+            if not setters and not (block == "algorithm" and extra) and (id(k), block) not in self.anchors:
                 continue
-            self.out.append("    " * (indent + 1) + block + " {")
+            self.emit(indent + 1, block + " {", (id(k), block))
             for st in setters:
-                self.emit(indent + 2, _setter(st), st.span)
+                self.emit(indent + 2, _setter(st), id(st))
             if block == "algorithm":
                 self.out.extend("    " * (indent + 2) + text for text in extra)
-            self.out.append("    " * (indent + 1) + "}")
-            self.last_line += 1  # the closing brace takes a line of its own
-        self._items(indent + 1, k.setters, k.wheres)
-        self.close(indent, k.span.end_line)
-
-    def _items(self, indent, setters, wheres):
-        items = sorted([(s.span.line, s.span.column, "s", s) for s in setters]
-                       + [(w.span.line, w.span.column, "w", w) for w in wheres], key=lambda t: t[:2])
-        for _l, _c, kind, node in items:
-            text = _setter(node) if kind == "s" else "where " + _expr(node.expr)
-            self.emit(indent, text, node.span)
+            self.close(indent + 1, (id(k), block + "}"))
+        for _l, _c, node in _in_order(k.setters, k.wheres):
+            self.emit(indent + 1, _item_text(node), id(node))
+        self.close(indent, (id(k), "close"))
 
     def kernel_set(self, ks: A.KernelSetDecl):
-        self.emit(0, f"kernel_set {ks.name} {{", _first_line(ks.span))
-        self._items(1, ks.setters, ks.wheres)
-        for k in ks.kernels:
-            if self.out and self.out[-1] != "":
-                self.out.append("")
+        self.emit(0, f"kernel_set {ks.name} {{", (id(ks), "open"))
+        for _l, _c, node in _in_order(ks.setters, ks.wheres):
+            self.emit(1, _item_text(node), id(node))
+        for i, k in enumerate(ks.kernels):
+            if i or ks.setters or ks.wheres:
+                self._blank()
             self.kernel(k, 1, ks)
-        self.close(0, ks.span.end_line)
+        self.close(0, (id(ks), "close"))
+
+
+def _in_order(setters, wheres):
+    return sorted([(s.span.line, s.span.column, s) for s in setters] + [(w.span.line, w.span.column, w) for w in wheres],
+                  key=lambda t: t[:2])
+
+
+def _item_text(node) -> str:
+    return _setter(node) if isinstance(node, A.Setter) else "where " + _expr(node.expr)
 
 
 def _add_defaults(k: A.KernelDecl, ks: A.KernelSetDecl) -> list[str]:
@@ -173,37 +250,53 @@ def _add_defaults(k: A.KernelDecl, ks: A.KernelSetDecl) -> list[str]:
     if k.form != "add":
         return []
     names = {s.name for s in k.signature + k.algorithm + k.setters + ks.setters}
+    varies = _family_varies(k, ks)
     out = []
-    if "pipeline" not in names:
+    if "pipeline" not in names and varies("pipeline"):
         out.append(f"pipeline({V.ALG_DEFAULTS['pipeline']})")
     if not any(n in ("tile", "wave", "warp", "block_per_cu", "max_seq_len_q") or n.startswith(("tile_", "wave_",
                                                                                                  "warp_"))
-               for n in names):
+               for n in names) and varies("tile"):
         out.append(f"tile({', '.join(str(x) for x in V.TILE_DEFAULT)})")
     return out
 
 
-def _first_line(span):
-    from .errors import Span
+def _family_varies(k: A.KernelDecl, ks: A.KernelSetDecl):
+    """``varies(field)``: whether the family an ``.add`` line names has a choice of ``field`` (a family whose rules
+    fix its pipeline -- append-KV's, the paged kernels' -- takes no ``pipeline(qr)``: the block would ask for
+    another value than the fixed one).  True when the family is not one plain name (the expansion then says)."""
+    from .rules import family_rules
 
-    return Span(span.path, span.line, span.column, span.line, span.column)
+    def one(name, setters):
+        vals = [s.args[0].alt.options for s in setters if s.name == name and s.args]
+        return str(vals[-1][0].value) if vals and len(vals[-1]) == 1 and vals[-1][0].kind in ("name", "str") \
+            else None
+
+    family = one("family", k.signature + k.setters) or one("family", ks.setters)
+    backend = one("backend", k.setters) or one("backend", ks.setters) or "ck"
+    # (an unknown family or backend has no rules: the check reports it, located)
+    fr = family_rules(V.ALIASES.get("family", {}).get(family, family), backend) if family else None
+    return lambda field: fr is None or (field in fr.fields and field not in fr.fixed)
 
 
 def format_source(text: str, path: str | None = None) -> str:
     """Canonical text of a ``.fmha`` source (raises ParseError on bad input)."""
     src = parse_text(text, path)
-    p = _Printer(src.comments)
+    anchors = _anchors(src)
+    rest = _attach(anchors, src.comments, text.removeprefix("\ufeff").splitlines())
+    p = _Printer(anchors)
     prev = None
     for item in src.items:
         if prev is not None and not (isinstance(prev, A.Include) and isinstance(item, A.Include)):
-            p.out.append("")
+            p._blank()
         if isinstance(item, A.Include):
-            p.emit(0, f"include {_quote(item.path)}", item.span)
+            p.emit(0, f"include {_quote(item.path)}", id(item))
         else:
             p.kernel_set(item)
         prev = item
-    for c in p.comments:
-        p.out.append(c[2])
+    if rest:
+        p._blank()
+    p.out.extend(rest)
     return "\n".join(p.out).strip("\n") + "\n"
 
 

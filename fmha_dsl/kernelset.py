@@ -51,8 +51,8 @@ def _profile(profile) -> Optional[str]:
     if profile is None:
         return None
     p = str(profile)
-    if p.lstrip("-").isdigit() and int(p) in V.RECEIPT_TO_PROFILE:
-        return V.RECEIPT_TO_PROFILE[int(p)]
+    if V.receipt_profile(p):
+        return V.receipt_profile(p)
     if p in V.PROFILES:
         return p
     raise error("usage.profile", f"unknown profile `{p}`", None,

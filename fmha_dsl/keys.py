@@ -74,13 +74,13 @@ class Algorithm(_Frozen):
     pad_dv: Pad = 1
     trload: bool = False
     kv64: bool = False
-    hdim_q_alignment: int = 0
-    hdim_v_alignment: int = 0
-    block_per_cu: int = -1
+    hdim_q_alignment: int = Field(0, ge=0, le=1024)
+    hdim_v_alignment: int = Field(0, ge=0, le=1024)
+    block_per_cu: int = Field(-1, ge=-1, le=1024)
     num_wave_groups: int = Field(1, ge=1)
     max_splits_log2: int = Field(0, ge=0)
     max_seq_len_q: int = Field(0, ge=0)
-    selection_rank: int = 0
+    selection_rank: int = Field(0, ge=-(1 << 31), lt=1 << 31)
     constraint: str = ""
 
     @field_validator("tile")
@@ -88,6 +88,13 @@ class Algorithm(_Frozen):
     def _tile_len(cls, v):
         if len(v) not in (6, 9):
             raise ValueError(f"tile must have 6 values (9 for bwd_dq_dk_dv), got {len(v)}")
+        return v
+
+    @field_validator("tile", "wave", "warp")
+    @classmethod
+    def _in_range(cls, v):
+        if any(not 0 <= x <= 4096 for x in v):   # (0: a dimension CK's kernel does not tile, e.g. append-KV's)
+            raise ValueError(f"every value must lie in [0, 4096], got {list(v)}")
         return v
 
     @field_validator("pipeline")

@@ -280,7 +280,7 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
         if not torch_in:  # NumPy arrays run the reference
             return paged_numpy.append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
                                       cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q,
-                                      (k_descale, v_descale))
+                                      (k_descale, v_descale), max_seqlen_new)
         _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
                 max_seqlen_new, rotary_cos, rotary_sin, rotary_interleaved, q, registry, call, (k_descale, v_descale))
     finally:

@@ -8,7 +8,7 @@ not pass ``max_seqlen_*`` (one device-to-host copy then); with them nothing here
 
 from __future__ import annotations
 
-from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _is_int, _usage, named
+from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _usage, max_len, named
 from .kernels.paged_abi import FP8_DTYPES, descale_kind
 
 
@@ -187,19 +187,6 @@ def check_scalars(softcap, scale, sink) -> None:
                          "fold a negative sign into q")
     if sink is not None:
         _check_sink(sink)
-
-
-def max_len(name: str, given, host, what: str) -> int:
-    """``max_seqlen_*``: the caller's (an int >= 0, checked against host values when there are some) or the
-    host values' maximum."""
-    if given is not None and (not _is_int(given) or given < 0):
-        raise _usage("usage.value", f"{name} must be an int >= 0, got {given!r}", what)
-    if host is not None:
-        m = max(host, default=0)
-        if given is not None and given < m:
-            raise _usage("usage.value", f"{name}={given} is below the longest sequence ({m})", what)
-        return int(m if given is None else given)
-    return int(given)
 
 
 def rotary_tables(cos, sin, d: int, dev: int):

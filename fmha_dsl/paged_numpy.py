@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .attention_args import _usage, named
 from .errors import UsageError
+from .numeric import shown
 from .paged_args import check_scalars, max_len, qscale_of
 
 
@@ -47,6 +48,30 @@ def paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu
     return got if return_lse else got[0]
 
 
+def _contiguous_fits(k_cache, seqlens_k, cu_seqlens_new) -> None:
+    """A contiguous cache ``[B, capacity, Hk, D]`` (no page table): one row per sequence, and room in each for its
+    cached and new tokens -- said in those terms, as the torch path says it (the reference sees a table of one
+    page per sequence)."""
+    import numpy as np
+
+    from .reference_paged import _ints, _lengths
+
+    try:
+        lens = _lengths(seqlens_k)
+        cn = _ints("cu_seqlens_new", cu_seqlens_new, 1)
+    except UsageError as exc:   # the reference's checks, naming append_kv
+        raise named(exc) from None
+    if lens.shape[0] != k_cache.shape[0]:
+        raise _usage("usage.shape", f"without a page table the caches are contiguous [B, capacity, Hk, D] with B = "
+                     f"{lens.shape[0]} (len(seqlens_k)), got {k_cache.shape[0]} rows",
+                     "pass block_table or kv_indptr + kv_indices for a paged cache")
+    if cn.shape[0] == lens.shape[0] + 1:   # (else the reference says what cu_seqlens_new must be)
+        for i, (n, m) in enumerate(zip(lens.tolist(), np.diff(cn).tolist())):
+            if n + m > k_cache.shape[1]:
+                raise _usage("usage.value", f"sequence {i}: {n} cached + {m} new tokens exceed the cache's capacity "
+                             f"{k_cache.shape[1]}", "a contiguous cache is [B, capacity, Hk, D]")
+
+
 def _descales(descales, names=("q_descale", "k_descale", "v_descale")):
     """FP8's descales on the NumPy path, all given or none: numbers (the arrays hold the e4m3 values); K's and V's
     also ``[num_pages, Hk]`` arrays (KV block scales) or, for attention, ``[num_pages, page_size, Hk]`` ones (per
@@ -68,7 +93,9 @@ def _descales(descales, names=("q_descale", "k_descale", "v_descale")):
     for name, d in zip(names, descales):
         ndims = allowed_ndims.get(name, allowed_ndims["k_descale"])
         try:
-            a = np.asarray(d, dtype=np.float64)
+            a = None if isinstance(d, (bool, np.bool_)) else np.asarray(d, dtype=np.float64)
+        except OverflowError:
+            raise _usage("usage.value", f"`{name}` = {shown(d)} is beyond float64", "descales are floats") from None
         except (TypeError, ValueError):
             a = None
         if a is None or a.ndim not in ndims and a.size != 1:
@@ -83,8 +110,9 @@ def _descales(descales, names=("q_descale", "k_descale", "v_descale")):
 
 
 def append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_new,
-           rotary_cos, rotary_sin, rotary_interleaved, q, descales):
-    """``append_kv`` on NumPy arrays: the caches (and q) updated in place by the reference's result."""
+           rotary_cos, rotary_sin, rotary_interleaved, q, descales, max_seqlen_new=None):
+    """``append_kv`` on NumPy arrays: the caches (and q) updated in place by the reference's result
+    (``max_seqlen_new``, when given, checked as the torch path checks it)."""
     import numpy as np
 
     from .reference_paged import append_kv as ref
@@ -98,6 +126,7 @@ def append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, s
         if k_cache.ndim != 4:
             raise _usage("usage.shape", f"a cache without a page table is contiguous [B, capacity, Hk, D], got "
                          f"`k_cache` of shape {k_cache.shape}", "a vectorized (5-D) cache is paged: pass its table")
+        _contiguous_fits(k_cache, seqlens_k, cu_seqlens_new)
         block_table = np.arange(k_cache.shape[0], dtype=np.int32)[:, None]
     for name, x in (("k_new", k_new), ("v_new", v_new)):
         dt = getattr(x, "dtype", None)
@@ -112,6 +141,8 @@ def append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, s
                          descales=ds)
     except UsageError as exc:
         raise named(exc) from None
+    max_len("max_seqlen_new", max_seqlen_new, np.diff(np.asarray(cu_seqlens_new).astype(np.int64)).tolist(),
+            "the most new tokens of one sequence")
     np.copyto(k_cache, kc, casting="unsafe")
     np.copyto(v_cache, vc, casting="unsafe")
     if q is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import threading
 
 from . import ast as A
@@ -119,7 +120,8 @@ def _unquote(s: str) -> str:
         c = body[i]
         if c == "\\" and i + 1 < len(body):
             nxt = body[i + 1]
-            out.append({"n": "\n", "t": "\t"}.get(nxt, nxt))
+            # \n, \t, \\ and \" as in C; any other escape keeps its backslash (a Windows path stays one)
+            out.append({"n": "\n", "t": "\t", "\\": "\\", '"': '"'}.get(nxt, "\\" + nxt))
             i += 2
         else:
             out.append(c)
@@ -162,17 +164,17 @@ class _Builder:
 
     def kernel(self, t) -> A.KernelDecl:
         name = str(t.children[0]) if t.children[0] is not None else None
-        sig, alg, setters, wheres = [], [], [], []
+        sig, alg, setters, wheres, blocks = [], [], [], [], []
         for ch in t.children[1:]:
-            if ch.data == "signature":
-                sig.extend(self.setter(s) for s in ch.children)
-            elif ch.data == "algorithm":
-                alg.extend(self.setter(s) for s in ch.children)
+            if ch.data in ("signature", "algorithm"):
+                (sig if ch.data == "signature" else alg).extend(self.setter(s) for s in ch.children)
+                blocks.append((str(ch.data), self.L.of_meta(ch.meta)))
             elif ch.data == "setter":
                 setters.append(self.setter(ch))
             elif ch.data == "where":
                 wheres.append(self.where(ch))
-        return A.KernelDecl(name, tuple(sig), tuple(alg), tuple(setters), tuple(wheres), self.L.of_meta(t.meta))
+        return A.KernelDecl(name, tuple(sig), tuple(alg), tuple(setters), tuple(wheres), self.L.of_meta(t.meta),
+                            blocks=tuple(blocks))
 
     def add(self, t) -> A.KernelDecl:
         _dot, sig_chain, algo_chain, arch_atom = t.children
@@ -192,6 +194,10 @@ class _Builder:
 
     def arg(self, t) -> A.Arg:
         name_tok, alt = t.children
+        if _tree_depth(alt) > 2 * MAX_VALUE_DEPTH:   # (an alternative and a value per level)
+            raise error("value.too-deep", f"this argument nests lists or tuples more than {MAX_VALUE_DEPTH} deep",
+                        self.L.of_meta(t.meta), "a setter takes values, tuples of values (a tile, a head-dim pair) "
+                        "and lists of those: `hdim([(128, 128), (192, 128)])`", cls=ParseError)
         return A.Arg(str(name_tok) if name_tok is not None else None, self.alt(alt), self.L.of_meta(t.meta))
 
     def alt(self, t) -> A.Alt:
@@ -205,14 +211,14 @@ class _Builder:
             if t.type == "STRING":
                 return A.Value("str", _unquote(str(t)), sp)
             if t.type == "INT":
-                return A.Value("int", int(t), sp)
+                return A.Value("int", _int(t, sp), sp)
             return A.Value("name", str(t), sp)
         sp = self.L.of_meta(t.meta)
         d = t.data
         if d == "int_":
-            return A.Value("int", int(t.children[0]), sp)
+            return A.Value("int", _int(t.children[0], sp), sp)
         if d == "neg_int":
-            return A.Value("int", -int(t.children[0]), sp)
+            return A.Value("int", -_int(t.children[0], sp), sp)
         if d == "string":
             return A.Value("str", _unquote(str(t.children[0])), sp)
         if d == "name":
@@ -250,7 +256,7 @@ class _Builder:
         if d == "e_name":
             return A.Expr("name", (str(ch[0]),), sp)
         if d == "e_int":
-            return A.Expr("int", (int(ch[0]),), sp)
+            return A.Expr("int", (_int(ch[0], sp),), sp)
         if d == "e_str":
             return A.Expr("str", (_unquote(str(ch[0])),), sp)
         if d == "e_true":
@@ -279,6 +285,27 @@ class _Builder:
 # The deepest where clause read: its checks, its evaluation and `fmha-dsl fmt` each walk it recursively, a frame or
 # two per level, within Python's default limit of 1,000 frames (a chain of `or`s is one level per operator)
 MAX_WHERE_DEPTH = 300
+MAX_SOURCE_BYTES = 16 << 20   # a .fmha file (CK's largest receipt declares itself in a few KB)
+MAX_VALUE_DEPTH = 16   # lists and tuples in one setter argument (CK's deepest: a list of pairs, 2)
+
+
+def _tree_depth(t) -> int:
+    """Nesting depth of a Lark subtree, counted without recursion."""
+    best, todo = 0, [(t, 1)]
+    while todo:
+        node, d = todo.pop()
+        best = max(best, d)
+        todo.extend((c, d + 1) for c in getattr(node, "children", ()) if hasattr(c, "children"))
+    return best
+
+
+def _int(text, span) -> int:
+    """An integer literal; a located error past Python's conversion limit (4,300 digits), not a ValueError."""
+    try:
+        return int(text)
+    except ValueError:
+        raise error("value.range", f"an integer literal of {len(str(text))} digits", span,
+                    "values are tile sizes, head dims, counts: a few digits", cls=ParseError) from None
 
 
 def _depth(e: A.Expr) -> int:
@@ -316,20 +343,31 @@ def parse_text(text: str, path: str | None = None) -> A.SourceFile:
 def read_source(path: str | os.PathLike, span: Span | None = None) -> str:
     p = os.fspath(path)
     try:
+        st = os.stat(p)
+        if stat.S_ISREG(st.st_mode) and st.st_size > MAX_SOURCE_BYTES:
+            raise error("input.too-large", f"`{p}` holds {st.st_size} bytes; a .fmha file is text of at most "
+                        f"{MAX_SOURCE_BYTES >> 20} MiB", span, "is this the file you meant to read?", cls=ParseError)
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):   # (before open: a FIFO would block)
+            raise error("input.unreadable", f"`{p}` is not a regular file (a device, pipe or socket)", span,
+                        "pass a .fmha file", cls=ParseError)
         with open(p, encoding="utf-8-sig") as f:  # (a byte-order mark some editors write is not text)
-            return f.read()
+            return f.read(MAX_SOURCE_BYTES + 1)
     except FileNotFoundError:
         raise error("input.file-not-found", f"no such file: `{p}`", span,
                     "check the path; relative includes are resolved from the including file's folder" if span
                     else "check the path (the shipped sets, such as `ck_receipt0`, are named without one)",
                     cls=ParseError) from None
     except IsADirectoryError:
-        raise error("input.is-directory", f"`{p}` is a directory, not a .fmha file", span, cls=ParseError) from None
+        raise error("input.is-directory", f"`{p}` is a directory, not a .fmha file", span,
+                    "name a .fmha file in it (a build directory is read by `report` and `tune`, not here)",
+                    cls=ParseError) from None
     except UnicodeDecodeError as exc:
         raise error("input.not-utf8", f"`{p}` is not UTF-8 text: a byte {exc.object[exc.start]:#04x} here",
                     byte_span(p, exc.object, exc.start), "save the file as UTF-8", cls=ParseError) from None
     except OSError as exc:
-        raise error("input.unreadable", f"cannot read `{p}`: {exc.strerror}", span, cls=ParseError) from None
+        raise error("input.unreadable", f"cannot read `{p}`: {exc.strerror}", span,
+                    "check the path and its permissions (a symlink loop reads as too many levels)",
+                    cls=ParseError) from None
 
 
 def parse_file(path: str | os.PathLike, text: str | None = None) -> list[A.SourceFile]:

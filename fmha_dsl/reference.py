@@ -34,6 +34,7 @@ import numbers
 import numpy as np
 
 from .errors import UsageError, error
+from .numeric import SCALAR_MAX, shown, as_float, usable_scale, usable_softcap, window_side
 
 __all__ = ["attention_fwd", "philox4x32", "philox_uniform", "uint32_to_uniform_float"]
 
@@ -125,10 +126,22 @@ def _check_seed(seed) -> int:
     return int(seed) & 0xFFFFFFFFFFFFFFFF
 
 
+def as_array(name, x, dtype=None) -> np.ndarray:
+    """``np.asarray(x, dtype)``, or a located error when ``x`` is no array (a ragged nested list, an object that
+    does not convert)."""
+    try:
+        return np.asarray(x, dtype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise _usage("usage.type", f"`{name}` must be an array (or nested lists of one shape), got "
+                     f"{type(x).__name__}: {why}", "pass a numpy array") from None
+
+
 def _as_float_array(name, x):
     if x is None:
-        raise _usage("usage.shape", f"`{name}` is required, got None")
-    a = np.asarray(x)
+        raise _usage("usage.shape", f"`{name}` is required, got None",
+                     "every array of the call is required, as the signature lists them")
+    a = as_array(name, x)
     if a.dtype.type not in _FLOATS:
         raise _usage("usage.dtype", f"`{name}` must be float16, float32 or float64, got dtype {a.dtype}",
                      "pass bf16 data as float32")
@@ -160,11 +173,11 @@ def _normalize_window(window):
     if not (_is_int(left) and _is_int(right)):
         raise _usage("usage.value", f"window must be a pair (left, right) of ints, got {window!r}",
                      "negative means unbounded, e.g. (128, 0)")
-    return int(left), int(right)
+    return window_side(left), window_side(right)
 
 
 def _check_cu(name, cu, total):
-    a = np.asarray(cu)
+    a = as_array(name, cu)
     if a.ndim != 1 or a.dtype.kind not in "iu":
         raise _usage("usage.shape", f"`{name}` must be a 1-D integer array, got shape {a.shape} dtype {a.dtype}",
                      "int32 with B + 1 entries")
@@ -297,13 +310,14 @@ def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dr
     win = _normalize_window(window)
     if scale is None:
         scale = 1.0 / math.sqrt(Dq)
-    if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
-        raise _usage("usage.value", f"scale must be a finite number, got {scale!r}", "None means 1/sqrt(Dq)")
-    if softcap is not None and (not isinstance(softcap, numbers.Real) or isinstance(softcap, bool)
-                                or not softcap > 0 or not math.isfinite(softcap)):
-        raise _usage("usage.value", f"softcap must be None (off) or a finite number > 0, got {softcap!r}")
-    if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool) or not 0.0 <= dropout_p < 1.0:
-        raise _usage("usage.value", f"dropout_p must be in [0, 1), got {dropout_p!r}", "0 disables dropout")
+    if not usable_scale(scale):
+        raise _usage("usage.value", f"scale must be a finite number of magnitude <= {SCALAR_MAX:.3g} (float32, after "
+                     f"the multiply by log2(e)), got {shown(scale)}", "None means 1/sqrt(Dq)")
+    if softcap is not None and not usable_softcap(softcap):
+        raise _usage("usage.value", f"softcap must be None (off) or a number in [2**-126, {SCALAR_MAX:.3g}] (float32, "
+                     f"after the multiply by log2(e)), got {shown(softcap)}", "None turns the soft-cap off")
+    if as_float(dropout_p) is None or not 0.0 <= dropout_p < 1.0:
+        raise _usage("usage.value", f"dropout_p must be in [0, 1), got {shown(dropout_p)}", "0 disables dropout")
     if not _is_int(sink) or sink < 0:
         raise _usage("usage.value", f"sink must be an int >= 0, got {sink!r}", "0 disables sink tokens")
     seed = _check_seed(seed)
@@ -320,13 +334,18 @@ def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dr
             raise _usage("usage.shape", f"`bias` must be {what} = [{B}|1, {Hq}|1, {Sq_max}, {Sk_max}], "
                          f"got shape {bias.shape}", "size-1 batch/head dims broadcast")
     if alibi_slopes is not None:
-        alibi_slopes = np.asarray(alibi_slopes)
+        alibi_slopes = as_array("alibi_slopes", alibi_slopes)
         if alibi_slopes.dtype.kind != "f":
-            raise _usage("usage.dtype", f"`alibi_slopes` must be a float array, got dtype {alibi_slopes.dtype}")
+            raise _usage("usage.dtype", f"`alibi_slopes` must be a float array, got dtype {alibi_slopes.dtype}",
+                         "one slope per query head (or per sequence and head), e.g. float32")
         if alibi_slopes.shape not in ((Hq,), (B, Hq)):
             raise _usage("usage.shape", f"`alibi_slopes` must be [Hq] = [{Hq}] or [B, Hq] = [{B}, {Hq}], "
-                         f"got shape {alibi_slopes.shape}")
+                         f"got shape {alibi_slopes.shape}", "one slope per query head (or per sequence and head)")
         alibi_slopes = alibi_slopes.astype(np.float32)
+        if not np.isfinite(alibi_slopes).all():
+            at = tuple(int(i) for i in np.argwhere(~np.isfinite(alibi_slopes))[0])
+            raise _usage("usage.value", f"`alibi_slopes{list(at)}` is {float(alibi_slopes[at])}: slopes must be finite "
+                         "in float32", "ALiBi's slopes are 2**(-8 h / Hq) for head h")
         if alibi_slopes.ndim == 1:
             alibi_slopes = np.broadcast_to(alibi_slopes, (B, Hq))
 

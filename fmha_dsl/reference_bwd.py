@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import _ROW_BLOCK_ELEMS, _as_float_array, _keep, _logits, _usage, setup
+from .reference import _ROW_BLOCK_ELEMS, _as_float_array, _keep, _logits, _usage, as_array, setup
 
 __all__ = ["attention_bwd"]
 
@@ -43,7 +43,7 @@ def attention_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bias=Non
         if a.dtype != q.dtype:
             raise _usage("usage.dtype", f"`{name}` must have q's dtype {q.dtype}, got {a.dtype}",
                          f"pass {name}.astype(q.dtype)")
-    lse = np.asarray(lse)
+    lse = as_array("lse", lse)
     if lse.dtype != np.float32:
         raise _usage("usage.dtype", f"`lse` must be the forward's float32 LSE, got dtype {lse.dtype}",
                      "call the forward with return_lse=True and pass its second result")
@@ -52,6 +52,11 @@ def attention_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bias=Non
         raise _usage("usage.shape", f"`lse` must be the forward's LSE of shape {want_l}, got {lse.shape}",
                      "call the forward with return_lse=True")
     lse = lse.astype(np.float32)
+    bad = np.isnan(lse) | (lse == np.inf)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise _usage("usage.value", f"`lse{list(at)}` is {float(lse[at])}: the forward's LSE is finite, or -inf for a "
+                     "row that saw no key", "pass the forward's own LSE (return_lse=True), unchanged")
     G = c.Hq // c.Hk
     dq = np.zeros(q.shape, dtype=cfg["accum"])
     dk = np.zeros(k.shape, dtype=cfg["accum"])

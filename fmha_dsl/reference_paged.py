@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import _as_float_array, _usage, attention_fwd
+from .numeric import INT64_MAX
+from .reference import _as_float_array, _usage, as_array, attention_fwd
 
 __all__ = ["gather_kv", "paged_attention", "append_kv", "rotary", "vectorized_caches", "linear_caches"]
 
@@ -68,13 +69,23 @@ def linear_caches(k_cache, v_cache):
     return _dense(k), _dense(v)
 
 
-def _ints(name: str, x, ndim: int) -> np.ndarray:
-    a = np.asarray(x)
+def _ints(name: str, x, ndim: int, convert: bool = True) -> np.ndarray:
+    """An integer array of ``ndim`` dims as int64 (``convert`` False: as given, for a table whose used entries alone
+    are converted, :func:`_int64`)."""
+    a = as_array(name, x)
     if a.dtype.kind not in "iu":
         raise _usage("usage.dtype", f"`{name}` must be an integer array (int32), got dtype {a.dtype}",
                      f"pass {name} as int32")
     if a.ndim != ndim:
-        raise _usage("usage.shape", f"`{name}` must be {ndim}-D, got shape {a.shape}")
+        raise _usage("usage.shape", f"`{name}` must be {ndim}-D, got shape {a.shape}",
+                     f"{name} is {ndim}-D: see the argument's description in docs/semantics.md")
+    return _int64(name, a) if convert else a
+
+
+def _int64(name: str, a: np.ndarray) -> np.ndarray:
+    """``a`` as int64, refusing unsigned values past int64's range (which a cast would wrap to negatives)."""
+    if a.dtype.kind == "u" and a.size and int(a.max()) > INT64_MAX:
+        raise _usage("usage.value", f"`{name}` holds {int(a.max())}, beyond int64", f"pass {name} as int32")
     return a.astype(np.int64)
 
 
@@ -87,16 +98,17 @@ def _pages_of(block_table, kv_indptr, kv_indices, batch: int, num_pages: int, to
                      "(SGLang, 1-D)", "block_table[b] lists sequence b's pages; kv_indices[kv_indptr[b]:"
                      "kv_indptr[b + 1]] does the same in one flat array")
     if block_table is not None:
-        bt = _ints("block_table", block_table, 2)
+        bt = _ints("block_table", block_table, 2, convert=False)
         if bt.shape[0] != batch:
             raise _usage("usage.shape", f"`block_table` must have one row per sequence ({batch}), got shape "
                          f"{bt.shape}", "rows follow seqlens_k")
         rows = [bt[b] for b in range(batch)]
     else:
         if kv_indptr is None or kv_indices is None:
-            raise _usage("usage.value", "the SGLang table needs both kv_indptr and kv_indices")
+            raise _usage("usage.value", "the SGLang table needs both kv_indptr and kv_indices",
+                         "kv_indices lists every sequence's pages; kv_indptr[b]:kv_indptr[b + 1] are sequence b's")
         ip = _ints("kv_indptr", kv_indptr, 1)
-        ix = _ints("kv_indices", kv_indices, 1)
+        ix = _ints("kv_indices", kv_indices, 1, convert=False)
         if ip.shape[0] != batch + 1 or ip[0] != 0 or np.any(np.diff(ip) < 0) or ip[-1] > ix.shape[0]:
             raise _usage("usage.value", f"`kv_indptr` must be [B + 1] = [{batch + 1}], start at 0, never decrease and "
                          f"end at most at len(kv_indices) = {ix.shape[0]}; got {ip.tolist()}",
@@ -108,9 +120,10 @@ def _pages_of(block_table, kv_indptr, kv_indices, batch: int, num_pages: int, to
     for b, r in enumerate(rows):
         need = -(-int(tokens[b]) // page)
         if need > r.shape[0]:
-            raise _usage("usage.value", f"sequence {b}: {what(b) if what else f'{int(tokens[b])} cached'} tokens need {need} pages of {page}, its table has "
-                         f"{r.shape[0]}", "give each sequence the pages its tokens need (seqlens_k)")
-        r = rows[b] = r[:need]
+            raise _usage("usage.value", f"sequence {b}: {what(b) if what else f'{int(tokens[b])} cached'} tokens need "
+                         f"{need} pages of {page}, its table has {r.shape[0]}",
+                         "give each sequence the pages its tokens need (seqlens_k)")
+        r = rows[b] = _int64("block_table" if block_table is not None else "kv_indices", r[:need])
         bad = np.flatnonzero((r < 0) | (r >= num_pages))
         if bad.size:
             raise _usage("usage.value", f"sequence {b}: page id {int(r[bad[0]])} (table position {int(bad[0])}) is "
@@ -118,10 +131,18 @@ def _pages_of(block_table, kv_indptr, kv_indices, batch: int, num_pages: int, to
     return rows
 
 
+def _is_bool_like(x) -> bool:
+    """A bool, or an array of bools (as a descale: False would read as 0.0)."""
+    return isinstance(x, (bool, np.bool_)) or (isinstance(x, np.ndarray) and x.dtype == np.bool_)
+
+
 def _check_cache(k_cache, v_cache, layout: str | None):
     """``(k, v, vec)``: the caches as linear float arrays (``vec``: the vectorized layout's vector, 0 for linear)."""
     k_cache = _as_float_array("k_cache", k_cache)
     v_cache = _as_float_array("v_cache", v_cache)
+    if v_cache.dtype != k_cache.dtype:
+        raise _usage("usage.dtype", f"`v_cache` must have k_cache's dtype {k_cache.dtype}, got {v_cache.dtype}",
+                     "both caches hold one dtype")
     if layout is None:
         layout = "vectorized" if k_cache.ndim == 5 else "linear"
     if layout not in ("linear", "vectorized"):
@@ -148,22 +169,26 @@ def _kv_descale(name: str, d, num_pages: int, hk: int, divides: bool = False, pa
     number (per tensor; a one-element array of any shape too), ``[num_pages, Hk]`` (KV block scales: one per page and
     K/V head) or, where ``page`` (the page size) is given, ``[num_pages, page_size, Hk]`` (per token and K/V head).
     ``divides`` (an append's): every entry finite and nonzero."""
-    a = np.asarray(d, np.float64)
+    if _is_bool_like(d):
+        raise _usage("usage.type", f"`{name}` must be a number or a float array, got {d!r}", "1.0 scales by nothing")
+    a = as_array(name, d, np.float64)
     per_token = page is not None and a.shape == (num_pages, page, hk)
     if a.size != 1 and a.shape != (num_pages, hk) and not per_token:
         tokens = f", [num_pages, page_size, Hk] = [{num_pages}, {page}, {hk}] (one per token)" if page else ""
         raise _usage("usage.shape", f"`{name}` must be [num_pages, Hk] = [{num_pages}, {hk}] (one per page and K/V "
                      f"head of the cache){tokens} or one number (per tensor), got shape {a.shape}",
                      "num_pages, page_size and Hk are the cache's")
-    bad = ~(np.isfinite(a) & (a != 0)) if divides else None
-    if divides and bad.any():
+    # an attention's per-page (per-token) descales of pages it never reads may hold anything, as a server's do
+    bad = ~(np.isfinite(a) & (a != 0)) if divides else ~np.isfinite(a) if a.size == 1 else None
+    if bad is not None and bad.any():
         at = ""
         if a.size != 1:  # the first bad [page, head]
             idx = tuple(int(i) for i in np.argwhere(bad)[0])
             at, a = f"[{', '.join(map(str, idx))}]", a[idx]
-        raise _usage("usage.value", f"`{name}{at}` divides the new rows into the FP8 cache: it must be finite and "
-                     f"nonzero, got {float(a.reshape(-1)[0])}", "the scale the cache's values are multiplied by "
-                     "when read")
+        what = "divides the new rows into the FP8 cache: it must be finite and nonzero" if divides else \
+            "scales the FP8 cache's values: it must be finite"
+        raise _usage("usage.value", f"`{name}{at}` {what}, got {float(a.reshape(-1)[0])}",
+                     "the scale the cache's values are multiplied by when read")
     if per_token:
         return a[:, :, :, None]
     return np.full((num_pages, 1, hk, 1), a.reshape(-1)[0]) if a.size == 1 else a[:, None, :, None]
@@ -211,11 +236,17 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
         k_cache, v_cache, _ = _check_cache(k_cache, v_cache, layout)
         layout = "linear"
         p, page, hk, _ = k_cache.shape
-        qd = np.asarray(descales[0], np.float64)
-        q = np.asarray(q, np.float64)
+        q = _as_float_array("q", q).astype(np.float64)
+        if _is_bool_like(descales[0]):
+            raise _usage("usage.type", f"`q_descale` must be a number or a float array, got {descales[0]!r}",
+                         "1.0 scales by nothing")
+        qd = as_array("q_descale", descales[0], np.float64)
         if qd.size != 1 and qd.shape != q.shape[:2]:
             raise _usage("usage.shape", f"`q_descale` must be one number or [Tq, Hq] = {list(q.shape[:2])} (one per "
                          f"query token and head), got shape {qd.shape}", "Tq and Hq are q's")
+        if not np.isfinite(qd).all():
+            bad = qd.reshape(-1)[~np.isfinite(qd.reshape(-1))][0]
+            raise _usage("usage.value", f"`q_descale` must be finite, got {bad}", "the scale q's values are multiplied by")
         q = q * (qd.reshape(-1)[0] if qd.size == 1 else qd[:, :, None])
         k_cache = np.asarray(k_cache, np.float64) * _kv_descale("k_descale", descales[1], p, hk, page=page)
         v_cache = np.asarray(v_cache, np.float64) * _kv_descale("v_descale", descales[2], p, hk, page=page)
@@ -296,7 +327,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
         raise _usage("usage.shape", f"`k_new`/`v_new` must be [Tnew, Hk, D] / [Tnew, Hk, Dv] matching the caches "
                      f"({k_cache.shape[2:]}, {v_cache.shape[2:]}), got {k_new.shape} and {v_new.shape}")
     page = k_cache.shape[1]
-    rows = _pages_of(block_table, kv_indptr, kv_indices, lens.shape[0], k_cache.shape[0], lens + np.diff(cn), page,
+    total = [int(n) + int(m) for n, m in zip(lens, np.diff(cn))]   # Python ints: no int64 wrap past the cache
+    rows = _pages_of(block_table, kv_indptr, kv_indices, lens.shape[0], k_cache.shape[0], total, page,
                      lambda b: f"{int(lens[b])} cached + {int(cn[b + 1] - cn[b])} new")
     pos = np.concatenate([lens[b] + np.arange(cn[b + 1] - cn[b]) for b in range(lens.shape[0])]) \
         if lens.shape[0] else np.zeros(0, np.int64)

@@ -146,14 +146,7 @@ class Registry:
         from .keys import KernelKey
         from .registry_schema import RegistryModel
 
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            lines = text.split("\n")
-            src = lines[exc.lineno - 1] if 0 < exc.lineno <= len(lines) else None
-            raise RegistryError(Diagnostic("registry.json", f"not valid JSON: {exc.msg}",
-                                           Span(path, exc.lineno, exc.colno, source_line=src),
-                                           "was the file truncated or edited by hand?")) from None
+        doc = loads(text, path)
         if isinstance(doc, dict) and not readable_version(doc):
             raise RegistryError(Diagnostic(
                 "registry.schema-version", f"registry schema_version {doc.get('schema_version')!r} is not "
@@ -170,6 +163,7 @@ class Registry:
                 raise RegistryError(Diagnostic("registry.schema-version", "a `seqtune` table needs schema_version 2",
                                                Span(path, 1, 1), "re-run `fmha-dsl tune` to rewrite the file"))
             reg.seqtune = doc["seqtune"]
+        names: set[str] = set()
         for i, k in enumerate(model.kernels):
             key = KernelKey(signature=k.signature, algorithm=k.algorithm, arch=k.gfx_arch)
             if key.identifier != k.identifier:
@@ -186,9 +180,12 @@ class Registry:
                                         f"kernel {k.name!r}: `{f}` is {got!r} but its "
                                         f"{'algorithm' if f == 'pipeline' else 'signature'} says {want!r}",
                                         "the entry was edited by hand; rebuild the registry"))
-            if not reg.add(Entry(key, k.name, k.source, k.build)):
+            if k.name in names or not reg.add(Entry(key, k.name, k.source, doc["kernels"][i].get("build"))):
                 raise RegistryError(_at(text, path, i, "registry.duplicate",
-                                        f"kernel {k.name!r} appears twice", "remove the duplicate entry"))
+                                        f"kernel {k.name!r} appears twice" + (
+                                            "" if k.name not in names else " (two kernels of one name: the name is "
+                                            "its binary's file name)"), "remove the duplicate entry"))
+            names.add(k.name)
         if model.metadata.total_kernels != len(reg):
             raise RegistryError(Diagnostic(
                 "registry.count", f"metadata.total_kernels is {model.metadata.total_kernels} but the file lists "
@@ -197,8 +194,8 @@ class Registry:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Registry":
-        """The registry file at ``path`` (schema-checked)."""
-        p = os.fspath(path)
+        """The registry file at ``path``, or a build directory's (schema-checked)."""
+        p = registry_path(path)
         reg = cls.from_json(read_text(p), p)
         reg.path = os.path.abspath(p)
         return reg
@@ -211,7 +208,9 @@ REGISTRY_FILE = "registry.json"
 def registry_path(path: str | os.PathLike) -> str:
     """A build directory's ``registry.json``, or ``path`` itself when it is not a directory."""
     p = os.fspath(path)
-    return os.path.join(p, REGISTRY_FILE) if os.path.isdir(p) else p
+    if os.path.isdir(p) and os.path.basename(os.path.normpath(p)) != REGISTRY_FILE:
+        return os.path.join(p, REGISTRY_FILE)
+    return p   # (a directory named registry.json is said to be one by whoever opens it)
 
 
 def read_text(path: str | os.PathLike) -> str:
@@ -223,25 +222,51 @@ def read_text(path: str | os.PathLike) -> str:
     except FileNotFoundError:
         raise RegistryError(Diagnostic("registry.missing", f"no registry at `{p}`", None,
                                        "build one with `fmha-dsl build SET.fmha -o DIR`")) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RegistryError(Diagnostic("registry.unreadable", f"cannot read `{p}`: {exc}", None)) from None
+    except IsADirectoryError:
+        raise RegistryError(Diagnostic("registry.unreadable", f"`{p}` is a directory, not a registry file", None,
+                                       "pass a build directory (holding registry.json) or a registry.json file")) \
+            from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise RegistryError(Diagnostic("registry.unreadable", f"`{p}` is not UTF-8 text (byte {exc.start}, line "
+                                       f"{line}): {exc.reason}", Span(p, line, 1),
+                                       "registry files are JSON in UTF-8, as `fmha-dsl build` writes them")) from None
+    except OSError as exc:
+        raise RegistryError(Diagnostic("registry.unreadable", f"cannot read `{p}`: {exc.strerror or exc}", None,
+                                       "check the path and its permissions")) from None
+
+
+def loads(text: str, path: str | None = None):
+    """JSON text of a registry file (or a seqtune table) parsed; :class:`RegistryError` ``registry.json``, located,
+    when it is not JSON -- or nests too deeply, or holds a number of more digits than Python converts."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        lines = text.split("\n")
+        src = lines[exc.lineno - 1] if 0 < exc.lineno <= len(lines) else None
+        raise RegistryError(Diagnostic("registry.json", f"not valid JSON: {exc.msg}",
+                                       Span(path, exc.lineno, exc.colno, source_line=src),
+                                       "was the file truncated or edited by hand?")) from None
+    except RecursionError:
+        why = "its arrays or objects nest too deeply"
+    except ValueError as exc:   # an integer literal of more digits than int() converts
+        why = str(exc).splitlines()[0]
+    raise RegistryError(Diagnostic("registry.json", f"not valid registry JSON: {why}", Span(path, 1, 1),
+                                   "was the file truncated or edited by hand?")) from None
 
 
 def readable_version(doc: dict) -> bool:
-    """Whether this version reads a registry document's ``schema_version`` (none given: version 1)."""
-    return doc.get("schema_version") in (None, *READABLE_VERSIONS)
+    """Whether this version reads a registry document's ``schema_version`` (none given: version 1; an int, not
+    ``true`` or ``2.0``)."""
+    v = doc.get("schema_version")
+    return v is None or type(v) is int and v in READABLE_VERSIONS
 
 
 def read_document(path: str | os.PathLike) -> dict:
     """A registry file as a raw JSON object, without the schema check (the report reads tables of registries this
     version's schema would refuse); :class:`RegistryError` when it is missing, unreadable or not a JSON object."""
     p = os.fspath(path)
-    text = read_text(p)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RegistryError(Diagnostic("registry.json", f"`{p}` is not valid JSON: {exc.msg} (line {exc.lineno})",
-                                       None)) from None
+    doc = loads(read_text(p), p)
     if not isinstance(doc, dict):
         raise RegistryError(Diagnostic("registry.json", f"registry `{p}` is not a JSON object", None))
     return doc
@@ -385,4 +410,4 @@ def json_schema() -> dict:
     return schema()
 
 
-__all__ = ["Registry", "Entry", "SCHEMA_VERSION", "json_schema"]
+__all__ = ["loads", "Registry", "Entry", "SCHEMA_VERSION", "json_schema"]

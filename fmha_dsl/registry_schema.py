@@ -5,15 +5,76 @@ Imported only when a registry is read or its schema printed, so writing a regist
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+import math
+import re
+from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 from .keys import Algorithm, Arch, Signature
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _time(v: float) -> float:
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError("a kernel time must be a finite number of microseconds > 0")
+    return v
+
+
+def _relative_path(v: str) -> str:
+    parts = v.replace("\\", "/").split("/")
+    if not v or "\0" in v or v.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", v) or ".." in parts:
+        raise ValueError(f"a binary's path must stay inside the build directory (relative, no `..`), got {v!r}")
+    return v
+
+
+Time = Annotated[float, Field(strict=False, allow_inf_nan=False), AfterValidator(_time)]
+Count = Annotated[StrictInt, Field(ge=1)]
+Size = Annotated[StrictInt, Field(ge=0)]
+Length = Annotated[StrictInt, Field(ge=0, le=(1 << 31) - 1)]
+
+
+class ResourcesModel(BaseModel):
+    """What ptxas / the AMD assembler reported for a binary (the cost model reads ``regs`` and ``spills``)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    regs: Optional[Size] = None
+    spills: Optional[Size] = None
+
+
+class BuildModel(BaseModel):
+    """An entry's ``build`` object (a Triton build's; the fields a launch reads are typed, the rest kept as is), and
+    its companion kernels' (``combine``, ``dot_do_o``, ``convert_dq``) of the same form.  A binary lies inside the
+    build directory and comes with its sha256."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    binary: Optional[Annotated[StrictStr, AfterValidator(_relative_path)]] = None
+    sha256: Optional[Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]] = None
+    entry: Optional[Annotated[StrictStr, Field(min_length=1)]] = None
+    params: Optional[list[StrictStr]] = None
+    num_warps: Optional[Annotated[StrictInt, Field(ge=1, le=32)]] = None
+    warp_size: Optional[Literal[32, 64]] = None
+    shared: Optional[Size] = None
+    global_scratch: Optional[Size] = None
+    profile_scratch: Optional[Size] = None
+    block_m: Optional[Count] = None
+    block_n: Optional[Count] = None
+    block_dv: Optional[Count] = None
+    resources: Optional[ResourcesModel] = None
+    combine: Optional["BuildModel"] = None
+    dot_do_o: Optional["BuildModel"] = None
+    convert_dq: Optional["BuildModel"] = None
+
+    @model_validator(mode="after")
+    def _hashed(self):
+        if self.binary is not None and self.sha256 is None:
+            raise ValueError("a binary needs its sha256 (the launch checks the file against it)")
+        if self.binary is not None and self.entry is None:
+            raise ValueError("a binary needs its `entry` (the kernel function a launch looks up)")
+        return self
 
 
 class KernelEntryModel(_Strict):
@@ -26,12 +87,12 @@ class KernelEntryModel(_Strict):
     source: str
     signature: Signature
     algorithm: Algorithm
-    build: Optional[dict[str, Any]] = None
+    build: Optional[BuildModel] = None
 
 
 class MetadataModel(_Strict):
     registry_name: str
-    total_kernels: int
+    total_kernels: Size
     generator: str
     archs: list[str]
     profiles: list[str] = []
@@ -44,7 +105,7 @@ class SeqtuneDeviceModel(_Strict):
     driver: Optional[str] = None
     triton: Optional[str] = None
     torch: Optional[str] = None
-    compute_units: Optional[int] = None
+    compute_units: Optional[Count] = None
 
 
 class SeqtuneClassKeyModel(_Strict):
@@ -52,8 +113,8 @@ class SeqtuneClassKeyModel(_Strict):
     dtype: str
     mode: str
     vlayout: str
-    hdim_q: int
-    hdim_v: int
+    hdim_q: Annotated[StrictInt, Field(ge=1, le=1024)]
+    hdim_v: Annotated[StrictInt, Field(ge=1, le=1024)]
     mask: Literal["no", "causal"]
     bias: str
     lse: bool
@@ -69,13 +130,19 @@ class SeqtuneClassKeyModel(_Strict):
 
 
 class SeqtunePointModel(_Strict):
-    seqlen_q: int
-    seqlen_k: int
-    batch: int
-    nhead_q: int
-    nhead_k: int
-    times_us: dict[str, float]
+    seqlen_q: Length
+    seqlen_k: Length
+    batch: Count
+    nhead_q: Count
+    nhead_k: Count
+    times_us: dict[str, Time]
     failed: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _groups(self):
+        if self.nhead_q % self.nhead_k:
+            raise ValueError(f"nhead_q ({self.nhead_q}) must be a multiple of nhead_k ({self.nhead_k})")
+        return self
 
 
 class SeqtuneClassModel(_Strict):
@@ -93,7 +160,7 @@ class SeqtuneModel(_Strict):
 
 
 class RegistryModel(_Strict):
-    schema_version: Literal[1, 2]
+    schema_version: Literal[1, 2]   # (an int: registry.readable_version refuses true and 2.0 first)
     metadata: MetadataModel
     statistics: dict[str, dict[str, int]]
     kernels: list[KernelEntryModel]

@@ -160,6 +160,7 @@ def _kernels_html(model: dict, kernels: dict) -> str:
     o = ['<table class="kernels"><thead><tr><th>label</th><th>name</th><th>identifier</th></tr></thead><tbody>']
     for k in model["ids"]:
         name = (kernels.get(k) or {}).get("name", "(not in this registry)")
+        name = name if isinstance(name, str) else repr(name)
         o.append(f'<tr><td><span class="sw" style="background:{model["colors"][k]}"></span>'
                  f'{html.escape(model["labels"][k])}</td><td><code>{html.escape(name)}</code></td>'
                  f'<td><code>{html.escape(k)}</code></td></tr>')

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 import os
 
 from .errors import FmhaError, RegistryError, UsageError, error
+from .numeric import shown
 from .registry import READABLE_VERSIONS, read_document, readable_version, registry_path
 
 RULE = "report.no-table"
@@ -41,7 +42,8 @@ def load_table(build_dir_or_registry_json: str) -> tuple[dict, dict]:
     try:
         doc = read_document(path)
     except RegistryError as e:  # not a table missing: a file that is not a registry at all
-        raise error("report.bad-registry", e.message, None,
+        hint = e.diagnostics[0].hint if e.rule == "registry.unreadable" else None
+        raise error("report.bad-registry", e.message, None, hint or
                     "rebuild it: `fmha-dsl build FILE -o DIR` writes DIR/registry.json (then `fmha-dsl tune DIR` on "
                     "the GPU)", cls=UsageError) from None
     table = doc.get("seqtune")
@@ -109,8 +111,8 @@ def _bad_point(p) -> str | None:
     if not isinstance(times, dict) or not isinstance(p.get("failed", {}), dict):
         return "times_us and failed must map kernel names to values"
     for k, v in times.items():
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 1e-3 <= v < float("inf"):
-            return f"the time of {k} must be a finite number of microseconds >= 0.001, got {v!r}"
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 1e-3 <= v <= 1e12:   # 1 ns .. 11 days
+            return f"the time of {k} must be a finite number of microseconds in [0.001, 1e12], got {shown(v)}"
     return None
 
 
@@ -184,14 +186,24 @@ def point_value(cls: dict, point: dict, time_us: float) -> tuple[float, str]:
 _ID_RE = re.compile(r"_p([a-z0-9_]+?)_t(\d+(?:x\d+)*)_w(\d+(?:x\d+)*)_wt(\d+(?:x\d+)*)_pad(\d+)")
 
 
+def _usable_algorithm(alg) -> bool:
+    """An entry's ``algorithm`` the labels can read: an object whose tile, wave and warp are lists of ints and whose
+    paddings are ints."""
+    def ints(v):
+        return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+
+    return isinstance(alg, dict) and all(ints(alg.get(k) or []) for k in ("tile", "wave", "warp")) and all(
+        isinstance(alg.get(k, 0), int) for k in ("pad_s", "pad_sk", "pad_d", "pad_dv"))
+
+
 def _tokens(ident: str, kernel: dict | None) -> dict:
     """The algorithm tokens of a kernel: tile, wave (warps), warp tile, pipeline, padding."""
     alg = (kernel or {}).get("algorithm") or {}
+    if alg and not _usable_algorithm(alg):   # a damaged entry: its label comes from the identifier
+        alg = {}
     if alg:
-        tile = [int(x) for x in alg.get("tile") or []]
-        wave = [int(x) for x in alg.get("wave") or []]
-        warp = [int(x) for x in alg.get("warp") or []]
-        pad = "".join(str(int(alg.get(k, 0))) for k in ("pad_s", "pad_sk", "pad_d", "pad_dv"))
+        tile, wave, warp = (list(alg.get(k) or []) for k in ("tile", "wave", "warp"))
+        pad = "".join(str(alg.get(k, 0)) for k in ("pad_s", "pad_sk", "pad_d", "pad_dv"))
         pipe = str(alg.get("pipeline") or (kernel or {}).get("pipeline") or "")
     else:
         m = _ID_RE.search(ident)

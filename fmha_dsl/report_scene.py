@@ -179,7 +179,7 @@ def _scene(model: dict, device: str) -> tuple[list[dict], int]:
                               "its colour):", color="#444"))
     n_sel = {k: sum(1 for s in model["picks"] if s == k) for k in model["ids"]}
     entries = [f"{model['labels'][k]}  (selected {n_sel[k]}/{len(model['points'])})" for k in model["ids"]]
-    colw = max(len(e) for e in entries) * CHAR_W + 36
+    colw = max((len(e) for e in entries), default=0) * CHAR_W + 36   # (no kernel measured anywhere: none)
     ncol = max(1, int((W - 24) // colw))
     for i, (k, e) in enumerate(zip(model["ids"], entries)):
         r, c = divmod(i, ncol)

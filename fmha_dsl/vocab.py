@@ -150,3 +150,12 @@ ALG_DEFAULTS = {
 TILE_DEFAULT = (128, 64, 32, 128, 32, 128)
 WAVE_DEFAULT = (2, 2, 1, 2, 2, 1, 1, 1, 1)
 WARP_DEFAULT = (32, 32, 16, 32, 32, 16, 16, 16, 16)
+
+
+def receipt_profile(text: str):
+    """The profile a receipt number spelled as text names (``"0"``, ``"-1"``: ASCII digits, at most 6), else None
+    (other text is a profile name, or nothing)."""
+    t = text[1:] if text.startswith("-") else text
+    if not (t.isascii() and t.isdigit() and len(t) <= 6):
+        return None
+    return RECEIPT_TO_PROFILE.get(int(text))

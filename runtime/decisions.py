@@ -141,7 +141,7 @@ def _document(path: str) -> dict | None:
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):   # (ValueError: bad JSON, or an int of too many digits)
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -170,7 +170,10 @@ def _read(path: str, arch: str, device: str | None) -> dict:
 
 
 def _valid(rec) -> bool:
-    return isinstance(rec, dict) and isinstance(rec.get("sig"), dict) and isinstance(rec.get("alg"), dict)
+    """A decision record's shape: key fields as objects, the winner's name a string, times (when given) an object."""
+    return (isinstance(rec, dict) and isinstance(rec.get("sig"), dict) and isinstance(rec.get("alg"), dict)
+            and isinstance(rec.get("kernel", ""), str)
+            and all(isinstance(rec.get(t, {}), dict) for t in ("times_us", "sustained_us")))
 
 
 def _merge_write(path: str, arch: str, device: str | None, new: dict) -> str | None:
@@ -223,7 +226,7 @@ def shipped_tables(arch: str) -> dict:
     for p in files:
         try:
             doc = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
         dev = doc.get("device") if isinstance(doc, dict) else None
         if dev is not None and not isinstance(dev, str):  # a damaged table: left out, like one that does not parse
@@ -251,6 +254,11 @@ CONFIRM_SPREAD = 1.06  # a shipped decision's runners-up this close to its winne
 CONFIRM_MAX = 4        # ... at most this many of them (the closest)
 
 
+def _time(t) -> bool:
+    """A measured time: a finite number > 0 (not a bool)."""
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < float("inf")
+
+
 def close_runners_up(rec: dict | None) -> list[str]:
     """The names of a recorded decision's runners-up within :data:`CONFIRM_SPREAD` of its winner, closest first (at
     most :data:`CONFIRM_MAX`), by the times that decided it: the finalists' sustained ones when it has them, else
@@ -259,10 +267,10 @@ def close_runners_up(rec: dict | None) -> list[str]:
         return []
     times = rec.get("sustained_us") or rec.get("times_us")
     win = rec.get("kernel")
-    if not isinstance(times, dict) or not isinstance(times.get(win), (int, float)) or times[win] <= 0:
+    if not isinstance(times, dict) or not isinstance(win, str) or not _time(times.get(win)):
         return []
     limit = CONFIRM_SPREAD * times[win]
-    close = sorted((t, n) for n, t in times.items() if n != win and isinstance(t, (int, float)) and t <= limit)
+    close = sorted((t, n) for n, t in times.items() if n != win and _time(t) and t <= limit)
     return [n for _, n in close[:CONFIRM_MAX]]
 
 

@@ -47,10 +47,10 @@ import os
 import threading
 
 from fmha_dsl import costmodel, knobs, seqtune
-from fmha_dsl.errors import FmhaError, UsageError, error
+from fmha_dsl.errors import FmhaError, RegistryError, UsageError, error
 from fmha_dsl.registry import Entry
 
-from . import abi, autotune, decisions
+from . import abi, autotune, binaries, decisions
 from .autotune import MAX_TIMED, MeasuredSelection
 from .class_keys import ClassKeys
 from .match import (EXACT, PAGED_FAMILIES, PIPELINE_RANK, _lcm, _max_sk, _max_sq,  # noqa: F401
@@ -149,6 +149,13 @@ class Dispatcher(MeasuredSelection, ClassKeys):
             self.tuned = decisions.TunedTable(self.arch, device_name, tuned_dir or None,
                                              decisions.shipped(self.arch, device_name) if builder is not None else None)
         self._reindex()
+        missing = binaries.missing(self.entries, self.root)
+        if missing:
+            what = "1 kernel binary is" if len(missing) == 1 else f"{len(missing)} kernel binaries are"
+            raise error("registry.binary-missing", f"{what} missing from `{self.root}`: " + "; ".join(missing[:3])
+                        + (" ..." if len(missing) > 3 else ""),
+                        None, "the build directory is incomplete (a copy or a clean-up lost files): rebuild it with "
+                        "`fmha-dsl build`", cls=RegistryError)
 
     # -- index ------------------------------------------------------------------------------------------
     def _reindex(self) -> None:
@@ -310,34 +317,10 @@ class Dispatcher(MeasuredSelection, ClassKeys):
 
     # -- loading ----------------------------------------------------------------------------------------
     def binary(self, entry: Entry) -> bytes:
+        """``entry``'s binary (read once: :func:`.binaries.read`)."""
         data = self._binaries.get(entry.identifier)
-        if data is not None:
-            return data
-        b = entry.build
-        if not b or not b.get("binary"):
-            raise error("dispatch.no-binary", f"kernel {entry.name} has no compiled binary in this registry", None,
-                        "build the set with `fmha-dsl build FILE --backend triton -o DIR` and pass DIR")
-        path = b["binary"]
-        if not os.path.isabs(path):
-            if self.root is None:
-                raise error("dispatch.no-binary", f"kernel {entry.name}: the binary path `{path}` is relative and "
-                            "this dispatcher has no root", None,
-                            "pass the build directory (or root=DIR) instead of a Registry object", cls=UsageError)
-            path = os.path.join(self.root, path)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError as exc:
-            raise error("dispatch.no-binary", f"kernel {entry.name}: cannot read `{path}`: {exc.strerror}", None,
-                        "rebuild the registry; the binary is missing") from None
-        want = b.get("sha256")
-        if want:
-            import hashlib
-
-            if hashlib.sha256(data).hexdigest() != want:
-                raise error("dispatch.binary-hash", f"kernel {entry.name}: `{path}` does not match the sha256 in "
-                            "the registry", None, "the build directory was modified: rebuild it")
-        self._binaries[entry.identifier] = data
+        if data is None:
+            data = self._binaries[entry.identifier] = binaries.read(entry, self.root)
         return data
 
     def load(self, entry: Entry, device: int):
@@ -363,11 +346,11 @@ class Dispatcher(MeasuredSelection, ClassKeys):
         if self.launcher == "hip":
             from .hip import load_hsaco
 
-            return load_hsaco(data, entry=b["entry"], shared=int(b.get("shared", 0)), num_warps=num_warps,
+            return load_hsaco(data, entry=b["entry"], shared=int(b.get("shared") or 0), num_warps=num_warps,
                               device=device, types=types, warp_size=int(b.get("warp_size") or 64), scratch=scratch)
         from .cuda import load_cubin
 
-        return load_cubin(data, entry=b["entry"], shared=int(b.get("shared", 0)), num_warps=num_warps,
+        return load_cubin(data, entry=b["entry"], shared=int(b.get("shared") or 0), num_warps=num_warps,
                           device=device, types=types, warp_size=int(b.get("warp_size") or 32),
                           launcher=self.launcher, scratch=scratch, alloc=_torch_alloc, names=names,
                           after_prior=bool(b.get("after_prior")))

@@ -62,6 +62,10 @@
 namespace {
 
 constexpr Py_ssize_t kMaxParams = FMHA_MAX_PARAMS;
+/* fmha_dsl/numeric.py: the largest |scale| or soft-cap that stays finite in float32 after the multiply by log2(e),
+ * and the smallest soft-cap (float32's smallest normal) */
+constexpr double kScalarMax = 3.4028234663852886e38 / 1.4426950408889634;
+constexpr double kSoftcapMin = 1.1754943508222875e-38;
 constexpr Py_ssize_t kRunArgs = 20;
 enum RunArg {
     A_Q, A_K, A_V, A_CAUSAL, A_WINDOW, A_BIAS, A_ALIBI, A_DROPOUT, A_SEED, A_SOFTCAP, A_SINK, A_SCALE, A_LSE,
@@ -353,7 +357,7 @@ bool mask_key(PyObject *const *a, Key &key)
         if (!PyFloat_CheckExact(softcap))
             return false;
         const double cap = PyFloat_AS_DOUBLE(softcap);
-        if (!(cap > 0.0 && std::isfinite(cap)))
+        if (!(cap >= kSoftcapMin && cap <= kScalarMax))
             return false;
         key.flags |= F_SOFTCAP;
         std::memcpy(&key.softcap, &cap, sizeof cap);
@@ -578,15 +582,16 @@ PyObject *FastPath_run(FastPath *self, PyObject *const *a, Py_ssize_t nargs)
     else if (a[A_LSE] != Py_False)
         return decline(self);
     if (!mask_key(a, key) || a[A_BIAS] != Py_None || a[A_ALIBI] != Py_None || a[A_SEED] != Py_None ||
-        a[A_CU_Q] != Py_None || a[A_CU_K] != Py_None || !no_dropout(a[A_DROPOUT]))
-        return decline(self);
+        a[A_CU_Q] != Py_None || a[A_CU_K] != Py_None || a[A_MAX_Q] != Py_None || a[A_MAX_K] != Py_None ||
+        !no_dropout(a[A_DROPOUT]))
+        return decline(self);  // (a batch-mode max_seqlen_* is checked against the lengths by the Python path)
     bool has_scale = a[A_SCALE] != Py_None;
     double scale = 0.0;
     if (has_scale) {
         if (!PyFloat_CheckExact(a[A_SCALE]))
             return decline(self);
         scale = PyFloat_AS_DOUBLE(a[A_SCALE]);
-        if (!std::isfinite(scale))
+        if (!(std::fabs(scale) <= kScalarMax))  // (NaN too) the Python path refuses it: fmha_dsl/numeric.py
             return decline(self);
     }
     PyObject *disp = a[A_REGISTRY];

@@ -424,6 +424,22 @@ def test_the_torch_fast_path_replays_the_python_path(kw, shape):
         close(pairs[1][2], ref[1], dt, "lse")
 
 
+def test_the_torch_fast_path_refuses_what_the_python_path_refuses():
+    """A scale beyond float32's range (after the kernels' multiply by log2(e)) and a batch-mode max_seqlen below
+    the length: the C++ fast path declines them, so the checked path raises -- never a NaN output replayed."""
+    from fmha_dsl import UsageError
+
+    q, k, v = rnd(1, 2, 128, 64), rnd(1, 2, 128, 64), rnd(1, 2, 128, 64)
+    for _ in range(3):   # learnt by the fast path
+        fmha_dsl.attention(q, k, v, scale=0.2)
+    for kw, text in ((dict(scale=1e39), "scale must be a finite number of magnitude"),
+                     (dict(scale=-3e38), "scale must be a finite number of magnitude"),
+                     (dict(max_seqlen_q=64), "max_seqlen_q=64 is below the longest sequence (128)")):
+        with pytest.raises(UsageError, match=__import__("re").escape(text)):
+            fmha_dsl.attention(q, k, v, **{"scale": 0.2, **kw})
+    fmha_dsl.attention(q, k, v, scale=0.2, max_seqlen_q=128, max_seqlen_k=200)   # (upper bounds are fine)
+
+
 def test_the_torch_fast_path_on_side_streams_in_graphs_and_with_misaligned_pointers():
     fp = fast_path()
     q, k, v = rnd(1, 4, 256, 64), rnd(1, 4, 256, 64), rnd(1, 4, 256, 64)

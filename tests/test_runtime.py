@@ -15,7 +15,7 @@ import pytest
 from interpreted import run_interpreted
 
 import fmha_dsl
-from fmha_dsl.errors import FmhaError, UsageError
+from fmha_dsl.errors import FmhaError, RegistryError, UsageError
 from fmha_dsl.first_use import Builder
 from fmha_dsl.keys import Algorithm, KernelKey, Problem, Signature
 from fmha_dsl.reference import attention_fwd
@@ -356,16 +356,16 @@ def test_suggested_declarations_expand_for_every_arch(arch, kw):
 def test_dispatcher_from_a_build_directory(tmp_path):
     reg = Registry("dir")
     reg.add(Entry(key(), "k0", "x.fmha:1", {"binary": "kernels/sm90/k0.cubin", "entry": "fmha_fwd",
-                                            "params": list(abi.FWD_NAMES), "sha256": "00", "num_warps": 4}))
+                                            "params": list(abi.FWD_NAMES), "sha256": "0" * 64, "num_warps": 4}))
     reg.save(tmp_path / "registry.json")
+    with pytest.raises(RegistryError) as ei:   # a directory that lost a binary is refused when opened
+        Dispatcher(tmp_path, arch="sm90")
+    assert ei.value.rule == "registry.binary-missing" and "k0: kernels/sm90/k0.cubin" in str(ei.value)
+    (tmp_path / "kernels" / "sm90").mkdir(parents=True)
+    (tmp_path / "kernels" / "sm90" / "k0.cubin").write_bytes(b"not it")
     for src in (tmp_path, tmp_path / "registry.json", str(tmp_path)):
         d = Dispatcher(src, arch="sm90")
         assert d.root == str(tmp_path) and d.plan(problem()).entry.name == "k0"
-    with pytest.raises(FmhaError) as ei:
-        d.binary(d.plan(problem()).entry)
-    assert ei.value.rule == "dispatch.no-binary" and "cannot read" in str(ei.value)
-    (tmp_path / "kernels" / "sm90").mkdir(parents=True)
-    (tmp_path / "kernels" / "sm90" / "k0.cubin").write_bytes(b"not it")
     with pytest.raises(FmhaError) as ei:
         d.binary(d.plan(problem()).entry)
     assert ei.value.rule == "dispatch.binary-hash"
@@ -944,8 +944,13 @@ def test_torch_input_errors_before_the_device(torch, case, rule, text):
     ("dropout", "usage.value", "dropout_p must be in [0, 1), got 1.5"),
     ("dropout_bool", "usage.value", "dropout_p must be in [0, 1), got False"),
     ("seed", "usage.value", "seed must be an int"),
-    ("softcap", "usage.value", "softcap must be None (off) or a finite number > 0, got -1.0"),
-    ("scale", "usage.value", "scale must be a finite number, got nan"),
+    ("softcap", "usage.value", "softcap must be None (off) or a number in [2**-126, 2.36e+38] (float32, after the "
+     "kernels' multiply by log2(e)), got -1.0"),
+    ("scale", "usage.value", "scale must be a finite number of magnitude <= 2.36e+38 (float32, after the kernels' "
+     "multiply by log2(e)), got nan"),
+    ("softcap_huge", "usage.value", "softcap must be None (off) or a number in [2**-126, 2.36e+38]"),
+    ("scale_huge", "usage.value", "scale must be a finite number of magnitude <= 2.36e+38"),
+    ("max_seqlen_batch", "usage.value", "max_seqlen_q=4 is below the longest sequence (8)"),
     ("sink", "usage.value", "sink must be an int >= 0, got -2"),
     ("causal", "usage.value", "causal must be False, True, 'top_left' or 'bottom_right', got 'bottom_rigth'"),
     ("window", "usage.value", "window must be a pair (left, right) of ints, got 5"),
@@ -972,6 +977,12 @@ def test_torch_input_errors(torch, cpu_disp, case, rule, text):
         kw = dict(softcap=-1.0)
     elif case == "scale":
         kw = dict(scale=float("nan"))
+    elif case == "softcap_huge":   # finite in float64, inf in the kernels' float32
+        kw = dict(softcap=1e39)
+    elif case == "scale_huge":
+        kw = dict(scale=-1e39)
+    elif case == "max_seqlen_batch":   # batch mode checks a given max_seqlen as group mode does
+        kw = dict(max_seqlen_q=4)
     elif case == "sink":
         kw = dict(causal=True, sink=-2)
     elif case == "causal":

@@ -1,0 +1,71 @@
+"""The numeric range of the API's scalar arguments, shared by the kernels' path (:mod:`.attention_args`) and the
+NumPy reference (:mod:`.reference`), so that both accept exactly the same values.
+
+The kernels work in float32 and in base 2: ``scale`` and ``softcap`` are multiplied by ``log2(e)`` before use.  A
+number is *usable* when it is a real, not a bool, finite, and stays finite in float32 after that multiply
+(``|x| <= FP32_MAX / log2(e)``, about 2.36e38); a soft-cap must also stay nonzero in float32 (``>= 2**-126``, the
+smallest normal), since the kernels divide by it.  Python ints of any size are compared exactly (``10**400`` is
+out of range, not an OverflowError).  Plain Python, no NumPy: importing this module does no work.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+FP32_MAX = 3.4028234663852886e38
+FP32_TINY = 2.0 ** -126          # the smallest normal float32
+LOG2E = 1.4426950408889634
+SCALAR_MAX = FP32_MAX / LOG2E    # the largest |scale| or softcap that stays finite in base 2
+INT64_MAX = (1 << 63) - 1
+WINDOW_MAX = (1 << 31) - 2    # a window side at least this wide is unbounded
+
+
+def is_int(x) -> bool:
+    """An integer (Python's or NumPy's), not a bool."""
+    return isinstance(x, numbers.Integral) and not _is_bool(x)
+
+
+def _is_bool(x) -> bool:
+    t = type(x)
+    return isinstance(x, bool) or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_"))
+
+
+def as_float(x) -> float | None:
+    """``x`` as a finite Python float when it is a real number (not a bool) of float32's usable range (module
+    docstring), else None."""
+    if not isinstance(x, numbers.Real) or _is_bool(x):
+        return None
+    try:
+        f = float(x)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) and abs(f) <= SCALAR_MAX else None
+
+
+def usable_scale(x) -> bool:
+    """A softmax scale the kernels can use (any sign; 0 allowed)."""
+    return as_float(x) is not None
+
+
+def usable_softcap(x) -> bool:
+    """A logit soft-cap the kernels can use: ``FP32_TINY <= x <= SCALAR_MAX``."""
+    f = as_float(x)
+    return f is not None and f >= FP32_TINY
+
+
+def shown(x, width: int = 40) -> str:
+    """``repr(x)`` for a message, cut to ``width`` characters (a 400-digit int stays readable)."""
+    r = repr(x)
+    return r if len(r) <= width else r[:width - 3] + "..."
+
+
+def window_side(x: int) -> int:
+    """One side of a window as the kernels and the reference read it: any negative value is -1 (unbounded), and a
+    side wider than any sequence is cut to ``2**31 - 2`` (the kernels' i32; every length is below ``2**31``, so the
+    mask is the same)."""
+    return -1 if x < 0 else min(int(x), WINDOW_MAX)
+
+
+__all__ = ["shown", "window_side", "FP32_MAX", "FP32_TINY", "LOG2E", "SCALAR_MAX", "INT64_MAX", "WINDOW_MAX",
+           "is_int", "as_float", "usable_scale", "usable_softcap"]

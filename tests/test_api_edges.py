@@ -1,0 +1,211 @@
+"""The NumPy API at the edges of its arguments' ranges: values that used to give NaN, a non-FmhaError exception or a
+message naming the wrong argument (found by fuzzing the four API functions against an independent float64 oracle).
+Each case asserts the located error, or the result an independent computation gives."""
+
+import numpy as np
+import pytest
+
+import fmha_dsl
+from fmha_dsl import FmhaError, UsageError
+
+A, AB, PA, AK = fmha_dsl.attention, fmha_dsl.attention_backward, fmha_dsl.paged_attention, fmha_dsl.append_kv
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def _qkv(b=1, h=2, s=5, d=8):
+    r = _rng()
+    return tuple(r.standard_normal((b, h, s, d)).astype(np.float32) for _ in range(3))
+
+
+def _naive(q, k, v, scale):
+    """softmax(scale q k^T) v in float64, one head at a time (no mask)."""
+    s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64)) * scale
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bhqk,bhkd->bhqd", p / p.sum(-1, keepdims=True), v.astype(np.float64))
+
+
+def _raises(fn, rule, *fragments, **kw):
+    with pytest.raises(UsageError) as e:
+        fn(**kw)
+    d = e.value.diagnostics[0]
+    assert d.rule == rule, str(e.value)
+    for f in fragments:
+        assert f in d.message, d.message
+    assert d.hint, f"no hint: {d.message}"
+    assert "hint: " + d.hint in str(e.value)   # str() carries the hint (tracebacks and logs show it)
+    return d
+
+
+@pytest.mark.parametrize("kw,text", [
+    ({"softcap": 1e39}, "softcap must be None (off) or a number in [2**-126"),
+    ({"softcap": 1e-50}, "softcap must be None (off) or a number in [2**-126"),
+    ({"scale": 1e39}, "scale must be a finite number of magnitude <= 2.36e+38"),
+    ({"scale": 10 ** 400}, "got 1000000000000000000000000000000000000..."),   # an int too big for a float
+    ({"softcap": 10 ** 400}, "softcap must be None"),
+])
+def test_scalars_outside_float32_are_refused_not_nan(kw, text):
+    q, k, v = _qkv()
+    _raises(lambda: A(q, k, v, **kw), "usage.value", text)
+
+
+def test_the_extremes_of_the_float32_range_still_compute():
+    q, k, v = _qkv()
+    got = A(q, k, v, softcap=2.0 ** -126)   # every logit capped to ~0: a uniform average of V
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, np.broadcast_to(v.mean(axis=2, keepdims=True), got.shape), rtol=1e-5, atol=1e-6)
+    got = A(q, k, v, scale=0.0)
+    np.testing.assert_allclose(got, _naive(q, k, v, 0.0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [(10 ** 30, 0), (np.uint64(2 ** 64 - 1), 0), (-10 ** 30, 10 ** 30)])
+def test_a_window_wider_than_int64_is_the_unbounded_one(window):
+    q, k, v = _qkv(s=7)
+    left, right = (int(x) for x in window)
+    want = A(q, k, v, window=(-1 if left < 0 else 100, -1 if right < 0 else (0 if right == 0 else 100)))
+    np.testing.assert_array_equal(A(q, k, v, window=window), want)
+
+
+def test_non_finite_alibi_slopes_are_refused():
+    q, k, v = _qkv()
+    _raises(lambda: A(q, k, v, alibi_slopes=np.array([0.5, np.inf], np.float32)), "usage.value",
+            "`alibi_slopes[1]` is inf")
+
+
+def test_backward_refuses_a_nan_lse_instead_of_zero_gradients():
+    q, k, v = _qkv()
+    o, lse = A(q, k, v, return_lse=True)
+    for bad in (np.nan, np.inf):
+        l2 = lse.copy()
+        l2[0, 1, 2] = bad
+        _raises(lambda: AB(q, k, v, o, l2, o), "usage.value", f"`lse[0, 1, 2]` is {bad}")
+    l2 = lse.copy()
+    l2[0, 1, 2] = -np.inf   # a row that saw no key: allowed, its gradients are zero
+    dq = AB(q, k, v, o, l2, o)[0]
+    assert np.all(dq[0, 1, 2] == 0) and np.isfinite(dq).all()
+
+
+@pytest.mark.parametrize("kw,text", [
+    ({"dropout_p": np.array([0.1, 0.2]), "seed": 1}, "dropout_p must be in [0, 1)"),
+    ({"dropout_p": 0.1, "seed": np.array([1, 2])}, "seed must be an int"),
+])
+def test_backward_array_scalars_are_usage_errors(kw, text):
+    q, k, v = _qkv()
+    o, lse = A(q, k, v, return_lse=True)
+    _raises(lambda: AB(q, k, v, o, lse, o, **kw), "usage.value", text)
+
+
+@pytest.mark.parametrize("fn", ["forward", "backward"])
+def test_numpy_checks_max_seqlen_as_the_torch_path_does(fn):
+    r = _rng()
+    q, k = r.standard_normal((5, 1, 4)).astype(np.float32), r.standard_normal((7, 1, 4)).astype(np.float32)
+    cu = {"cu_seqlens_q": np.array([0, 5], np.int32), "cu_seqlens_k": np.array([0, 7], np.int32)}
+    o, lse = A(q, k, k, return_lse=True, **cu)
+    call = (lambda **kw: A(q, k, k, **cu, **kw)) if fn == "forward" else (lambda **kw: AB(q, k, k, o, lse, o, **cu,
+                                                                                         **kw))
+    _raises(lambda: call(max_seqlen_q=1), "usage.value", "max_seqlen_q=1 is below the longest sequence (5)")
+    _raises(lambda: call(max_seqlen_k="x"), "usage.value", "max_seqlen_k must be an int >= 0, got 'x'")
+    call(max_seqlen_q=5, max_seqlen_k=9)   # an upper bound is fine
+    qb, kb, vb = _qkv(s=6)
+    _raises(lambda: A(qb, kb, vb, max_seqlen_k=5), "usage.value", "max_seqlen_k=5 is below the longest sequence (6)")
+
+
+@pytest.mark.parametrize("arg", ["cu_seqlens_q", "alibi_slopes", "bias"])
+def test_ragged_lists_are_usage_errors(arg):
+    r = _rng()
+    q, k = r.standard_normal((5, 2, 4)).astype(np.float32), r.standard_normal((7, 2, 4)).astype(np.float32)
+    kw = {"cu_seqlens_q": [0, 3, 5], "cu_seqlens_k": [0, 3, 7]}
+    kw[arg] = [0, [3], 5]
+    _raises(lambda: A(q, k, k, **kw), "usage.type", f"`{arg}` must be an array (or nested lists of one shape)")
+
+
+# --- paged_attention / append_kv ---------------------------------------------------------------------------------
+def _paged(**over):
+    r = _rng(1)
+    kc = r.standard_normal((4, 2, 1, 4)).astype(np.float32)
+    kw = dict(q=r.standard_normal((1, 1, 4)).astype(np.float32), k_cache=kc, v_cache=kc.copy(),
+              block_table=np.array([[2, 1]], np.int32), seqlens_k=np.array([3], np.int32),
+              cu_seqlens_q=np.array([0, 1], np.int32))
+    kw.update(over)
+    return kw
+
+
+def test_a_ragged_block_table_is_a_usage_error():
+    _raises(lambda: PA(**_paged(block_table=[[0, 1, 2], [3]], seqlens_k=[3, 1], cu_seqlens_q=[0, 1, 1])),
+            "usage.type", "`block_table` must be an array")
+
+
+def test_a_broadcast_block_table_reads_only_the_pages_it_uses():
+    kw = _paged()
+    want = PA(**kw)
+    wide = np.broadcast_to(np.int32(0), (1, 2 ** 36))   # 2**36 columns (256 GiB as int32), one value
+    kw["block_table"] = wide
+    got = PA(**kw)   # used to materialise the whole table (MemoryError)
+    kw["block_table"] = np.zeros((1, 2), np.int32)
+    np.testing.assert_array_equal(got, PA(**kw))
+    assert not np.array_equal(got, want)   # (pages 2, 1 against 0, 0: a different result, so the table was read)
+
+
+@pytest.mark.parametrize("over,rule,text", [
+    ({"q_descale": float("nan"), "k_descale": 1.0, "v_descale": 1.0}, "usage.value", "`q_descale` must be finite"),
+    ({"q_descale": 1.0, "k_descale": -np.inf, "v_descale": 1.0}, "usage.value", "`k_descale` scales the FP8"),
+    ({"q_descale": False, "k_descale": 1.0, "v_descale": 1.0}, "usage.value", "`q_descale` is a number"),
+    ({"q_descale": 1.0, "k_descale": 10 ** 400, "v_descale": 1.0}, "usage.value", "is beyond float64"),
+])
+def test_fp8_descales_are_checked_on_numpy(over, rule, text):
+    _raises(lambda: PA(**_paged(**over)), rule, text)
+
+
+def test_paged_q_dtype_is_checked_before_descales_convert_it():
+    kw = _paged(q_descale=1.0, k_descale=1.0, v_descale=1.0)
+    kw["q"] = kw["q"].astype(np.complex64)
+    _raises(lambda: PA(**kw), "usage.dtype", "`q` must be float16, float32 or float64, got dtype complex64")
+
+
+def test_paged_cache_dtypes_name_the_cache_that_differs():
+    kw = _paged()
+    kw["v_cache"] = kw["v_cache"].astype(np.float64)
+    _raises(lambda: PA(**kw), "usage.dtype", "`v_cache` must have k_cache's dtype float32, got float64")
+
+
+def test_unsigned_cu_seqlens_past_int64_are_named_not_wrapped():
+    _raises(lambda: PA(**_paged(cu_seqlens_q=np.array([0, 2 ** 63 + 5, 1], np.uint64))), "usage.value",
+            "`cu_seqlens_q` holds 9223372036854775813, beyond int64")
+
+
+def _append(**over):
+    kc = np.zeros((1, 4, 1, 4), np.float32)
+    kw = dict(k_cache=kc, v_cache=kc.copy(), k_new=np.ones((1, 1, 4), np.float32),
+              v_new=np.ones((1, 1, 4), np.float32), seqlens_k=np.array([1]), cu_seqlens_new=np.array([0, 1]))
+    kw.update(over)
+    return kw
+
+
+def test_append_near_int64_max_is_a_usage_error():
+    _raises(lambda: AK(**_append(block_table=[[0]], seqlens_k=np.array([2 ** 63 - 1]))), "usage.value",
+            "9223372036854775807 cached + 1 new tokens need")
+
+
+@pytest.mark.parametrize("over,rule,text", [
+    ({"seqlens_k": np.array([4])}, "usage.value", "sequence 0: 4 cached + 1 new tokens exceed the cache's capacity 4"),
+    ({"seqlens_k": np.array([1, 1]), "cu_seqlens_new": np.array([0, 1, 1])}, "usage.shape",
+     "without a page table the caches are contiguous [B, capacity, Hk, D] with B = 2"),
+    ({"max_seqlen_new": 0}, "usage.value", "max_seqlen_new=0 is below the longest sequence (1)"),
+])
+def test_append_to_a_contiguous_cache_speaks_of_rows_not_pages(over, rule, text):
+    d = _raises(lambda: AK(**_append(**over)), rule, text)
+    assert "block_table" not in d.message and d.message.count("append_kv()") == 1
+
+
+def test_append_max_seqlen_new_at_the_longest_is_accepted():
+    kw = _append(max_seqlen_new=1)
+    AK(**kw)
+    np.testing.assert_array_equal(kw["k_cache"][0, 1], np.ones((1, 4), np.float32))
+
+
+def test_every_error_str_is_one_line_with_its_hint():
+    with pytest.raises(FmhaError) as e:
+        A(*_qkv(), scale=float("nan"))
+    assert "\n" not in str(e.value) and str(e.value).endswith("(hint: None means 1/sqrt(Dq))")
