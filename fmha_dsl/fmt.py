@@ -236,8 +236,8 @@ class _Printer:
 
 
 def _in_order(setters, wheres):
-    return sorted([(s.span.line, s.span.column, s) for s in setters] + [(w.span.line, w.span.column, w) for w in wheres],
-                  key=lambda t: t[:2])
+    items = [(s.span.line, s.span.column, s) for s in setters] + [(w.span.line, w.span.column, w) for w in wheres]
+    return sorted(items, key=lambda t: t[:2])
 
 
 def _item_text(node) -> str:

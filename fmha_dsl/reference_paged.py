@@ -246,7 +246,8 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
                          f"query token and head), got shape {qd.shape}", "Tq and Hq are q's")
         if not np.isfinite(qd).all():
             bad = qd.reshape(-1)[~np.isfinite(qd.reshape(-1))][0]
-            raise _usage("usage.value", f"`q_descale` must be finite, got {bad}", "the scale q's values are multiplied by")
+            raise _usage("usage.value", f"`q_descale` must be finite, got {bad}",
+                         "the scale q's values are multiplied by")
         q = q * (qd.reshape(-1)[0] if qd.size == 1 else qd[:, :, None])
         k_cache = np.asarray(k_cache, np.float64) * _kv_descale("k_descale", descales[1], p, hk, page=page)
         v_cache = np.asarray(v_cache, np.float64) * _kv_descale("v_descale", descales[2], p, hk, page=page)
