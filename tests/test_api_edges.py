@@ -209,3 +209,17 @@ def test_every_error_str_is_one_line_with_its_hint():
     with pytest.raises(FmhaError) as e:
         A(*_qkv(), scale=float("nan"))
     assert "\n" not in str(e.value) and str(e.value).endswith("(hint: None means 1/sqrt(Dq))")
+
+
+def test_a_float64_run_of_the_backward_reference_takes_a_float64_lse():
+    """The GPU tests check the kernels against the reference in float64, handing it the kernels' LSE as float64."""
+    from fmha_dsl.reference_bwd import attention_bwd
+
+    q, k, v = (x.astype(np.float64) for x in _qkv())
+    o, lse = A(q, k, v, return_lse=True)
+    got64 = attention_bwd(q, k, v, o, lse.astype(np.float64), o, accum=np.float64)
+    got32 = attention_bwd(q, k, v, o, lse.astype(np.float32), o, accum=np.float64)
+    for a, b in zip(got64[:3], got32[:3]):
+        np.testing.assert_array_equal(a, b)   # (the LSE is read in float32 either way)
+    with pytest.raises(UsageError, match="`lse` must be the forward's float32 LSE, got dtype float16"):
+        attention_bwd(q, k, v, o, lse.astype(np.float16), o, accum=np.float64)
