@@ -170,12 +170,14 @@ def _bad_rank(qsh, ksh, vsh, group):
 
 def _check_heads(hq, hk, dq, dk, dv, ksh):
     if dk != dq:
-        raise _usage("usage.shape", f"`k` must have q's head dim Dq={dq}, got {dk} (shape {tuple(ksh)})")
+        raise _usage("usage.shape", f"`k` must have q's head dim Dq={dq}, got {dk} (shape {tuple(ksh)})",
+                     "q and k share the head dim (v's may differ)")
     if hk < 1 or hq % hk:
         raise _usage("usage.shape", f"query heads must be a multiple of key heads (GQA/MQA), got Hq={hq}, Hk={hk}",
                      "each key head serves Hq // Hk query heads")
     if dq < 1 or dv < 1:
-        raise _usage("usage.shape", f"head dims must be >= 1, got Dq={dq}, Dv={dv}")
+        raise _usage("usage.shape", f"head dims must be >= 1, got Dq={dq}, Dv={dv}",
+                     "the last dim of q, k and v is the head dim")
 
 
 def _bad_batch_shapes(qsh, ksh, vsh):
@@ -207,14 +209,16 @@ def _batch_shapes(qsh, ksh, vsh) -> tuple:
 def _group_shapes(qsh, ksh, vsh, cu_q, cu_k):
     if cu_q is None or cu_k is None:
         raise _usage("usage.shape", "group mode needs both cu_seqlens_q and cu_seqlens_k, got only "
-                     + ("cu_seqlens_q" if cu_k is None else "cu_seqlens_k"))
+                     + ("cu_seqlens_q" if cu_k is None else "cu_seqlens_k"),
+                     "pass both (int32, B + 1 offsets), or 4-D tensors for batch mode")
     if len(qsh) != 3 or len(ksh) != 3 or len(vsh) != 3:
         _bad_rank(qsh, ksh, vsh, True)
     tq, hq, dq = qsh
     tk, hk, dk = ksh
     tv, hv, dv = vsh
     if (tv, hv) != (tk, hk):
-        raise _usage("usage.shape", f"`v` must be [Tk={tk}, Hk={hk}, Dv] like k, got {tuple(vsh)}")
+        raise _usage("usage.shape", f"`v` must be [Tk={tk}, Hk={hk}, Dv] like k, got {tuple(vsh)}",
+                     "v holds the same tokens and heads as k")
     _check_heads(hq, hk, dq, dk, dv, ksh)
     return tq, hq, dq, tk, hk, dv
 
@@ -250,7 +254,8 @@ def _check_dropout(p, seed, offset):
         raise _usage("usage.value", f"seed must be an int in [-2**63, 2**64), got {seed!r}",
                      "None draws one from torch's generator")
     if not _is_int(offset) or not 0 <= offset < (1 << 63):
-        raise _usage("usage.value", f"offset must be an int in [0, 2**63), got {offset!r}")
+        raise _usage("usage.value", f"offset must be an int in [0, 2**63), got {offset!r}",
+                     "the Philox counter's base: advance it by the elements a previous call drew")
     seed = int(seed) & ((1 << 64) - 1)
     return seed - (1 << 64) if seed >= 1 << 63 else seed  # the kernel reads an i64: pass uint64 as its twin
 
@@ -279,12 +284,14 @@ def _group_lengths(cu_q, cu_k, tq, tk, dev, max_q, max_k):
     cu_k, host_k = _cu_seqlens("cu_seqlens_k", cu_k, tk, dev, torch)
     if cu_q.shape[0] != cu_k.shape[0]:
         raise _usage("usage.shape", f"cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got "
-                     f"{cu_q.shape[0]} and {cu_k.shape[0]}")
+                     f"{cu_q.shape[0]} and {cu_k.shape[0]}",
+                     "both list B + 1 offsets, one sequence per pair of entries")
     maxes = []
     for name, given, vals, cu, total in (("max_seqlen_q", max_q, host_q, cu_q, tq),
                                          ("max_seqlen_k", max_k, host_k, cu_k, tk)):
         if given is not None and (not _is_int(given) or given < 0):
-            raise _usage("usage.value", f"{name} must be an int >= 0, got {given!r}")
+            raise _usage("usage.value", f"{name} must be an int >= 0, got {given!r}",
+                         "pass at least the longest sequence's length, or None to have it computed")
         if vals is None and given is None:
             vals = cu.tolist()  # one device-to-host copy; pass max_seqlen_q/k to avoid it
         if vals is not None:
@@ -337,7 +344,8 @@ def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):
     check_one_bias(bias, alibi)
     if bias is not None:
         if not isinstance(bias, T):
-            raise _usage("usage.type", f"`bias` must be a torch tensor, got {type(bias).__name__}")
+            raise _usage("usage.type", f"`bias` must be a torch tensor, got {type(bias).__name__}",
+                         "pass a tensor of q's dtype on q's device, [B|1, Hq|1, Sq, Sk]")
         bsh = bias.shape
         if len(bsh) != 4 or bsh[0] not in (1, b) or bsh[1] not in (1, hq) or bsh[2] != sq or bsh[3] != sk:
             what = "[B|1, Hq|1, Sq_max, Sk_max]" if group else "[B|1, Hq|1, Sq, Sk]"
@@ -355,7 +363,8 @@ def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):
 
         return "bias", bias_strides(bias), None
     if not isinstance(alibi, T):
-        raise _usage("usage.type", f"`alibi_slopes` must be a torch tensor, got {type(alibi).__name__}")
+        raise _usage("usage.type", f"`alibi_slopes` must be a torch tensor, got {type(alibi).__name__}",
+                     "pass a float32 tensor on q's device, [Hq] or [B, Hq]")
     if tuple(alibi.shape) not in ((hq,), (b, hq)):
         raise _usage("usage.shape", f"`alibi_slopes` must be [Hq] = [{hq}] or [B, Hq] = [{b}, {hq}], got "
                      f"{tuple(alibi.shape)}", "one slope per query head (per sequence and head for [B, Hq])")

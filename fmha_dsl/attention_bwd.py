@@ -108,7 +108,8 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
         _bad_dtypes(q, k, v)
     for name, x in (("out", out), ("dout", dout)):
         if x.dtype != dt:
-            raise _usage("usage.dtype", f"`{name}` must have q's dtype {dt}, got {x.dtype}")
+            raise _usage("usage.dtype", f"`{name}` must have q's dtype {dt}, got {x.dtype}",
+                         "out and dout are the forward's output and its gradient, in q's dtype")
     if lse.dtype != torch.float32:
         raise _usage("usage.dtype", f"`lse` must be float32 (the forward's), got {lse.dtype}",
                      "call the forward with return_lse=True")
@@ -122,7 +123,7 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
     for name, x in (("out", out), ("dout", dout)):
         if tuple(x.shape) != want_o:
             raise _usage("usage.shape", f"`{name}` must have the forward output's shape {list(want_o)}, got "
-                         f"{list(x.shape)}")
+                         f"{list(x.shape)}", "pass the forward's out and a dout of its shape")
     want_l = (hq, tq) if group else (b, hq, sq)
     if tuple(lse.shape) != want_l:
         raise _usage("usage.shape", f"`lse` must be the forward's LSE of shape {list(want_l)}, got {list(lse.shape)}",

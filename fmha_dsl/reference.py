@@ -182,7 +182,8 @@ def _check_cu(name, cu, total):
         raise _usage("usage.shape", f"`{name}` must be a 1-D integer array, got shape {a.shape} dtype {a.dtype}",
                      "int32 with B + 1 entries")
     if a.shape[0] < 1:
-        raise _usage("usage.shape", f"`{name}` must have B + 1 >= 1 entries, got an empty array")
+        raise _usage("usage.shape", f"`{name}` must have B + 1 >= 1 entries, got an empty array",
+                     "B + 1 offsets, starting at 0")
     a = a.astype(np.int64)
     if a[0] != 0:
         raise _usage("usage.shape", f"`{name}` must start at 0, got {int(a[0])}",
@@ -191,7 +192,7 @@ def _check_cu(name, cu, total):
     if np.any(d < 0):
         bad = int(np.argmax(d < 0))
         raise _usage("usage.shape", f"`{name}` must be non-decreasing, got {int(a[bad])} then {int(a[bad + 1])} "
-                     f"at index {bad}")
+                     f"at index {bad}", "cu_seqlens are cumulative lengths: each entry at least the previous")
     if a[-1] != total:
         raise _usage("usage.shape", f"`{name}` must end at the total length {total}, got {int(a[-1])}",
                      "the last entry is the number of rows of the 3-D tensor")
@@ -258,15 +259,18 @@ def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dr
     v = _as_float_array("v", v)
     for name, a in (("k", k), ("v", v)):
         if a.dtype != q.dtype:
-            raise _usage("usage.dtype", f"`{name}` must have q's dtype {q.dtype}, got {a.dtype}")
+            raise _usage("usage.dtype", f"`{name}` must have q's dtype {q.dtype}, got {a.dtype}",
+                         "pass it as q's dtype (.astype(q.dtype))")
     accum = np.dtype(accum)
     if accum.type not in (np.float32, np.float64):
-        raise _usage("usage.dtype", f"accum must be float32 or float64, got {accum}")
+        raise _usage("usage.dtype", f"accum must be float32 or float64, got {accum}",
+                     "accum=np.float32 (as the kernels accumulate) or np.float64")
 
     group = cu_seqlens_q is not None or cu_seqlens_k is not None
     if group and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise _usage("usage.shape", "group mode needs both cu_seqlens_q and cu_seqlens_k, got only "
-                     + ("cu_seqlens_q" if cu_seqlens_k is None else "cu_seqlens_k"))
+                     + ("cu_seqlens_q" if cu_seqlens_k is None else "cu_seqlens_k"),
+                     "pass both (B + 1 offsets each), or 4-D arrays for batch mode")
     rank = 3 if group else 4
     layout = "[T, H, D] (group mode)" if group else "[B, H, S, D] (batch mode)"
     for name, a in (("q", q), ("k", k), ("v", v)):
@@ -279,12 +283,14 @@ def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dr
         Tk, Hk, Dk = k.shape
         Tv, Hv, Dv = v.shape
         if (Tv, Hv) != (Tk, Hk):
-            raise _usage("usage.shape", f"`v` must be [Tk={Tk}, Hk={Hk}, Dv], got shape {v.shape}")
+            raise _usage("usage.shape", f"`v` must be [Tk={Tk}, Hk={Hk}, Dv], got shape {v.shape}",
+                         "v holds the same tokens and heads as k")
         cq = _check_cu("cu_seqlens_q", cu_seqlens_q, Tq)
         ck = _check_cu("cu_seqlens_k", cu_seqlens_k, Tk)
         if cq.shape != ck.shape:
             raise _usage("usage.shape", f"cu_seqlens_q and cu_seqlens_k must have the same length B + 1, "
-                         f"got {cq.shape[0]} and {ck.shape[0]}")
+                         f"got {cq.shape[0]} and {ck.shape[0]}",
+                         "both list B + 1 offsets, one sequence per pair of entries")
         B = cq.shape[0] - 1
         lens_q, lens_k = np.diff(cq), np.diff(ck)
         Sq_max = int(lens_q.max()) if B else 0
@@ -293,17 +299,20 @@ def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dr
         B, Hq, Sq_max, Dq = q.shape
         Bk, Hk, Sk_max, Dk = k.shape
         if Bk != B:
-            raise _usage("usage.shape", f"`k` must have batch {B} like q, got shape {k.shape}")
+            raise _usage("usage.shape", f"`k` must have batch {B} like q, got shape {k.shape}",
+                         "q, k and v are [B, H, S, D] with one batch size")
         if v.shape[:3] != k.shape[:3]:
-            raise _usage("usage.shape", f"`v` must be [B={B}, Hk={Hk}, Sk={Sk_max}, Dv], got shape {v.shape}")
+            raise _usage("usage.shape", f"`v` must be [B={B}, Hk={Hk}, Sk={Sk_max}, Dv], got shape {v.shape}",
+                         "v holds the same batch, heads and keys as k")
         Dv = v.shape[3]
     if Dk != Dq:
-        raise _usage("usage.shape", f"`k` must have q's head dim Dq={Dq}, got {Dk} (shape {k.shape})")
+        raise _usage("usage.shape", f"`k` must have q's head dim Dq={Dq}, got {Dk} (shape {k.shape})",
+                     "q and k share the head dim (v's may differ)")
     if Hk == 0 or Hq % Hk != 0:
         raise _usage("usage.shape", f"query heads must be a multiple of key heads (Hq % Hk == 0), got Hq={Hq}, "
                      f"Hk={Hk}", "GQA/MQA: each key head serves Hq // Hk query heads")
     if Dq < 1 and scale is None:
-        raise _usage("usage.shape", f"head dim Dq must be >= 1, got {Dq}")
+        raise _usage("usage.shape", f"head dim Dq must be >= 1, got {Dq}", "the last dim of q, k and v is the head dim")
 
     # scalar arguments
     mode = _normalize_causal(causal)

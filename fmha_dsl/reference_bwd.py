@@ -39,7 +39,8 @@ def attention_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bias=Non
     want_o = q.shape[:-1] + (c.Dv,)
     for name, a in (("out", out), ("dout", dout)):
         if a.shape != want_o:
-            raise _usage("usage.shape", f"`{name}` must have the forward output's shape {want_o}, got {a.shape}")
+            raise _usage("usage.shape", f"`{name}` must have the forward output's shape {want_o}, got {a.shape}",
+                         "pass the forward's out and a dout of its shape")
         if a.dtype != q.dtype:
             raise _usage("usage.dtype", f"`{name}` must have q's dtype {q.dtype}, got {a.dtype}",
                          f"pass {name}.astype(q.dtype)")

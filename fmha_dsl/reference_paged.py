@@ -160,7 +160,8 @@ def _check_cache(k_cache, v_cache, layout: str | None):
     if k_cache.ndim != 4 or v_cache.ndim != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
         raise _usage("usage.shape", f"`k_cache`/`v_cache` must be [num_pages, page_size, Hk, D] and "
                      f"[num_pages, page_size, Hk, Dv] with the same first three dims, got {k_cache.shape} and "
-                     f"{v_cache.shape}")
+                     f"{v_cache.shape}",
+                     "linear caches are [num_pages, page_size, Hk, D]; vectorized_caches() makes the 5-D layout")
     return k_cache, v_cache, 0
 
 
@@ -197,9 +198,11 @@ def _kv_descale(name: str, d, num_pages: int, hk: int, divides: bool = False, pa
 def _lengths(seqlens_k, batch=None) -> np.ndarray:
     lens = _ints("seqlens_k", seqlens_k, 1)
     if np.any(lens < 0):
-        raise _usage("usage.value", f"`seqlens_k` must be >= 0, got {lens.tolist()}")
+        raise _usage("usage.value", f"`seqlens_k` must be >= 0, got {lens.tolist()}",
+                     "seqlens_k[b] is the number of cached tokens of sequence b")
     if batch is not None and lens.shape[0] != batch:
-        raise _usage("usage.shape", f"`seqlens_k` must have one length per sequence ({batch}), got {lens.shape[0]}")
+        raise _usage("usage.shape", f"`seqlens_k` must have one length per sequence ({batch}), got {lens.shape[0]}",
+                     "one entry per sequence (len(cu_seqlens_q) - 1)")
     return lens
 
 
@@ -285,7 +288,8 @@ def rotary(x, positions, cos, sin, interleaved: bool = False):
                      "one row per position, one column per rotated pair")
     half = cos.shape[1]
     if 2 * half > x.shape[-1]:
-        raise _usage("usage.shape", f"rotary_dim = 2 x {half} exceeds the head dim {x.shape[-1]}")
+        raise _usage("usage.shape", f"rotary_dim = 2 x {half} exceeds the head dim {x.shape[-1]}",
+                     "rotary tables are [max_position, rotary_dim / 2] with rotary_dim at most the head dim")
     pos = np.asarray(positions, np.int64)
     if pos.size and (pos.min() < 0 or pos.max() >= cos.shape[0]):
         raise _usage("usage.value", f"positions up to {int(pos.max())} need rotary tables of at least "
@@ -323,10 +327,12 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
                      f"and {v_new.shape}", "the new tokens of every sequence, one after another (cu_seqlens_new)")
     if cn.shape[0] != lens.shape[0] + 1 or cn[0] != 0 or np.any(np.diff(cn) < 0) or cn[-1] != k_new.shape[0]:
         raise _usage("usage.value", f"`cu_seqlens_new` must be [B + 1] = [{lens.shape[0] + 1}], start at 0, never "
-                     f"decrease and end at len(k_new) = {k_new.shape[0]}; got {cn.tolist()}")
+                     f"decrease and end at len(k_new) = {k_new.shape[0]}; got {cn.tolist()}",
+                     "cu_seqlens_new[b]:cu_seqlens_new[b + 1] are sequence b's rows of k_new")
     if k_new.shape[1:] != k_cache.shape[2:] or v_new.shape[1:] != v_cache.shape[2:] or v_new.shape[0] != k_new.shape[0]:
         raise _usage("usage.shape", f"`k_new`/`v_new` must be [Tnew, Hk, D] / [Tnew, Hk, Dv] matching the caches "
-                     f"({k_cache.shape[2:]}, {v_cache.shape[2:]}), got {k_new.shape} and {v_new.shape}")
+                     f"({k_cache.shape[2:]}, {v_cache.shape[2:]}), got {k_new.shape} and {v_new.shape}",
+                     "the new rows have the caches' heads and head dims")
     page = k_cache.shape[1]
     total = [int(n) + int(m) for n, m in zip(lens, np.diff(cn))]   # Python ints: no int64 wrap past the cache
     rows = _pages_of(block_table, kv_indptr, kv_indices, lens.shape[0], k_cache.shape[0], total, page,
@@ -335,7 +341,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
         if lens.shape[0] else np.zeros(0, np.int64)
     rope = rotary_cos is not None or rotary_sin is not None
     if rope and (rotary_cos is None or rotary_sin is None):
-        raise _usage("usage.value", "RoPE needs both rotary_cos and rotary_sin")
+        raise _usage("usage.value", "RoPE needs both rotary_cos and rotary_sin",
+                     "pass both tables ([max_position, rotary_dim / 2] each), or neither")
     kr = rotary(k_new, pos, rotary_cos, rotary_sin, rotary_interleaved) if rope else k_new
     qr = None
     if q is not None:

@@ -223,3 +223,21 @@ def test_a_float64_run_of_the_backward_reference_takes_a_float64_lse():
         np.testing.assert_array_equal(a, b)   # (the LSE is read in float32 either way)
     with pytest.raises(UsageError, match="`lse` must be the forward's float32 LSE, got dtype float16"):
         attention_bwd(q, k, v, o, lse.astype(np.float16), o, accum=np.float64)
+
+
+def test_every_api_usage_error_carries_a_hint():
+    """Each ``_usage(rule, message, hint)`` of the API's argument checks (NumPy and torch paths) names a hint: a
+    user who passes a bad argument learns what to pass instead (read from the source, so a new check needs one)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(fmha_dsl.__file__).parent
+    missing = []
+    for name in ("attention_args", "attention", "attention_bwd", "reference", "reference_bwd", "reference_paged",
+                 "paged", "paged_args", "paged_numpy"):
+        src = (root / f"{name}.py").read_text()
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_usage" \
+                    and len(node.args) < 3 and not any(k.arg == "hint" for k in node.keywords):
+                missing.append(f"{name}.py:{node.lineno}")
+    assert not missing, missing
