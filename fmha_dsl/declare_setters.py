@@ -241,6 +241,10 @@ def _arch(c, sc: _Scope, st: A.Setter):
             c.err("setter.keyword", "`arch` takes arch names, not keywords", a.span)
             bad = True
             continue
+        for v in _empty_lists(a.alt):
+            c.err("value.empty", "an empty list selects no arch", v.span,
+                  f"name the targets, e.g. arch(gfx942, sm90), or `*` for every one ({', '.join(V.ARCHS)})")
+            bad = True
         for v in _flatten(a.alt):
             if v.kind == "wild":
                 wild = True

@@ -100,10 +100,23 @@ def _show(v: A.Value) -> str:
     if v.kind == "bool":
         return "`true`" if v.value else "`false`"
     if v.kind in ("tuple", "list"):
-        inner = ", ".join(" | ".join(_show(o).strip("`") for o in a.options) for a in v.value)
-        text = f"({inner})" if v.kind == "tuple" else f"[{inner}]"
+        text = _spelling(v)
         return f"the {v.kind} `{text}`" if len(text) <= 60 else f"a {v.kind}"
     return f"`{v.value}`"
+
+
+def _spelling(v: A.Value) -> str:
+    """A value as .fmha text, nested values included (no quoting around the whole)."""
+    if v.kind == "str":
+        return '"' + str(v.value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if v.kind == "bool":
+        return "true" if v.value else "false"
+    if v.kind == "wild":
+        return "*"
+    if v.kind in ("tuple", "list"):
+        inner = ", ".join(" | ".join(_spelling(o) for o in a.options) for a in v.value)
+        return f"({inner})" if v.kind == "tuple" else f"[{inner}]"
+    return str(v.value)
 
 
 def _flatten(alt: A.Alt) -> list[A.Value]:

@@ -8,6 +8,8 @@ idempotent: ``fmt(fmt(x)) == fmt(x)``, and the result parses to the same declara
 
 from __future__ import annotations
 
+import bisect
+
 from . import ast as A
 from . import vocab as V
 from .parse import parse_text
@@ -123,8 +125,8 @@ def _anchors(src: A.SourceFile) -> dict:
             leaf(n)
         for k in item.kernels:
             sp = k.span
-            if k.form == "add":   # one statement: a comment after it on its last line trails `kernel {`
-                out[(id(k), "open")] = _Anchor((sp.line, sp.column), (sp.end_line, sp.end_column))
+            if k.form == "add":   # one statement: a comment after it on its last line (or inside) trails `kernel {`
+                out[(id(k), "open")] = _Anchor((sp.line, sp.column), (sp.end_line, sp.end_column), True)
             else:
                 point((id(k), "open"), sp.line, sp.column)
                 point((id(k), "close"), sp.end_line, sp.end_column - 1)
@@ -137,27 +139,37 @@ def _anchors(src: A.SourceFile) -> dict:
     return out
 
 
-def _attach(anchors: dict, comments, lines: list[str]) -> list[str]:
-    """Give each comment to an anchor: after an anchor on its line (the last to end before it), or inside a setter
-    or where clause that spans lines -- trailing; else before the next anchor -- leading.  Returns the comments after
-    the last anchor.  Marks the anchors (and leading comments) the source had a blank line before."""
+def _attach(anchors: dict, comments, lines: list[str]) -> list[tuple[str, bool]]:
+    """Give each comment to an anchor: after an anchor on its line (the last to end before it), or inside a setter,
+    where clause or ``.add(...)`` that spans lines -- trailing; else before the next anchor -- leading.  Returns the
+    comments after the last anchor.  Marks the anchors and comments the source had a blank line before (only the
+    first thing on a line: statements that shared a line get none between them)."""
     order = sorted(anchors.values(), key=lambda a: a.start)
+    starts = [a.start for a in order]
+    ending: dict[int, list] = {}
+    for a in order:
+        ending.setdefault(a.end[0], []).append(a)
+    spanning = [a for a in order if a.leaf and a.end[0] > a.start[0]]   # multi-line leaves: few
+    firsts = {}
+    for pos in starts + [(ln, col) for ln, col, _t in comments]:
+        firsts[pos[0]] = min(firsts.get(pos[0], pos), pos)
     rest = []
     for line, col, text in sorted(comments):
-        pos = (line, col)
-        on_line = [a for a in order if a.end[0] == line and a.end <= pos]
-        inside = [a for a in order if a.leaf and a.start < pos < a.end]
+        pos, text = (line, col), text.replace("\r\n", "\n")
+        blank = firsts[line] == pos and _blank_before(lines, line)
+        on_line = [a for a in ending.get(line, ()) if a.end <= pos]
+        inside = [a for a in spanning if a.start < pos < a.end]
         host = (max(on_line, key=lambda a: a.end) if on_line else inside[-1]) if on_line or inside else None
         if host is not None and _fits_after(host.trail, text):
             host.trail.append(text)
             continue
-        nxt = next((a for a in order if a.start > pos), None)
-        if nxt is None:
-            rest.append(text)
+        i = bisect.bisect_right(starts, pos)
+        if i == len(order):
+            rest.append((text, blank))
         else:
-            nxt.lead.append((text, _blank_before(lines, line)))
+            order[i].lead.append((text, blank))
     for a in order:
-        a.blank = _blank_before(lines, a.start[0])
+        a.blank = firsts[a.start[0]] == a.start and _blank_before(lines, a.start[0])
     return rest
 
 
@@ -172,6 +184,7 @@ def _fits_after(trail: list[str], text: str) -> bool:
 
 
 def _blank_before(lines: list[str], line: int) -> bool:
+    """Whether the source line before ``line`` is blank (``lines``: split on newlines only, as the parser counts)."""
     return line >= 2 and not lines[line - 2].strip()
 
 
@@ -179,34 +192,37 @@ class _Printer:
     def __init__(self, anchors: dict):
         self.anchors = anchors
         self.out: list[str] = []
+        self.opened = False   # the last line printed opens a block
 
     def _blank(self):
         """One blank line, where the source had one (never two, never right after an opening brace)."""
-        if self.out and self.out[-1] != "" and not self.out[-1].endswith("{"):
+        if self.out and self.out[-1] != "" and not self.opened:
             self.out.append("")
+            self.opened = False
 
     def emit(self, indent: int, text: str, key=None):
         pad = "    " * indent
         a = self.anchors.get(key) if key is not None else None
-        if a is None:
-            self.out.append(pad + text)
-            return
-        for c, blank in a.lead:
+        if a is not None:
+            self.comments(pad, a.lead)
+            if a.blank:   # (after its comments too: a blank line between them and it stays)
+                self._blank()
+        self.out.append(pad + text + ("  " + " ".join(a.trail) if a is not None and a.trail else ""))
+        self.opened = text.endswith("{")
+
+    def comments(self, pad: str, items):
+        for c, blank in items:
             if blank:
                 self._blank()
             self.out.append(pad + c)
-        if a.blank:   # (after its comments too: a blank line between them and it stays)
-            self._blank()
-        self.out.append(pad + text + ("  " + " ".join(a.trail) if a.trail else ""))
+            self.opened = False
 
     def close(self, indent: int, key):
         """A closing brace: the comments before it (inside the block), then ``}``."""
         a = self.anchors.get(key)
-        for c, blank in (a.lead if a else ()):
-            if blank:
-                self._blank()
-            self.out.append("    " * (indent + 1) + c)
+        self.comments("    " * (indent + 1), a.lead if a else ())
         self.out.append("    " * indent + "}" + ("  " + " ".join(a.trail) if a and a.trail else ""))
+        self.opened = False
 
     def kernel(self, k: A.KernelDecl, indent: int, ks: A.KernelSetDecl):
         self.emit(indent, f"kernel {k.name} {{" if k.name else "kernel {", (id(k), "open"))
@@ -217,8 +233,9 @@ class _Printer:
             self.emit(indent + 1, block + " {", (id(k), block))
             for st in setters:
                 self.emit(indent + 2, _setter(st), id(st))
-            if block == "algorithm":
+            if block == "algorithm" and extra:
                 self.out.extend("    " * (indent + 2) + text for text in extra)
+                self.opened = False
             self.close(indent + 1, (id(k), block + "}"))
         for _l, _c, node in _in_order(k.setters, k.wheres):
             self.emit(indent + 1, _item_text(node), id(node))
@@ -283,7 +300,7 @@ def format_source(text: str, path: str | None = None) -> str:
     """Canonical text of a ``.fmha`` source (raises ParseError on bad input)."""
     src = parse_text(text, path)
     anchors = _anchors(src)
-    rest = _attach(anchors, src.comments, text.removeprefix("\ufeff").splitlines())
+    rest = _attach(anchors, src.comments, text.removeprefix("\ufeff").split("\n"))
     p = _Printer(anchors)
     prev = None
     for item in src.items:
@@ -294,9 +311,7 @@ def format_source(text: str, path: str | None = None) -> str:
         else:
             p.kernel_set(item)
         prev = item
-    if rest:
-        p._blank()
-    p.out.extend(rest)
+    p.comments("", rest)
     return "\n".join(p.out).strip("\n") + "\n"
 
 

@@ -120,8 +120,8 @@ def _unquote(s: str) -> str:
         c = body[i]
         if c == "\\" and i + 1 < len(body):
             nxt = body[i + 1]
-            # \n, \t, \\ and \" as in C; any other escape keeps its backslash (a Windows path stays one)
-            out.append({"n": "\n", "t": "\t", "\\": "\\", '"': '"'}.get(nxt, "\\" + nxt))
+            # \n, \t, \\, \" and \' as in C; any other escape keeps its backslash (a Windows path stays one)
+            out.append({"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}.get(nxt, "\\" + nxt))
             i += 2
         else:
             out.append(c)
@@ -194,7 +194,7 @@ class _Builder:
 
     def arg(self, t) -> A.Arg:
         name_tok, alt = t.children
-        if _tree_depth(alt) > 2 * MAX_VALUE_DEPTH:   # (an alternative and a value per level)
+        if _tree_depth(alt) > 2 * MAX_VALUE_DEPTH + 2:   # (an alternative and a value per level, and the leaf's)
             raise error("value.too-deep", f"this argument nests lists or tuples more than {MAX_VALUE_DEPTH} deep",
                         self.L.of_meta(t.meta), "a setter takes values, tuples of values (a tile, a head-dim pair) "
                         "and lists of those: `hdim([(128, 128), (192, 128)])`", cls=ParseError)
@@ -344,14 +344,17 @@ def read_source(path: str | os.PathLike, span: Span | None = None) -> str:
     p = os.fspath(path)
     try:
         st = os.stat(p)
-        if stat.S_ISREG(st.st_mode) and st.st_size > MAX_SOURCE_BYTES:
-            raise error("input.too-large", f"`{p}` holds {st.st_size} bytes; a .fmha file is text of at most "
-                        f"{MAX_SOURCE_BYTES >> 20} MiB", span, "is this the file you meant to read?", cls=ParseError)
-        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):   # (before open: a FIFO would block)
+        # an include names a file: not a device or a pipe (before open: a FIFO would block); the file given on the
+        # command line may be one (`fmha-dsl fmt /dev/stdin` as an editor's filter)
+        if span is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
             raise error("input.unreadable", f"`{p}` is not a regular file (a device, pipe or socket)", span,
-                        "pass a .fmha file", cls=ParseError)
+                        "include .fmha files", cls=ParseError)
         with open(p, encoding="utf-8-sig") as f:  # (a byte-order mark some editors write is not text)
-            return f.read(MAX_SOURCE_BYTES + 1)
+            text = f.read(MAX_SOURCE_BYTES + 1)
+        if len(text) > MAX_SOURCE_BYTES:
+            raise error("input.too-large", f"`{p}` holds more than {MAX_SOURCE_BYTES >> 20} MiB of text; a .fmha "
+                        "file is a few KB", span, "is this the file you meant to read?", cls=ParseError)
+        return text
     except FileNotFoundError:
         raise error("input.file-not-found", f"no such file: `{p}`", span,
                     "check the path; relative includes are resolved from the including file's folder" if span

@@ -39,15 +39,17 @@ def test_an_integer_of_thousands_of_digits_is_a_located_error(text):
     _err(text, "value.range", "an integer literal of 4301 digits")
 
 
-@pytest.mark.parametrize("depth", [20, 300])
+@pytest.mark.parametrize("depth", [17, 20, 300])
 def test_values_nested_too_deep_are_a_located_error(depth):
     text = "kernel_set s { kernel { signature { family(fwd) dtype(fp16) hdim(" + "[" * depth + "128" + "]" * depth \
            + ") } } }"
     _err(text, "value.too-deep", "more than 16 deep")
 
 
-def test_values_nested_within_the_limit_still_work():
-    text = "kernel_set s { kernel { signature { family(fwd) dtype(fp16) hdim([[[128]]]) } } }"
+@pytest.mark.parametrize("depth", [3, 16])
+def test_values_nested_within_the_limit_still_work(depth):
+    text = "kernel_set s { kernel { signature { family(fwd) dtype(fp16) hdim(" + "[" * depth + "128" + "]" * depth \
+           + ") } } }"
     assert {k.signature.hdim_q for k in _kernels(text)} == {128}
 
 
@@ -79,6 +81,11 @@ def test_an_empty_list_is_a_located_error(setter):
     _err(text, "value.empty", "an empty list selects no value")
 
 
+@pytest.mark.parametrize("arch", ["arch([])", "arch(gfx942, [])", "arch(gfx942 | [])"])
+def test_an_empty_arch_list_is_a_located_error_not_a_crash(arch):
+    _err(f"kernel_set s {{ {arch} kernel {{ {SIG} }} }}", "value.empty", "an empty list selects no arch")
+
+
 @pytest.mark.parametrize("wave", ["wave(0, 0, 0)", "wave(4, 1, 1, 0, 1, 1)", "warp(32, 32, 0)", "wave_m0(0)"])
 def test_explicit_warp_counts_must_be_positive(wave):
     text = (f"kernel_set s {{ kernel {{ {SIG} algorithm {{ pipeline(qr_async) "
@@ -90,6 +97,12 @@ def test_page_size_set_twice_through_kv_cache_is_a_duplicate():
     text = ("kernel_set s { kernel { signature { family(batch_prefill) dtype(fp16) hdim(128) "
             "kv_cache(linear, vllm, 16) page_size(1024) } } }")
     _err(text, "setter.duplicate", "the page size is set twice")
+
+
+def test_single_quoted_strings_escape_their_quote():
+    text = "kernel_set s { kernel { " + SIG + " algorithm { constraint('it\\'s') } } }"
+    assert {k.algorithm.constraint for k in _kernels(text)} == {"it's"}
+    assert {k.algorithm.constraint for k in _kernels(format_source(text))} == {"it's"}
 
 
 def test_unknown_escapes_keep_their_backslash_and_fmt_round_trips_them():
@@ -126,6 +139,11 @@ def test_factory_names_are_known_bare_words():
     assert {k.arch for k in bare.expand()} == {"gfx942"}
 
 
+def test_nested_values_are_shown_once_in_the_languages_spelling():
+    d = _err(f"kernel_set s {{ kernel {{ {SIG} algorithm {{ pipeline(((1, 2), [a, \"b\"])) }} }} }}", "value.type")
+    assert "the tuple `((1, 2), [a, \"b\"])`" in d.message, d.message
+
+
 def test_values_are_shown_in_the_languages_spelling():
     d = _err(f"kernel_set s {{ kernel {{ {SIG} arch(true) }} }}", "value.unknown", "unknown arch `true`")
     assert "True" not in d.message
@@ -159,6 +177,15 @@ def _catch(fn):
     except FmhaError as e:
         return e.rule
     return None
+
+
+def test_the_file_on_the_command_line_may_be_a_pipe():
+    """`fmha-dsl fmt /dev/stdin` works as an editor's filter (only an include must name a regular file)."""
+    text = "kernel_set s {\n    kernel { " + SIG + " }\n}\n"
+    for cmd in (["fmt", "/dev/stdin"], ["check", "/dev/stdin", "--arch", "gfx942"]):
+        r = subprocess.run([sys.executable, "-m", "fmha_dsl.cli", *cmd], input=text, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ok: s: 1 declarations")
 
 
 def test_the_cli_exits_2_on_these_inputs(tmp_path):
@@ -204,6 +231,18 @@ FMT_CASES = [
      "kernel_set s {\n    kernel a {\n        signature {\n            family(fwd)\n            dtype(fp16)\n"
      "            hdim(128)\n            lse(*)\n        }\n        where hdim_q == 128 and lse == false  /* multi\n"
      "   line */\n        # first\n        # second\n    }\n}\n"),
+    # statements that shared a line get no blank line between them; a trailing comment ending in `{` opens nothing
+    ("kernel_set s {\n\n    arch(gfx942) dtype(fp16)  # {\n\n    mode(batch)\n    kernel { " + SIG + " }\n}\n",
+     "kernel_set s {\n    arch(gfx942)\n    dtype(fp16)  # {\n\n    mode(batch)\n\n    kernel {\n        signature {\n"
+     "            family(fwd)\n            dtype(fp16)\n            hdim(128)\n        }\n    }\n}\n"),
+    # a comment inside a multi-line .add(...) trails its kernel's statement; CRLF inside a block comment becomes LF;
+    # blank lines between comments after the last statement stay
+    ("kernel_set s {\r\n    .add(FmhaSignature().family(fwd).dtype(fp16).hdim(128),\r\n"
+     "         FmhaAlgorithm().pipeline(qr_async).tile(128, 128, 32, 128, 32, 128) /* x\r\n y */\r\n    )\r\n}\r\n"
+     "# a\r\n\r\n# b\r\n",
+     "kernel_set s {\n    kernel {\n        signature {\n            family(fwd)\n            dtype(fp16)\n"
+     "            hdim(128)\n        }\n        algorithm {\n            pipeline(qr_async)\n"
+     "            tile(128, 128, 32, 128, 32, 128)  /* x\n y */\n        }\n    }\n}\n# a\n\n# b\n"),
     # header comments, a blank line, then the set (kept); a comment after a closing brace trails it
     ("# about this set\n\nkernel_set s {\n    kernel { " + SIG + " }  # the only one\n}\n",
      "# about this set\n\nkernel_set s {\n    kernel {\n        signature {\n            family(fwd)\n"

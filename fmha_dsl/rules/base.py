@@ -53,8 +53,8 @@ class Tile:
 
     def dim(self, key: str) -> int:
         """``tile0``..``tile8``, ``wave0``.., ``warp0``.., ``block_per_cu``, ``max_seq_len_q``; 0 for a dimension
-        this kernel's tile does not have (a 6-value tile's ``tile6``..: CK's 0 for an untiled dimension), so a
-        ``where`` over the backward's 9-value tiles reads every family's kernels."""
+        this kernel's tile does not have (the Triton backward's 1-d stages carry shorter tiles; CK's 0 for an
+        untiled dimension), so a ``where`` over tile dimensions reads every family's kernels."""
         if key in ("block_per_cu", "max_seq_len_q"):
             return getattr(self, key)
         kind, idx = key[:4], int(key[4:])
