@@ -203,10 +203,11 @@ def attention_autograd(attention, q, k, v, *, causal, window, bias, alibi_slopes
     """The differentiable forward: :func:`fmha_dsl.attention` (passed as ``attention``) and its arguments, through
     the custom ops."""
     from .attention_args import _check_dropout, _mask
+    from .numeric import window_side
 
     mode = _mask(causal, window)[0]  # checks both; the ops carry the corner and the window as given
     c = {"no": "no", "generic": "no", "top_left": "top_left", "bottom_right": "bottom_right"}[mode]
-    wl, wr = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    wl, wr = (-1, -1) if window is None else (window_side(window[0]), window_side(window[1]))   # (op ints: int64)
     seed = _check_dropout(dropout_p, seed, offset) if dropout_p else 0
     fwd, _ = ops(attention)
     run = fwd if _OPS["compiling"]() else _OPS["eager"]  # torch.compile traces the op; eager skips its dispatch

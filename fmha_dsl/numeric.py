@@ -5,7 +5,8 @@ The kernels work in float32 and in base 2: ``scale`` and ``softcap`` are multipl
 number is *usable* when it is a real, not a bool, finite, and stays finite in float32 after that multiply
 (``|x| <= FP32_MAX / log2(e)``, about 2.36e38); a soft-cap must also stay nonzero in float32 (``>= 2**-126``, the
 smallest normal), since the kernels divide by it.  Python ints of any size are compared exactly (``10**400`` is
-out of range, not an OverflowError).  Plain Python, no NumPy: importing this module does no work.
+out of range, not an OverflowError).  Also the ranges of a seqtune table's measurements, which the registry schema
+and the report check alike.  Plain Python, no NumPy: importing this module does no work.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ LOG2E = 1.4426950408889634
 SCALAR_MAX = FP32_MAX / LOG2E    # the largest |scale| or softcap that stays finite in base 2
 INT64_MAX = (1 << 63) - 1
 WINDOW_MAX = (1 << 31) - 2    # a window side at least this wide is unbounded
+# a seqtune table's measurements (the registry schema and the report read them alike): a kernel time in
+# microseconds (1 ns .. 11 days) and a point's lengths and counts, in [1, COUNT_MAX]
+TIME_RANGE_US = (1e-3, 1e12)
+COUNT_MAX = (1 << 31) - 1
 
 
 def is_int(x) -> bool:
@@ -67,5 +72,5 @@ def window_side(x: int) -> int:
     return -1 if x < 0 else min(int(x), WINDOW_MAX)
 
 
-__all__ = ["shown", "window_side", "FP32_MAX", "FP32_TINY", "LOG2E", "SCALAR_MAX", "INT64_MAX", "WINDOW_MAX",
+__all__ = ["shown", "window_side", "FP32_MAX", "FP32_TINY", "LOG2E", "SCALAR_MAX", "INT64_MAX", "WINDOW_MAX", "TIME_RANGE_US", "COUNT_MAX",
            "is_int", "as_float", "usable_scale", "usable_softcap"]

@@ -142,7 +142,7 @@ def append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, s
     except UsageError as exc:
         raise named(exc) from None
     max_len("max_seqlen_new", max_seqlen_new, np.diff(np.asarray(cu_seqlens_new).astype(np.int64)).tolist(),
-            "the most new tokens of one sequence")
+            "pass at least the most new tokens of one sequence, or None to have it computed")
     np.copyto(k_cache, kc, casting="unsafe")
     np.copyto(v_cache, vc, casting="unsafe")
     if q is not None:

@@ -46,7 +46,7 @@ def attention_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bias=Non
                          f"pass {name}.astype(q.dtype)")
     lse = as_array("lse", lse)
     if lse.dtype not in (np.float32, np.float64):   # (float64: a float64 run of the reference)
-        raise _usage("usage.dtype", f"`lse` must be the forward's float32 LSE, got dtype {lse.dtype}",
+        raise _usage("usage.dtype", f"`lse` must be the forward's float32 LSE (or float64), got dtype {lse.dtype}",
                      "call the forward with return_lse=True and pass its second result")
     want_l = (c.Hq, q.shape[0]) if c.group else (c.B, c.Hq, c.Sq_max)
     if lse.shape != want_l:

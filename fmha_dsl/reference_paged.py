@@ -171,7 +171,7 @@ def _kv_descale(name: str, d, num_pages: int, hk: int, divides: bool = False, pa
     K/V head) or, where ``page`` (the page size) is given, ``[num_pages, page_size, Hk]`` (per token and K/V head).
     ``divides`` (an append's): every entry finite and nonzero."""
     if _is_bool_like(d):
-        raise _usage("usage.type", f"`{name}` must be a number or a float array, got {d!r}", "1.0 scales by nothing")
+        raise _usage("usage.value", f"`{name}` must be a number or a float array, got {d!r}", "1.0 scales by nothing")
     a = as_array(name, d, np.float64)
     per_token = page is not None and a.shape == (num_pages, page, hk)
     if a.size != 1 and a.shape != (num_pages, hk) and not per_token:
@@ -241,7 +241,7 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
         p, page, hk, _ = k_cache.shape
         q = _as_float_array("q", q).astype(np.float64)
         if _is_bool_like(descales[0]):
-            raise _usage("usage.type", f"`q_descale` must be a number or a float array, got {descales[0]!r}",
+            raise _usage("usage.value", f"`q_descale` must be a number or a float array, got {descales[0]!r}",
                          "1.0 scales by nothing")
         qd = as_array("q_descale", descales[0], np.float64)
         if qd.size != 1 and qd.shape != q.shape[:2]:

@@ -163,7 +163,7 @@ class Registry:
                 raise RegistryError(Diagnostic("registry.schema-version", "a `seqtune` table needs schema_version 2",
                                                Span(path, 1, 1), "re-run `fmha-dsl tune` to rewrite the file"))
             reg.seqtune = doc["seqtune"]
-        names: set[str] = set()
+        names: set[tuple[str, str]] = set()
         for i, k in enumerate(model.kernels):
             key = KernelKey(signature=k.signature, algorithm=k.algorithm, arch=k.gfx_arch)
             if key.identifier != k.identifier:
@@ -180,12 +180,13 @@ class Registry:
                                         f"kernel {k.name!r}: `{f}` is {got!r} but its "
                                         f"{'algorithm' if f == 'pipeline' else 'signature'} says {want!r}",
                                         "the entry was edited by hand; rebuild the registry"))
-            if k.name in names or not reg.add(Entry(key, k.name, k.source, doc["kernels"][i].get("build"))):
+            named = (k.gfx_arch, k.name)   # (a binary is kernels/<arch>/<name>.*: one name per arch)
+            if named in names or not reg.add(Entry(key, k.name, k.source, doc["kernels"][i].get("build"))):
                 raise RegistryError(_at(text, path, i, "registry.duplicate",
                                         f"kernel {k.name!r} appears twice" + (
-                                            "" if k.name not in names else " (two kernels of one name: the name is "
-                                            "its binary's file name)"), "remove the duplicate entry"))
-            names.add(k.name)
+                                            "" if named not in names else f" for {k.gfx_arch} (two kernels of one "
+                                            "name: the name is its binary's file name)"), "remove the duplicate entry"))
+            names.add(named)
         if model.metadata.total_kernels != len(reg):
             raise RegistryError(Diagnostic(
                 "registry.count", f"metadata.total_kernels is {model.metadata.total_kernels} but the file lists "

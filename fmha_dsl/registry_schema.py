@@ -9,9 +9,11 @@ import math
 import re
 from typing import Annotated, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr,
+                      model_validator)
 
 from .keys import Algorithm, Arch, Signature
+from .numeric import COUNT_MAX, TIME_RANGE_US
 
 
 class _Strict(BaseModel):
@@ -19,8 +21,15 @@ class _Strict(BaseModel):
 
 
 def _time(v: float) -> float:
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError("a kernel time must be a finite number of microseconds > 0")
+    lo, hi = TIME_RANGE_US
+    if not math.isfinite(v) or not lo <= v <= hi:
+        raise ValueError(f"a kernel time must be a finite number of microseconds in [{lo}, {hi:g}]")
+    return v
+
+
+def _not_bool(v):
+    if isinstance(v, bool):
+        raise ValueError("a kernel time is a number, not true or false")
     return v
 
 
@@ -31,10 +40,10 @@ def _relative_path(v: str) -> str:
     return v
 
 
-Time = Annotated[float, Field(strict=False, allow_inf_nan=False), AfterValidator(_time)]
+Time = Annotated[float, BeforeValidator(_not_bool), Field(allow_inf_nan=False), AfterValidator(_time)]
 Count = Annotated[StrictInt, Field(ge=1)]
 Size = Annotated[StrictInt, Field(ge=0)]
-Length = Annotated[StrictInt, Field(ge=0, le=(1 << 31) - 1)]
+Length = Annotated[StrictInt, Field(ge=1, le=COUNT_MAX)]   # (the report's bounds: one set for both readers)
 
 
 class ResourcesModel(BaseModel):
@@ -132,9 +141,9 @@ class SeqtuneClassKeyModel(_Strict):
 class SeqtunePointModel(_Strict):
     seqlen_q: Length
     seqlen_k: Length
-    batch: Count
-    nhead_q: Count
-    nhead_k: Count
+    batch: Length
+    nhead_q: Length
+    nhead_k: Length
     times_us: dict[str, Time]
     failed: dict[str, str] = {}
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 import os
 
 from .errors import FmhaError, RegistryError, UsageError, error
-from .numeric import shown
+from .numeric import COUNT_MAX, TIME_RANGE_US, shown
 from .registry import READABLE_VERSIONS, read_document, readable_version, registry_path
 
 RULE = "report.no-table"
@@ -81,7 +81,7 @@ _POINT_INTS = ("seqlen_q", "seqlen_k", "batch", "nhead_q")
 
 
 def _count(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v < 1 << 31
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= COUNT_MAX
 
 
 def _bad_class(cls: dict) -> str | None:
@@ -111,8 +111,9 @@ def _bad_point(p) -> str | None:
     if not isinstance(times, dict) or not isinstance(p.get("failed", {}), dict):
         return "times_us and failed must map kernel names to values"
     for k, v in times.items():
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 1e-3 <= v <= 1e12:   # 1 ns .. 11 days
-            return f"the time of {k} must be a finite number of microseconds in [0.001, 1e12], got {shown(v)}"
+        lo, hi = TIME_RANGE_US
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
+            return f"the time of {k} must be a finite number of microseconds in [{lo}, {hi:g}], got {shown(v)}"
     return None
 
 

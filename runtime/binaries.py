@@ -1,6 +1,7 @@
 """A build directory's kernel binaries, read safely: an entry's ``build["binary"]`` (relative to the directory) is
 opened only where it stays inside the directory once symlinks are resolved, only as a regular file, at most
-:data:`MAX_BINARY_BYTES`, and checked against its ``sha256``.  A registry file's paths are already relative without
+:data:`MAX_BINARY_BYTES`, and checked against its ``sha256``; what is wrong with one is the directory's fault
+(``registry.*``, an input error).  A registry file's paths are already relative without
 ``..`` (:mod:`fmha_dsl.registry_schema`); an absolute path comes only from a Registry object built in Python."""
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def path_of(entry: Entry, rel: str, root: str | None) -> str:
     real_root = os.path.realpath(root)
     if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
         raise error("registry.binary", f"kernel {entry.name}: its binary `{rel}` leads outside the build directory "
-                    f"`{root}` (a symlink)", None, "rebuild the registry into this directory", cls=RegistryError)
+                    f"`{root}`", None, "rebuild the registry into this directory (a symlink or `..` leads out)",
+                    cls=RegistryError)
     return path
 
 
@@ -44,17 +46,18 @@ def read(entry: Entry, root: str | None) -> bytes:
                         "the build directory was modified: rebuild it", cls=RegistryError)
         with open(path, "rb") as f:
             data = f.read(MAX_BINARY_BYTES + 1)
-    except OSError as exc:
-        raise error("dispatch.no-binary", f"kernel {entry.name}: cannot read `{path}`: {exc.strerror}", None,
-                    "rebuild the registry; the binary is missing") from None
+    except OSError as exc:   # (as when a dispatcher opens the directory: registry.binary-missing)
+        raise error("registry.binary-missing", f"kernel {entry.name}: cannot read `{path}`: {exc.strerror}", None,
+                    "the build directory lost it (a copy or a clean-up): rebuild it with `fmha-dsl build`",
+                    cls=RegistryError) from None
     if len(data) > MAX_BINARY_BYTES:
         raise error("registry.binary", f"kernel {entry.name}: `{path}` is larger than a kernel binary can be "
                     f"({MAX_BINARY_BYTES >> 20} MiB)", None, "the build directory was modified: rebuild it",
                     cls=RegistryError)
     want = b.get("sha256")
     if want and hashlib.sha256(data).hexdigest() != want:
-        raise error("dispatch.binary-hash", f"kernel {entry.name}: `{path}` does not match the sha256 in the "
-                    "registry", None, "the build directory was modified: rebuild it")
+        raise error("registry.binary-hash", f"kernel {entry.name}: `{path}` does not match the sha256 in the "
+                    "registry", None, "the build directory was modified: rebuild it", cls=RegistryError)
     return data
 
 

@@ -582,9 +582,8 @@ PyObject *FastPath_run(FastPath *self, PyObject *const *a, Py_ssize_t nargs)
     else if (a[A_LSE] != Py_False)
         return decline(self);
     if (!mask_key(a, key) || a[A_BIAS] != Py_None || a[A_ALIBI] != Py_None || a[A_SEED] != Py_None ||
-        a[A_CU_Q] != Py_None || a[A_CU_K] != Py_None || a[A_MAX_Q] != Py_None || a[A_MAX_K] != Py_None ||
-        !no_dropout(a[A_DROPOUT]))
-        return decline(self);  // (a batch-mode max_seqlen_* is checked against the lengths by the Python path)
+        a[A_CU_Q] != Py_None || a[A_CU_K] != Py_None || !no_dropout(a[A_DROPOUT]))
+        return decline(self);
     bool has_scale = a[A_SCALE] != Py_None;
     double scale = 0.0;
     if (has_scale) {
@@ -617,6 +616,12 @@ PyObject *FastPath_run(FastPath *self, PyObject *const *a, Py_ssize_t nargs)
         const int64_t sk = k.size(2);
         if (sk < 1 || v.size(2) != sk)
             return decline(self);  // nothing to attend to, or mismatched shapes: the Python path's answer
+        // a batch-mode max_seqlen_q/k is an upper bound the launch does not read: an exact int of at least the
+        // length replays; anything else takes the Python path, which refuses it
+        long long given;
+        if ((a[A_MAX_Q] != Py_None && !exact_int(a[A_MAX_Q], q.size(2), INT64_MAX, &given)) ||
+            (a[A_MAX_K] != Py_None && !exact_int(a[A_MAX_K], sk, INT64_MAX, &given)))
+            return decline(self);
         const int dev = device.has_index() ? device.index() : -1;
         Ref devobj(PyLong_FromLong(dev));  // small ints are cached: no allocation
         if (devobj.p == nullptr)

@@ -429,15 +429,23 @@ def test_the_torch_fast_path_refuses_what_the_python_path_refuses():
     the length: the C++ fast path declines them, so the checked path raises -- never a NaN output replayed."""
     from fmha_dsl import UsageError
 
+    fp = fast_path()
     q, k, v = rnd(1, 2, 128, 64), rnd(1, 2, 128, 64), rnd(1, 2, 128, 64)
     for _ in range(3):   # learnt by the fast path
-        fmha_dsl.attention(q, k, v, scale=0.2)
+        want = fmha_dsl.attention(q, k, v, scale=0.2)
+    hits = fp.stats()["hits"]
+    fmha_dsl.attention(q, k, v, scale=0.2)
+    assert fp.stats()["hits"] == hits + 1   # (replayed in C++)
+    declined = fp.stats()["declined"]
     for kw, text in ((dict(scale=1e39), "scale must be a finite number of magnitude"),
                      (dict(scale=-3e38), "scale must be a finite number of magnitude"),
                      (dict(max_seqlen_q=64), "max_seqlen_q=64 is below the longest sequence (128)")):
         with pytest.raises(UsageError, match=__import__("re").escape(text)):
             fmha_dsl.attention(q, k, v, **{"scale": 0.2, **kw})
-    fmha_dsl.attention(q, k, v, scale=0.2, max_seqlen_q=128, max_seqlen_k=200)   # (upper bounds are fine)
+    assert fp.stats()["declined"] == declined + 3
+    hits = fp.stats()["hits"]   # upper bounds are fine, and stay on the fast path
+    got = fmha_dsl.attention(q, k, v, scale=0.2, max_seqlen_q=128, max_seqlen_k=200)
+    assert fp.stats()["hits"] == hits + 1 and torch.equal(got, want)
 
 
 def test_the_torch_fast_path_on_side_streams_in_graphs_and_with_misaligned_pointers():

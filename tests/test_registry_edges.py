@@ -198,3 +198,33 @@ def test_the_dispatcher_still_plans_from_a_sound_directory(tmp_path):
     disp = Dispatcher(d, arch="sm90", device_name=DEV["name"], limits={"shared_bytes": 232448, "compute_units": 132})
     assert disp.plan(problem(sq=512)).entry.name == "k0"   # the faster at 512 in the table
     assert disp.binary(disp.entries[0]) == BINARY
+
+
+def test_a_ck_registry_for_two_archs_repeats_names_across_archs(tmp_path):
+    """CK's instance names carry no arch (`..._gfx9`): a build for gfx90a and gfx942 lists each name twice, once
+    per arch, and loads (a name may repeat only across archs: its binary is kernels/<arch>/<name>.*)."""
+    import fmha_dsl
+
+    reg = fmha_dsl.loads("kernel_set t { arch(gfx90a, gfx942) kernel { signature { family(fwd) dtype(fp16) "
+                         "hdim(128) mask(no) lse(false) } } }").registry(arch=["gfx90a", "gfx942"])
+    reg.save(tmp_path / "registry.json")
+    back = Registry.load(tmp_path)
+    names = [e.name for e in back]
+    assert len(names) == 2 * len(set(names)) > 0 and {e.arch for e in back} == {"gfx90a", "gfx942"}
+
+
+def test_a_binary_lost_after_the_directory_was_opened_is_the_directorys_fault(tmp_path):
+    d = _build_dir(tmp_path)
+    disp = Dispatcher(d, arch="sm90", limits={"shared_bytes": 232448, "compute_units": 132})
+    os.remove(d / "kernels/sm90/k0.cubin")
+    with pytest.raises(RegistryError) as e:
+        disp.binary(disp.entries[0])
+    assert e.value.rule == "registry.binary-missing" and "cannot read" in str(e.value)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_a_seqtune_time_is_a_number_not_a_flag(tmp_path, value):
+    d = _build_dir(tmp_path, n=2, table=True)
+    _edit(d, lambda doc: doc["seqtune"]["classes"][0]["points"][0]["times_us"].update(
+        {k: value for k in doc["seqtune"]["classes"][0]["points"][0]["times_us"]}))
+    _refused(d, "registry.schema", "times_us")

@@ -368,7 +368,7 @@ def test_dispatcher_from_a_build_directory(tmp_path):
         assert d.root == str(tmp_path) and d.plan(problem()).entry.name == "k0"
     with pytest.raises(FmhaError) as ei:
         d.binary(d.plan(problem()).entry)
-    assert ei.value.rule == "dispatch.binary-hash"
+    assert ei.value.rule == "registry.binary-hash" and isinstance(ei.value, RegistryError)
     # a registry built without binaries, and a Registry object without a root
     reg2 = registry(key())
     with pytest.raises(FmhaError) as ei:
