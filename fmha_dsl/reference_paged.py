@@ -165,11 +165,12 @@ def _check_cache(k_cache, v_cache, layout: str | None):
     return k_cache, v_cache, 0
 
 
-def _kv_descale(name: str, d, num_pages: int, hk: int, divides: bool = False, page: int | None = None) -> np.ndarray:
+def _kv_descale(name: str, d, num_pages: int, hk: int, written=None, page: int | None = None) -> np.ndarray:
     """An FP8 K/V descale as float64 ``[num_pages, 1 | page_size, Hk, 1]`` (broadcasting over a linear cache): one
     number (per tensor; a one-element array of any shape too), ``[num_pages, Hk]`` (KV block scales: one per page and
     K/V head) or, where ``page`` (the page size) is given, ``[num_pages, page_size, Hk]`` (per token and K/V head).
-    ``divides`` (an append's): every entry finite and nonzero."""
+    ``written`` (an append's: the page ids it writes): their descales finite and nonzero, as the new rows are divided
+    by them (the other pages' may hold anything, as a server's do)."""
     if _is_bool_like(d):
         raise _usage("usage.value", f"`{name}` must be a number or a float array, got {d!r}", "1.0 scales by nothing")
     a = as_array(name, d, np.float64)
@@ -180,7 +181,14 @@ def _kv_descale(name: str, d, num_pages: int, hk: int, divides: bool = False, pa
                      f"head of the cache){tokens} or one number (per tensor), got shape {a.shape}",
                      "num_pages, page_size and Hk are the cache's")
     # an attention's per-page (per-token) descales of pages it never reads may hold anything, as a server's do
-    bad = ~(np.isfinite(a) & (a != 0)) if divides else ~np.isfinite(a) if a.size == 1 else None
+    divides = written is not None
+    bad = None
+    if a.size == 1:
+        bad = ~(np.isfinite(a) & (a != 0)) if divides else ~np.isfinite(a)
+    elif divides:
+        bad = np.zeros(a.shape, bool)
+        w = np.unique(np.asarray(written, np.int64))
+        bad[w] = ~(np.isfinite(a[w]) & (a[w] != 0))
     if bad is not None and bad.any():
         at = ""
         if a.size != 1:  # the first bad [page, head]
@@ -355,7 +363,9 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     if descales is not None:
         from .fp8 import E4M3_MAX, round_e4m3
 
-        scales = [_kv_descale(n, d, k_cache.shape[0], k_cache.shape[2], divides=True)[:, 0].astype(np.float32)
+        written = [rows[b][pos[cn[b]:cn[b + 1]] // page] for b in range(lens.shape[0])]
+        written = np.concatenate(written) if written else np.zeros(0, np.int64)
+        scales = [_kv_descale(n, d, k_cache.shape[0], k_cache.shape[2], written)[:, 0].astype(np.float32)
                   for n, d in zip(("k_descale", "v_descale"), descales)]   # [num_pages, Hk, 1]
     for b in range(lens.shape[0]):
         t = np.arange(cn[b], cn[b + 1])

@@ -241,3 +241,22 @@ def test_every_api_usage_error_carries_a_hint():
                     and len(node.args) < 3 and not any(k.arg == "hint" for k in node.keywords):
                 missing.append(f"{name}.py:{node.lineno}")
     assert not missing, missing
+
+
+def test_append_checks_the_block_descales_of_the_pages_it_writes_only():
+    """A server's [num_pages, Hk] descales of pages an append does not write may hold anything; the pages it writes
+    divide its new rows, so theirs must be finite and nonzero."""
+    from fmha_dsl.fp8 import round_e4m3
+
+    kc = round_e4m3(np.zeros((3, 4, 1, 8), np.float32))
+    new = np.ones((2, 1, 8), np.float32)
+    kw = dict(block_table=np.array([[1]], np.int32), seqlens_k=np.array([1]), cu_seqlens_new=np.array([0, 2]))
+    ds = np.ones((3, 1))
+    ds[[0, 2]] = np.nan   # pages 0 and 2: not written
+    k, v = kc.copy(), kc.copy()
+    AK(k, v, new, new, k_descale=ds, v_descale=ds.copy(), **kw)
+    np.testing.assert_array_equal(k[1, 1:3, 0], np.ones((2, 8)))   # (1 / descale 1, on e4m3's grid)
+    assert np.all(k[[0, 2]] == 0) and np.all(k[1, [0, 3]] == 0)
+    ds[1] = 0.0   # the written page's
+    _raises(lambda: AK(kc.copy(), kc.copy(), new, new, k_descale=ds, v_descale=ds.copy(), **kw), "usage.value",
+            "`k_descale[1, 0]` divides the new rows into the FP8 cache: it must be finite and nonzero")
