@@ -44,9 +44,15 @@ def _alt(a: A.Alt) -> str:
     return " | ".join(_value(v) for v in a.options)
 
 
+_KEYWORDS = frozenset({"kernel_set", "kernel", "signature", "algorithm", "where", "include", "add", "true", "false",
+                       "and", "or", "not", "in"})
+
+
 def _setter(s: A.Setter) -> str:
     args = ", ".join((f"{a.name}={_alt(a.alt)}" if a.name else _alt(a.alt)) for a in s.args)
-    return f"{s.name}({args})"
+    # a keyword as a setter's name (`.where(...)` in an .add chain: an unknown setter) keeps its dot, which makes it
+    # a setter in a block too -- without it, the line would be a where clause
+    return f"{'.' if s.name in _KEYWORDS else ''}{s.name}({args})"
 
 
 def _prec(e: A.Expr) -> int:

@@ -273,3 +273,17 @@ def test_fmt_of_an_add_line_keeps_a_fixed_pipeline_family_valid(family):
         if text is src:
             want = got
     assert got == want
+
+
+def test_fmt_keeps_a_keyword_named_setter_a_setter():
+    """`.where(...)` in an .add chain is an unknown setter; written in a block it keeps its dot (without it the line
+    would be a where clause: a syntax error), so the formatted file says the same thing."""
+    src = ("kernel_set s {\n    .add(FmhaSignature().family(fwd).dtype(fp16).hdim(128), "
+           "FmhaAlgorithm().pipeline(qr).where(4, 1, 1))\n}\n")
+    out = format_source(src)
+    assert "            .where(4, 1, 1)\n" in out and format_source(out) == out
+    for text in (src, out):
+        with pytest.raises(FmhaError) as e:
+            fmha_dsl.loads(text).expand(arch="gfx942")
+        assert e.value.rule == "setter.unknown" and "unknown setter `where`" in str(e.value)
+
