@@ -10,7 +10,7 @@ import contextvars
 import sys
 
 from .errors import UsageError, error
-from .numeric import SCALAR_MAX, shown, as_float, is_int, usable_scale, usable_softcap, window_side
+from .numeric import dropout_problem, is_int, scale_problem, softcap_problem, window_side
 
 
 def _torch():
@@ -53,14 +53,6 @@ def named(exc: UsageError) -> UsageError:
     return _usage(d.rule, d.message, d.hint)
 
 
-def _num(x) -> bool:
-    return as_float(x) is not None
-
-
-def _is_int(x) -> bool:
-    return is_int(x)
-
-
 def as_bool(x):
     """A NumPy bool scalar as Python's (a flag given as ``np.bool_`` means what True or False means); else ``x``."""
     t = type(x)
@@ -91,7 +83,7 @@ def _mask(causal, window):
         left, right = window
     except (TypeError, ValueError):
         left = right = None
-    if not (_is_int(left) and _is_int(right)):
+    if not (is_int(left) and is_int(right)):
         raise _usage("usage.value", f"window must be a pair (left, right) of ints, got {window!r}",
                      "negative means unbounded, e.g. window=(128, 0) for a 128-token causal window")
     left, right = window_side(left), window_side(right)
@@ -242,18 +234,23 @@ def _bad_strides(q, k):
                  f"pass {name}.contiguous(); the other dims may be strided (e.g. BSHD via transpose)")
 
 
+def check_dropout_p(p) -> None:
+    why = dropout_problem(p)
+    if why:
+        raise _usage("usage.value", why, "0 disables dropout")
+
+
 def _check_dropout(p, seed, offset):
-    if not _num(p) or not 0.0 <= p < 1.0:
-        raise _usage("usage.value", f"dropout_p must be in [0, 1), got {p!r}", "0 disables dropout")
+    check_dropout_p(p)
     if not p:
         return seed
     if seed is None:
         torch = _torch()
         seed = int(torch.randint(0, (1 << 63) - 1, (), dtype=torch.int64).item())
-    elif not _is_int(seed) or not -(1 << 63) <= seed < (1 << 64):
+    elif not is_int(seed) or not -(1 << 63) <= seed < (1 << 64):
         raise _usage("usage.value", f"seed must be an int in [-2**63, 2**64), got {seed!r}",
                      "None draws one from torch's generator")
-    if not _is_int(offset) or not 0 <= offset < (1 << 63):
+    if not is_int(offset) or not 0 <= offset < (1 << 63):
         raise _usage("usage.value", f"offset must be an int in [0, 2**63), got {offset!r}",
                      "the Philox counter's base: advance it by the elements a previous call drew")
     seed = int(seed) & ((1 << 64) - 1)
@@ -261,20 +258,19 @@ def _check_dropout(p, seed, offset):
 
 
 def _check_softcap(softcap):
-    if not usable_softcap(softcap):
-        raise _usage("usage.value", f"softcap must be None (off) or a number in [2**-126, {SCALAR_MAX:.3g}] "
-                     f"(float32, after the kernels' multiply by log2(e)), got {shown(softcap)}",
-                     "typical soft-caps are 30 or 50 (Gemma 2, Grok); None turns it off")
+    why = softcap_problem(softcap)
+    if why:
+        raise _usage("usage.value", why, "typical soft-caps are 30 or 50 (Gemma 2, Grok); None turns it off")
 
 
 def _check_scale(scale):
-    if not usable_scale(scale):
-        raise _usage("usage.value", f"scale must be a finite number of magnitude <= {SCALAR_MAX:.3g} (float32, after "
-                     f"the kernels' multiply by log2(e)), got {shown(scale)}", "None means 1/sqrt(Dq)")
+    why = scale_problem(scale)
+    if why:
+        raise _usage("usage.value", why, "None means 1/sqrt(Dq)")
 
 
 def _check_sink(sink):
-    if not _is_int(sink) or sink < 0:
+    if not is_int(sink) or sink < 0:
         raise _usage("usage.value", f"sink must be an int >= 0, got {sink!r}", "0 or None disables sink tokens")
 
 
@@ -289,26 +285,20 @@ def _group_lengths(cu_q, cu_k, tq, tk, dev, max_q, max_k):
     maxes = []
     for name, given, vals, cu, total in (("max_seqlen_q", max_q, host_q, cu_q, tq),
                                          ("max_seqlen_k", max_k, host_k, cu_k, tk)):
-        if given is not None and (not _is_int(given) or given < 0):
-            raise _usage("usage.value", f"{name} must be an int >= 0, got {given!r}",
-                         "pass at least the longest sequence's length, or None to have it computed")
         if vals is None and given is None:
             vals = cu.tolist()  # one device-to-host copy; pass max_seqlen_q/k to avoid it
-        if vals is not None:
-            m = _check_cu_host("cu_seqlens_" + name[-1], vals, total)
-            if given is not None and given < m:
-                raise _usage("usage.value", f"{name}={given} is below the longest sequence ({m})",
-                             "max_seqlen_* must be >= every cu_seqlens difference")
-            if given is None:
-                given = m
-        maxes.append(int(given))
+        longest = None if vals is None else [_check_cu_host("cu_seqlens_" + name[-1], vals, total)]
+        maxes.append(max_len(name, given, longest, _MAX_HINT))
     return cu_q, cu_k, cu_q.shape[0] - 1, maxes[0], maxes[1]
+
+
+_MAX_HINT = "pass at least the longest sequence's length, or None to have it computed"
 
 
 def max_len(name: str, given, host, what: str) -> int:
     """``max_seqlen_*``: the caller's (an int >= 0, checked against host values when there are some) or the
     host values' maximum."""
-    if given is not None and (not _is_int(given) or given < 0):
+    if given is not None and (not is_int(given) or given < 0):
         raise _usage("usage.value", f"{name} must be an int >= 0, got {given!r}", what)
     if host is not None:
         m = max(host, default=0)
@@ -323,7 +313,7 @@ def check_max_lengths(max_q, max_k, lens_q, lens_k) -> None:
     ``lens_k`` (batch mode: ``[S]``; group mode: the ``cu_seqlens`` differences)."""
     for name, given, lens in (("max_seqlen_q", max_q, lens_q), ("max_seqlen_k", max_k, lens_k)):
         if given is not None:
-            max_len(name, given, lens, "pass at least the longest sequence's length, or None to have it computed")
+            max_len(name, given, lens, _MAX_HINT)
 
 
 def check_numpy_max_lengths(cu_q, cu_k, max_q, max_k, q_shape, k_shape) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from .attention_args import (CALLER, torch_dtype_names, _bad_dtypes, _bad_types, _batch_shapes, _check_bias,
                              _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
-                             _group_lengths, _group_shapes, _mask, _num, _usage, check_max_lengths,
+                             _group_lengths, _group_shapes, _mask, _usage, check_dropout_p, check_max_lengths,
                              check_numpy_max_lengths, check_one_bias, named)
 from .errors import UsageError
 
@@ -56,8 +56,7 @@ def _numpy(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes, dropout_
            cu_seqlens_q, cu_seqlens_k, offset, max_seqlen_q, max_seqlen_k):
     from .reference_bwd import attention_bwd
 
-    if not _num(dropout_p) or not 0.0 <= dropout_p < 1.0:
-        raise _usage("usage.value", f"dropout_p must be in [0, 1), got {dropout_p!r}", "0 disables dropout")
+    check_dropout_p(dropout_p)   # (before its truth is asked: an array would raise)
     if dropout_p and seed is None:
         _missing_seed()
     check_one_bias(bias, alibi_slopes)

@@ -85,6 +85,12 @@ def _apply_setter(c: _Collector, sc: _Scope, st: A.Setter, block: str):
               "keep one; use alternatives `a | b` to ask for several values")
         return
     sc.seen[name] = st.name_span
+    empty = [v for a in st.args for v in _empty_lists(a.alt)]
+    for v in empty:   # (every setter: an empty list would select nothing)
+        c.err("value.empty", f"an empty list selects no {'arch' if name == 'arch' else 'value'}", v.span,
+              "list the values (`[a, b]`), or use `*` for every value the rules allow")
+    if empty:
+        return
     if name == "arch":
         _arch(c, sc, st)
         return
@@ -241,10 +247,6 @@ def _arch(c, sc: _Scope, st: A.Setter):
             c.err("setter.keyword", "`arch` takes arch names, not keywords", a.span)
             bad = True
             continue
-        for v in _empty_lists(a.alt):
-            c.err("value.empty", "an empty list selects no arch", v.span,
-                  f"name the targets, e.g. arch(gfx942, sm90), or `*` for every one ({', '.join(V.ARCHS)})")
-            bad = True
         for v in _flatten(a.alt):
             if v.kind == "wild":
                 wild = True
@@ -271,11 +273,6 @@ def _hdim(c, sc: _Scope, st: A.Setter, args):
     if qa is None:
         c.err("setter.arity", "`hdim` needs the q head dim", st.span, "hdim(q) or hdim(q, v), e.g. hdim(192, 128)")
         return
-    for a in (qa, va):
-        for v in _empty_lists(a.alt) if a is not None else ():
-            c.err("value.empty", "an empty list selects no value", v.span,
-                  "list the head dims (`[64, 128]`), or use `*` for every one the rules allow")
-            return
     opts: list[tuple] = []
     wild_q = wild_v = False
     q_vals: list = []

@@ -146,10 +146,6 @@ def _empty_lists(alt: A.Alt) -> list[A.Value]:
 def _values(c, alt: A.Alt, conv) -> tuple | None | bool:
     """Alternatives -> tuple of canonical values, None for a wildcard, False on error."""
     vals, wild, bad = [], False, False
-    for v in _empty_lists(alt):
-        c.err("value.empty", "an empty list selects no value", v.span,
-              "list the values (`[a, b]`), or use `*` for every value the rules allow")
-        bad = True
     for v in _flatten(alt):
         if v.kind == "wild":
             wild = True

@@ -64,6 +64,7 @@ class Compiled:
     fn: Callable[[dict], Any]
     type: str                 # int | str | bool | tuple
     deps: frozenset
+    items: tuple = ()         # a tuple's: each item's type
 
 
 _CMP = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
@@ -166,7 +167,8 @@ def compile_expr(e: Expr, field: str | None = None) -> Compiled:
         items = [compile_expr(a, field) for a in e.args]
         fns = [i.fn for i in items]
         return Compiled(lambda b: tuple(f(b) for f in fns), "tuple",
-                        frozenset().union(*(i.deps for i in items)) if items else frozenset())
+                        frozenset().union(*(i.deps for i in items)) if items else frozenset(),
+                        tuple(i.type for i in items))
     if op in ("and", "or"):
         l, r = compile_expr(e.args[0]), compile_expr(e.args[1])
         for side, node in ((l, e.args[0]), (r, e.args[1])):
@@ -223,8 +225,7 @@ def compile_expr(e: Expr, field: str | None = None) -> Compiled:
         if r.type != "tuple":
             raise error("where.type", "`in` needs a list on the right, e.g. `hdim_q in [64, 128]`",
                         e.args[1].span, cls=ParseError)
-        for item in e.args[1].args if e.args[1].op == "tuple" else ():   # each item of the field's type
-            t = compile_expr(item, _enum_field(e.args[0])).type
+        for item, t in zip(e.args[1].args, r.items):   # each item of the field's type
             if t != l.type and not ({l.type, t} == {"int", "bool"} and _is_pad(e.args[0], item)):
                 left = f"`{e.args[0].args[0]}`" if e.args[0].op == "name" else "the left side"
                 raise error("where.type", f"this list holds {_a(t)} where {left} is {_a(l.type)}",

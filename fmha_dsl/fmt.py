@@ -204,7 +204,6 @@ class _Printer:
         """One blank line, where the source had one (never two, never right after an opening brace)."""
         if self.out and self.out[-1] != "" and not self.opened:
             self.out.append("")
-            self.opened = False
 
     def emit(self, indent: int, text: str, key=None):
         pad = "    " * indent

@@ -51,8 +51,8 @@ def _profile(profile) -> Optional[str]:
     if profile is None:
         return None
     p = str(profile)
-    if V.receipt_profile(p):
-        return V.receipt_profile(p)
+    if by_receipt := V.receipt_profile(p):
+        return by_receipt
     if p in V.PROFILES:
         return p
     raise error("usage.profile", f"unknown profile `{p}`", None,

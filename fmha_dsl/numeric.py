@@ -59,6 +59,34 @@ def usable_softcap(x) -> bool:
     return f is not None and f >= FP32_TINY
 
 
+def scale_problem(scale) -> str | None:
+    """What is wrong with a softmax ``scale`` (None: nothing) -- the message every path raises."""
+    if usable_scale(scale):
+        return None
+    return (f"scale must be a finite number of magnitude <= {SCALAR_MAX:.3g} (float32, after the kernels' multiply "
+            f"by log2(e)), got {shown(scale)}")
+
+
+def softcap_problem(softcap) -> str | None:
+    """What is wrong with a logit ``softcap`` that is not None (None: nothing)."""
+    if usable_softcap(softcap):
+        return None
+    return (f"softcap must be None (off) or a number in [2**-126, {SCALAR_MAX:.3g}] (float32, after the kernels' "
+            f"multiply by log2(e)), got {shown(softcap)}")
+
+
+def dropout_problem(p) -> str | None:
+    """What is wrong with a ``dropout_p`` (None: nothing)."""
+    f = as_float(p)
+    return None if f is not None and 0.0 <= f < 1.0 else f"dropout_p must be in [0, 1), got {shown(p)}"
+
+
+def is_time(t) -> bool:
+    """A measured kernel time of a seqtune table or a decision record: a number (not a bool) in
+    :data:`TIME_RANGE_US`."""
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and TIME_RANGE_US[0] <= t <= TIME_RANGE_US[1]
+
+
 def shown(x, width: int = 40) -> str:
     """``repr(x)`` for a message, cut to ``width`` characters (a 400-digit int stays readable)."""
     r = repr(x)
@@ -72,5 +100,6 @@ def window_side(x: int) -> int:
     return -1 if x < 0 else min(int(x), WINDOW_MAX)
 
 
-__all__ = ["shown", "window_side", "FP32_MAX", "FP32_TINY", "LOG2E", "SCALAR_MAX", "INT64_MAX", "WINDOW_MAX", "TIME_RANGE_US", "COUNT_MAX",
-           "is_int", "as_float", "usable_scale", "usable_softcap"]
+__all__ = ["shown", "window_side", "scale_problem", "softcap_problem", "dropout_problem", "is_time", "FP32_MAX",
+           "FP32_TINY", "LOG2E", "SCALAR_MAX", "INT64_MAX", "WINDOW_MAX", "TIME_RANGE_US", "COUNT_MAX", "is_int",
+           "as_float", "usable_scale", "usable_softcap"]

@@ -40,8 +40,8 @@ from . import replay as _fast
 from .attention_args import CALLER, _mask, _usage, as_bool, torch_dtype_names
 from .errors import UsageError, error
 from .kernels.paged_abi import FP8_DTYPES
-from .paged_args import (append_descales, cache_pair, check_scalars, check_tables_on_host, host_values, max_len,
-                         rotary_tables, sequences, tables)
+from .paged_args import (append_descales, cache_pair, check_scalars, check_tables_on_host, contiguous_rows,
+                         host_values, max_len, rotary_tables, sequences, tables, within_capacity)
 from .paged_args import descales as check_descales
 
 __all__ = ["paged_attention", "append_kv", "workspace_numel"]
@@ -338,19 +338,15 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
             raise _usage("usage.shape", "without a page table the caches are contiguous [B, capacity, Hk, D] (4-D), "
                          "not in the vectorized layout", "pass block_table or kv_indptr + kv_indices for a paged "
                          "vectorized cache")
-        if num_pages != b:
-            raise _usage("usage.shape", f"without a page table the caches are contiguous [B, capacity, Hk, D] with "
-                         f"B = {b}, got {num_pages} rows", "pass block_table or kv_indptr + kv_indices for a paged "
-                         "cache")
+        contiguous_rows(num_pages, b)
     cos, sin, half = rotary_tables(rotary_cos, rotary_sin, dk, dev)
     if max_seqlen_new is None:  # the lengths are on the host anyway: check that every new row has a place
         lv, btv, ipv, ixv = host_values(lens, bt, ip, ix)
         if paged:
             check_tables_on_host(btv, ipv, ixv, lv, page, num_pages, host_n)
         for i, (n, m) in enumerate(zip(lv, host_n)):
-            if not paged and n + m > page:
-                raise _usage("usage.value", f"sequence {i}: {n} cached + {m} new tokens exceed the cache's capacity "
-                             f"{page}", "a contiguous cache is [B, capacity, Hk, D]")
+            if not paged:
+                within_capacity(i, n, m, page)
             if cos is not None and n + m > cos.shape[0]:
                 raise _usage("usage.value", f"sequence {i}: positions up to {n + m - 1} need rotary tables of at "
                              f"least {n + m} rows, they have {cos.shape[0]}", "extend rotary_cos/rotary_sin")

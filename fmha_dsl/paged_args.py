@@ -189,6 +189,21 @@ def check_scalars(softcap, scale, sink) -> None:
         _check_sink(sink)
 
 
+def contiguous_rows(rows: int, batch: int) -> None:
+    """A contiguous cache ``[B, capacity, Hk, D]`` (no page table) holds one sequence per row."""
+    if rows != batch:
+        raise _usage("usage.shape", f"without a page table the caches are contiguous [B, capacity, Hk, D] with "
+                     f"B = {batch} (len(seqlens_k)), got {rows} rows",
+                     "pass block_table or kv_indptr + kv_indices for a paged cache")
+
+
+def within_capacity(i: int, cached: int, new: int, capacity: int) -> None:
+    """Sequence ``i`` of a contiguous cache has room for its cached and new tokens."""
+    if cached + new > capacity:
+        raise _usage("usage.value", f"sequence {i}: {cached} cached + {new} new tokens exceed the cache's capacity "
+                     f"{capacity}", "a contiguous cache is [B, capacity, Hk, D]")
+
+
 def rotary_tables(cos, sin, d: int, dev: int):
     """``(cos, sin, half)`` float32 ``[max_position, rotary_dim / 2]`` on q's device (``half`` 0 without RoPE)."""
     torch = _torch()
@@ -295,5 +310,6 @@ def qscale_of(q_shape, k_shape, v_shape) -> str:
                      "one-element or per-token K/V descales") from None
 
 
-__all__ = ["int_tensor", "tables", "sequences", "check_tables_on_host", "host_values", "cache_pair", "max_len",
-           "rotary_tables", "caller", "named", "descales", "append_descales", "qscale_of"]
+__all__ = ["contiguous_rows", "within_capacity", "int_tensor", "tables", "sequences", "check_tables_on_host",
+           "host_values", "cache_pair", "max_len", "rotary_tables", "caller", "named", "descales", "append_descales",
+           "qscale_of"]

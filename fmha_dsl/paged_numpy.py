@@ -8,7 +8,7 @@ from __future__ import annotations
 from .attention_args import _usage, named
 from .errors import UsageError
 from .numeric import shown
-from .paged_args import check_scalars, max_len, qscale_of
+from .paged_args import check_scalars, contiguous_rows, max_len, qscale_of, within_capacity
 
 
 def paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal, window,
@@ -61,15 +61,10 @@ def _contiguous_fits(k_cache, seqlens_k, cu_seqlens_new) -> None:
         cn = _ints("cu_seqlens_new", cu_seqlens_new, 1)
     except UsageError as exc:   # the reference's checks, naming append_kv
         raise named(exc) from None
-    if lens.shape[0] != k_cache.shape[0]:
-        raise _usage("usage.shape", f"without a page table the caches are contiguous [B, capacity, Hk, D] with B = "
-                     f"{lens.shape[0]} (len(seqlens_k)), got {k_cache.shape[0]} rows",
-                     "pass block_table or kv_indptr + kv_indices for a paged cache")
+    contiguous_rows(k_cache.shape[0], lens.shape[0])
     if cn.shape[0] == lens.shape[0] + 1:   # (else the reference says what cu_seqlens_new must be)
         for i, (n, m) in enumerate(zip(lens.tolist(), np.diff(cn).tolist())):
-            if n + m > k_cache.shape[1]:
-                raise _usage("usage.value", f"sequence {i}: {n} cached + {m} new tokens exceed the cache's capacity "
-                             f"{k_cache.shape[1]}", "a contiguous cache is [B, capacity, Hk, D]")
+            within_capacity(i, n, m, k_cache.shape[1])
 
 
 def _descales(descales, names=("q_descale", "k_descale", "v_descale")):

@@ -194,7 +194,8 @@ class _Builder:
 
     def arg(self, t) -> A.Arg:
         name_tok, alt = t.children
-        if _tree_depth(alt) > 2 * MAX_VALUE_DEPTH + 2:   # (an alternative and a value per level, and the leaf's)
+        # (Lark nests an alternative and a value per level, and the leaf's own)
+        if _depth(alt, _lark_children) > 2 * MAX_VALUE_DEPTH + 2:
             raise error("value.too-deep", f"this argument nests lists or tuples more than {MAX_VALUE_DEPTH} deep",
                         self.L.of_meta(t.meta), "a setter takes values, tuples of values (a tile, a head-dim pair) "
                         "and lists of those: `hdim([(128, 128), (192, 128)])`", cls=ParseError)
@@ -240,7 +241,7 @@ class _Builder:
             e = self.expr(t.children[0])
         except RecursionError:
             e = None
-        if e is None or _depth(e) - 1 > MAX_WHERE_DEPTH:   # (operators: the leaves are not)
+        if e is None or _depth(e, _expr_children) - 1 > MAX_WHERE_DEPTH:   # (operators: the leaves are not)
             raise error("where.too-deep", f"this where clause nests more than {MAX_WHERE_DEPTH} operators deep", sp,
                         "split it into several `where` clauses (a kernel must pass each), or list alternatives with "
                         "`field in [a, b, ...]`", cls=ParseError)
@@ -289,14 +290,22 @@ MAX_SOURCE_BYTES = 16 << 20   # a .fmha file (CK's largest receipt declares itse
 MAX_VALUE_DEPTH = 16   # lists and tuples in one setter argument (CK's deepest: a list of pairs, 2)
 
 
-def _tree_depth(t) -> int:
-    """Nesting depth of a Lark subtree, counted without recursion."""
-    best, todo = 0, [(t, 1)]
+def _depth(node, children) -> int:
+    """Nesting depth of a tree (``children(node)``: a node's subtrees), counted without recursion."""
+    best, todo = 0, [(node, 1)]
     while todo:
-        node, d = todo.pop()
+        n, d = todo.pop()
         best = max(best, d)
-        todo.extend((c, d + 1) for c in getattr(node, "children", ()) if hasattr(c, "children"))
+        todo.extend((c, d + 1) for c in children(n))
     return best
+
+
+def _lark_children(t):
+    return [c for c in getattr(t, "children", ()) if hasattr(c, "children")]
+
+
+def _expr_children(e: A.Expr):
+    return [c for c in e.args if isinstance(c, A.Expr)]
 
 
 def _int(text, span) -> int:
@@ -308,14 +317,6 @@ def _int(text, span) -> int:
                     "values are tile sizes, head dims, counts: a few digits", cls=ParseError) from None
 
 
-def _depth(e: A.Expr) -> int:
-    """Nesting depth of an expression, counted without recursion."""
-    best, todo = 0, [(e, 1)]
-    while todo:
-        node, d = todo.pop()
-        best = max(best, d)
-        todo.extend((c, d + 1) for c in node.args if isinstance(c, A.Expr))
-    return best
 
 
 def parse_text(text: str, path: str | None = None) -> A.SourceFile:

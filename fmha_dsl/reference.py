@@ -29,12 +29,11 @@ group mode).  A row with no allowed column gives ``out = 0`` and ``lse = -inf``.
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 
 from .errors import UsageError, error
-from .numeric import SCALAR_MAX, shown, as_float, usable_scale, usable_softcap, window_side
+from .numeric import dropout_problem, is_int, scale_problem, softcap_problem, window_side
 
 __all__ = ["attention_fwd", "philox4x32", "philox_uniform", "uint32_to_uniform_float"]
 
@@ -115,12 +114,8 @@ def _usage(rule, msg, hint=None):
     return error(rule, msg, None, hint, cls=UsageError)
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
-
-
 def _check_seed(seed) -> int:
-    if not _is_int(seed) or not (-(1 << 63) <= int(seed) < (1 << 64)):
+    if not is_int(seed) or not (-(1 << 63) <= int(seed) < (1 << 64)):
         raise _usage("usage.value", f"seed must be an int in [-2**63, 2**64), got {seed!r}",
                      "Triton converts the seed to uint64")
     return int(seed) & 0xFFFFFFFFFFFFFFFF
@@ -170,7 +165,7 @@ def _normalize_window(window):
     except (TypeError, ValueError):
         raise _usage("usage.value", f"window must be a pair (left, right) of ints, got {window!r}",
                      "negative means unbounded, e.g. (128, 0)") from None
-    if not (_is_int(left) and _is_int(right)):
+    if not (is_int(left) and is_int(right)):
         raise _usage("usage.value", f"window must be a pair (left, right) of ints, got {window!r}",
                      "negative means unbounded, e.g. (128, 0)")
     return window_side(left), window_side(right)
@@ -319,18 +314,15 @@ def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dr
     win = _normalize_window(window)
     if scale is None:
         scale = 1.0 / math.sqrt(Dq)
-    if not usable_scale(scale):
-        raise _usage("usage.value", f"scale must be a finite number of magnitude <= {SCALAR_MAX:.3g} (float32, after "
-                     f"the multiply by log2(e)), got {shown(scale)}", "None means 1/sqrt(Dq)")
-    if softcap is not None and not usable_softcap(softcap):
-        raise _usage("usage.value", f"softcap must be None (off) or a number in [2**-126, {SCALAR_MAX:.3g}] (float32, "
-                     f"after the multiply by log2(e)), got {shown(softcap)}", "None turns the soft-cap off")
-    if as_float(dropout_p) is None or not 0.0 <= dropout_p < 1.0:
-        raise _usage("usage.value", f"dropout_p must be in [0, 1), got {shown(dropout_p)}", "0 disables dropout")
-    if not _is_int(sink) or sink < 0:
+    for why, hint in ((scale_problem(scale), "None means 1/sqrt(Dq)"),
+                      (softcap is not None and softcap_problem(softcap), "None turns the soft-cap off"),
+                      (dropout_problem(dropout_p), "0 disables dropout")):
+        if why:
+            raise _usage("usage.value", why, hint)
+    if not is_int(sink) or sink < 0:
         raise _usage("usage.value", f"sink must be an int >= 0, got {sink!r}", "0 disables sink tokens")
     seed = _check_seed(seed)
-    if not _is_int(offset) or not 0 <= offset < (1 << 63):
+    if not is_int(offset) or not 0 <= offset < (1 << 63):
         raise _usage("usage.value", f"offset must be an int in [0, 2**63), got {offset!r}",
                      "the Philox counter's base: advance it by the elements a previous call drew")
 

@@ -131,9 +131,11 @@ def _pages_of(block_table, kv_indptr, kv_indices, batch: int, num_pages: int, to
     return rows
 
 
-def _is_bool_like(x) -> bool:
-    """A bool, or an array of bools (as a descale: False would read as 0.0)."""
-    return isinstance(x, (bool, np.bool_)) or (isinstance(x, np.ndarray) and x.dtype == np.bool_)
+def _descale_array(name: str, d) -> np.ndarray:
+    """An FP8 descale as a float64 array: a number or float array, never a bool (False would read as 0.0)."""
+    if isinstance(d, (bool, np.bool_)) or (isinstance(d, np.ndarray) and d.dtype == np.bool_):
+        raise _usage("usage.value", f"`{name}` must be a number or a float array, got {d!r}", "1.0 scales by nothing")
+    return as_array(name, d, np.float64)
 
 
 def _check_cache(k_cache, v_cache, layout: str | None):
@@ -171,9 +173,7 @@ def _kv_descale(name: str, d, num_pages: int, hk: int, written=None, page: int |
     K/V head) or, where ``page`` (the page size) is given, ``[num_pages, page_size, Hk]`` (per token and K/V head).
     ``written`` (an append's: the page ids it writes): their descales finite and nonzero, as the new rows are divided
     by them (the other pages' may hold anything, as a server's do)."""
-    if _is_bool_like(d):
-        raise _usage("usage.value", f"`{name}` must be a number or a float array, got {d!r}", "1.0 scales by nothing")
-    a = as_array(name, d, np.float64)
+    a = _descale_array(name, d)
     per_token = page is not None and a.shape == (num_pages, page, hk)
     if a.size != 1 and a.shape != (num_pages, hk) and not per_token:
         tokens = f", [num_pages, page_size, Hk] = [{num_pages}, {page}, {hk}] (one per token)" if page else ""
@@ -248,10 +248,7 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
         layout = "linear"
         p, page, hk, _ = k_cache.shape
         q = _as_float_array("q", q).astype(np.float64)
-        if _is_bool_like(descales[0]):
-            raise _usage("usage.value", f"`q_descale` must be a number or a float array, got {descales[0]!r}",
-                         "1.0 scales by nothing")
-        qd = as_array("q_descale", descales[0], np.float64)
+        qd = _descale_array("q_descale", descales[0])
         if qd.size != 1 and qd.shape != q.shape[:2]:
             raise _usage("usage.shape", f"`q_descale` must be one number or [Tq, Hq] = {list(q.shape[:2])} (one per "
                          f"query token and head), got shape {qd.shape}", "Tq and Hq are q's")

@@ -5,7 +5,6 @@ Imported only when a registry is read or its schema printed, so writing a regist
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Literal, Optional
 
@@ -13,24 +12,18 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       model_validator)
 
 from .keys import Algorithm, Arch, Signature
-from .numeric import COUNT_MAX, TIME_RANGE_US
+from .numeric import COUNT_MAX, TIME_RANGE_US, is_time
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _time(v: float) -> float:
-    lo, hi = TIME_RANGE_US
-    if not math.isfinite(v) or not lo <= v <= hi:
-        raise ValueError(f"a kernel time must be a finite number of microseconds in [{lo}, {hi:g}]")
-    return v
-
-
-def _not_bool(v):
-    if isinstance(v, bool):
-        raise ValueError("a kernel time is a number, not true or false")
-    return v
+def _time(v):
+    if not is_time(v):
+        lo, hi = TIME_RANGE_US
+        raise ValueError(f"a kernel time must be a number of microseconds in [{lo}, {hi:g}], got {v!r}")
+    return float(v)
 
 
 def _relative_path(v: str) -> str:
@@ -40,7 +33,7 @@ def _relative_path(v: str) -> str:
     return v
 
 
-Time = Annotated[float, BeforeValidator(_not_bool), Field(allow_inf_nan=False), AfterValidator(_time)]
+Time = Annotated[float, BeforeValidator(_time)]   # (before float's coercion: `true` is no time)
 Count = Annotated[StrictInt, Field(ge=1)]
 Size = Annotated[StrictInt, Field(ge=0)]
 Length = Annotated[StrictInt, Field(ge=1, le=COUNT_MAX)]   # (the report's bounds: one set for both readers)

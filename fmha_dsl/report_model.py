@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 import os
 
 from .errors import FmhaError, RegistryError, UsageError, error
-from .numeric import COUNT_MAX, TIME_RANGE_US, shown
+from .numeric import COUNT_MAX, TIME_RANGE_US, is_time, shown
 from .registry import READABLE_VERSIONS, read_document, readable_version, registry_path
 
 RULE = "report.no-table"
@@ -111,8 +111,8 @@ def _bad_point(p) -> str | None:
     if not isinstance(times, dict) or not isinstance(p.get("failed", {}), dict):
         return "times_us and failed must map kernel names to values"
     for k, v in times.items():
-        lo, hi = TIME_RANGE_US
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
+        if not is_time(v):
+            lo, hi = TIME_RANGE_US
             return f"the time of {k} must be a finite number of microseconds in [{lo}, {hi:g}], got {shown(v)}"
     return None
 

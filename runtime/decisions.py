@@ -26,6 +26,7 @@ import time
 
 from fmha_dsl import knobs
 from fmha_dsl.errors import FmhaError
+from fmha_dsl.numeric import is_time
 from fmha_dsl.seqtune import seq_aligned
 
 VERSION = 2
@@ -254,11 +255,6 @@ CONFIRM_SPREAD = 1.06  # a shipped decision's runners-up this close to its winne
 CONFIRM_MAX = 4        # ... at most this many of them (the closest)
 
 
-def _time(t) -> bool:
-    """A measured time: a finite number > 0 (not a bool)."""
-    return isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < float("inf")
-
-
 def close_runners_up(rec: dict | None) -> list[str]:
     """The names of a recorded decision's runners-up within :data:`CONFIRM_SPREAD` of its winner, closest first (at
     most :data:`CONFIRM_MAX`), by the times that decided it: the finalists' sustained ones when it has them, else
@@ -267,10 +263,10 @@ def close_runners_up(rec: dict | None) -> list[str]:
         return []
     times = rec.get("sustained_us") or rec.get("times_us")
     win = rec.get("kernel")
-    if not isinstance(times, dict) or not isinstance(win, str) or not _time(times.get(win)):
+    if not isinstance(times, dict) or not isinstance(win, str) or not is_time(times.get(win)):
         return []
     limit = CONFIRM_SPREAD * times[win]
-    close = sorted((t, n) for n, t in times.items() if n != win and _time(t) and t <= limit)
+    close = sorted((t, n) for n, t in times.items() if n != win and is_time(t) and t <= limit)
     return [n for _, n in close[:CONFIRM_MAX]]
 
 

@@ -117,7 +117,7 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
         except FmhaError as exc:  # its hint names the Python argument (arch=); here it is the --arch flag
             raise error(exc.rule, exc.message, None, "pass --arch with the registry arch whose kernels this GPU "
                         "runs (sm80, sm90, gfx942 ...)", cls=UsageError) from None
-    if arch not in reg.archs:  # (`--arch ""`: an unset $ARCH would record a table no device matches)
+    if arch not in reg.archs:  # (a table recorded for an arch the registry lacks would serve no kernel)
         from fmha_dsl.errors import did_you_mean
 
         raise error("usage.arch", f"--arch {arch!r}: the registry has kernels for {', '.join(reg.archs) or 'none'}",
