@@ -44,7 +44,7 @@ def main() -> None:
 
     def save():
         if args.json:
-            from fmha_dsl.registry import write_atomic
+            from fmha_dsl.atomic_file import write_atomic
 
             write_atomic(args.json, json.dumps(doc, indent=1))
 

@@ -164,7 +164,7 @@ def main() -> None:
 def _dump(path, dev, rows):
     import torch
 
-    from fmha_dsl.registry import write_atomic
+    from fmha_dsl.atomic_file import write_atomic
 
     doc = {"device": dev, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "python": platform.python_version(), "rows": rows}

@@ -78,8 +78,8 @@ def main() -> None:
     from fmha_dsl import seqtune
     from fmha_dsl.registry import Registry
     from fmha_dsl.runtime.dispatch import Dispatcher
-    from fmha_dsl.runtime.tune import (expand_shapes, load_shapes, make_inputs, problem_of, relative_error,
-                                       sdpa_reference, tune)
+    from fmha_dsl.runtime.tune import expand_shapes, load_shapes, problem_of, tune
+    from fmha_dsl.runtime.tune_inputs import make_inputs, relative_error, sdpa_reference
 
     tune_info = None
     if not args.skip_tune:

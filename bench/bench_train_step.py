@@ -84,7 +84,7 @@ def main() -> None:
         doc["shapes"]["x".join(map(str, shape))] = row
         print(shape, json.dumps(row), flush=True)
     if args.json:
-        from fmha_dsl.registry import write_atomic
+        from fmha_dsl.atomic_file import write_atomic
 
         write_atomic(args.json, json.dumps(doc, indent=1))
 

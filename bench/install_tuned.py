@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--restamp", action="store_true", help="carry --into's decisions over to the current fingerprints")
     ap.add_argument("--measured-at", default=None, help="with --restamp: the commit the decisions are current at")
     args = ap.parse_args()
-    from fmha_dsl.registry import write_atomic
+    from fmha_dsl.atomic_file import write_atomic
 
     if args.restamp:
         if args.measured or not args.measured_at:

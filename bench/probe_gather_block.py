@@ -68,7 +68,7 @@ def main(argv=None) -> int:
             print(f"rows {args.rows:>3} s{s:>6} page{page:>3}: varlen {tv * 1e3:7.2f} us  paged {tp * 1e3:7.2f} us  "
                   f"overhead {tp / tv - 1:+.1%}  {r['kernel'][:70]}", flush=True)
     if args.json:
-        from fmha_dsl.registry import write_atomic
+        from fmha_dsl.atomic_file import write_atomic
 
         write_atomic(args.json, json.dumps(rows, indent=1))
     return 0

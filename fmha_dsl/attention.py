@@ -40,7 +40,7 @@ from .attention_args import TORCH_DTYPES as _TORCH_DTYPES  # torch dtype -> key 
 from .attention_args import (torch_dtype_names as _torch_dtype_names, _bad_dtypes, _bad_strides, _batch_shapes,
                              _bad_types, _check_bias, _check_devices, _check_dropout, _check_scale, _check_sink,
                              _check_softcap, _group_lengths, _group_shapes, _mask, _usage, check_max_lengths,
-                             check_numpy_max_lengths, check_one_bias, named)
+                             check_numpy_call, check_one_bias, named)
 from .errors import UsageError
 from .numeric import FP32_TINY, SCALAR_MAX
 
@@ -134,11 +134,11 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
         _check_scale(scale)
     if sink:
         if sink.__class__ is not int or sink < 0:
-            _check_sink(sink)
+            sink = _check_sink(sink)
         if mask == "no":
             sink = 0  # every column is visible anyway
     elif sink is not None and sink.__class__ is not int:
-        _check_sink(sink)
+        sink = _check_sink(sink)
     else:
         sink = 0
     if group:
@@ -254,6 +254,8 @@ def _other(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap
                              return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                              registry=registry, offset=offset, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if mod == "numpy":
+        check_numpy_call(q, {"k": k, "v": v, "bias": bias, "alibi_slopes": alibi_slopes},
+                         {"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}, registry, ("k", "v", "bias"))
         return _numpy_attention(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale,
                                 return_lse, cu_seqlens_q, cu_seqlens_k, offset, max_seqlen_q, max_seqlen_k)
     raise _usage("usage.type", f"`q` must be a numpy array or a torch tensor, got {type(q).__name__}",
@@ -292,10 +294,6 @@ def _numpy_attention(q, k, v, causal, window, bias, alibi_slopes, dropout_p, see
 
     from .reference import attention_fwd
 
-    for name, x in (("k", k), ("v", v)):
-        if not isinstance(x, np.ndarray):
-            raise _usage("usage.type", f"`{name}` must be a numpy array like q, got {type(x).__name__}",
-                         "pass q, k and v of one kind")
     check_one_bias(bias, alibi_slopes)
     if seed is None:
         seed = int(np.random.default_rng().integers(0, 1 << 63)) if dropout_p else 0
@@ -303,10 +301,9 @@ def _numpy_attention(q, k, v, causal, window, bias, alibi_slopes, dropout_p, see
         out, lse = attention_fwd(q, k, v, causal=causal, window=window, bias=bias, alibi_slopes=alibi_slopes,
                                  dropout_p=dropout_p, seed=seed, offset=offset, softcap=softcap,
                                  sink=0 if sink is None else sink, scale=scale, cu_seqlens_q=cu_seqlens_q,
-                                 cu_seqlens_k=cu_seqlens_k)
+                                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     except UsageError as exc:
         raise named(exc) from None
-    check_numpy_max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q.shape, k.shape)
     return (out, lse) if return_lse else out
 
 

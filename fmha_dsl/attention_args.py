@@ -10,7 +10,8 @@ import contextvars
 import sys
 
 from .errors import UsageError, error
-from .numeric import dropout_problem, is_int, scale_problem, softcap_problem, window_side
+from .numeric import (MAX_LEN_HINT, dropout_problem, is_int, max_len_problem, scale_problem, softcap_problem,
+                      window_side)
 
 
 def _torch():
@@ -44,6 +45,31 @@ def check_one_bias(bias, alibi) -> None:
     if bias is not None and alibi is not None:
         raise _usage("usage.value", "bias and alibi_slopes cannot be combined in one kernel",
                      "fold the ALiBi term into the bias tensor")
+
+
+def check_numpy_call(q, arrays: dict, tensors: dict, registry=None, same_dtype=(), workspace=None) -> None:
+    """A call on NumPy arrays (the reference) takes what the torch path takes, of one kind: ``arrays`` (name ->
+    value) must be numpy arrays (``bias`` and ``alibi_slopes`` may be None: not given), those named in
+    ``same_dtype`` of q's dtype; ``tensors`` (index arguments, which may also be lists) must not be torch tensors;
+    and no ``registry`` (it picks GPU kernels) nor ``workspace`` (their scratch)."""
+    import numpy as np
+
+    for name, x in arrays.items():
+        if not isinstance(x, np.ndarray) and (x is not None or name not in ("bias", "alibi_slopes")):
+            raise _usage("usage.type", f"`{name}` must be a numpy array like q, got {type(x).__name__}",
+                         "pass the arrays of one kind: numpy runs the reference, torch GPU tensors the kernels")
+        if name in same_dtype and x is not None and x.dtype != q.dtype:
+            raise _usage("usage.dtype", f"`{name}` must have q's dtype {q.dtype}, got {x.dtype}",
+                         f"pass {name}.astype(q.dtype)")
+    for name, x in tensors.items():
+        if (type(x).__module__ or "").startswith("torch"):
+            raise _usage("usage.type", f"`{name}` is a torch tensor but q is a numpy array",
+                         "pass the arrays of one kind: numpy runs the reference, torch GPU tensors the kernels")
+    for name, x, what in (("registry", registry, "picks GPU kernels"), ("workspace", workspace, "is the kernels' "
+                                                                                                   "scratch")):
+        if x is not None:
+            raise _usage("usage.value", f"`{name}` {what}, but numpy arrays run the reference",
+                         f"drop {name}=, or pass torch tensors on the GPU")
 
 
 def named(exc: UsageError) -> UsageError:
@@ -269,9 +295,11 @@ def _check_scale(scale):
         raise _usage("usage.value", why, "None means 1/sqrt(Dq)")
 
 
-def _check_sink(sink):
+def _check_sink(sink) -> int:
+    """``sink`` as a Python int (a NumPy integer too), checked."""
     if not is_int(sink) or sink < 0:
         raise _usage("usage.value", f"sink must be an int >= 0, got {sink!r}", "0 or None disables sink tokens")
+    return int(sink)
 
 
 def _group_lengths(cu_q, cu_k, tq, tk, dev, max_q, max_k):
@@ -288,24 +316,18 @@ def _group_lengths(cu_q, cu_k, tq, tk, dev, max_q, max_k):
         if vals is None and given is None:
             vals = cu.tolist()  # one device-to-host copy; pass max_seqlen_q/k to avoid it
         longest = None if vals is None else [_check_cu_host("cu_seqlens_" + name[-1], vals, total)]
-        maxes.append(max_len(name, given, longest, _MAX_HINT))
+        maxes.append(max_len(name, given, longest, MAX_LEN_HINT))
     return cu_q, cu_k, cu_q.shape[0] - 1, maxes[0], maxes[1]
-
-
-_MAX_HINT = "pass at least the longest sequence's length, or None to have it computed"
 
 
 def max_len(name: str, given, host, what: str) -> int:
     """``max_seqlen_*``: the caller's (an int >= 0, checked against host values when there are some) or the
     host values' maximum."""
-    if given is not None and (not is_int(given) or given < 0):
-        raise _usage("usage.value", f"{name} must be an int >= 0, got {given!r}", what)
-    if host is not None:
-        m = max(host, default=0)
-        if given is not None and given < m:
-            raise _usage("usage.value", f"{name}={given} is below the longest sequence ({m})", what)
-        return int(m if given is None else given)
-    return int(given)
+    m = None if host is None else int(max(host, default=0))
+    why = None if given is None else max_len_problem(name, given, m)
+    if why:
+        raise _usage("usage.value", why, what)
+    return int(m if given is None else given)
 
 
 def check_max_lengths(max_q, max_k, lens_q, lens_k) -> None:
@@ -313,18 +335,8 @@ def check_max_lengths(max_q, max_k, lens_q, lens_k) -> None:
     ``lens_k`` (batch mode: ``[S]``; group mode: the ``cu_seqlens`` differences)."""
     for name, given, lens in (("max_seqlen_q", max_q, lens_q), ("max_seqlen_k", max_k, lens_k)):
         if given is not None:
-            max_len(name, given, lens, _MAX_HINT)
+            max_len(name, given, lens, MAX_LEN_HINT)
 
-
-def check_numpy_max_lengths(cu_q, cu_k, max_q, max_k, q_shape, k_shape) -> None:
-    """:func:`check_max_lengths` on the NumPy paths (after the reference has checked the ``cu_seqlens``)."""
-    import numpy as np
-
-    def lens(cu, shape):
-        return np.diff(np.asarray(cu).astype(np.int64)).tolist() if cu is not None else [shape[2]]
-
-    if max_q is not None or max_k is not None:
-        check_max_lengths(max_q, max_k, lens(cu_q, q_shape), lens(cu_k, k_shape))
 
 
 def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):

@@ -25,7 +25,7 @@ from __future__ import annotations
 from .attention_args import (CALLER, torch_dtype_names, _bad_dtypes, _bad_types, _batch_shapes, _check_bias,
                              _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
                              _group_lengths, _group_shapes, _mask, _usage, check_dropout_p, check_max_lengths,
-                             check_numpy_max_lengths, check_one_bias, named)
+                             check_numpy_call, check_one_bias, named)
 from .errors import UsageError
 
 __all__ = ["attention_backward", "compile_backward_ahead"]
@@ -40,6 +40,10 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, bi
     try:
         mod = type(q).__module__ or ""
         if mod == "numpy":
+            check_numpy_call(q, {"k": k, "v": v, "out": out, "lse": lse, "dout": dout, "bias": bias,
+                                 "alibi_slopes": alibi_slopes}, {"cu_seqlens_q": cu_seqlens_q,
+                                                                 "cu_seqlens_k": cu_seqlens_k}, registry,
+                             ("k", "v", "out", "dout", "bias"), workspace)
             return _numpy(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink,
                           scale, cu_seqlens_q, cu_seqlens_k, offset, max_seqlen_q, max_seqlen_k)
         if not mod.startswith("torch"):
@@ -65,10 +69,10 @@ def _numpy(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes, dropout_
                                        alibi_slopes=alibi_slopes, dropout_p=dropout_p,
                                        seed=0 if seed is None else seed, offset=offset,
                                        softcap=softcap, sink=0 if sink is None else sink, scale=scale,
-                                       cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+                                       cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     except UsageError as exc:
         raise named(exc) from None
-    check_numpy_max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q.shape, k.shape)
     return (dq, dk, dv) if db is None else (dq, dk, dv, db)
 
 
@@ -292,12 +296,4 @@ def _aligned(tensors) -> bool:
 
 def _all_aligned(xs) -> bool:
     return not any(x.data_ptr() & 15 or any(s & 15 for s in x.stride()[:-1]) for x in xs)
-
-
-def backward_flops(batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int, hdim_q: int, hdim_v: int,
-                   causal: bool = False) -> float:
-    """The FLOP convention of the backward benchmarks: 2.5 x the forward's ``2 B H Sq Sk (Dq + Dv)``, halved
-    under a causal mask (FlashAttention's)."""
-    f = 2.5 * 2.0 * batch * nhead_q * seqlen_q * seqlen_k * (hdim_q + hdim_v)
-    return f / 2 if causal else f
 

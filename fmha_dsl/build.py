@@ -18,10 +18,10 @@ import multiprocessing
 import os
 from dataclasses import dataclass, field
 
-from .errors import Diagnostic, RuleError, UsageError, error
+from .atomic_file import write_atomic
+from .errors import UsageError, error
 from .expand import DeclResult, Report, expand_decl, merge, nothing_to_build
-from .registry import (Entry, document_chunks, entry_line, registry_path, sort_key, stat_row, statistics,
-                       write_atomic)
+from .registry import Entry, document_chunks, entry_line, registry_path, sort_key, stat_row, statistics
 from .rules import FAMILY_MODULES
 
 # rough relative costs per rule module, so the pool starts the big tasks first and the workers finish together
@@ -140,7 +140,7 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
     rows.sort(key=lambda r: r[0])
     stats = statistics(r[3] for r in rows)
     profiles = [prof] if prof else sorted({d.profile.values[0] for d in decls})
-    sources = sorted({os.path.basename(f) for f in kernel_set.files})
+    sources = kernel_set.source_names()
     chunks = document_chunks(kernel_set.name, sorted(stats["by_arch"]), profiles, sources, stats, [r[2] for r in rows])
     path = write_atomic(registry_path(out), chunks)
     return BuildResult(path, len(rows), stats["by_arch"], report)

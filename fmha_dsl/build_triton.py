@@ -21,8 +21,8 @@ from .cache import ArtifactCache, content_key, sha256_bytes
 from . import compile_ahead
 from .compile_pool import run_isolated
 from .errors import FmhaError, UsageError, error
-from .expand import expand, nothing_to_build
-from .registry import Entry, Registry, registry_path, write_atomic
+from .atomic_file import write_atomic
+from .registry import Entry, Registry, registry_path
 
 
 def _compile_in_worker(kind: str, sig: dict, alg: dict | None, arch: str, aligned: bool = True):
@@ -210,6 +210,8 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     except ImportError:
         raise error("build.no-triton", "the triton backend needs Triton, which is not installed", None,
                     "pip install 'fmha-dsl[triton]'", cls=UsageError) from None
+    from .expand import expand, nothing_to_build
+
     t0 = time.perf_counter()
     rep = expand(kernel_set.declarations, archs, profile, backend)
     if not rep.kernels:

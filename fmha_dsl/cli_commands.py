@@ -12,19 +12,10 @@ from collections import defaultdict
 from .cli_output import EXIT_FAIL, EXIT_OK, _err, _flush, _out, _write  # noqa: F401
 
 
-def _resolve_set(path: str) -> str:
-    """A path, or the name of a shipped kernel set (``ck_receipt0``; a misspelt name gets a did-you-mean)."""
-    if os.path.exists(path) or os.sep in path or "/" in path:
-        return path
-    from .kernelset import shipped
-
-    return shipped(path)
-
-
 def _load(args):
     from . import load
 
-    return load(_resolve_set(args.file))
+    return load(args.file)
 
 
 def _report(args, keep_going: bool = False):
@@ -318,12 +309,13 @@ def _check_writable(folder: str) -> None:
 
 def cmd_fmt(args) -> int:
     from .fmt import format_source
+    from .kernelset import resolve_set
     from .parse import read_source
-    from .registry import write_atomic
+    from .atomic_file import write_atomic
 
     status = EXIT_OK
     for given in args.files:
-        path = _resolve_set(given)
+        path = resolve_set(given)
         if args.write and path != given:  # (a shipped set is read, never rewritten)
             from .errors import UsageError, error
 

@@ -152,7 +152,7 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
       partials written and read back).
 
     The backward (``bwd_dq_dk_dv``) runs one program per key block and K/V head over the query blocks that see it
-    (causal: about half; a window: those in its reach): per pair of
+    (causal: about half; a window: those in its reach, and every one for the sink's key block): per pair of
     blocks its five products, plus -- deterministic dQ -- the two that its dQ programs compute again, or -- atomic dQ
     -- ``ATOMIC_COST`` per fp32 atomic add of dQ's partial (``BULK_REDUCE_COST`` where the copy engine adds it); its
     efficiency also falls where a warp gets fewer than ``ROWS_PER_WARP`` rows of the key block.
@@ -174,7 +174,12 @@ def cost(entry, p, arch: str | None, cus: int | None = None) -> tuple[float, dic
             pair += (BULK_REDUCE_COST if bulk else ATOMIC_COST) * m0 * p.hdim_q
         blocks = _cdiv(sq, m0)
         if p.mask != "no":  # causal: half the query blocks, plus the diagonal's; a window: those in its reach
-            blocks = min(blocks * (0.5 + 0.5 * min(1.0, n0 / sk)), window_blocks(p, n0, m0))
+            causal = blocks * (0.5 + 0.5 * min(1.0, n0 / sk))
+            reach = min(causal, window_blocks(p, n0, m0))
+            nkb = _cdiv(sk, n0)
+            if p.sink and reach < causal and nkb > 1:  # the sink's key block is seen by every row after it
+                reach = (reach * (nkb - 1) + blocks) / nkb
+            blocks = reach
         work = blocks * g * pair
         eff = (m0 * n0) / (m0 * n0 + LOAD_COST * (m0 + n0)) * min(1.0, n0 / _warps(a) / ROWS_PER_WARP)
         full, rem = divmod(nprog, cus * occ)

@@ -63,6 +63,19 @@ def _rules_pick(fields: dict, tile: TileSpec, span) -> tuple[dict, TileSpec]:
     return fields, tile
 
 
+def _check_wheres(c: _Collector, wheres) -> None:
+    """Compile each where clause now, so that its errors come with the setters' (every error of a file in one
+    run), whichever archs a command expands."""
+    from .errors import FmhaError
+    from .expr import where_rule
+
+    for i, w in enumerate(wheres):
+        try:
+            where_rule(w, i)
+        except FmhaError as exc:
+            c.diags.extend(exc.diagnostics)
+
+
 def resolve(src: A.SourceFile) -> list[Declaration]:
     """All declarations of all kernel sets in one parsed file."""
     c = _Collector()
@@ -71,6 +84,7 @@ def resolve(src: A.SourceFile) -> list[Declaration]:
         top = _Scope()
         for st in ks.setters:
             _apply_setter(c, top, st, "set")
+        _check_wheres(c, ks.wheres)
         if not ks.kernels:
             c.err("set.empty", f"kernel set `{ks.name}` declares no kernels", ks.name_span,
                   "add `kernel { signature { ... } algorithm { ... } }` or `.add(...)`")
@@ -82,6 +96,7 @@ def resolve(src: A.SourceFile) -> list[Declaration]:
                 _apply_setter(c, sc, st, "algorithm")
             for st in kd.setters:
                 _apply_setter(c, sc, st, "kernel")
+            _check_wheres(c, kd.wheres)
             archs = sc.archs or top.archs or FieldSpec(("gfx942",), kd.span, explicit=False)
             profile = sc.profile or top.profile or FieldSpec(("ck_default",), kd.span, explicit=False)
             mask_impl = (sc.mask_impl or top.mask_impl or ("simplified", None))[0]

@@ -45,6 +45,14 @@ class Span:
         return 1
 
 
+def _cells(text: str) -> int:
+    """Terminal cells ``text`` takes: two for each wide (East Asian) character, so that a caret stays under what it
+    points at on a line with CJK text before it."""
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
 @dataclass(frozen=True)
 class Diagnostic:
     rule: str
@@ -73,7 +81,9 @@ class Diagnostic:
             pad = " " * len(num)
             out.append(f"{pad} |")
             out.append(f"{num} | {text}")
-            caret = " " * (max(s.column, 1) - 1) + "^" * max(1, min(s.width(), max(1, len(text) - s.column + 1)))
+            start = max(s.column, 1) - 1
+            under = text[start:start + max(1, min(s.width(), max(1, len(text) - start)))] or " "
+            caret = " " * _cells(text[:start]) + "^" * max(1, _cells(under))
             out.append(f"{pad} | {caret}")
         for n in self.notes:
             out.append(f"  = note: {n}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from . import arch as arch_table
 from . import vocab as V
-from .declare import Declaration
+from .declare import Declaration, FieldSpec
 from .errors import Diagnostic, RuleError, Span
 from .expand_tiles import _explicit_tiles, _missed_tiles_hint, _tile_candidates
 from .expr import where_rule
@@ -26,7 +26,6 @@ from .rules import family_rules
 from .rules.base import FACTORY, Rule, Tile, TooMany, schedule, search
 from .rules.ck_common import common_rules
 
-AMD_ARCHS = arch_table.vendor_archs("amd")
 ALL_ARCHS = {b: arch_table.backend_archs(b) for b in V.BACKENDS}   # what `arch(*)` means per backend
 _DEFAULTS = {**V.SIG_DEFAULTS, **V.ALG_DEFAULTS}
 
@@ -72,6 +71,7 @@ class _Expander:
         self._explicit_rules: dict = {}
         self.missed_tiles: dict = {}  # (arch, hdim) -> what the tile table offers for the declared dims
         self.most: int | None = None  # kernels past which the walk stops (None: FMHA_DSL_MAX_KERNELS)
+        self.made: set = set()        # identifiers expanded so far (two mask values of one kernel give one key)
 
     # which dependencies of a failing rule were asked for explicitly
     def _is_explicit(self, dep: str) -> bool:
@@ -174,7 +174,9 @@ class _Expander:
                     None, (), "warning"))
                 return out
             top = [r for r, _ in mine.most_common(3)]
-            hint = ("the rules that dropped most: " + ", ".join(f"`{r}`" for r in top)
+            loose = self._loosened()
+            hint = ((f"it gives kernels with {' or with '.join(loose)}; " if loose else "")
+                    + "the rules that dropped most: " + ", ".join(f"`{r}`" for r in top)
                     + f"; `fmha-dsl explain {d.display or d.path or 'FILE'}` counts what each rule dropped"
                     ) if top else "check the declaration's fields"
             if not top and self.missed_tiles:
@@ -191,7 +193,37 @@ class _Expander:
             alt = f", or backend({others[0]}) for {', '.join(dict.fromkeys(no_backend))}" if others else ""
             return (f"the {self.backend} backend implements {', '.join(has)} only: use family("
                     f"{' | '.join(has)}){alt}")
+        foreign = [a for a in self.archs if a not in ALL_ARCHS[self.backend]]
+        other = next((b for b in V.BACKENDS if b != self.backend and foreign
+                      and all(a in ALL_ARCHS[b] for a in foreign)), None)
+        if other:   # the arch is not the backend's at all (CK on an NVIDIA arch)
+            return f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not a {self.backend} target: add " \
+                   f"`backend({other})`, or pick one of {', '.join(ALL_ARCHS[self.backend])}"
         return "pick an arch that supports this family, or use `arch(*)`"
+
+    def _loosened(self) -> list[str]:
+        """What leaves this (empty) declaration empty: each setter value it names (but its family) made `*`, and
+        each where clause dropped, that alone would give it kernels -- e.g. ``[`qscale(*)`]``.  (The walks stop at
+        the first kernel: a few milliseconds each.)"""
+        import dataclasses
+
+        d = self.decl
+        tries = [(f"`{name}(*)`", dataclasses.replace(d, fields={**d.fields, name: FieldSpec(None, fs.span,
+                                                                                           explicit=False)}))
+                 for name, fs in sorted(d.fields.items()) if name != "family" and fs.values is not None and fs.explicit]
+        tries += [(f"no `where` on line {w.span.line}", dataclasses.replace(d, wheres=d.wheres[:i] + d.wheres[i + 1:]))
+                  for i, w in enumerate(d.wheres)]
+        out = []
+        for what, loose in tries[:12]:
+            probe = _Expander(loose, Report(), self.archs, self.profile, self.backend)
+            probe.most = 0
+            try:
+                probe.run()
+            except TooManyKernels:
+                out.append(what)
+            except RuleError:
+                pass
+        return out
 
     def _nonempty_without_profile(self) -> bool:
         """Would this declaration give kernels if no receipt filtered them?  (Only asked when empty: the walk stops
@@ -222,6 +254,13 @@ class _Expander:
             if fs is not None and fs.values is not None and fs.values != (value,):
                 fixed_rules.append(_fixed_rule(fr.family, name, value, fs.values))
         tile_c = _tile_candidates(d, self.explicit_tiles, self.missed_tiles)
+        if d.tile.tile_len == 9 and fr.family != "bwd_dq_dk_dv" and "tile" in fr.fields:
+            sp = d.tile.spans.get("tile6") or d.span   # (the first value past six)
+            if ("tile.length", sp.line, sp.column) not in self.seen_err:
+                self.seen_err.add(("tile.length", sp.line, sp.column))
+                self.errors.append(Diagnostic("tile.length", f"{fr.family} tiles take 6 values (m0, n0, k0, n1, k1, "
+                                              "k0max); 9 are bwd_dq_dk_dv's", sp, "drop the last three values"))
+            return 0
 
         def candidates(f, b):
             if f == "tile":
@@ -256,9 +295,14 @@ class _Expander:
                 "FMHA_DSL_MAX_KERNELS"))
         for b in found:
             name = fr.ck_name(b)
+            if b.get("mask") not in (None, "no", "top_left") and fr.ck_name({**b, "mask": "top_left"}) == name:
+                b["mask"] = "top_left"   # one compiled kernel serves every corner its name does: one key
             sig, alg = _fields(b)  # rewrites b's tile entry: name it first
-            out.append(Kernel(sig, alg, arch, name, src, label, self.backend))
-            n += 1
+            k = Kernel(sig, alg, arch, name, src, label, self.backend)
+            if k.identifier not in self.made:
+                self.made.add(k.identifier)
+                out.append(k)
+                n += 1
         return n
 
 
@@ -398,7 +442,7 @@ def expand(decls, archs: tuple[str, ...] | None = None, profile: str | None = No
     return merge([expand_decl(d, archs, profile, backend) for d in decls], decls, archs, backend, keep_going)
 
 
-__all__ = ["Kernel", "Report", "DeclResult", "expand", "expand_decl", "merge", "resolve_archs", "AMD_ARCHS",
+__all__ = ["Kernel", "Report", "DeclResult", "expand", "expand_decl", "merge", "resolve_archs",
            "ALL_ARCHS", "nothing_to_build"]
 
 

@@ -212,8 +212,16 @@ class _Printer:
             self.comments(pad, a.lead)
             if a.blank:   # (after its comments too: a blank line between them and it stays)
                 self._blank()
-        self.out.append(pad + text + ("  " + " ".join(a.trail) if a is not None and a.trail else ""))
+        self._line(pad, text, a.trail if a is not None else (), "    " if text.endswith("{") else "")
         self.opened = text.endswith("{")
+
+    def _line(self, pad: str, text: str, trail, deeper: str):
+        """``text`` with the comments that trail it: on its line up to the first line comment (nothing can follow
+        one there), each later one on a line of its own, indented as the next statement is (``deeper`` after an
+        opening brace), where it reads back as that statement's leading comment."""
+        cut = next((i + 1 for i, t in enumerate(trail) if t.startswith(("#", "//"))), len(trail))
+        self.out.append(pad + text + ("  " + " ".join(trail[:cut]) if cut else ""))
+        self.out.extend(pad + deeper + t for t in trail[cut:])
 
     def comments(self, pad: str, items):
         for c, blank in items:
@@ -226,7 +234,7 @@ class _Printer:
         """A closing brace: the comments before it (inside the block), then ``}``."""
         a = self.anchors.get(key)
         self.comments("    " * (indent + 1), a.lead if a else ())
-        self.out.append("    " * indent + "}" + ("  " + " ".join(a.trail) if a and a.trail else ""))
+        self._line("    " * indent, "}", a.trail if a else (), "")
         self.opened = False
 
     def kernel(self, k: A.KernelDecl, indent: int, ks: A.KernelSetDecl):

@@ -94,7 +94,12 @@ class KernelSet(BaseModel):
         rep = report or self.expand_report(arch, profile, backend)
         profiles = sorted({d.profile.values[0] for d in self.declarations}) if profile is None else [_profile(profile)]
         return Registry.from_kernels(rep.kernels, name=self.name, profiles=profiles,
-                                     sources=[os.path.basename(f) for f in self.files])
+                                     sources=self.source_names())
+
+    def source_names(self) -> list[str]:
+        """The files the declarations come from, as the registry's ``metadata.sources`` lists them: the top-level
+        file's name and included files relative to its folder (as each kernel's ``source`` names them)."""
+        return sorted({_display(f, self.path) for f in self.files})
 
 
 def _display(decl_path: str | None, top: str | None) -> str:
@@ -167,9 +172,18 @@ def _path(func: str, path) -> str:
     return os.fspath(path)
 
 
+def resolve_set(path: str) -> str:
+    """A path, or the name of a shipped kernel set (``ck_receipt0``; a misspelt name gets a did-you-mean): a name
+    with no folder that is not a file here."""
+    if os.path.exists(path) or os.sep in path or "/" in path:
+        return path
+    return shipped(path)
+
+
 def load(path: str | os.PathLike) -> KernelSet:
-    """Parse and resolve a ``.fmha`` file (and its includes).  Raises :class:`fmha_dsl.FmhaError`."""
-    p = _path("load", path)
+    """Parse and resolve a ``.fmha`` file (and its includes), or a shipped set by name (``load("ck_receipt0")``).
+    Raises :class:`fmha_dsl.FmhaError`."""
+    p = resolve_set(_path("load", path))
     return _make(parse_file(p), p)
 
 

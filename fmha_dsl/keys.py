@@ -17,7 +17,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from . import vocab as V
-from .fields import identifier_from, trusted  # noqa: F401  (re-exported)
+from .fields import identifier_from
 
 Family = Literal[V.FAMILIES]
 DType = Literal[V.DTYPES]
@@ -126,7 +126,8 @@ def identifier_of(s: Signature, a: Algorithm, arch: str) -> str:
 
 
 class Problem(_Frozen):
-    """A concrete attention call, as the dispatcher sees it."""
+    """A concrete attention call, as the dispatcher sees it.  A bad field is a :class:`~fmha_dsl.UsageError`
+    (``usage.problem``) naming it."""
 
     family: Family = "fwd"
     dtype: DType = "fp16"
@@ -163,6 +164,14 @@ class Problem(_Frozen):
     page_size: int = Field(1, ge=1)
     num_splits: int = Field(1, ge=1)
 
+    def __init__(self, **fields):
+        from pydantic import ValidationError
+
+        try:
+            super().__init__(**fields)
+        except ValidationError as exc:
+            raise _problem_error(exc, fields) from None
+
     @model_validator(mode="after")
     def _check(self):
         if self.nhead_q % self.nhead_k:
@@ -180,6 +189,24 @@ class Problem(_Frozen):
     def num_ops(self) -> int:
         return 2 * self.batch * self.nhead_q * self.effective_max_seqlen_q * self.effective_max_seqlen_k * (
             self.hdim_q + self.hdim_v)
+
+
+def _problem_error(exc, fields: dict):
+    """The first of a ValidationError's complaints about a :class:`Problem`, as a located UsageError."""
+    from .errors import UsageError, did_you_mean, error
+    from .numeric import shown
+
+    e = exc.errors()[0]
+    name = ".".join(str(x) for x in e["loc"])
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        return error("usage.problem", f"Problem has no field `{name}`", None,
+                     did_you_mean(name, list(Problem.model_fields)) or "fields: " + ", ".join(Problem.model_fields),
+                     cls=UsageError)
+    if not name:   # the model's own check (GQA)
+        return error("usage.problem", f"Problem: {msg}", None, "nhead_q = group x nhead_k", cls=UsageError)
+    return error("usage.problem", f"Problem `{name}`: {msg}, got {shown(fields.get(name))}", None,
+                 "a Problem describes one call: its lengths, heads, head dims and flags", cls=UsageError)
 
 
 def json_schema() -> dict:

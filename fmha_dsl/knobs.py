@@ -134,10 +134,6 @@ def no_build() -> bool:
     return NO_BUILD.get()
 
 
-def native_launch() -> bool:
-    return NATIVE_LAUNCH.get()
-
-
 def torch_fast() -> bool:
     return TORCH_FAST.get()
 
@@ -193,6 +189,6 @@ def markdown_table() -> str:
 
 
 __all__ = ["Knob", "KNOBS", "CACHE_DIR", "LAUNCHER", "NO_BUILD", "NATIVE_LAUNCH", "TORCH_FAST", "cache_dir",
-           "launcher", "no_build", "native_launch", "torch_fast", "AUTOTUNE", "TUNE_CANDIDATES", "JOBS", "TUNED_SHIPPED",
+           "launcher", "no_build", "torch_fast", "AUTOTUNE", "TUNE_CANDIDATES", "JOBS", "TUNED_SHIPPED",
            "TUNED_CONFIRM", "autotune", "tune_candidates", "tuned_shipped", "tuned_confirm", "jobs", "by_name",
            "markdown_table", "GATHER_MIB", "gather_bytes", "COMPILE_AHEAD", "compile_ahead"]

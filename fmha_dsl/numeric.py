@@ -81,6 +81,19 @@ def dropout_problem(p) -> str | None:
     return None if f is not None and 0.0 <= f < 1.0 else f"dropout_p must be in [0, 1), got {shown(p)}"
 
 
+MAX_LEN_HINT = "pass at least the longest sequence's length, or None to have it computed"
+
+
+def max_len_problem(name: str, given, longest: int | None) -> str | None:
+    """What is wrong with a ``max_seqlen_*`` argument that is not None, against the longest sequence when it is
+    known (None: nothing)."""
+    if not is_int(given) or given < 0:
+        return f"{name} must be an int >= 0, got {shown(given)}"
+    if longest is not None and given < longest:
+        return f"{name}={given} is below the longest sequence ({longest})"
+    return None
+
+
 def is_time(t) -> bool:
     """A measured kernel time of a seqtune table or a decision record: a number (not a bool) in
     :data:`TIME_RANGE_US`."""

@@ -37,8 +37,9 @@ import math
 from . import api_dispatch as _api
 from . import paged_numpy
 from . import replay as _fast
-from .attention_args import CALLER, _mask, _usage, as_bool, torch_dtype_names
+from .attention_args import CALLER, _mask, _usage, as_bool, check_numpy_call, torch_dtype_names
 from .errors import UsageError, error
+from .numeric import shown
 from .kernels.paged_abi import FP8_DTYPES
 from .paged_args import (append_descales, cache_pair, check_scalars, check_tables_on_host, contiguous_rows,
                          host_values, max_len, rotary_tables, sequences, tables, within_capacity)
@@ -68,6 +69,26 @@ def _dtype_name(q):
     return name
 
 
+def _paged_causal(causal):
+    """``causal`` of :func:`paged_attention` as the other paths take it: True is bottom-right here (the queries are
+    each sequence's last tokens, as in FlashAttention-2's varlen and FlashInfer)."""
+    if causal is not True and causal is not False:
+        causal = as_bool(causal)
+    if causal is None or isinstance(causal, bool) or (isinstance(causal, str) and causal in ("top_left",
+                                                                                            "bottom_right")):
+        return "bottom_right" if causal is True else causal
+    from .errors import did_you_mean
+
+    hint = did_you_mean(causal, ["top_left", "bottom_right"]) if isinstance(causal, str) else None
+    token = CALLER.set("paged_attention()")
+    try:
+        raise _usage("usage.value", f"causal must be False, True, 'top_left' or 'bottom_right', got {shown(causal)}",
+                     hint or "True means bottom-right here (a sequence's queries are its last tokens); 'top_left' "
+                     "aligns the first query with the first key")
+    finally:
+        CALLER.reset(token)
+
+
 def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
                     cu_seqlens_q, max_seqlen_q=None, max_seqlen_k=None, causal=False, window=None, alibi_slopes=None,
                     softcap=None, sink=None, scale=None, return_lse=False, registry=None, out=None, workspace=None,
@@ -83,10 +104,7 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     varlen and FlashInfer); ``causal="top_left"`` aligns the first query with the first key. ``out``: a preallocated
     output; ``workspace``: a float32 buffer of :func:`workspace_numel` elements for split-KV plans (see the module
     docstring)."""
-    if causal is not True and causal is not False:
-        causal = as_bool(causal)
-    if causal is True:  # the queries are each sequence's last tokens (FlashAttention-2 varlen, FlashInfer)
-        causal = "bottom_right"
+    causal = _paged_causal(causal)
     descales = (q_descale, k_descale, v_descale)
     torch_in = _is_torch(q)
     # the call for the replay path (fmha_dsl/replay.py): tensors in a fixed order (out, lse and the workspace
@@ -105,6 +123,10 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     token = CALLER.set("paged_attention()")
     try:
         if not torch_in:  # NumPy arrays run the reference
+            check_numpy_call(q, {"k_cache": k_cache, "v_cache": v_cache, "alibi_slopes": alibi_slopes},
+                             {"block_table": block_table, "kv_indptr": kv_indptr, "kv_indices": kv_indices,
+                              "seqlens_k": seqlens_k, "cu_seqlens_q": cu_seqlens_q, "q_descale": q_descale,
+                              "k_descale": k_descale, "v_descale": v_descale}, registry, workspace=workspace)
             return paged_numpy.paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q,
                                      causal, window, alibi_slopes, softcap, sink, scale, return_lse, descales, out,
                                      max_seqlen_q, max_seqlen_k)
@@ -179,6 +201,10 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
                      "move the tensors with .cuda(), or pass numpy arrays to run the reference")
     tq, hq, dq = q.shape
     layout, num_pages, page, hk, dk, dv = cache_pair(k_cache, v_cache, q.dtype, dev)
+    if page & (page - 1):
+        raise _usage("usage.shape", f"the caches' page size must be a power of two for the kernels, got {page} (the "
+                     "caches' page_size dim)", "allocate pages of 1, 16, 64 or 1024 tokens, for example (numpy "
+                     "arrays run the reference, which takes any page size)")
     descales, qscale = check_descales(dname, descales, dev, (num_pages, hk), page=page, tokens=(tq, q.shape[1]))
     odt = torch.bfloat16 if dname in FP8_DTYPES else q.dtype   # CK's FP8 contract writes bf16
     if dk != dq:
@@ -278,6 +304,10 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     token = CALLER.set("append_kv()")
     try:
         if not torch_in:  # NumPy arrays run the reference
+            check_numpy_call(k_new, {"k_new": k_new, "v_new": v_new},
+                             {"block_table": block_table, "kv_indptr": kv_indptr, "kv_indices": kv_indices,
+                              "seqlens_k": seqlens_k, "cu_seqlens_new": cu_seqlens_new, "rotary_cos": rotary_cos,
+                              "rotary_sin": rotary_sin, "k_descale": k_descale, "v_descale": v_descale}, registry)
             return paged_numpy.append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
                                       cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q,
                                       (k_descale, v_descale), max_seqlen_new)

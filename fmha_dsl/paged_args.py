@@ -8,7 +8,7 @@ not pass ``max_seqlen_*`` (one device-to-host copy then); with them nothing here
 
 from __future__ import annotations
 
-from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _usage, max_len, named
+from .attention_args import _check_scale, _check_sink, _check_softcap, _usage, max_len, named
 from .kernels.paged_abi import FP8_DTYPES, descale_kind
 
 
@@ -238,11 +238,6 @@ def rotary_tables(cos, sin, d: int, dev: int):
     return out[0], out[1], half
 
 
-def caller(name: str):
-    """Name ``name`` in the errors raised until the returned token is reset (``CALLER.reset(token)``)."""
-    return CALLER.set(name)
-
-
 def append_descales(dname, given, dev, pages):
     """``((k_descale, v_descale), qscale)`` of an append, checked as :func:`descales` checks attention's (none, and
     qscale ``no``, for caches that are not FP8)."""
@@ -311,5 +306,5 @@ def qscale_of(q_shape, k_shape, v_shape) -> str:
 
 
 __all__ = ["contiguous_rows", "within_capacity", "int_tensor", "tables", "sequences", "check_tables_on_host",
-           "host_values", "cache_pair", "max_len", "rotary_tables", "caller", "named", "descales", "append_descales",
+           "host_values", "cache_pair", "max_len", "rotary_tables", "named", "descales", "append_descales",
            "qscale_of"]

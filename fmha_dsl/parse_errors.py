@@ -86,8 +86,14 @@ def translate(exc, lines: Lines) -> ParseError:
             return error("syntax.unterminated-comment", "unterminated comment: no `*/` after this `/*`",
                          lines.span(tok.line, at, tok.line, at + 2),
                          "close it with `*/` (or comment lines out with `#` or `//`)", cls=ParseError)
+        number = _odd_number(text, tok, lines)
+        if number:
+            return number
         hint = f"expected {expected_words(exc.expected)}"
-        if tok.type == "EQUAL" and "CMP_OP" in exc.expected:  # `where pipeline = "qr"`
+        if tok.type == "EQUAL" and "CMP_OP" in exc.expected and text[tok.column:tok.column + 1] in "<>!" and \
+                text[tok.column:tok.column + 1]:   # `where tile_m0 => 64`: the operator the other way round
+            hint = f"write `{text[tok.column]}=`"
+        elif tok.type == "EQUAL" and "CMP_OP" in exc.expected:  # `where pipeline = "qr"`
             hint = "to compare, write `==` (`=` only names a setter's argument, as in `hdim(q=128)`)"
         elif tok.type == "NAME" and "LPAR" in exc.expected:
             hint += f"; setters are calls: write `{shown}(...)`"
@@ -95,6 +101,33 @@ def translate(exc, lines: Lines) -> ParseError:
             hint = f"setters are calls: write `{shown}(...)`; " + hint
         return error("syntax.unexpected-token", f"unexpected `{shown}`", sp, hint, cls=ParseError)
     raise exc
+
+
+def _odd_number(text: str, tok, lines: Lines):
+    """A number written as other languages allow (``1e3``, ``0x80``, ``1.5``, ``1_000``): an integer followed,
+    with no space, by the token the parser stopped at.  None when that is not what happened."""
+    start = tok.column - 1
+    digits = start
+    while digits > 0 and text[digits - 1].isdigit():
+        digits -= 1
+    if digits == start or not (text[start:start + 1].isalnum() or text[start:start + 1] in ("_", ".")) or \
+            (digits > 0 and (text[digits - 1].isalnum() or text[digits - 1] == "_")):
+        return None
+    end = start
+    while end < len(text) and (text[end].isalnum() or text[end] in "._" or
+                               (text[end] in "+-" and text[end - 1] in "eE" and not text[digits:end].startswith("0x"))):
+        end += 1
+    written = text[digits:end]
+    try:
+        value = int(written, 0) if written[:2].lower() in ("0x", "0o", "0b") else float(written.replace("_", ""))
+    except ValueError:
+        return None
+    if isinstance(value, float) and not (value.is_integer() and abs(value) < 1e18):
+        hint = "values are integers, names or strings here"
+    else:
+        hint = f"write `{int(value)}`"
+    return error("syntax.number", f"`{written}` is not a number in .fmha: numbers are decimal integers",
+                 lines.span(tok.line, digits + 1, tok.line, end + 1), hint, cls=ParseError)
 
 
 def byte_span(path: str, data: bytes, at: int) -> Span:

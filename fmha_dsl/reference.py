@@ -33,74 +33,11 @@ import math
 import numpy as np
 
 from .errors import UsageError, error
-from .numeric import dropout_problem, is_int, scale_problem, softcap_problem, window_side
+from .numeric import (MAX_LEN_HINT, dropout_problem, is_int, max_len_problem, scale_problem, softcap_problem,
+                      window_side)
+from .reference_rng import _check_seed, philox4x32, philox_uniform, uint32_to_uniform_float  # noqa: F401
 
-__all__ = ["attention_fwd", "philox4x32", "philox_uniform", "uint32_to_uniform_float"]
-
-# ----------------------------------------------------------------------------------------------
-# Philox4x32 (Random123), as Triton's python/triton/language/random.py uses it
-# ----------------------------------------------------------------------------------------------
-
-_M0 = np.uint64(0xD2511F53)  # round multiplier applied to c0
-_M1 = np.uint64(0xCD9E8D57)  # round multiplier applied to c2
-_W0 = 0x9E3779B9  # key schedule (golden ratio)
-_W1 = 0xBB67AE85  # key schedule (sqrt(3) - 1)
-_MASK32 = np.uint64(0xFFFFFFFF)
-_SHIFT32 = np.uint64(32)
-_UNIFORM_SCALE = np.float32(4.6566127342e-10)  # Triton's scale for int32 -> [0, 1)
-
-
-def philox4x32(counter, key, rounds: int = 10):
-    """Philox4x32-``rounds`` of a counter block ``(c0, c1, c2, c3)`` under ``key = (k0, k1)``.
-
-    Counter words are uint32 arrays (or ints; they broadcast), key words are ints.  Returns four
-    uint32 arrays.  With ``rounds=10`` this is Random123's ``philox4x32_10``.
-    """
-    c = np.broadcast_arrays(*[np.asarray(x, dtype=np.uint64) & _MASK32 for x in counter])
-    c0, c1, c2, c3 = (x.copy() for x in c)
-    k0, k1 = int(key[0]) & 0xFFFFFFFF, int(key[1]) & 0xFFFFFFFF
-    for _ in range(int(rounds)):
-        p0 = _M0 * c0  # < 2**64: exact in uint64
-        p1 = _M1 * c2
-        c0, c1, c2, c3 = ((p1 >> _SHIFT32) ^ c1 ^ np.uint64(k0), p1 & _MASK32,
-                          (p0 >> _SHIFT32) ^ c3 ^ np.uint64(k1), p0 & _MASK32)
-        k0 = (k0 + _W0) & 0xFFFFFFFF
-        k1 = (k1 + _W1) & 0xFFFFFFFF
-    return tuple(x.astype(np.uint32) for x in (c0, c1, c2, c3))
-
-
-def uint32_to_uniform_float(x: np.ndarray) -> np.ndarray:
-    """Triton's ``uint_to_uniform_float`` for 32-bit words: a float32 in ``[0, 1)``.
-
-    The word is read as int32, negative values are bit-inverted (``~x``), and the result is
-    ``float32(x) * float32(4.6566127342e-10)``.
-    """
-    s = np.asarray(x).astype(np.uint32).view(np.int32)
-    s = np.where(s < 0, ~s, s)
-    return s.astype(np.float32) * _UNIFORM_SCALE
-
-
-def philox_uniform(seed: int, offsets) -> np.ndarray:
-    """Bit-exact ``tl.rand(seed, offsets)``: float32 uniforms in ``[0, 1)``, shaped like ``offsets``.
-
-    ``seed`` is any int in ``[-2**63, 2**64)`` (taken as uint64: low word ``k0``, high word ``k1``).
-    ``offsets`` is an integer array: the counter is ``(lo32(offset), hi32(offset), 0, 0)``, where the
-    high word is used only for 64-bit offset dtypes (as Triton does for int64 offsets; a Python list
-    becomes int64).
-    """
-    seed = _check_seed(seed)
-    off = np.asarray(offsets)
-    if off.dtype.kind not in "iu":
-        raise error("usage.dtype", f"offsets must be an integer array, got dtype {off.dtype}", None,
-                    "pass e.g. np.arange(n, dtype=np.int64)", cls=UsageError)
-    if off.dtype.itemsize == 8:
-        u = off.astype(np.uint64, copy=False) if off.dtype.kind == "u" else off.view(np.uint64)
-        lo, hi = u & _MASK32, u >> _SHIFT32
-    else:
-        lo, hi = off.astype(np.int64) & 0xFFFFFFFF, 0
-    r0, _, _, _ = philox4x32((lo, hi, 0, 0), (seed & 0xFFFFFFFF, seed >> 32))
-    return uint32_to_uniform_float(r0).reshape(off.shape)
-
+__all__ = ["attention_fwd", "philox4x32", "philox_uniform", "uint32_to_uniform_float"]   # (the RNG re-exported)
 
 # ----------------------------------------------------------------------------------------------
 # validation helpers
@@ -112,13 +49,6 @@ _ROW_BLOCK_ELEMS = 1 << 22  # rows processed at once: keeps a score block under 
 
 def _usage(rule, msg, hint=None):
     return error(rule, msg, None, hint, cls=UsageError)
-
-
-def _check_seed(seed) -> int:
-    if not is_int(seed) or not (-(1 << 63) <= int(seed) < (1 << 64)):
-        raise _usage("usage.value", f"seed must be an int in [-2**63, 2**64), got {seed!r}",
-                     "Triton converts the seed to uint64")
-    return int(seed) & 0xFFFFFFFFFFFFFFFF
 
 
 def as_array(name, x, dtype=None) -> np.ndarray:
@@ -201,11 +131,11 @@ def _check_cu(name, cu, total):
 
 def attention_fwd(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0,
                   offset=0, softcap=None, sink=0, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                  accum=np.float32):
+                  max_seqlen_q=None, max_seqlen_k=None, accum=np.float32):
     """Forward attention per ``docs/semantics.md``; returns ``(out, lse)``. See the module docstring."""
     c = setup(q, k, v, causal=causal, window=window, bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
               seed=seed, offset=offset, softcap=softcap, sink=sink, scale=scale, cu_seqlens_q=cu_seqlens_q,
-              cu_seqlens_k=cu_seqlens_k, accum=accum)
+              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, accum=accum)
     q, k, v, bias, alibi_slopes, cfg = c.q, c.k, c.v, c.bias, c.alibi_slopes, c.cfg
     group, B, Hq, Hk, Dv, Sq_max = c.group, c.B, c.Hq, c.Hk, c.Dv, c.Sq_max
     cq, ck, lens_q, lens_k = c.cq, c.ck, c.lens_q, c.lens_k
@@ -245,7 +175,8 @@ class Setup:
 
 
 def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dropout_p=0.0, seed=0, offset=0,
-          softcap=None, sink=0, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, accum=np.float32) -> Setup:
+          softcap=None, sink=0, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+          max_seqlen_k=None, accum=np.float32) -> Setup:
     """Check a reference call's arguments (raising a located :class:`UsageError`) and put them in canonical
     form: the arrays, the mask as ``cfg["mwin"]``, the per-sequence lengths.  Shared by the forward and
     :mod:`fmha_dsl.reference_bwd`."""
@@ -300,6 +231,10 @@ def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dr
             raise _usage("usage.shape", f"`v` must be [B={B}, Hk={Hk}, Sk={Sk_max}, Dv], got shape {v.shape}",
                          "v holds the same batch, heads and keys as k")
         Dv = v.shape[3]
+    for name, given, longest in (("max_seqlen_q", max_seqlen_q, Sq_max), ("max_seqlen_k", max_seqlen_k, Sk_max)):
+        why = None if given is None else max_len_problem(name, given, longest)
+        if why:
+            raise _usage("usage.value", why, MAX_LEN_HINT)
     if Dk != Dq:
         raise _usage("usage.shape", f"`k` must have q's head dim Dq={Dq}, got {Dk} (shape {k.shape})",
                      "q and k share the head dim (v's may differ)")

@@ -28,11 +28,11 @@ __all__ = ["attention_bwd"]
 
 def attention_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bias=None, alibi_slopes=None, dropout_p=0.0,
                   seed=0, offset=0, softcap=None, sink=0, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                  accum=np.float32):
+                  max_seqlen_q=None, max_seqlen_k=None, accum=np.float32):
     """Gradients ``(dq, dk, dv, dbias)`` of ``sum(out * dout)``; see the module docstring."""
     c = setup(q, k, v, causal=causal, window=window, bias=bias, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
               seed=seed, offset=offset, softcap=softcap, sink=sink, scale=scale, cu_seqlens_q=cu_seqlens_q,
-              cu_seqlens_k=cu_seqlens_k, accum=accum)
+              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, accum=accum)
     q, k, v, bias, cfg = c.q, c.k, c.v, c.bias, c.cfg
     out = _as_float_array("out", out)
     dout = _as_float_array("dout", dout)

@@ -247,7 +247,7 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
         k_cache, v_cache, _ = _check_cache(k_cache, v_cache, layout)
         layout = "linear"
         p, page, hk, _ = k_cache.shape
-        q = _as_float_array("q", q).astype(np.float64)
+        q = _as_float_array("q", q)
         qd = _descale_array("q_descale", descales[0])
         if qd.size != 1 and qd.shape != q.shape[:2]:
             raise _usage("usage.shape", f"`q_descale` must be one number or [Tq, Hq] = {list(q.shape[:2])} (one per "
@@ -256,9 +256,15 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
             bad = qd.reshape(-1)[~np.isfinite(qd.reshape(-1))][0]
             raise _usage("usage.value", f"`q_descale` must be finite, got {bad}",
                          "the scale q's values are multiplied by")
-        q = q * (qd.reshape(-1)[0] if qd.size == 1 else qd[:, :, None])
-        k_cache = np.asarray(k_cache, np.float64) * _kv_descale("k_descale", descales[1], p, hk, page=page)
-        v_cache = np.asarray(v_cache, np.float64) * _kv_descale("v_descale", descales[2], p, hk, page=page)
+        kd, vd = (_kv_descale(n, d, p, hk, page=page) for n, d in (("k_descale", descales[1]),
+                                                                   ("v_descale", descales[2])))
+        k_read, v_read, _ = gather_kv(k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr,
+                                      kv_indices=kv_indices, seqlens_k=seqlens_k, layout=layout)
+        for name, x in (("q", q), ("k_cache", k_read), ("v_cache", v_read)):   # (the slots attention reads)
+            _on_e4m3_grid(name, x)
+        q = q.astype(np.float64) * (qd.reshape(-1)[0] if qd.size == 1 else qd[:, :, None])
+        k_cache = np.asarray(k_cache, np.float64) * kd
+        v_cache = np.asarray(v_cache, np.float64) * vd
     cq = _ints("cu_seqlens_q", cu_seqlens_q, 1)
     batch = _lengths(seqlens_k).shape[0]
     if cq.shape[0] != batch + 1:
@@ -276,6 +282,20 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
                      "pass q.astype(k_cache.dtype)")
     out, lse = attention_fwd(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=cu_k, **forward)
     return (out, lse) if return_lse else out
+
+
+def _on_e4m3_grid(name: str, x) -> None:
+    """FP8 inputs are e4m3 values (docs/semantics.md): NumPy has no such dtype, so the float array must hold values
+    that e4m3 represents (NaN is one; infinities are not)."""
+    from .fp8 import round_e4m3
+
+    x = np.asarray(x)
+    off = ~((round_e4m3(x) == x) | np.isnan(x))
+    if off.any():
+        at = tuple(int(i) for i in np.argwhere(off)[0])
+        raise _usage("usage.value", f"`{name}` holds {float(x[at])!r} at {list(at)}, which is not an e4m3 value: FP8 "
+                     "inputs (given with descales) hold e4m3 values", "round them with fmha_dsl.fp8.round_e4m3 (or "
+                     "give no descales for plain float caches)")
 
 
 def rotary(x, positions, cos, sin, interleaved: bool = False):

@@ -9,13 +9,13 @@ line, so the same registry always gives the same bytes and ``save(load(p))`` rep
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from collections import Counter
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
-from .errors import Diagnostic, RegistryError, Span, UsageError, error
+from .atomic_file import write_atomic
+from .errors import Diagnostic, RegistryError, Span
 from .keyfields import KeyFields
 
 if TYPE_CHECKING:
@@ -326,47 +326,6 @@ def document_chunks(name: str, archs, profiles, sources, stats: dict, lines: lis
 
 def document(name: str, archs, profiles, sources, stats: dict, lines: list[str], seqtune: dict | None = None) -> str:
     return "".join(document_chunks(name, archs, profiles, sources, stats, lines, seqtune))
-
-
-def write_atomic(path: str | os.PathLike, chunks: Iterable[str] | str | bytes) -> str:
-    """Write text (a string or chunks) or bytes via a temp file and rename: a killed write never leaves a torn
-    file.  A symlink is written through (its target is replaced, the link stays), an existing file keeps its
-    permission bits, and a write that fails (read-only folder, full disk) is a :class:`UsageError` naming the
-    path, with nothing left behind."""
-    p = os.fspath(path)
-    real = os.path.realpath(p)  # through symlinks: replace the target, not the link
-    tmp = f"{real}.tmp.{os.getpid()}"
-    try:
-        os.makedirs(os.path.dirname(real), exist_ok=True)
-        try:
-            mode = os.stat(real).st_mode & 0o7777
-        except FileNotFoundError:
-            mode = None
-        if isinstance(chunks, bytes):
-            with open(tmp, "wb") as f:
-                f.write(chunks)
-        else:
-            with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-                if isinstance(chunks, str):
-                    f.write(chunks)
-                else:
-                    f.writelines(chunks)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, real)
-    except OSError as exc:
-        hint = ("the disk is full: free some space and run again" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
-                else f"`{p}` is a folder: name a file in it" if exc.errno == errno.EISDIR
-                else f"make `{os.path.dirname(real) or '.'}` writable, or choose another output path")
-        raise error("output.write", f"cannot write `{p}`: {exc.strerror or exc}", None, hint,
-                    cls=UsageError) from None
-    finally:
-        if os.path.lexists(tmp):
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-    return p
 
 
 def _kernel_line(text: str, index: int) -> int | None:

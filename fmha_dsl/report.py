@@ -46,11 +46,10 @@ import json
 import os
 
 from .errors import UsageError, error
-from .registry import write_atomic
-from .report_model import (BANDWIDTH_NOTE, DECODE_ROWS, HINT, PALETTE, RULE, Chooser,  # noqa: F401
-                           _class_model, _class_title, _coord, _device_title, fastest_measured, is_decode, load_table,
-                           point_flops, point_gbps, point_tflops, point_value, short_labels)
-from .report_scene import CHAR_W, FONT_FAMILY, PLOT_H, W, _line, _scene  # noqa: F401
+from .atomic_file import write_atomic
+from .report_model import (BANDWIDTH_NOTE, DECODE_ROWS, Chooser, _class_model, _class_title, _coord, _device_title,
+                           fastest_measured, is_decode, load_table, point_gbps, point_tflops, point_value, short_labels)
+from .report_scene import FONT_FAMILY, W, _line, _scene
 
 __all__ = [
     "fastest_measured",

@@ -31,8 +31,7 @@ import math
 import warnings
 from typing import Iterable
 
-from .costmodel import (LOAD_COST, SPLIT_WAVES, _cdiv, arch_info, compute_units, cost, occupancy,  # noqa: F401
-                        programs, split_limit, splits_at, waves)
+from .costmodel import _cdiv, compute_units, cost, occupancy, programs, split_limit, splits_at, waves
 from .kernels.fwd_abi import SEQ_ALIGN
 
 CLASS_FIELDS = ("family", "dtype", "mode", "vlayout", "hdim_q", "hdim_v", "mask", "bias", "lse", "dropout",

@@ -23,7 +23,6 @@ BIASES = ("no", "bias", "alibi")
 QSCALES = ("no", "pertensor", "blockscale", "kv_blockscale", "mx", "perhead", "per_token_head")
 ROPES = ("none", "inter", "half")
 KV_LAYOUTS = ("vectorized", "linear")
-KV_LOOKUPS = ("vllm", "sglang")
 # which rule set decides what exists: CK's generator rules, or what the Triton templates implement
 BACKENDS = ("ck", "triton")
 PIPELINES = (
@@ -153,9 +152,9 @@ WARP_DEFAULT = (32, 32, 16, 32, 32, 16, 16, 16, 16)
 
 
 def receipt_profile(text: str):
-    """The profile a receipt number spelled as text names (``"0"``, ``"-1"``: ASCII digits, at most 6), else None
-    (other text is a profile name, or nothing)."""
+    """The profile a receipt number spelled as text names (``"0"``, ``"-1"``: ASCII digits, at most 6, written as
+    the number is -- not ``"-0"`` or ``"007"``), else None (other text is a profile name, or nothing)."""
     t = text[1:] if text.startswith("-") else text
-    if not (t.isascii() and t.isdigit() and len(t) <= 6):
+    if not (t.isascii() and t.isdigit() and len(t) <= 6) or str(int(text)) != text:
         return None
     return RECEIPT_TO_PROFILE.get(int(text))

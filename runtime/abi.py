@@ -15,7 +15,7 @@ Every parameter is naturally aligned (its offset is a multiple of its size), whi
 
 from __future__ import annotations
 
-from fmha_dsl.kernels.fwd_abi import ARGS, COMBINE_ARGS
+from fmha_dsl.kernels.fwd_abi import ARGS
 
 import struct
 from dataclasses import dataclass
@@ -33,10 +33,6 @@ POINTER = ("Q", 8)
 FWD_ARGS: tuple[tuple[str, str], ...] = ARGS
 FWD_NAMES: tuple[str, ...] = tuple(n for n, _ in FWD_ARGS)
 FWD_TYPES: tuple[str, ...] = tuple(t for _, t in FWD_ARGS)
-
-# The split-KV combine kernel's run-time parameters
-COMBINE_NAMES: tuple[str, ...] = tuple(n for n, _ in COMBINE_ARGS)
-COMBINE_TYPES: tuple[str, ...] = tuple(t for _, t in COMBINE_ARGS)
 
 # Triton appends these after the declared parameters (Triton >= 3.5 on both NVIDIA and AMD)
 SCRATCH_PARAMS = ("global_scratch", "profile_scratch")
@@ -120,11 +116,6 @@ def fwd_types(dtype: str) -> tuple[str, ...]:
     return tuple(t.format(dtype=dtype) for t in FWD_TYPES)
 
 
-def combine_types(dtype: str) -> tuple[str, ...]:
-    """COMBINE_ARGS types for an output dtype."""
-    return tuple(t.format(dtype=dtype) for t in COMBINE_TYPES)
-
-
 def check_params(params, expected=FWD_NAMES) -> str | None:
     """Why a build's recorded parameter names differ from what this runtime packs, or None."""
     if not params:
@@ -138,5 +129,5 @@ def check_params(params, expected=FWD_NAMES) -> str | None:
     return f"the build has {len(params)} parameters, this runtime packs {len(expected)}"
 
 
-__all__ = ["FWD_ARGS", "FWD_NAMES", "FWD_TYPES", "COMBINE_NAMES", "COMBINE_TYPES", "combine_types", "SCRATCH_PARAMS", "Layout", "layout", "pack",
-           "code_of", "fwd_types", "check_params"]
+__all__ = ["FWD_ARGS", "FWD_NAMES", "FWD_TYPES", "SCRATCH_PARAMS", "Layout", "layout", "pack", "code_of", "fwd_types",
+           "check_params"]

@@ -179,8 +179,8 @@ def _valid(rec) -> bool:
 
 def _merge_write(path: str, arch: str, device: str | None, new: dict) -> str | None:
     """Add ``new`` to the table file under an exclusive lock (other processes' records are kept), written
-    atomically (:func:`fmha_dsl.registry.write_atomic`).  Returns None, or why nothing was written."""
-    from fmha_dsl.registry import write_atomic
+    atomically (:func:`fmha_dsl.atomic_file.write_atomic`).  Returns None, or why nothing was written."""
+    from fmha_dsl.atomic_file import write_atomic
 
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -12,7 +12,6 @@ from fmha_dsl import arch as arch_table
 from fmha_dsl.errors import UsageError, error
 from fmha_dsl.registry import Registry, registry_path
 
-ARCH_OF_CAPABILITY = arch_table.by_capability()  # fmha_dsl/data/archs.json
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -31,10 +30,10 @@ def detect_arch(device=None) -> str:
         name = str(torch.cuda.get_device_properties(dev).gcnArchName)
         return name.split(":")[0]
     major, minor = torch.cuda.get_device_capability(dev)
-    arch = ARCH_OF_CAPABILITY.get(major)
+    arch = arch_table.of_capability(major)   # (fmha_dsl/data/archs.json, read on first use)
     if arch is None:
         raise error("dispatch.no-arch", f"GPU compute capability {major}.{minor} has no kernels in fmha-dsl "
-                    "(it targets sm80 and sm90)", None, "pass arch='sm80' to run sm80 cubins if the device "
+                    f"(it targets {', '.join(sorted(arch_table.by_capability().values()))})", None, "pass arch='sm80' to run sm80 cubins if the device "
                     "can (same major version only)", cls=UsageError)
     return arch
 
@@ -74,8 +73,8 @@ def checked_limits(limits) -> dict:
 
 
 def over_limits(entry, limits: dict) -> int:
-    """The shared memory per block ``entry``'s build (or one of its companion kernels) needs beyond
-    ``limits["shared_bytes"]``: the most of any of its kernels when one does not fit the device, else 0."""
+    """The shared memory per block ``entry``'s build (or one of its companion kernels) needs when that is beyond
+    ``limits["shared_bytes"]`` (the most of any of its kernels when one does not fit the device), else 0."""
     cap = limits.get("shared_bytes")
     build = getattr(entry, "build", None) or {}
     if not cap or not build:
@@ -110,4 +109,4 @@ def _device_name() -> str | None:
     return None
 
 
-__all__ = ["detect_arch", "device_limits", "checked_limits", "over_limits", "open_registry", "ARCH_OF_CAPABILITY"]
+__all__ = ["detect_arch", "device_limits", "checked_limits", "over_limits", "open_registry"]

@@ -47,23 +47,20 @@ import os
 import threading
 
 from fmha_dsl import costmodel, knobs, seqtune
-from fmha_dsl.errors import FmhaError, RegistryError, UsageError, error
+from fmha_dsl.errors import RegistryError, UsageError, error
 from fmha_dsl.registry import Entry
 
 from . import abi, autotune, binaries, decisions
 from .autotune import MAX_TIMED, MeasuredSelection
 from .class_keys import ClassKeys
-from .match import (EXACT, PAGED_FAMILIES, PIPELINE_RANK, _lcm, _max_sk, _max_sq,  # noqa: F401
-                    declaration_for, describe, group_key, mismatches, no_kernel_error, preference, promised_aligned,
-                    serves_fwd)
+from .match import (EXACT, _lcm, _max_sk, _max_sq, declaration_for, group_key, mismatches, no_kernel_error,
+                    preference)
 from fmha_dsl.kernels.abis import abi_of
 
-from .plan import (Plan, Stage, _stream_handle, alibi_strides, bias_strides, current_stream,  # noqa: F401
-                   fwd_args)
+from .plan import Plan, Stage, current_stream
 from .plan_bwd import BackwardPlan
 from .plan_paged import AppendPlan, PagedPlan
-from .device import (ARCH_OF_CAPABILITY, _device_name, checked_limits, detect_arch, device_limits,  # noqa: F401
-                     open_registry, over_limits)
+from .device import _device_name, checked_limits, detect_arch, device_limits, open_registry, over_limits
 
 
 # the plan class of each family a plan starts from (its stages, workspace and launch order); Plan otherwise

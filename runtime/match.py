@@ -65,13 +65,13 @@ def mismatches(e: Entry, p, aligned: bool = True) -> list[tuple[str, str]]:
             out.append((f, f"kernel {kv} < problem {pv}"))
         elif not a[pad] and pv != kv:
             out.append((f, f"kernel {kv} without padding ({pad}=0) needs exactly {kv}, problem {pv}"))
-    m0, n0 = a["tile"][0], a["tile"][1]
-    if not a["pad_s"] and _max_sq(p) % m0:
+    m0, n0 = a["tile"][0], a["tile"][1]   # (0 for the 1-d kernels -- combine, dot_do_o, convert_dq: no tile)
+    if m0 and not a["pad_s"] and _max_sq(p) % m0:
         out.append(("pad_s", f"kernel pads no query rows: needs max_seqlen_q % {m0} == 0, problem {_max_sq(p)}"))
     if not a["pad_sk"]:
         if p.mode != "batch":
             out.append(("pad_sk", "kernel pads no key columns: group mode (variable seqlen_k) needs pad_sk"))
-        elif _max_sk(p) % n0:
+        elif n0 and _max_sk(p) % n0:
             out.append(("pad_sk", f"kernel pads no key columns: needs seqlen_k % {n0} == 0, problem {_max_sk(p)}"))
     if a["max_seq_len_q"] > 0 and _max_sq(p) > a["max_seq_len_q"]:
         out.append(("max_seq_len_q", f"kernel serves max_seqlen_q <= {a['max_seq_len_q']}, problem {_max_sq(p)}"))

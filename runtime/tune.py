@@ -38,8 +38,7 @@ from fmha_dsl import seqtune
 from fmha_dsl.errors import FmhaError, UsageError, error
 from fmha_dsl.registry import Registry, registry_path
 
-from .tune_inputs import (SERVING, BackwardCall, ForwardCall, PagedCall, call_for, make_inputs,  # noqa: F401
-                          promise_kept, relative_error, sdpa_reference)
+from .tune_inputs import BackwardCall, ForwardCall, PagedCall, call_for, promise_kept
 # the shape matrix (re-exported: fmha_dsl.runtime.tune.load_shapes etc. are what callers use)
 from .tune_shapes import (DEFAULT_SHAPES, KV_LAYOUTS, LOOKUPS, QSCALES, expand_shapes, load_shapes,  # noqa: F401
                           problem_of)

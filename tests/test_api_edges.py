@@ -112,13 +112,50 @@ def test_numpy_checks_max_seqlen_as_the_torch_path_does(fn):
     _raises(lambda: A(qb, kb, vb, max_seqlen_k=5), "usage.value", "max_seqlen_k=5 is below the longest sequence (6)")
 
 
+@pytest.mark.parametrize("fn", ["forward", "backward"])
+def test_numpy_checks_max_seqlen_before_it_computes(fn, monkeypatch):
+    import fmha_dsl.reference as ref
+    import fmha_dsl.reference_bwd as ref_bwd
+
+    q, k, v = _qkv(s=6)
+    o, lse = A(q, k, v, return_lse=True)
+
+    def computed(*a, **kw):
+        raise AssertionError("the reference computed before it checked max_seqlen_q")
+    monkeypatch.setattr(ref, "_head", computed)
+    monkeypatch.setattr(ref_bwd, "_head", computed)
+    call = A if fn == "forward" else (lambda q, k, v, **kw: AB(q, k, v, o, lse, o, **kw))
+    _raises(lambda: call(q, k, v, max_seqlen_q=2), "usage.value", "max_seqlen_q=2 is below the longest sequence (6)")
+
+
 @pytest.mark.parametrize("arg", ["cu_seqlens_q", "alibi_slopes", "bias"])
 def test_ragged_lists_are_usage_errors(arg):
     r = _rng()
     q, k = r.standard_normal((5, 2, 4)).astype(np.float32), r.standard_normal((7, 2, 4)).astype(np.float32)
     kw = {"cu_seqlens_q": [0, 3, 5], "cu_seqlens_k": [0, 3, 7]}
     kw[arg] = [0, [3], 5]
-    _raises(lambda: A(q, k, k, **kw), "usage.type", f"`{arg}` must be an array (or nested lists of one shape)")
+    text = "must be an array (or nested lists of one shape)" if arg == "cu_seqlens_q" else \
+        "must be a numpy array like q, got list"   # (as the torch path takes tensors only for them)
+    _raises(lambda: A(q, k, k, **kw), "usage.type", f"`{arg}` {text}")
+
+
+@pytest.mark.parametrize("fn", ["forward", "backward"])
+@pytest.mark.parametrize("kw,rule,text", [
+    ({"bias": np.zeros((1, 1, 6, 6), np.float16)}, "usage.dtype", "`bias` must have q's dtype float32, got float16"),
+    ({"alibi_slopes": [0.5, 0.25]}, "usage.type", "`alibi_slopes` must be a numpy array like q, got list"),
+    ({"registry": "out/registry.json"}, "usage.value", "`registry` picks GPU kernels"),
+    ({"cu_seqlens_q": "torch"}, "usage.type", "`cu_seqlens_q` is a torch tensor but q is a numpy array"),
+])
+def test_numpy_calls_take_what_the_torch_path_takes(fn, kw, rule, text):
+    q, k, v = _qkv(s=6)
+    o, lse = A(q, k, v, return_lse=True)
+    if kw.get("cu_seqlens_q") == "torch":
+        torch = pytest.importorskip("torch")
+        kw = {"cu_seqlens_q": torch.tensor([0, 6], dtype=torch.int32), "cu_seqlens_k": np.array([0, 6], np.int32)}
+        q, k, v, o = q[0].transpose(1, 0, 2), k[0].transpose(1, 0, 2), v[0].transpose(1, 0, 2), o[0].transpose(1, 0, 2)
+        lse = lse[0]
+    call = (lambda **x: A(q, k, v, **x)) if fn == "forward" else (lambda **x: AB(q, k, v, o, lse, o, **x))
+    _raises(lambda: call(**kw), rule, text)
 
 
 # --- paged_attention / append_kv ---------------------------------------------------------------------------------
@@ -156,6 +193,22 @@ def test_a_broadcast_block_table_reads_only_the_pages_it_uses():
 ])
 def test_fp8_descales_are_checked_on_numpy(over, rule, text):
     _raises(lambda: PA(**_paged(**over)), rule, text)
+
+
+@pytest.mark.parametrize("name", ["q", "k_cache", "v_cache"])
+def test_numpy_fp8_inputs_must_hold_e4m3_values_where_attention_reads_them(name):
+    from fmha_dsl.fp8 import round_e4m3
+
+    descales = dict(q_descale=1.0, k_descale=2.0, v_descale=1.0)
+    kw = _paged(**descales)
+    for n in ("q", "k_cache", "v_cache"):
+        kw[n] = round_e4m3(kw[n])
+    kw["k_cache"][0], kw["v_cache"][3] = 0.1, np.inf   # pages no sequence reads (the table holds 2, 1) may hold anything
+    want = PA(**kw)
+    assert want.dtype == np.float64 and np.isfinite(want).all()
+    kw[name] = kw[name].copy()
+    kw[name][(0, 0, 0) if name == "q" else (1, 0, 0, 2)] = 0.1   # 0.1 lies between e4m3's 0.1015625 and 0.09375
+    _raises(lambda: PA(**kw), "usage.value", f"`{name}` holds 0.1")
 
 
 def test_paged_q_dtype_is_checked_before_descales_convert_it():
@@ -260,3 +313,17 @@ def test_append_checks_the_block_descales_of_the_pages_it_writes_only():
     ds[1] = 0.0   # the written page's
     _raises(lambda: AK(kc.copy(), kc.copy(), new, new, k_descale=ds, v_descale=ds.copy(), **kw), "usage.value",
             "`k_descale[1, 0]` divides the new rows into the FP8 cache: it must be finite and nonzero")
+
+
+@pytest.mark.parametrize("causal", ["causal", 1, "bottom-right"])
+def test_paged_causal_errors_say_what_true_means_there(causal):
+    """paged_attention's causal=True is bottom-right (unlike attention's): its hint must not say top-left."""
+    r = _rng()
+    q, kc = r.standard_normal((4, 2, 16)).astype(np.float32), r.standard_normal((4, 16, 1, 16)).astype(np.float32)
+    with pytest.raises(UsageError) as info:
+        fmha_dsl.paged_attention(q, kc, kc, block_table=np.array([[0, 1]], np.int32),
+                                 seqlens_k=np.array([20], np.int32), cu_seqlens_q=np.array([0, 4], np.int32),
+                                 causal=causal)
+    e = info.value
+    assert e.rule == "usage.value" and "paged_attention()" in str(e) and "top-left" not in e.hint
+    assert "bottom" in e.hint

@@ -175,7 +175,7 @@ def test_profile_is_recorded_like_the_ck_build_and_unwritable_places_are_clear(b
         build(ks, str(blocker / "out"), jobs=1, cache_dir=cache)
     assert info.value.rule == "usage.output" and "cannot create the output folder" in info.value.message
     assert info.value.hint
-    with pytest.warns(UserWarning, match="cannot be written"):
+    with pytest.warns(RuntimeWarning, match="cannot be written"):
         res = build(ks, str(tmp_path / "q"), jobs=1, cache_dir=str(blocker / "cache"))
     assert res.failures == [] and sum(res.by_arch.values()) == 3
 

@@ -3,7 +3,7 @@
 import pytest
 
 import fmha_dsl
-from fmha_dsl import FmhaError
+from fmha_dsl import FmhaError, ParseError
 
 OK_SIG = "signature { family(fwd) dtype(fp16) hdim(128) }"
 
@@ -33,6 +33,9 @@ CASES = [
     ("kernel_set a { add(FmhaSignature().dtype(fp16)) }", "syntax.unexpected-token", 1, 47),
     ("kernel_set a { kernel { signature { dtype(fp16 | ) } } }", "syntax.unexpected-token", 1, 50),
     ("kernel_set 1a { }", "syntax.unexpected-token", 1, 12),
+    ("kernel_set a { kernel { signature { hdim(1e3) } } }", "syntax.number", 1, 42),
+    ("kernel_set a { kernel { signature { hdim(0x80, 1.5) } } }", "syntax.number", 1, 42),
+    ("kernel_set a { kernel { signature { hdim(128abc) } } }", "syntax.unexpected-token", 1, 45),
     # --- setters
     ("kernel_set a { kernel { signature { dtpye(fp16) } } }", "setter.unknown", 1, 37),
     ("kernel_set a { kernel { signature { tile(*) } } }", "setter.wrong-block", 1, 37),
@@ -97,6 +100,22 @@ def test_case_count():
     assert len(CASES) >= 40
 
 
+@pytest.mark.parametrize("written,hint", [("1e3", "write `1000`"), ("0x80", "write `128`"), ("2.0e2", "write `200`"),
+                                          ("1.5", "values are integers")])
+def test_numbers_of_other_languages_get_their_decimal_spelling(written, hint):
+    with pytest.raises(ParseError) as info:
+        fmha_dsl.loads(f"kernel_set a {{ kernel {{ signature {{ hdim({written}) }} }} }}")
+    assert info.value.rule == "syntax.number" and hint in info.value.hint and f"`{written}`" in str(info.value)
+
+
+@pytest.mark.parametrize("op,hint", [("=>", "write `>=`"), ("=<", "write `<=`"), ("=!", "write `!=`"),
+                                     ("=", "to compare, write `==`")])
+def test_a_comparison_written_the_other_way_round_gets_its_operator(op, hint):
+    with pytest.raises(ParseError) as info:
+        fmha_dsl.loads(f"kernel_set s {{ kernel {{ signature {{ family(fwd) }} where tile_m0 {op} 64 }} }}")
+    assert info.value.hint.startswith(hint)
+
+
 def test_hints_suggest_spelling(write):
     with pytest.raises(FmhaError) as info:
         fmha_dsl.load(write("a.fmha", "kernel_set a { kernel { signature { dtype(bf61) } } }"))
@@ -114,6 +133,18 @@ def test_several_errors_are_all_reported(write):
     with pytest.raises(FmhaError) as info:
         fmha_dsl.load(write("a.fmha", text))
     assert [d.rule for d in info.value.diagnostics] == ["value.unknown", "value.unknown"]
+
+
+def test_where_errors_come_with_the_setter_errors_whatever_arch_is_asked_for(write):
+    """Every input error of a file in one run: where clauses are compiled when the file is read, not when a
+    declaration is expanded (one for gfx950 only was not checked by `--arch gfx942`)."""
+    text = ("kernel_set s {\n  arch(gfx942, gfx950)\n  kernel a { signature { family(fwd) hdim(128) } }\n"
+            "  kernel b {\n    arch(gfx950)\n    signature { family(fwd) dtyp(bf16) }\n"
+            "    where pipelin == \"qr_async\"\n    where hdim_q in [128, \"x\"]\n  }\n  where lse == 3\n}\n")
+    with pytest.raises(FmhaError) as info:
+        fmha_dsl.load(write("a.fmha", text)).expand(arch="gfx942")
+    got = [(d.rule, d.span.line) for d in info.value.diagnostics]
+    assert got == [("where.type", 10), ("setter.unknown", 6), ("where.unknown-name", 7), ("where.type", 8)]
 
 
 def test_include_cycle(write):
@@ -261,3 +292,12 @@ def test_wrong_argument_types_to_the_python_api_are_usage_errors():
     with pytest.raises(fmha_dsl.errors.UsageError, match=r"`lse` must be the forward's float32 LSE \(or float64\), "
         r"got dtype <U1"):
         fmha_dsl.attention_backward(q, q, q, q, np.full((1, 2, 3), "x"), q)
+
+
+def test_the_caret_stays_under_its_text_after_wide_characters():
+    """A CJK character takes two terminal cells: the caret line counts cells, not characters."""
+    with pytest.raises(FmhaError) as info:
+        fmha_dsl.loads('kernel_set s { constraint("注意") kernel { signature { family(fwd) dtype(fp17) } } }')
+    lines = info.value.diagnostics[0].render().splitlines()
+    src, caret = lines[2].split(" | ", 1)[1], lines[3].split(" | ", 1)[1]
+    assert caret.index("^") == src.index("fp17") + 2 and caret.strip() == "^^^^"

@@ -123,6 +123,20 @@ def test_declaration_expanding_to_nothing_is_an_error(write):
     with pytest.raises(RuleError) as info:
         expand(write, body)
     assert info.value.rule == "decl.empty" and info.value.line == 4
+    assert info.value.hint.startswith("it gives kernels with no `where` on line 7;")
+
+
+@pytest.mark.parametrize("sig,loosen", [
+    ("dtype(bf16) hdim(128) qscale(pertensor)", "it gives kernels with `dtype(*)` or with `qscale(*)`;"),
+    ("dtype(fp8bf16) hdim(128) mode(group) lse(true)", "it gives kernels with `dtype(*)` or with `lse(*)`;"),
+])
+def test_an_empty_declaration_says_which_value_leaves_it_empty(write, sig, loosen):
+    """Rules that read several fields drop a written value's candidates silently when another field is a
+    wildcard: the error names the values that, made `*`, give kernels (a tile table's rules, which drop as many in
+    any expansion, are what dropped most)."""
+    with pytest.raises(RuleError) as info:
+        expand(write, f"arch(gfx942)\n    kernel k {{ signature {{ family(fwd) {sig} }} }}")
+    assert info.value.rule == "decl.empty" and info.value.hint.startswith(loosen), info.value.hint
 
 
 def test_a_tile_pattern_the_table_lacks_names_the_tiles_it_has(write):
@@ -584,3 +598,43 @@ def test_two_declarations_of_one_label_keep_a_row_each(write):
                         "    kernel x { signature { family(fwd) dtype(bf16) hdim(128) } }")
     assert rep.per_decl == {"x": {"gfx942": 2}, "x (t.fmha:4)": {"gfx942": 2}}
     assert sum(sum(c.values()) for c in rep.per_decl.values()) == len(rep.kernels) == 4
+
+
+@pytest.mark.parametrize("head,masks,want", [
+    ("arch(gfx942)", "mask(top_left) } } kernel b { signature { family(fwd) dtype(bf16) hdim(128) lse(false) "
+     "mask(bottom_right)", {"top_left"}),
+    ("arch(gfx942) mask_impl(generic)", "mask(t | b | g)", {"top_left", "generic"}),
+    ("backend(triton) arch(sm90)", "mask(top_left | bottom_right | generic)", {"top_left"}),
+])
+def test_mask_values_that_name_one_kernel_give_one_registry_entry(head, masks, want, tmp_path):
+    """One compiled causal kernel serves both corners (the corner is a run-time argument), and CK's simplified
+    masks and Triton's serve a window too: such values give one key, so a build never writes a registry that
+    `Registry.load` then refuses as `registry.duplicate` (session 44's review)."""
+    import fmha_dsl
+
+    src = (f"kernel_set s {{ {head} kernel a {{ signature {{ family(fwd) dtype(bf16) hdim(128) lse(false) "
+           f"{masks} }} " + ("algorithm { pipeline(qr_async) tile(128, 128, *, *, *, *) padding(true, true, false, "
+                             "false) } " if "triton" in head else "") + "} }")
+    reg = fmha_dsl.loads(src).registry()
+    names = [(e.arch, e.name) for e in reg]
+    assert len(names) == len(set(names)) > 0
+    assert {e.sig["mask"] for e in reg} == want
+    path = tmp_path / "registry.json"
+    reg.save(str(path))
+    assert len(fmha_dsl.Registry.load(str(path))) == len(reg)
+
+
+def test_a_nine_value_tile_is_the_backwards_only(write):
+    body = ("arch(gfx942)\n    kernel k { signature { family(fwd) dtype(bf16) hdim(128) }\n"
+            "               algorithm { pipeline(qr) tile(128, 128, 32, 128, 32, 128, 1, 2, 3) } }")
+    with pytest.raises(RuleError) as info:
+        expand(write, body)
+    d = info.value.diagnostics[0]
+    assert d.rule == "tile.length" and "6 values" in d.message and d.hint
+    assert d.span.source_line[:d.span.column].endswith("32, 128, 1")   # the caret under the seventh value
+
+
+def test_ck_on_an_nvidia_arch_points_at_the_triton_backend(write):
+    with pytest.raises(RuleError) as info:
+        expand(write, "arch(sm90)\n    kernel k { signature { family(fwd) dtype(bf16) hdim(128) } }")
+    assert info.value.rule == "decl.unsupported" and "add `backend(triton)`" in info.value.hint

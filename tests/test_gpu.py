@@ -199,8 +199,9 @@ def test_group_mode(with_max, causal):
 
 @pytest.mark.parametrize("kw", [dict(window=(16, 8)), dict(window=(32, 0), causal=True),
                                 dict(window=(8, 0), sink=4), dict(window=(-1, 5), causal="top_left"),
-                                dict(causal="bottom_right", sink=3), dict(window=(0, 0))])
-def test_windows_and_sinks(kw):
+                                dict(causal="bottom_right", sink=3), dict(window=(0, 0)),
+                                dict(window=(8, 0), sink=np.int64(4)), dict(window=(np.int32(8), 0), sink=np.int8(0))])
+def test_windows_and_sinks(kw):   # (NumPy integers: as Python's)
     q, k, v = rnd(2, 2, 150, 64), rnd(2, 2, 170, 64), rnd(2, 2, 170, 64)
     out, lse = fmha_dsl.attention(q, k, v, return_lse=True, **kw)
     r_out, r_lse = reference(q, k, v, **kw)

@@ -96,8 +96,16 @@ def test_schema_export():
 def test_problem_validation():
     p = Problem(batch=2, nhead_q=8, nhead_k=2, seqlen_q=100, seqlen_k=300, hdim_q=64, hdim_v=64)
     assert p.num_ops() == 2 * 2 * 8 * 100 * 300 * 128
-    with pytest.raises(ValidationError):
+    from fmha_dsl import UsageError
+
+    with pytest.raises(UsageError, match="nhead_q \\(6\\) must be a multiple of nhead_k \\(4\\)") as info:
         Problem(nhead_q=6, nhead_k=4)
+    assert info.value.rule == "usage.problem" and info.value.hint
+    with pytest.raises(UsageError, match="Problem `batch`: Input should be greater than or equal to 1, got 0"):
+        Problem(batch=0)
+    with pytest.raises(UsageError, match="Problem has no field `nhaed_q`") as info:
+        Problem(nhaed_q=2)
+    assert "nhead_q" in info.value.hint
 
 
 def test_plain_field_names_match_the_models():

@@ -53,7 +53,7 @@ def test_values_nested_within_the_limit_still_work(depth):
     assert {k.signature.hdim_q for k in _kernels(text)} == {128}
 
 
-@pytest.mark.parametrize("profile", ["1" * 4301, "\u0664"])   # 4,301 digits; an Arabic-Indic 4
+@pytest.mark.parametrize("profile", ["1" * 4301, "\u0664", "-0", "04"])   # 4,301 digits; an Arabic-Indic 4; not as written
 def test_profiles_spelt_as_odd_digits_are_unknown_profiles(profile):
     _err(f'kernel_set s {{ profile("{profile}") kernel {{ {SIG} }} }}', "value.unknown", "unknown profile")
 
@@ -219,11 +219,21 @@ FMT_CASES = [
      "        }\n    }\n}\n",
      "kernel_set s {\n    kernel {\n        signature {\n            family(fwd)  /* a\n            b */\n"
      "            dtype(fp16)\n        }\n    }\n}\n"),
-    # comments in a multi-line where clause trail it
+    # comments in a multi-line where clause trail it, each line comment on a line of its own (never merged into one)
     ("kernel_set s {\n    kernel a {\n        signature { family(fwd) dtype(fp16) hdim(128) lse(*) }\n"
      "        where hdim_q == 128   # first\n          and lse             # second\n    }\n}\n",
      "kernel_set s {\n    kernel a {\n        signature {\n            family(fwd)\n            dtype(fp16)\n"
-     "            hdim(128)\n            lse(*)\n        }\n        where hdim_q == 128 and lse  # first # second\n"
+     "            hdim(128)\n            lse(*)\n        }\n        where hdim_q == 128 and lse  # first\n"
+     "        # second\n    }\n}\n"),
+    # the same in a setter's argument list; in an .add(...) line each comment stays with its setter
+    ("kernel_set s {\n    kernel {\n        signature {\n            family(fwd)\n            dtype(fp16 |  # half\n"
+     "                  bf16)   /* b */ // brain\n            hdim(128)\n        }\n    }\n"
+     "    .add(FmhaSignature().family(fwd).dtype(fp16)  # one\n         .hdim(128),\n"
+     "         FmhaAlgorithm().pipeline(qr_async).tile(128, 128, 32, 128, 32, 128))  # two\n}\n",
+     "kernel_set s {\n    kernel {\n        signature {\n            family(fwd)\n            dtype(fp16 | bf16)  # half\n"
+     "            /* b */\n            // brain\n            hdim(128)\n        }\n    }\n\n    kernel {  # two\n"
+     "        signature {\n            family(fwd)\n            dtype(fp16)  # one\n            hdim(128)\n        }\n"
+     "        algorithm {\n            pipeline(qr_async)\n            tile(128, 128, 32, 128, 32, 128)\n        }\n"
      "    }\n}\n"),
     # a block comment over several lines trailing a statement: the comments after it get lines of their own
     ("kernel_set s {\n    kernel a {\n        signature { family(fwd) dtype(fp16) hdim(128) lse(*) }\n"

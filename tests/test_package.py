@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def test_import_does_no_work():
     code = ("import sys, fmha_dsl; heavy = [m for m in ('lark', 'pydantic', 'numpy', 'triton', 'torch') "
@@ -124,3 +126,15 @@ def test_every_fmha_dsl_name_the_gpu_tests_import_exists():
                             missing.append(f"{os.path.basename(path)}:{node.lineno}: {node.module}.{alias.name}")
     assert seen > 20, seen
     assert not missing, missing
+
+
+def test_load_takes_a_shipped_set_by_name_as_the_command_line_does(tmp_path, monkeypatch):
+    import fmha_dsl
+
+    monkeypatch.chdir(tmp_path)   # (no file of that name here)
+    assert fmha_dsl.load("ck_receipt0").path == fmha_dsl.shipped("ck_receipt0")
+    with pytest.raises(fmha_dsl.FmhaError) as info:
+        fmha_dsl.load("ck_reciept0")
+    assert info.value.rule == "input.file-not-found" and "ck_receipt0" in info.value.hint
+    (tmp_path / "ck_receipt0").write_text("kernel_set mine { kernel { signature { family(fwd) } } }\n")  # here first
+    assert fmha_dsl.load("ck_receipt0").sets == ("mine",)

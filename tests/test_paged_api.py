@@ -167,6 +167,9 @@ def test_torch_argument_errors_are_located():
         assert "paged_attention()" in str(e.value) and e.value.hint
     with pytest.raises(UsageError, match="torch tensors run on a GPU"):
         fmha_dsl.paged_attention(q, kct, vct, **good)
+    with pytest.raises(UsageError, match="page size must be a power of two for the kernels, got 3") as e:
+        fmha_dsl.paged_attention(q, kct[:, :3], vct[:, :3], registry=cpu, **good)
+    assert "reference" in e.value.hint
     with pytest.raises(UsageError, match="k_cache.*4-D"):
         fmha_dsl.paged_attention(q, kct[0], vct, registry=cpu, **good)
     from fmha_dsl.reference_paged import vectorized_caches
@@ -287,7 +290,10 @@ def test_a_one_element_descale_of_any_shape_is_per_tensor():
     assert descales("fp8bf16", (one, tok, tok), -1, pages=(6, 2), page=4, tokens=(3, 8))[1] == "per_token_head"
     assert descales("fp8bf16", (torch.ones(3, 8), tok, tok), -1, pages=(6, 2), page=4,
                     tokens=(3, 8))[1] == "per_token_head"
+    from fmha_dsl.fp8 import round_e4m3
+
     kc, vc, bt = _cache([9, 6])
+    kc, vc = round_e4m3(kc), round_e4m3(vc)   # (FP8 inputs hold e4m3 values)
     kw = dict(block_table=bt, seqlens_k=[9, 6], cu_seqlens_q=[0, 1, 2])
     q = np.ones((2, 4, 16), np.float32)
     got = fmha_dsl.paged_attention(q, kc, vc, q_descale=[[0.5]], k_descale=[[2.0]], v_descale=np.array([3.0]), **kw)

@@ -63,10 +63,11 @@ def test_arch_aware_lookup_and_filters(reg):
     assert all(e.arch == "gfx942" for e in g942)
     dots = reg.filter(family="bwd_dot_do_o", arch="gfx950")
     assert dots and all(e.family == "bwd_dot_do_o" for e in dots)
-    # the same CK name exists for both archs, as two distinct registry entries
+    # CK names carry the arch's target suffix (gfx942 builds `_gfx9`, gfx950 `_gfx950`): one kernel per name
+    g950 = reg.for_arch("gfx950")
+    assert {e.name.removesuffix("_gfx9") for e in g942} == {e.name.removesuffix("_gfx950") for e in g950}
     e = next(iter(g942))
-    both = reg.by_name(e.name)
-    assert {x.arch for x in both} == {"gfx942", "gfx950"} or e.name.endswith("_gfx9")
+    assert [x.arch for x in reg.by_name(e.name)] == ["gfx942"] and e.name.endswith("_gfx9")
     assert len({x.identifier for x in reg}) == len(reg)
 
 
@@ -164,3 +165,18 @@ def test_registry_files_are_opened_only_by_the_registry_module():
     bad = [f"{path}:{node.lineno}" for path, text in python_sources(skip=("fmha_dsl/registry.py",))
            for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Constant) and node.value == "registry.json"]
     assert not bad, "use fmha_dsl.registry.registry_path / Registry.load / read_document: " + ", ".join(bad)
+
+
+def test_sources_name_every_file_as_the_kernels_do(tmp_path):
+    """Two included files of one name in different folders are two sources (`metadata.sources` listed each file's
+    base name once), named as each kernel's `source` names them."""
+    for sub, dt in (("x", "fp16"), ("y", "bf16")):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "common.fmha").write_text(
+            f"kernel_set c{sub} {{ arch(gfx942) kernel {{ signature {{ family(fwd) dtype({dt}) hdim(128) }} }} }}\n")
+    top = tmp_path / "top.fmha"
+    top.write_text('include "x/common.fmha"\ninclude "y/common.fmha"\n'
+                   "kernel_set top { arch(gfx942) kernel { signature { family(fwd) dtype(fp16) hdim(64) } } }\n")
+    doc = json.loads(fmha_dsl.load(str(top)).registry().to_json())
+    assert doc["metadata"]["sources"] == ["top.fmha", "x/common.fmha", "y/common.fmha"]
+    assert {k["source"].rsplit(":", 1)[0] for k in doc["kernels"]} == set(doc["metadata"]["sources"])

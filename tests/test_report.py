@@ -194,10 +194,20 @@ def test_png_only_when_out_is_png(build_dir, tmp_path):
 
 
 def test_deterministic(build_dir, tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    fa = report.write_report(str(build_dir), str(a / "x.html"), png=True, png_backend_name="builtin")
-    fb = report.write_report(str(build_dir), str(b / "x.html"), png=True, png_backend_name="builtin")
-    for x, y in zip(fa, fb):
+    """Byte-identical reports from two processes with different string hashes (set and dict orders would differ)."""
+    import subprocess
+    import sys
+
+    files = []
+    for seed in ("1", "2"):
+        code = ("import sys; from fmha_dsl import report; print('\\n'.join(report.write_report(sys.argv[1], "
+                "sys.argv[2], png=True, png_backend_name='builtin')))")
+        r = subprocess.run([sys.executable, "-c", code, str(build_dir), str(tmp_path / seed / "x.html")],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed}, timeout=300)
+        assert r.returncode == 0, r.stderr
+        files.append(r.stdout.split())
+    assert len(files[0]) == len(files[1]) == 2
+    for x, y in zip(*files):
         with open(x, "rb") as f1, open(y, "rb") as f2:
             assert f1.read() == f2.read()
 

@@ -22,14 +22,8 @@ from fmha_dsl.reference import attention_fwd
 from fmha_dsl.registry import Entry, Registry
 from fmha_dsl.kernels.abis import abi_of
 from fmha_dsl.runtime import abi, autotune, hip
-from fmha_dsl.runtime.dispatch import (
-    Dispatcher,
-    Plan,
-    declaration_for,
-    fwd_args,
-    mismatches,
-    preference,
-)
+from fmha_dsl.runtime.dispatch import Dispatcher, Plan, declaration_for, mismatches, preference
+from fmha_dsl.runtime.plan import fwd_args
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -742,6 +736,23 @@ def test_the_cost_model_counts_the_key_blocks_a_window_leaves_in_reach(run, row,
     assert _regret_of_the_cut(p, rec["times_us"]) <= 0.03
     assert costmodel.window_blocks(p, 64, 32) == 18 and costmodel.window_blocks(p, 128, 128) == 5
     assert costmodel.window_blocks(p.model_copy(update={"window_left": -1}), 64, 32) == float("inf")
+
+
+def test_the_backward_cost_counts_every_query_block_for_the_sinks_key_block(monkeypatch):
+    """A window's key blocks see the query blocks in its reach, but the sink's key block is seen by every row after
+    it: one program of each K/V head walks them all (hand-checked: 64 query blocks of 64 over 4096, 32 key blocks
+    of 128)."""
+    from fmha_dsl import costmodel
+
+    monkeypatch.delenv("FMHA_DSL_TUNE_CANDIDATES", raising=False)
+    p = Problem(family="bwd_dq_dk_dv", dtype="bf16", batch=4, nhead_q=16, nhead_k=16, seqlen_q=4096, seqlen_k=4096,
+                hdim_q=128, hdim_v=128, mask="top_left", window_left=512, window_right=0, sink=True)
+    e = next(e for e in Builder().candidates(p, "sm90", True) if tuple(e.alg["tile"][:2]) == (64, 128))
+    reach = costmodel.window_blocks(p, 128, 64)
+    assert 9 <= reach < 64 * (0.5 + 0.5 * 128 / 4096)
+    with_sink = costmodel.cost(e, p, "sm90")[0]
+    without = costmodel.cost(e, p.model_copy(update={"sink": False}), "sm90")[0]
+    assert with_sink / without == pytest.approx((reach * 31 + 64) / 32 / reach)
 
 
 def test_dispatcher_reads_what_the_triton_build_writes(tmp_path):

@@ -414,3 +414,24 @@ def test_tune_cli_reports_a_bad_matrix_before_touching_the_gpu(tmp_path):
                           str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=120,
                          cwd=tmp_path)
     assert out.returncode == 2 and "cannot read the shape matrix" in out.stderr and "help:" in out.stderr
+
+
+def test_explain_of_a_ck_registry_with_one_dimensional_kernels():
+    """Kernels with no tile (the split-KV combine, dot_do_o, convert_dq: tile 0) are excluded by their family, not a
+    ZeroDivisionError (session 44's review)."""
+    import fmha_dsl
+
+    src = """kernel_set s {
+        arch(gfx942)
+        kernel f { signature { family(fwd_splitkv | fwd_splitkv_combine) dtype(bf16) hdim(128) mode(batch) }
+                   algorithm { padding(*) } }
+        kernel b { signature { family(bwd_dot_do_o | bwd_convert_dq) dtype(bf16) hdim(128) mode(batch) }
+                   algorithm { padding(*) } }
+    }"""
+    reg = fmha_dsl.loads(src).registry()
+    assert {e.family for e in reg} >= {"fwd_splitkv_combine", "bwd_dot_do_o", "bwd_convert_dq"}
+    d = Dispatcher(reg, arch="gfx942", launcher="interpret")
+    rows = d.explain(Problem(dtype="bf16", batch=2, nhead_q=8, nhead_k=8, seqlen_q=1000, seqlen_k=1000,
+                             hdim_q=128, hdim_v=128))
+    one_d = [r for r in rows if "combine" in r["name"] or "dot_do_o" in r["name"] or "convert_dq" in r["name"]]
+    assert one_d and all(r["excluded"] and any(w.startswith("family") for w in r["why"]) for r in one_d)

@@ -51,7 +51,6 @@ _receipt_ok = receipt_chain({
     100: lambda b: half_row_unquantized(b) and b["mode"] == "batch",  # aiter mha_fwd
     200: lambda b: half_row_unquantized(b) and b["mode"] == "group",  # aiter mha_varlen_fwd
     600: half_row_unquantized,  # aiter::mha_fwd C++ api
-    700: lambda b: False,  # TE does not use this API
 })
 
 

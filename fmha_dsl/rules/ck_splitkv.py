@@ -76,7 +76,6 @@ _split_receipt_ok = receipt_chain({
                   and not b["fp8_static_quant"] and b["mode"] == "batch" and not b["sink"]),
     200: lambda b: half_row_unquantized(b) and b["mode"] == "group",  # aiter mha_varlen_fwd
     600: half_row_unquantized,  # aiter::mha_fwd_splitkv C++ api
-    700: lambda b: False,  # TE does not use this API
 })
 
 
