@@ -161,7 +161,9 @@ def compile_expr(e: Expr, field: str | None = None) -> Compiled:
         if n in _KNOWN_WORDS or _canon_word(n) != n:
             v = _value(n, field, e)
             return Compiled(lambda b: v, "str", frozenset())
+        parts = [x for x in NAMES if x.startswith(n + "_")]   # `hdim`: the setter of hdim_q and hdim_v
         raise error("where.unknown-name", f"unknown name `{n}` in where clause", e.span,
+                    f"`{n}(...)` sets {', '.join(f'`{x}`' for x in parts)}: name one of them" if len(parts) > 1 else
                     did_you_mean(n, NAMES + sorted(_KNOWN_WORDS)) or "names: " + ", ".join(NAMES), cls=ParseError)
     if op == "tuple":
         items = [compile_expr(a, field) for a in e.args]
@@ -243,7 +245,13 @@ def where_rule(w: Where, index: int) -> Rule:
     if c.type != "bool":
         raise error("where.type", f"a where clause must be true or false, got {_a(c.type)}", w.span,
                     "e.g. `where hdim_q == 128 and pipeline != \"qs\"`", cls=ParseError)
-    src = w.span.source_line.strip() if w.span.source_line else "where"
+    sp = w.span
+    if not sp.source_line:
+        src = "where"
+    elif sp.end_line == sp.line and sp.end_column:   # the clause itself, not the whole line it is on
+        src = sp.source_line[sp.column - 1:sp.end_column - 1].strip()
+    else:   # (a clause over several lines: its first line)
+        src = sp.source_line[sp.column - 1:].strip() + " ..."
     deps = tuple(sorted(c.deps))
     return Rule(id=f"where#{index}", deps=deps, check=c.fn, message=lambda b, m=f"filtered by `{src}`": m, filter=True,
                 blame=None)

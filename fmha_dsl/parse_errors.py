@@ -90,6 +90,16 @@ def translate(exc, lines: Lines) -> ParseError:
         if number:
             return number
         hint = f"expected {expected_words(exc.expected)}"
+        before = "\n".join(lines.lines[:tok.line - 1] + [text[:tok.column - 1]])
+        sig = before.rfind("FmhaSignature")
+        if "ALGO_CTOR" in exc.expected and sig >= 0 and "FmhaAlgorithm" in before[sig:]:
+            at = sig + before[sig:].index("FmhaAlgorithm")
+            ln = before.count("\n", 0, at) + 1
+            col = at - (before.rfind("\n", 0, at) + 1) + 1
+            return error("syntax.unexpected-token", "`FmhaAlgorithm()` follows the signature with no `,` before it",
+                         lines.span(ln, col, ln, col + len("FmhaAlgorithm")),
+                         "write `.add(FmhaSignature()..., FmhaAlgorithm()..., \"arch\")`: a comma between the two",
+                         cls=ParseError)
         if tok.type == "EQUAL" and "CMP_OP" in exc.expected and text[tok.column:tok.column + 1] in "<>!" and \
                 text[tok.column:tok.column + 1]:   # `where tile_m0 => 64`: the operator the other way round
             hint = f"write `{text[tok.column]}=`"

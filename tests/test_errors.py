@@ -36,6 +36,8 @@ CASES = [
     ("kernel_set a { kernel { signature { hdim(1e3) } } }", "syntax.number", 1, 42),
     ("kernel_set a { kernel { signature { hdim(0x80, 1.5) } } }", "syntax.number", 1, 42),
     ("kernel_set a { kernel { signature { hdim(128abc) } } }", "syntax.unexpected-token", 1, 45),
+    ('kernel_set a {\n  .add(FmhaSignature().family("fwd").hdim(128)\n       FmhaAlgorithm().pipeline("qr"), "gfx942")\n}',
+     "syntax.unexpected-token", 3, 8),   # (the comma missing before FmhaAlgorithm: the caret under it)
     # --- setters
     ("kernel_set a { kernel { signature { dtpye(fp16) } } }", "setter.unknown", 1, 37),
     ("kernel_set a { kernel { signature { tile(*) } } }", "setter.wrong-block", 1, 37),
@@ -114,6 +116,13 @@ def test_a_comparison_written_the_other_way_round_gets_its_operator(op, hint):
     with pytest.raises(ParseError) as info:
         fmha_dsl.loads(f"kernel_set s {{ kernel {{ signature {{ family(fwd) }} where tile_m0 {op} 64 }} }}")
     assert info.value.hint.startswith(hint)
+
+
+def test_a_setter_name_in_a_where_clause_names_the_fields_it_sets():
+    with pytest.raises(ParseError) as info:
+        fmha_dsl.loads("kernel_set s { kernel { signature { family(fwd) } where hdim == 128 } }")
+    assert info.value.rule == "where.unknown-name" and info.value.hint == (
+        "`hdim(...)` sets `hdim_q`, `hdim_v`: name one of them")
 
 
 def test_hints_suggest_spelling(write):
