@@ -174,7 +174,7 @@ class _Expander:
                     None, (), "warning"))
                 return out
             top = [r for r, _ in mine.most_common(3)]
-            loose = self._loosened()
+            loose = self._loosened() if self.most is None else []   # (not in a probe: they would recurse)
             hint = ((f"it gives kernels with {' or with '.join(loose)}; " if loose else "")
                     + "the rules that dropped most: " + ", ".join(f"`{r}`" for r in top)
                     + f"; `fmha-dsl explain {d.display or d.path or 'FILE'}` counts what each rule dropped"

@@ -638,3 +638,23 @@ def test_ck_on_an_nvidia_arch_points_at_the_triton_backend(write):
     with pytest.raises(RuleError) as info:
         expand(write, "arch(sm90)\n    kernel k { signature { family(fwd) dtype(bf16) hdim(128) } }")
     assert info.value.rule == "decl.unsupported" and "add `backend(triton)`" in info.value.hint
+
+
+def test_an_empty_declaration_probes_each_written_value_once(write, monkeypatch):
+    """The probes that find what to loosen do not probe again (they did, recursively: 14 s for one where clause)."""
+    from fmha_dsl import expand as E
+
+    made = []
+    init = E._Expander.__init__
+    monkeypatch.setattr(E._Expander, "__init__", lambda self, *a, **k: (made.append(1), init(self, *a, **k))[1])
+    body = """
+    kernel k {
+        signature { family(fwd) dtype(fp16) hdim(128) mask(causal) }
+        algorithm { pipeline(qr_async) tile(*) padding(true, true, true, true) }
+        arch(gfx942)
+        where dtype == "bf16"
+    }"""
+    with pytest.raises(RuleError) as info:
+        expand(write, body)
+    assert "`dtype(*)`" in info.value.hint
+    assert len(made) <= 1 + 12 + 1, len(made)   # the expansion, at most 12 probes, the profile's probe
