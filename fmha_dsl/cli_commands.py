@@ -246,7 +246,7 @@ def cmd_precompile(args) -> int:
     _check_writable(folder)
     t0 = time.perf_counter()
     done = precompile_report(problems, args.arch, jobs=args.jobs, cache_dir=folder, limit=args.limit,
-                             device=args.device)
+                             device=args.device, progress=None if args.quiet else _Progress())
     for name, why in done.failed:
         _err(f"failed: {name}: {(why.strip().splitlines() or [''])[-1]}")
     none = sorted(set(done.no_kernel))

@@ -282,9 +282,11 @@ class Builder:
             ahead, self._ahead = self._ahead, {}
         return ahead
 
-    def compile(self, entries, aligned: bool = True, cache_only: bool = False) -> list[tuple[Entry, object]]:
+    def compile(self, entries, aligned: bool = True, cache_only: bool = False,
+                progress=None) -> list[tuple[Entry, object]]:
         """``[(entry with build, {identifier: bytes}) | (entry, reason str)]`` in the order given.  ``cache_only``:
-        what the artifact cache holds, nothing compiled (a miss is ``(entry, reason)``)."""
+        what the artifact cache holds, nothing compiled (a miss is ``(entry, reason)``).  ``progress(done, total,
+        failed, cached)`` is called as each kernel (a companion counts as one) is in."""
         try:
             import triton  # noqa: F401
         except ImportError:
@@ -295,8 +297,17 @@ class Builder:
         entries = list(entries)
         wanted, keys = _jobs(entries, aligned)
         ahead = None if cache_only else self._take_ahead()
+        on_result = None
+        if progress is not None:
+            counts = [0, 0, 0]   # done, failed, cached
+
+            def on_result(key, ok, cached):
+                counts[0] += 1
+                counts[1] += not ok
+                counts[2] += bool(cached)
+                progress(counts[0], len(wanted), counts[1], counts[2])
         ready, why = compile_through_cache(wanted, ArtifactCache.of(self.cache_dir), self.jobs or knobs.jobs(),
-                                           cache_only=cache_only, ahead=ahead)
+                                           on_result=on_result, cache_only=cache_only, ahead=ahead)
         out = []
         for e, (k, comps) in zip(entries, keys):
             if k not in ready:

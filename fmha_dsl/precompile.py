@@ -35,13 +35,14 @@ class Precompiled(NamedTuple):
 
 def precompile_report(problems, arch: str, aligned: bool = True, jobs: int | None = None,
                       cache_dir: str | None = None, limit: int | None = None,
-                      device: str | None = None) -> Precompiled:
+                      device: str | None = None, progress=None) -> Precompiled:
     """:func:`precompile`, saying what failed (``fmha-dsl precompile``).  Per problem, the kernels its first call
     may need: the candidates first use would time (``limit``: only the ones the cost model ranks highest), always the
     kernels a shipped table names for its class -- the winner and the close runners-up that first use times again
     -- of the device named ``device`` (as torch names it; None: every device of ``arch`` with a table), and the
     problems a call of it also decides: a backward's training forward (with LSE) and, for a paged prefill that may
-    take the gathered route, the copy kernel and the forward problem over the copy."""
+    take the gathered route, the copy kernel and the forward problem over the copy.  ``progress(done, total, failed,
+    cached)`` is called as each kernel is in (``fmha-dsl precompile`` draws it)."""
     from fmha_dsl.runtime import decisions
     from fmha_dsl.runtime.match import describe
 
@@ -58,7 +59,7 @@ def precompile_report(problems, arch: str, aligned: bool = True, jobs: int | Non
             continue
         for e in picked + _shipped_kernels(b, p, arch, aligned, tables, picked):
             want.setdefault(e.identifier, e)
-    got = b.compile(list(want.values()), aligned)
+    got = b.compile(list(want.values()), aligned, progress=progress)
     failed += [(_name_of(e) if e.name == "<first-use>" else e.name, str(why)) for e, why in got
                if not isinstance(why, dict)]  # a shipped winner is built from its record's key, unnamed
     for p in gathers.values():

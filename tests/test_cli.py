@@ -1,6 +1,7 @@
 """The command line: exit codes, formats, help, output files."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -433,6 +434,8 @@ def test_precompile_fills_the_cache_that_first_use_then_only_loads(tmp_path, mon
     assert out.returncode == 0, out.stderr
     assert (f"1 kernel in the cache `{cache}` for 1 problem of `shapes.json` on sm90 (0 failed, 0 without a kernel)"
             in out.stdout) and f"FMHA_DSL_CACHE_DIR={cache}" in out.stdout
+    # progress as the binaries come in (the kernel and its companion), not a silent wait
+    assert re.search(r"^\[(\d+)/\1\] .* 0 failed", out.stderr, re.M), out.stderr
     (cls, pts), = expand_shapes(json.loads(shapes.read_text()))
     p = problem_of(cls, pts[0], "sm90")
     want = Builder().candidates(p, "sm90", limit=2)
