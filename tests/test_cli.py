@@ -1,8 +1,8 @@
 """The command line: exit codes, formats, help, output files."""
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 
