@@ -47,23 +47,25 @@ def check_one_bias(bias, alibi) -> None:
                      "fold the ALiBi term into the bias tensor")
 
 
-def check_numpy_call(q, arrays: dict, tensors: dict, registry=None, same_dtype=(), workspace=None) -> None:
+def check_numpy_call(q, arrays: dict, tensors: dict, registry=None, same_dtype=(), workspace=None,
+                     like: str = "q") -> None:
     """A call on NumPy arrays (the reference) takes what the torch path takes, of one kind: ``arrays`` (name ->
     value) must be numpy arrays (``bias`` and ``alibi_slopes`` may be None: not given), those named in
     ``same_dtype`` of q's dtype; ``tensors`` (index arguments, which may also be lists) must not be torch tensors;
-    and no ``registry`` (it picks GPU kernels) nor ``workspace`` (their scratch)."""
+    and no ``registry`` (it picks GPU kernels) nor ``workspace`` (their scratch).  ``like``: the name of ``q``, the
+    array the call's kind was read from."""
     import numpy as np
 
     for name, x in arrays.items():
         if not isinstance(x, np.ndarray) and (x is not None or name not in ("bias", "alibi_slopes")):
-            raise _usage("usage.type", f"`{name}` must be a numpy array like q, got {type(x).__name__}",
+            raise _usage("usage.type", f"`{name}` must be a numpy array like {like}, got {type(x).__name__}",
                          "pass the arrays of one kind: numpy runs the reference, torch GPU tensors the kernels")
         if name in same_dtype and x is not None and x.dtype != q.dtype:
-            raise _usage("usage.dtype", f"`{name}` must have q's dtype {q.dtype}, got {x.dtype}",
+            raise _usage("usage.dtype", f"`{name}` must have {like}'s dtype {q.dtype}, got {x.dtype}",
                          f"pass {name}.astype(q.dtype)")
     for name, x in tensors.items():
         if (type(x).__module__ or "").startswith("torch"):
-            raise _usage("usage.type", f"`{name}` is a torch tensor but q is a numpy array",
+            raise _usage("usage.type", f"`{name}` is a torch tensor but {like} is a numpy array",
                          "pass the arrays of one kind: numpy runs the reference, torch GPU tensors the kernels")
     for name, x, what in (("registry", registry, "picks GPU kernels"), ("workspace", workspace, "is the kernels' "
                                                                                                    "scratch")):

@@ -255,6 +255,9 @@ class _Expander:
                 fixed_rules.append(_fixed_rule(fr.family, name, value, fs.values))
         tile_c = _tile_candidates(d, self.explicit_tiles, self.missed_tiles)
         if d.tile.tile_len == 9 and fr.family != "bwd_dq_dk_dv" and "tile" in fr.fields:
+            fams = d.fields.get("family")
+            if fams is not None and fams.values is not None and "bwd_dq_dk_dv" in fams.values:
+                return 0   # (the declaration's backward family takes the nine values; its others none of them)
             sp = d.tile.spans.get("tile6") or d.span   # (the first value past six)
             if ("tile.length", sp.line, sp.column) not in self.seen_err:
                 self.seen_err.add(("tile.length", sp.line, sp.column))
@@ -283,16 +286,16 @@ class _Expander:
         src = f"{d.display or d.path or '<input>'}:{d.span.line}"
         label = d.label
         most = max_kernels() if self.most is None else self.most
-        try:  # (the walk stops past the limit: a runaway wildcard costs a bounded time and memory)
-            found = search(fields, candidates, plan, env, self.on_fail, most - len(out))
+        too_many = TooManyKernels(Diagnostic(
+            "decl.too-many", f"declaration `{label}` expands to more than {most:,} kernels ({arch}, "
+            f"{fr.family}, {self.backend} backend, and counting)", d.span,
+            "narrow its wildcards (a tile, a pipeline, padding), name fewer targets with --arch, or raise "
+            "FMHA_DSL_MAX_KERNELS"))
+        try:  # (the walk stops past the limit: a runaway wildcard costs a bounded time and memory; the bindings of
+            # one kernel -- the mask values its name does not tell apart, at most 3 -- are counted once below)
+            found = search(fields, candidates, plan, env, self.on_fail, 3 * (most - len(out)))
         except TooMany:
-            found = None
-        if found is None:
-            raise TooManyKernels(Diagnostic(
-                "decl.too-many", f"declaration `{label}` expands to more than {most:,} kernels ({arch}, "
-                f"{fr.family}, {self.backend} backend, and counting)", d.span,
-                "narrow its wildcards (a tile, a pipeline, padding), name fewer targets with --arch, or raise "
-                "FMHA_DSL_MAX_KERNELS"))
+            raise too_many from None
         for b in found:
             name = fr.ck_name(b)
             if b.get("mask") not in (None, "no", "top_left") and fr.ck_name({**b, "mask": "top_left"}) == name:
@@ -303,6 +306,8 @@ class _Expander:
                 self.made.add(k.identifier)
                 out.append(k)
                 n += 1
+        if len(out) > most:
+            raise too_many
         return n
 
 

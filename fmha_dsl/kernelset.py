@@ -173,11 +173,16 @@ def _path(func: str, path) -> str:
 
 
 def resolve_set(path: str) -> str:
-    """A path, or the name of a shipped kernel set (``ck_receipt0``; a misspelt name gets a did-you-mean): a name
-    with no folder that is not a file here."""
-    if os.path.exists(path) or os.sep in path or "/" in path:
+    """A path, or the name of a shipped kernel set: ``ck_receipt0`` (no folder, no ``.fmha``, not a file here).  A
+    bare name that is neither is a ParseError naming both (a misspelt set's name gets a did-you-mean)."""
+    if os.path.exists(path) or os.sep in path or "/" in path or path.endswith(".fmha"):
         return path
-    return shipped(path)
+    names = shipped_names()
+    if path in names:
+        return shipped(path)
+    raise error("input.file-not-found", f"no such file or shipped kernel set: `{path}`", None,
+                did_you_mean(path, names) or "give the path of a .fmha file, or one of the shipped sets: "
+                + ", ".join(names), cls=ParseError)
 
 
 def load(path: str | os.PathLike) -> KernelSet:

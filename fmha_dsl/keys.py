@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import vocab as V
 from .fields import identifier_from
@@ -165,8 +165,6 @@ class Problem(_Frozen):
     num_splits: int = Field(1, ge=1)
 
     def __init__(self, **fields):
-        from pydantic import ValidationError
-
         try:
             super().__init__(**fields)
         except ValidationError as exc:

@@ -307,7 +307,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
             check_numpy_call(k_new, {"k_new": k_new, "v_new": v_new},
                              {"block_table": block_table, "kv_indptr": kv_indptr, "kv_indices": kv_indices,
                               "seqlens_k": seqlens_k, "cu_seqlens_new": cu_seqlens_new, "rotary_cos": rotary_cos,
-                              "rotary_sin": rotary_sin, "k_descale": k_descale, "v_descale": v_descale}, registry)
+                              "rotary_sin": rotary_sin, "k_descale": k_descale, "v_descale": v_descale}, registry,
+                             like="k_new")
             return paged_numpy.append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, seqlens_k,
                                       cu_seqlens_new, rotary_cos, rotary_sin, rotary_interleaved, q,
                                       (k_descale, v_descale), max_seqlen_new)

@@ -327,3 +327,13 @@ def test_paged_causal_errors_say_what_true_means_there(causal):
     e = info.value
     assert e.rule == "usage.value" and "paged_attention()" in str(e) and "top-left" not in e.hint
     assert "bottom" in e.hint
+
+
+def test_numpy_append_errors_name_the_array_the_call_was_read_from():
+    torch = pytest.importorskip("torch")
+    kc = np.zeros((4, 4, 2, 16), np.float32)
+    kn = np.ones((3, 2, 16), np.float32)
+    with pytest.raises(UsageError) as info:
+        fmha_dsl.append_kv(kc, kc.copy(), kn, kn, block_table=torch.zeros((2, 2), dtype=torch.int32),
+                           seqlens_k=[1, 1], cu_seqlens_new=[0, 2, 3])
+    assert "`block_table` is a torch tensor but k_new is a numpy array" in str(info.value)

@@ -267,7 +267,7 @@ def test_debug_goes_before_or_after_the_command():
     """`--debug` shows the traceback (the error raised), wherever it is written; without it, the located error."""
     for args in (("--debug", "check", "no-such-set"), ("check", "no-such-set", "--debug")):
         r = cli(*args)
-        assert "Traceback" in r.stderr and "UsageError" in r.stderr, args
+        assert "Traceback" in r.stderr and "ParseError" in r.stderr, args
     r = cli("check", "no-such-set")
     assert r.returncode == 2 and "Traceback" not in r.stderr
 

@@ -539,6 +539,10 @@ kernel_set s {
     monkeypatch.setenv("FMHA_DSL_MAX_KERNELS", str(n))
     assert len(ks.expand()) == n
     monkeypatch.setenv("FMHA_DSL_MAX_KERNELS", str(n - 1))
+    with pytest.raises(RuleError, match=f"more than {n - 1:,} kernels"):   # (past the limit after the walk)
+        ks.expand()
+    limit = (n - 1) // 3   # the walk stops at three bindings a kernel (mask values one kernel serves)
+    monkeypatch.setenv("FMHA_DSL_MAX_KERNELS", str(limit))
     import fmha_dsl.expand as ex
     from fmha_dsl.rules.base import TooMany
 
@@ -554,10 +558,10 @@ kernel_set s {
     monkeypatch.setattr(ex, "search", search)
     with pytest.raises(RuleError) as exc:
         ks.expand()
-    assert stopped == [n - 1]
+    assert stopped == [3 * limit]
     d = exc.value.diagnostics[0]
     assert d.rule == "decl.too-many" and (d.span.line, d.span.column) == (4, 5)
-    assert f"more than {n - 1:,} kernels" in d.message and "FMHA_DSL_MAX_KERNELS" in d.hint
+    assert f"more than {limit:,} kernels" in d.message and "FMHA_DSL_MAX_KERNELS" in d.hint
 
 
 def test_the_triton_backends_one_d_backward_stages_expand():
@@ -658,3 +662,19 @@ def test_an_empty_declaration_probes_each_written_value_once(write, monkeypatch)
         expand(write, body)
     assert "`dtype(*)`" in info.value.hint
     assert len(made) <= 1 + 12 + 1, len(made)   # the expansion, at most 12 probes, the profile's probe
+
+
+def test_a_nine_value_tile_serves_the_backward_of_a_declaration_of_several_families(write):
+    """With bwd_dq_dk_dv among its families, a nine-value tile is its tile: the other families (which take six)
+    are left out, not an error."""
+    rep = expand(write, "arch(gfx942)\n    kernel k { signature { family(bwd_dq_dk_dv | bwd_convert_dq) dtype(fp16) "
+                        "hdim(128) } algorithm { tile(*, 128, *, *, *, *, *, *, *) } }")
+    assert rep.kernels and {k.sig["family"] for k in rep.kernels} == {"bwd_dq_dk_dv"}
+
+
+def test_the_kernel_limit_counts_one_kernel_once_whatever_mask_values_name_it(write, monkeypatch):
+    monkeypatch.setenv("FMHA_DSL_MAX_KERNELS", "2")   # (three bindings, one kernel)
+    rep = expand(write, "backend(triton) arch(sm90)\n    kernel k { signature { family(fwd) dtype(bf16) hdim(128) "
+                        "lse(false) mask(top_left | bottom_right | generic) } algorithm { pipeline(qr_async) "
+                        "tile(128, 128, *, *, *, *) padding(true, true, false, false) } }")
+    assert len(rep.kernels) == 1

@@ -133,8 +133,14 @@ def test_load_takes_a_shipped_set_by_name_as_the_command_line_does(tmp_path, mon
 
     monkeypatch.chdir(tmp_path)   # (no file of that name here)
     assert fmha_dsl.load("ck_receipt0").path == fmha_dsl.shipped("ck_receipt0")
-    with pytest.raises(fmha_dsl.FmhaError) as info:
+    with pytest.raises(fmha_dsl.ParseError) as info:
         fmha_dsl.load("ck_reciept0")
     assert info.value.rule == "input.file-not-found" and "ck_receipt0" in info.value.hint
+    for missing in ("missing.fmha", "x/missing.fmha"):   # a file name is a path: never a shipped set
+        with pytest.raises(fmha_dsl.ParseError, match="no such file: `" + missing) as info:
+            fmha_dsl.load(missing)
+        assert info.value.hint.startswith("check the path")
+    with pytest.raises(fmha_dsl.ParseError, match="no such file: `serving.fmha`"):
+        fmha_dsl.load("serving.fmha")   # (the package ships one: a file name still means a file here)
     (tmp_path / "ck_receipt0").write_text("kernel_set mine { kernel { signature { family(fwd) } } }\n")  # here first
     assert fmha_dsl.load("ck_receipt0").sets == ("mine",)
