@@ -297,15 +297,14 @@ class Builder:
         entries = list(entries)
         wanted, keys = _jobs(entries, aligned)
         ahead = None if cache_only else self._take_ahead()
-        on_result = None
-        if progress is not None:
-            counts = [0, 0, 0]   # done, failed, cached
+        counts = [0, 0, 0]   # done, failed, cached
 
-            def on_result(key, ok, cached):
-                counts[0] += 1
-                counts[1] += not ok
-                counts[2] += bool(cached)
-                progress(counts[0], len(wanted), counts[1], counts[2])
+        def counted(key, ok, cached):
+            counts[0] += 1
+            counts[1] += not ok
+            counts[2] += bool(cached)
+            progress(counts[0], len(wanted), counts[1], counts[2])
+        on_result = None if progress is None else counted
         ready, why = compile_through_cache(wanted, ArtifactCache.of(self.cache_dir), self.jobs or knobs.jobs(),
                                            on_result=on_result, cache_only=cache_only, ahead=ahead)
         out = []
