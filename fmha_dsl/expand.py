@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from . import arch as arch_table
 from . import vocab as V
-from .declare import Declaration, FieldSpec
+from .declare import Declaration
 from .errors import Diagnostic, RuleError, Span
 from .expand_tiles import _explicit_tiles, _missed_tiles_hint, _tile_candidates
+from .expand_hints import backend_note, loosened, nonempty_without_profile, nothing_to_build, unsupported_hint
 from .expr import where_rule
 from .fields import ALG_KEYS, SIG_KEYS
 from .keyfields import KeyFields
@@ -164,17 +165,17 @@ class _Expander:
                 # explicitly; with `arch(*)` or a narrowing --arch it stays a warning
                 if d.archs.values is not None and self.archs == d.archs.values:
                     msg = f"declaration `{d.label}` expands to no kernel: " + "; ".join(dict.fromkeys(unsupported))
-                    raise RuleError(Diagnostic("decl.unsupported", msg, d.span, self._unsupported_hint(no_backend)))
+                    raise RuleError(Diagnostic("decl.unsupported", msg, d.span, unsupported_hint(self, no_backend)))
                 return out
             mine = self.report.dropped - before
-            if any(rid.startswith("receipt.") for rid in mine) and self._nonempty_without_profile():
+            if any(rid.startswith("receipt.") for rid in mine) and nonempty_without_profile(self):
                 # the profile leaves nothing of this declaration (upstream lists nothing either)
                 self.report.notes.append(Diagnostic(
                     "profile.empty", f"profile {self.profile} leaves no kernel of `{d.label}`", d.span,
                     None, (), "warning"))
                 return out
             top = [r for r, _ in mine.most_common(3)]
-            loose = self._loosened() if self.most is None else []   # (not in a probe: they would recurse)
+            loose = loosened(self) if self.most is None else []   # (not in a probe: they would recurse)
             hint = ((f"it gives kernels with {' or with '.join(loose)}; " if loose else "")
                     + "the rules that dropped most: " + ", ".join(f"`{r}`" for r in top)
                     + f"; `fmha-dsl explain {d.display or d.path or 'FILE'}` counts what each rule dropped"
@@ -184,51 +185,10 @@ class _Expander:
             raise RuleError(Diagnostic("decl.empty", f"declaration `{d.label}` expands to no kernel", d.span, hint))
         return out
 
-    def _unsupported_hint(self, no_backend: list[str]) -> str:
-        if no_backend:  # the backend is the cause, not the arch
-            has = [f for f in V.FAMILIES if family_rules(f, self.backend)]
-            others = [b for b in V.BACKENDS if b != self.backend  # one that has them on one of these archs
-                      and all(family_rules(f, b) and any(family_rules(f, b).supported(a) is None for a in self.archs)
-                              for f in dict.fromkeys(no_backend))]
-            alt = f", or backend({others[0]}) for {', '.join(dict.fromkeys(no_backend))}" if others else ""
-            return (f"the {self.backend} backend implements {', '.join(has)} only: use family("
-                    f"{' | '.join(has)}){alt}")
-        foreign = [a for a in self.archs if a not in ALL_ARCHS[self.backend]]
-        other = next((b for b in V.BACKENDS if b != self.backend and foreign
-                      and all(a in ALL_ARCHS[b] for a in foreign)), None)
-        if other:   # the arch is not the backend's at all (CK on an NVIDIA arch)
-            return f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not a {self.backend} target: add " \
-                   f"`backend({other})`, or pick one of {', '.join(ALL_ARCHS[self.backend])}"
-        return "pick an arch that supports this family, or use `arch(*)`"
-
-    def _loosened(self) -> list[str]:
-        """What leaves this (empty) declaration empty: each setter value it names (but its family) made `*`, and
-        each where clause dropped, that alone would give it kernels -- e.g. ``[`qscale(*)`]``.  (The walks stop at
-        the first kernel: a few milliseconds each.)"""
-        import dataclasses
-
-        d = self.decl
-        tries = [(f"`{name}(*)`", dataclasses.replace(d, fields={**d.fields, name: FieldSpec(None, fs.span,
-                                                                                           explicit=False)}))
-                 for name, fs in sorted(d.fields.items()) if name != "family" and fs.values is not None and fs.explicit]
-        tries += [(f"no `where` on line {w.span.line}", dataclasses.replace(d, wheres=d.wheres[:i] + d.wheres[i + 1:]))
-                  for i, w in enumerate(d.wheres)]
-        out = []
-        for what, loose in tries[:12]:
-            probe = _Expander(loose, Report(), self.archs, self.profile, self.backend)
-            probe.most = 0
-            try:
-                probe.run()
-            except TooManyKernels:
-                out.append(what)
-            except RuleError:
-                pass
-        return out
-
-    def _nonempty_without_profile(self) -> bool:
-        """Would this declaration give kernels if no receipt filtered them?  (Only asked when empty: the walk stops
-        at the first kernel.)"""
-        probe = _Expander(self.decl, Report(), self.archs, "all", self.backend)
+    def gives_kernels(self, decl: Declaration, profile: str | None = None) -> bool:
+        """Whether ``decl`` (this declaration, changed) gives a kernel on these archs under ``profile`` (None: this
+        expansion's): a walk that stops at the first kernel, and looks for no hint of its own if it finds none."""
+        probe = _Expander(decl, Report(), self.archs, profile or self.profile, self.backend)
         probe.most = 0
         try:
             return bool(probe.run())
@@ -393,16 +353,6 @@ def expand_decl(decl: Declaration, archs: tuple[str, ...] | None, profile: str |
     return DeclResult(report, [], False)
 
 
-def _backend_note(archs, backend: str) -> str:
-    """`; sm90 has no ck kernels: ...` when some of ``archs`` are not targets of ``backend``."""
-    foreign = [a for a in archs if a not in ALL_ARCHS[backend]]
-    if not foreign:
-        return ""
-    other = next((b for b in ALL_ARCHS if b != backend and all(a in ALL_ARCHS[b] for a in foreign)), None)
-    return (f"; {', '.join(foreign)} {'has' if len(foreign) == 1 else 'have'} no {backend} kernels"
-            + (f": add `backend({other})` too" if other else ""))
-
-
 def merge(results: list[DeclResult], decls, archs, backend: str | None = None, keep_going: bool = False) -> Report:
     """Combine per-declaration results in declaration order; raise the errors they found (with ``keep_going``,
     keep them in ``Report.errors`` instead: ``explain`` shows the counts of a declaration that fails)."""
@@ -429,7 +379,7 @@ def merge(results: list[DeclResult], decls, archs, backend: str | None = None, k
         raise RuleError(Diagnostic(
             "arch.not-declared", f"no declaration is for {', '.join(archs)}: `{d.label}` {why}", d.archs.span,
             f"--arch only picks among the archs a set declares: add `arch({wanted})` to the set (or `arch(*)` for "
-            "every arch of its backend)" + _backend_note(archs, backend or d.backend)))
+            "every arch of its backend)" + backend_note(archs, backend or d.backend)))
     if errors and keep_going:
         report.errors = errors
     elif errors:
@@ -449,16 +399,3 @@ def expand(decls, archs: tuple[str, ...] | None = None, profile: str | None = No
 
 __all__ = ["Kernel", "Report", "DeclResult", "expand", "expand_decl", "merge", "resolve_archs",
            "ALL_ARCHS", "nothing_to_build"]
-
-
-def nothing_to_build(kernel_set, report: "Report", archs) -> RuleError:
-    """The error of a build that expands to no kernel (no registry is written: an empty one would dispatch
-    nothing, silently).  The warnings that explain why (a family an arch lacks, a profile that leaves
-    nothing) become its notes."""
-    where = f" for {', '.join(archs)}" if archs else ""
-    notes = [d.message for d in report.notes]
-    return RuleError(Diagnostic(
-        "build.empty", f"nothing to build: kernel set `{kernel_set.name}` expands to no kernel{where}", None,
-        ("the notes say why; " if notes else "") + f"`fmha-dsl explain {kernel_set.path or 'FILE'}` shows what "
-        "each rule dropped; "
-        "another --arch, --profile or declaration may give kernels", tuple(dict.fromkeys(notes))))
