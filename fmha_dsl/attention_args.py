@@ -340,7 +340,6 @@ def check_max_lengths(max_q, max_k, lens_q, lens_k) -> None:
             max_len(name, given, lens, MAX_LEN_HINT)
 
 
-
 def _check_bias(bias, alibi, q, b, hq, sq, sk, group, dev):
     torch = _torch()
     T = torch.Tensor
