@@ -216,9 +216,18 @@ class _Expander:
         tile_c = _tile_candidates(d, self.explicit_tiles, self.missed_tiles)
         if d.tile.tile_len == 9 and fr.family != "bwd_dq_dk_dv" and "tile" in fr.fields:
             fams = d.fields.get("family")
-            if fams is not None and fams.values is not None and "bwd_dq_dk_dv" in fams.values:
-                return 0   # (the declaration's backward family takes the nine values; its others none of them)
             sp = d.tile.spans.get("tile6") or d.span   # (the first value past six)
+            if fams is not None and (fams.values is None or "bwd_dq_dk_dv" in fams.values):
+                # the declaration's backward family takes the nine values; its others none of them: said (once a
+                # family), not dropped silently
+                if fams.values is None or ("tile.length", fr.family) in self.seen_err:
+                    return 0   # (family(*): the families this tile fits, as any wildcard)
+                self.seen_err.add(("tile.length", fr.family))
+                self.report.notes.append(Diagnostic(
+                    "tile.length", f"{fr.family} takes no tile of 9 values (only bwd_dq_dk_dv does): this "
+                    "declaration gives it no kernel", sp, "declare the other families with a tile of their own", (),
+                    "warning"))
+                return 0
             if ("tile.length", sp.line, sp.column) not in self.seen_err:
                 self.seen_err.add(("tile.length", sp.line, sp.column))
                 self.errors.append(Diagnostic("tile.length", f"{fr.family} tiles take 6 values (m0, n0, k0, n1, k1, "

@@ -142,6 +142,21 @@ def _example(name: str) -> str:
     return known.get(name) or (sorted(set(table.values()))[0] if table else "...")
 
 
+def _fields_of_setter(name: str) -> list[str]:
+    """The where names a setter of several values sets (``hdim`` -> hdim_q, hdim_v; ``padding`` -> pad_s ...), or
+    [] for a name that is no such setter."""
+    spec = V.SETTERS.get(name)
+    if spec is None or len(spec.params) < 2:
+        return []
+    prefix = {"padding": "pad", "kv_cache": "kv"}.get(name, name)
+    out = []
+    for p in spec.params:   # (kv_cache's page_size is a field of its own name)
+        w = next((w for w in (f"{prefix}_{p}", p) if w in NAMES), None)
+        if w is not None:
+            out.append(w)
+    return out
+
+
 def compile_expr(e: Expr, field: str | None = None) -> Compiled:
     """Compile ``e``; ``field`` is the enum field a literal here is compared with (for its aliases)."""
     op = e.op
@@ -161,7 +176,7 @@ def compile_expr(e: Expr, field: str | None = None) -> Compiled:
         if n in _KNOWN_WORDS or _canon_word(n) != n:
             v = _value(n, field, e)
             return Compiled(lambda b: v, "str", frozenset())
-        parts = [x for x in NAMES if x.startswith(n + "_")]   # `hdim`: the setter of hdim_q and hdim_v
+        parts = _fields_of_setter(n)
         raise error("where.unknown-name", f"unknown name `{n}` in where clause", e.span,
                     f"`{n}(...)` sets {', '.join(f'`{x}`' for x in parts)}: name one of them" if len(parts) > 1 else
                     did_you_mean(n, NAMES + sorted(_KNOWN_WORDS)) or "names: " + ", ".join(NAMES), cls=ParseError)

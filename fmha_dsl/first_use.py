@@ -307,6 +307,8 @@ class Builder:
         on_result = None if progress is None else counted
         ready, why = compile_through_cache(wanted, ArtifactCache.of(self.cache_dir), self.jobs or knobs.jobs(),
                                            on_result=on_result, cache_only=cache_only, ahead=ahead)
+        if progress is not None and counts[0] < len(wanted):   # (cache_only: the misses were not reported)
+            progress(len(wanted), len(wanted), counts[1] + len(wanted) - counts[0], counts[2])
         out = []
         for e, (k, comps) in zip(entries, keys):
             if k not in ready:

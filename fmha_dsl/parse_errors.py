@@ -5,6 +5,8 @@ source lines (:class:`Lines`), and the place of a byte that is not UTF-8.  Used 
 
 from __future__ import annotations
 
+import re
+
 from .errors import ParseError, Span, error
 
 # Terminal names -> how a user writes them.
@@ -90,16 +92,11 @@ def translate(exc, lines: Lines) -> ParseError:
         if number:
             return number
         hint = f"expected {expected_words(exc.expected)}"
-        before = "\n".join(lines.lines[:tok.line - 1] + [text[:tok.column - 1]])
-        sig = before.rfind("FmhaSignature")
-        if "ALGO_CTOR" in exc.expected and sig >= 0 and "FmhaAlgorithm" in before[sig:]:
-            at = sig + before[sig:].index("FmhaAlgorithm")
-            ln = before.count("\n", 0, at) + 1
-            col = at - (before.rfind("\n", 0, at) + 1) + 1
+        at = _algorithm_without_comma("\n".join(lines.lines[:tok.line - 1] + [text[:tok.column - 1]]))
+        if at is not None:
             return error("syntax.unexpected-token", "`FmhaAlgorithm()` follows the signature with no `,` before it",
-                         lines.span(ln, col, ln, col + len("FmhaAlgorithm")),
-                         "write `.add(FmhaSignature()..., FmhaAlgorithm()..., \"arch\")`: a comma between the two",
-                         cls=ParseError)
+                         lines.span(at[0], at[1], at[0], at[1] + len("FmhaAlgorithm")),
+                         "write `.add(FmhaSignature()..., FmhaAlgorithm()...)`: a comma between the two", cls=ParseError)
         if tok.type == "EQUAL" and "CMP_OP" in exc.expected and text[tok.column:tok.column + 1] in "<>!" and \
                 text[tok.column:tok.column + 1]:   # `where tile_m0 => 64`: the operator the other way round
             hint = f"write `{text[tok.column]}=`"
@@ -111,6 +108,28 @@ def translate(exc, lines: Lines) -> ParseError:
             hint = f"setters are calls: write `{shown}(...)`; " + hint
         return error("syntax.unexpected-token", f"unexpected `{shown}`", sp, hint, cls=ParseError)
     raise exc
+
+
+_NOT_CODE = re.compile(r'#[^\n]*|//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+
+
+def _algorithm_without_comma(before: str):
+    """``(line, column)`` of an ``FmhaAlgorithm`` that follows the last ``FmhaSignature`` of ``before`` (the text up
+    to the error) with no comma between them outside parentheses -- a pasted ``.add(...)`` missing its comma, which
+    the parser reads as one more setter of the signature -- else None.  Comments and strings do not count."""
+    code = _NOT_CODE.sub(lambda m: " " * len(m.group()), before)   # (same offsets)
+    sig = code.rfind("FmhaSignature")
+    if sig < 0:
+        return None
+    depth = 0
+    for i in range(sig, len(code)):
+        c = code[i]
+        depth += (c == "(") - (c == ")")
+        if depth < 0 or (depth == 0 and c == ","):
+            return None
+        if depth == 0 and code.startswith("FmhaAlgorithm", i):
+            return before.count("\n", 0, i) + 1, i - (before.rfind("\n", 0, i) + 1) + 1
+    return None
 
 
 def _odd_number(text: str, tok, lines: Lines):

@@ -118,11 +118,32 @@ def test_a_comparison_written_the_other_way_round_gets_its_operator(op, hint):
     assert info.value.hint.startswith(hint)
 
 
-def test_a_setter_name_in_a_where_clause_names_the_fields_it_sets():
+@pytest.mark.parametrize("where,hint", [
+    ("hdim == 128", "`hdim(...)` sets `hdim_q`, `hdim_v`: name one of them"),
+    ("padding == true", "`padding(...)` sets `pad_s`, `pad_sk`, `pad_d`, `pad_dv`: name one of them"),
+    ("kv_cache == 1", "`kv_cache(...)` sets `kv_layout`, `kv_lookup`, `page_size`: name one of them"),
+    ("pad == true", "did you mean `pad_s`?"),   # (no setter of that name: a spelling)
+])
+def test_a_setter_name_in_a_where_clause_names_the_fields_it_sets(where, hint):
     with pytest.raises(ParseError) as info:
-        fmha_dsl.loads("kernel_set s { kernel { signature { family(fwd) } where hdim == 128 } }")
-    assert info.value.rule == "where.unknown-name" and info.value.hint == (
-        "`hdim(...)` sets `hdim_q`, `hdim_v`: name one of them")
+        fmha_dsl.loads(f"kernel_set s {{ kernel {{ signature {{ family(fwd) }} where {where} }} }}")
+    assert info.value.rule == "where.unknown-name" and info.value.hint == hint
+
+
+@pytest.mark.parametrize("text,comma", [
+    ('.add(FmhaSignature().family("fwd").hdim(128)\n FmhaAlgorithm().pipeline("qr"))', True),   # (no arch)
+    ('.add(FmhaSignature().family("fwd").hdim(128)\n FmhaAlgorithm().pipeline("qr"), "gfx942")', True),
+    ('.add(FmhaSignature().family("fwd").hdim(128), // then FmhaAlgorithm()\n FmhaAlgo().pipeline("qr"), "gfx942")',
+     False),   # (the word in a comment: a misspelt constructor is what is wrong)
+    ('.add(FmhaSignature().family("fwd").name("FmhaAlgorithm"), "gfx942")', False),   # (in a string)
+])
+def test_a_missing_comma_before_fmha_algorithm_is_named_only_where_it_is_missing(text, comma):
+    with pytest.raises(ParseError) as info:
+        fmha_dsl.loads("kernel_set a {\n" + text + "\n}")
+    d = info.value.diagnostics[0]
+    assert ("no `,` before it" in d.message) == comma, d.render()
+    if comma:
+        assert (d.span.line, d.span.column) == (3, 2)
 
 
 def test_hints_suggest_spelling(write):

@@ -670,6 +670,7 @@ def test_a_nine_value_tile_serves_the_backward_of_a_declaration_of_several_famil
     rep = expand(write, "arch(gfx942)\n    kernel k { signature { family(bwd_dq_dk_dv | bwd_convert_dq) dtype(fp16) "
                         "hdim(128) } algorithm { tile(*, 128, *, *, *, *, *, *, *) } }")
     assert rep.kernels and {k.sig["family"] for k in rep.kernels} == {"bwd_dq_dk_dv"}
+    assert [(n.rule, n.severity) for n in rep.notes if "bwd_convert_dq" in n.message] == [("tile.length", "warning")]
 
 
 def test_the_kernel_limit_counts_one_kernel_once_whatever_mask_values_name_it(write, monkeypatch):

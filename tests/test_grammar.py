@@ -128,12 +128,16 @@ def test_formatter_escapes_strings_and_include_paths():
     assert src.sets[0].kernels[0].algorithm[0].args[0].alt.options[0].value == 'x\ny\t"q"'
 
 
-def test_where_text_with_braces_is_reported_as_written(write):
-    """A one-line kernel { ... where ... } must not be taken for a format template in explain output."""
+def test_where_text_is_the_clause_as_written(write):
+    """explain quotes the where clause itself -- not the braces of a one-line set around it (nor, over several
+    lines, more than its first line)."""
     ks = fmha_dsl.load(write("w.fmha", "kernel_set w { arch(gfx942) dtype(*) hdim(*) pipeline(*) tile(*) padding(*) "
                                        "kernel k { signature { family(fwd) } where hdim_q == 64 } }"))
-    rep = ks.expand_report()
-    assert rep.rule_text["where#0"].startswith("filtered by `kernel_set w {")
+    assert ks.expand_report().rule_text["where#0"] == "filtered by `where hdim_q == 64`"
+    ks = fmha_dsl.load(write("w2.fmha", "kernel_set w { arch(gfx942) dtype(*) hdim(*) pipeline(*) tile(*) "
+                                        "padding(*) kernel k { signature { family(fwd) } where hdim_q == 64\n"
+                                        "    or hdim_q == 96 } }"))
+    assert ks.expand_report().rule_text["where#0"] == "filtered by `where hdim_q == 64 ...`"
 
 
 def test_loads_with_a_path_follows_includes(write):
