@@ -39,10 +39,10 @@ from . import paged_numpy
 from . import replay as _fast
 from .attention_args import CALLER, _mask, _usage, as_bool, check_numpy_call, torch_dtype_names
 from .errors import UsageError, error
-from .numeric import shown
 from .kernels.paged_abi import FP8_DTYPES
 from .paged_args import (append_descales, cache_pair, check_scalars, check_tables_on_host, contiguous_rows,
-                         host_values, max_len, rotary_tables, sequences, tables, within_capacity)
+                         host_values, max_len, paged_causal, required, rotary_tables, sequences, tables,
+                         within_capacity)
 from .paged_args import descales as check_descales
 
 __all__ = ["paged_attention", "append_kv", "workspace_numel"]
@@ -69,30 +69,10 @@ def _dtype_name(q):
     return name
 
 
-def _paged_causal(causal):
-    """``causal`` of :func:`paged_attention` as the other paths take it: True is bottom-right here (the queries are
-    each sequence's last tokens, as in FlashAttention-2's varlen and FlashInfer)."""
-    if causal is not True and causal is not False:
-        causal = as_bool(causal)
-    if causal is None or isinstance(causal, bool) or (isinstance(causal, str) and causal in ("top_left",
-                                                                                            "bottom_right")):
-        return "bottom_right" if causal is True else causal
-    from .errors import did_you_mean
-
-    hint = did_you_mean(causal, ["top_left", "bottom_right"]) if isinstance(causal, str) else None
-    token = CALLER.set("paged_attention()")
-    try:
-        raise _usage("usage.value", f"causal must be False, True, 'top_left' or 'bottom_right', got {shown(causal)}",
-                     hint or "True means bottom-right here (a sequence's queries are its last tokens); 'top_left' "
-                     "aligns the first query with the first key")
-    finally:
-        CALLER.reset(token)
-
-
-def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
-                    cu_seqlens_q, max_seqlen_q=None, max_seqlen_k=None, causal=False, window=None, alibi_slopes=None,
-                    softcap=None, sink=None, scale=None, return_lse=False, registry=None, out=None, workspace=None,
-                    q_descale=None, k_descale=None, v_descale=None):
+def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k=None,
+                    cu_seqlens_q=None, max_seqlen_q=None, max_seqlen_k=None, causal=False, window=None,
+                    alibi_slopes=None, softcap=None, sink=None, scale=None, return_lse=False, registry=None, out=None,
+                    workspace=None, q_descale=None, k_descale=None, v_descale=None):
     """Attention of ``q [Tq, Hq, D]`` over the paged cache; returns ``out [Tq, Hq, Dv]`` (or ``(out, lse [Hq, Tq])``
     with ``return_lse``).  FP8 (CK's ``fp8bf16``): q and both caches ``torch.float8_e4m3fn`` with per-tensor
     ``q_descale``/``k_descale``/``v_descale`` (float32 tensors of one element on the device; NumPy: numbers, the
@@ -104,7 +84,9 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     varlen and FlashInfer); ``causal="top_left"`` aligns the first query with the first key. ``out``: a preallocated
     output; ``workspace``: a float32 buffer of :func:`workspace_numel` elements for split-KV plans (see the module
     docstring)."""
-    causal = _paged_causal(causal)
+    if seqlens_k is None or cu_seqlens_q is None:
+        required("paged_attention()", seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q)
+    causal = paged_causal(causal)
     descales = (q_descale, k_descale, v_descale)
     torch_in = _is_torch(q)
     # the call for the replay path (fmha_dsl/replay.py): tensors in a fixed order (out, lse and the workspace
@@ -275,9 +257,9 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
     return plan, dev, b, hq, msq, args, out, lse, (cq, lens, ix if lookup == "sglang" else bt, ip)
 
 
-def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
-              cu_seqlens_new, max_seqlen_new=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False, q=None,
-              k_descale=None, v_descale=None, registry=None) -> None:
+def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k=None,
+              cu_seqlens_new=None, max_seqlen_new=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
+              q=None, k_descale=None, v_descale=None, registry=None) -> None:
     """Write ``k_new``/``v_new [Tnew, Hk, D|Dv]`` (``cu_seqlens_new [B + 1]``) into each sequence's tokens
     ``seqlens_k[b] ...`` of the cache, in place, RoPE applied to the new K (and to ``q [Tnew, Hq, D]``, in place) at
     those positions when ``rotary_cos``/``rotary_sin [max_position, rotary_dim / 2]`` are given: pairs ``(2i, 2i + 1)``
@@ -293,6 +275,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
         raise error("usage.type", f"append_kv(): rotary_interleaved must be True or False, got {rotary_interleaved!r}",
                     None, "True: pairs (2i, 2i + 1) (GPT-J); False: (i, i + rotary_dim / 2) (GPT-NeoX)",
                     cls=UsageError)
+    if seqlens_k is None or cu_seqlens_new is None:
+        required("append_kv()", seqlens_k=seqlens_k, cu_seqlens_new=cu_seqlens_new)
     torch_in = _is_torch(k_new)
     call = None
     if torch_in and max_seqlen_new is not None:  # the call for the replay path (fmha_dsl/replay.py)

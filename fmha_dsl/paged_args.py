@@ -8,8 +8,10 @@ not pass ``max_seqlen_*`` (one device-to-host copy then); with them nothing here
 
 from __future__ import annotations
 
-from .attention_args import _check_scale, _check_sink, _check_softcap, _usage, max_len, named
+from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _usage, as_bool, max_len, named
+from .errors import UsageError, error
 from .kernels.paged_abi import FP8_DTYPES, descale_kind
+from .numeric import shown
 
 
 def _torch():
@@ -305,6 +307,39 @@ def qscale_of(q_shape, k_shape, v_shape) -> str:
                      "one-element or per-token K/V descales") from None
 
 
+_REQUIRED = {
+    "seqlens_k": "the cached tokens of each sequence: a [B] int32 array (torch: on q's device)",
+    "cu_seqlens_q": "[B + 1] int32 offsets of each sequence's queries in q (group mode)",
+    "cu_seqlens_new": "[B + 1] int32 offsets of each sequence's new rows in k_new and v_new",
+}
+
+
+def required(fn: str, **given) -> None:
+    """The keywords every call of ``fn`` needs, as a located error naming the one left out (None)."""
+    name = next(n for n, x in given.items() if x is None)
+    raise error("usage.missing", f"{fn}: `{name}` is required", None, _REQUIRED[name], cls=UsageError)
+
+
+def paged_causal(causal):
+    """``causal`` of :func:`paged_attention` as the other paths take it: True is bottom-right here (the queries are
+    each sequence's last tokens, as in FlashAttention-2's varlen and FlashInfer)."""
+    if causal is not True and causal is not False:
+        causal = as_bool(causal)
+    if causal is None or isinstance(causal, bool) or (isinstance(causal, str) and causal in ("top_left",
+                                                                                            "bottom_right")):
+        return "bottom_right" if causal is True else causal
+    from .errors import did_you_mean
+
+    hint = did_you_mean(causal, ["top_left", "bottom_right"]) if isinstance(causal, str) else None
+    token = CALLER.set("paged_attention()")
+    try:
+        raise _usage("usage.value", f"causal must be False, True, 'top_left' or 'bottom_right', got {shown(causal)}",
+                     hint or "True means bottom-right here (a sequence's queries are its last tokens); 'top_left' "
+                     "aligns the first query with the first key")
+    finally:
+        CALLER.reset(token)
+
+
 __all__ = ["contiguous_rows", "within_capacity", "int_tensor", "tables", "sequences", "check_tables_on_host",
            "host_values", "cache_pair", "max_len", "rotary_tables", "named", "descales", "append_descales",
-           "qscale_of"]
+           "qscale_of", "required", "paged_causal"]

@@ -337,3 +337,24 @@ def test_numpy_append_errors_name_the_array_the_call_was_read_from():
         fmha_dsl.append_kv(kc, kc.copy(), kn, kn, block_table=torch.zeros((2, 2), dtype=torch.int32),
                            seqlens_k=[1, 1], cu_seqlens_new=[0, 2, 3])
     assert "`block_table` is a torch tensor but k_new is a numpy array" in str(info.value)
+
+
+@pytest.mark.parametrize("fn,left_out", [("paged", "seqlens_k"), ("paged", "cu_seqlens_q"), ("append", "seqlens_k"),
+                                         ("append", "cu_seqlens_new")])
+def test_a_required_serving_keyword_left_out_is_a_usage_error(fn, left_out):
+    """Not Python's TypeError (README: every error is an FmhaError), nor `None` read as an array of dtype object."""
+    kc = np.ones((4, 16, 1, 16), np.float32)
+    if fn == "paged":
+        kw = {"seqlens_k": np.array([20], np.int32), "cu_seqlens_q": np.array([0, 4], np.int32)}
+        kw.pop(left_out)
+        call = lambda: fmha_dsl.paged_attention(np.ones((4, 2, 16), np.float32), kc, kc,  # noqa: E731
+                                                block_table=np.array([[0, 1]], np.int32), **kw)
+    else:
+        kw = {"seqlens_k": [1], "cu_seqlens_new": [0, 3]}
+        kw.pop(left_out)
+        kn = np.ones((3, 1, 16), np.float32)
+        call = lambda: fmha_dsl.append_kv(kc.copy(), kc.copy(), kn, kn,  # noqa: E731
+                                          block_table=np.array([[0, 1]], np.int32), **kw)
+    with pytest.raises(UsageError) as info:
+        call()
+    assert info.value.rule == "usage.missing" and f"`{left_out}` is required" in str(info.value) and info.value.hint
