@@ -67,8 +67,8 @@ def check_numpy_call(q, arrays: dict, tensors: dict, registry=None, same_dtype=(
         if (type(x).__module__ or "").startswith("torch"):
             raise _usage("usage.type", f"`{name}` is a torch tensor but {like} is a numpy array",
                          "pass the arrays of one kind: numpy runs the reference, torch GPU tensors the kernels")
-    for name, x, what in (("registry", registry, "picks GPU kernels"), ("workspace", workspace, "is the kernels' "
-                                                                                                   "scratch")):
+    for name, x, what in (("registry", registry, "picks GPU kernels"),
+                          ("workspace", workspace, "is the kernels' scratch")):
         if x is not None:
             raise _usage("usage.value", f"`{name}` {what}, but numpy arrays run the reference",
                          f"drop {name}=, or pass torch tensors on the GPU")

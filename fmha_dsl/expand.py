@@ -17,8 +17,9 @@ from . import arch as arch_table
 from . import vocab as V
 from .declare import Declaration
 from .errors import Diagnostic, RuleError, Span
+from .expand_hints import (backend_note, loosened, nine_value_tile, nonempty_without_profile, nothing_to_build,
+                           unsupported_hint)
 from .expand_tiles import _explicit_tiles, _missed_tiles_hint, _tile_candidates
-from .expand_hints import backend_note, loosened, nonempty_without_profile, nothing_to_build, unsupported_hint
 from .expr import where_rule
 from .fields import ALG_KEYS, SIG_KEYS
 from .keyfields import KeyFields
@@ -215,23 +216,7 @@ class _Expander:
                 fixed_rules.append(_fixed_rule(fr.family, name, value, fs.values))
         tile_c = _tile_candidates(d, self.explicit_tiles, self.missed_tiles)
         if d.tile.tile_len == 9 and fr.family != "bwd_dq_dk_dv" and "tile" in fr.fields:
-            fams = d.fields.get("family")
-            sp = d.tile.spans.get("tile6") or d.span   # (the first value past six)
-            if fams is not None and (fams.values is None or "bwd_dq_dk_dv" in fams.values):
-                # the declaration's backward family takes the nine values; its others none of them: said (once a
-                # family), not dropped silently
-                if fams.values is None or ("tile.length", fr.family) in self.seen_err:
-                    return 0   # (family(*): the families this tile fits, as any wildcard)
-                self.seen_err.add(("tile.length", fr.family))
-                self.report.notes.append(Diagnostic(
-                    "tile.length", f"{fr.family} takes no tile of 9 values (only bwd_dq_dk_dv does): this "
-                    "declaration gives it no kernel", sp, "declare the other families with a tile of their own", (),
-                    "warning"))
-                return 0
-            if ("tile.length", sp.line, sp.column) not in self.seen_err:
-                self.seen_err.add(("tile.length", sp.line, sp.column))
-                self.errors.append(Diagnostic("tile.length", f"{fr.family} tiles take 6 values (m0, n0, k0, n1, k1, "
-                                              "k0max); 9 are bwd_dq_dk_dv's", sp, "drop the last three values"))
+            nine_value_tile(self, fr.family)
             return 0
 
         def candidates(f, b):

@@ -1,6 +1,7 @@
 """[expand] What an expansion that gives nothing says: the hints of ``decl.unsupported`` (another backend or arch),
 ``decl.empty`` (which written value to loosen, found by probing the declaration with it made ``*``),
-``arch.not-declared`` and ``build.empty``.  Used by :mod:`fmha_dsl.expand` only when it has an error to raise."""
+``arch.not-declared``, ``build.empty`` and ``tile.length`` (a nine-value tile on a family of six).  Used by
+:mod:`fmha_dsl.expand` only when it has something to say."""
 
 from __future__ import annotations
 
@@ -13,10 +14,6 @@ from .errors import Diagnostic, RuleError
 from .rules import family_rules
 
 
-def _archs_of(backend: str) -> tuple[str, ...]:
-    return arch_table.backend_archs(backend)
-
-
 def unsupported_hint(ex, no_backend: list[str]) -> str:
     """``decl.unsupported``'s hint: the backend that has the families, or the arch's own backend."""
     if no_backend:  # the backend is the cause, not the arch
@@ -27,12 +24,12 @@ def unsupported_hint(ex, no_backend: list[str]) -> str:
         alt = f", or backend({others[0]}) for {', '.join(dict.fromkeys(no_backend))}" if others else ""
         return (f"the {ex.backend} backend implements {', '.join(has)} only: use family("
                 f"{' | '.join(has)}){alt}")
-    foreign = [a for a in ex.archs if a not in _archs_of(ex.backend)]
+    foreign = [a for a in ex.archs if a not in arch_table.backend_archs(ex.backend)]
     other = next((b for b in V.BACKENDS if b != ex.backend and foreign
-                  and all(a in _archs_of(b) for a in foreign)), None)
+                  and all(a in arch_table.backend_archs(b) for a in foreign)), None)
     if other:   # the arch is not the backend's at all (CK on an NVIDIA arch)
         return f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not a {ex.backend} target: add " \
-               f"`backend({other})`, or pick one of {', '.join(_archs_of(ex.backend))}"
+               f"`backend({other})`, or pick one of {', '.join(arch_table.backend_archs(ex.backend))}"
     return "pick an arch that supports this family, or use `arch(*)`"
 
 
@@ -55,12 +52,37 @@ def nonempty_without_profile(ex) -> bool:
     return ex.gives_kernels(ex.decl, "all")
 
 
+def nine_value_tile(ex, family: str) -> None:
+    """A nine-value tile is bwd_dq_dk_dv's: for ``family`` (another) it is an error -- a warning when the
+    declaration names bwd_dq_dk_dv too, nothing under ``family(*)`` (any wildcard's values a rule drops) --
+    said once, at the seventh value."""
+    d = ex.decl
+    fams = d.fields.get("family")
+    named = fams.values if fams is not None else ("fwd",)
+    if named is None:
+        return
+    sp = d.tile.spans.get("tile6") or d.span
+    beside = "bwd_dq_dk_dv" in named
+    key = ("tile.length", family) if beside else ("tile.length", sp.line, sp.column)
+    if key in ex.seen_err:
+        return
+    ex.seen_err.add(key)
+    if beside:
+        ex.report.notes.append(Diagnostic(
+            "tile.length", f"{family} takes no tile of 9 values (only bwd_dq_dk_dv does): this declaration "
+            "gives it no kernel", sp, "declare the other families with a tile of their own", (), "warning"))
+    else:
+        ex.errors.append(Diagnostic("tile.length", f"{family} tiles take 6 values (m0, n0, k0, n1, k1, k0max); "
+                                      "9 are bwd_dq_dk_dv's", sp, "drop the last three values"))
+
+
 def backend_note(archs, backend: str) -> str:
     """`; sm90 has no ck kernels: ...` when some of ``archs`` are not targets of ``backend``."""
-    foreign = [a for a in archs if a not in _archs_of(backend)]
+    foreign = [a for a in archs if a not in arch_table.backend_archs(backend)]
     if not foreign:
         return ""
-    other = next((b for b in V.BACKENDS if b != backend and all(a in _archs_of(b) for a in foreign)), None)
+    other = next((b for b in V.BACKENDS if b != backend and all(a in arch_table.backend_archs(b) for a in foreign)),
+                 None)
     return (f"; {', '.join(foreign)} {'has' if len(foreign) == 1 else 'have'} no {backend} kernels"
             + (f": add `backend({other})` too" if other else ""))
 
@@ -78,4 +100,5 @@ def nothing_to_build(kernel_set, report, archs) -> RuleError:
         "another --arch, --profile or declaration may give kernels", tuple(dict.fromkeys(notes))))
 
 
-__all__ = ["unsupported_hint", "loosened", "nonempty_without_profile", "backend_note", "nothing_to_build"]
+__all__ = ["unsupported_hint", "loosened", "nine_value_tile", "nonempty_without_profile", "backend_note",
+           "nothing_to_build"]

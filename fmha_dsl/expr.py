@@ -8,6 +8,7 @@ arithmetic exist.  Unknown names and type mismatches are located errors.
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -254,8 +255,10 @@ def compile_expr(e: Expr, field: str | None = None) -> Compiled:
     raise AssertionError(f"unknown expression node {op}")
 
 
+@functools.lru_cache(maxsize=1024)
 def where_rule(w: Where, index: int) -> Rule:
-    """A where clause as a silent filter rule over the fields it reads."""
+    """A where clause as a silent filter rule over the fields it reads (compiled once: reading the file checks it,
+    and each expansion of its declaration -- an empty one's probes too -- takes the same rule)."""
     c = compile_expr(w.expr)
     if c.type != "bool":
         raise error("where.type", f"a where clause must be true or false, got {_a(c.type)}", w.span,

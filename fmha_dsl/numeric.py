@@ -113,6 +113,7 @@ def window_side(x: int) -> int:
     return -1 if x < 0 else min(int(x), WINDOW_MAX)
 
 
-__all__ = ["shown", "window_side", "scale_problem", "softcap_problem", "dropout_problem", "is_time", "FP32_MAX",
+__all__ = ["shown", "window_side", "scale_problem", "softcap_problem", "dropout_problem", "max_len_problem",
+           "MAX_LEN_HINT", "is_time", "FP32_MAX",
            "FP32_TINY", "LOG2E", "SCALAR_MAX", "INT64_MAX", "WINDOW_MAX", "TIME_RANGE_US", "COUNT_MAX", "is_int",
            "as_float", "usable_scale", "usable_softcap"]

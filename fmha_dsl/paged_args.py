@@ -8,7 +8,7 @@ not pass ``max_seqlen_*`` (one device-to-host copy then); with them nothing here
 
 from __future__ import annotations
 
-from .attention_args import CALLER, _check_scale, _check_sink, _check_softcap, _usage, as_bool, max_len, named
+from .attention_args import _check_scale, _check_sink, _check_softcap, _usage, as_bool, max_len, named
 from .errors import UsageError, error
 from .kernels.paged_abi import FP8_DTYPES, descale_kind
 from .numeric import shown
@@ -331,13 +331,9 @@ def paged_causal(causal):
     from .errors import did_you_mean
 
     hint = did_you_mean(causal, ["top_left", "bottom_right"]) if isinstance(causal, str) else None
-    token = CALLER.set("paged_attention()")
-    try:
-        raise _usage("usage.value", f"causal must be False, True, 'top_left' or 'bottom_right', got {shown(causal)}",
-                     hint or "True means bottom-right here (a sequence's queries are its last tokens); 'top_left' "
-                     "aligns the first query with the first key")
-    finally:
-        CALLER.reset(token)
+    raise error("usage.value", f"paged_attention(): causal must be False, True, 'top_left' or 'bottom_right', got "
+                f"{shown(causal)}", None, hint or "True means bottom-right here (a sequence's queries are its last "
+                "tokens); 'top_left' aligns the first query with the first key", cls=UsageError)
 
 
 __all__ = ["contiguous_rows", "within_capacity", "int_tensor", "tables", "sequences", "check_tables_on_host",

@@ -96,10 +96,11 @@ def translate(exc, lines: Lines) -> ParseError:
         if at is not None:
             return error("syntax.unexpected-token", "`FmhaAlgorithm()` follows the signature with no `,` before it",
                          lines.span(at[0], at[1], at[0], at[1] + len("FmhaAlgorithm")),
-                         "write `.add(FmhaSignature()..., FmhaAlgorithm()...)`: a comma between the two", cls=ParseError)
-        if tok.type == "EQUAL" and "CMP_OP" in exc.expected and text[tok.column:tok.column + 1] in "<>!" and \
-                text[tok.column:tok.column + 1]:   # `where tile_m0 => 64`: the operator the other way round
-            hint = f"write `{text[tok.column]}=`"
+                         "write `.add(FmhaSignature()..., FmhaAlgorithm()...)`: a comma between the two",
+                         cls=ParseError)
+        after = text[tok.column:tok.column + 1]   # (the character after the token)
+        if tok.type == "EQUAL" and "CMP_OP" in exc.expected and after and after in "<>!":   # `where tile_m0 => 64`
+            hint = f"write `{after}=`"
         elif tok.type == "EQUAL" and "CMP_OP" in exc.expected:  # `where pipeline = "qr"`
             hint = "to compare, write `==` (`=` only names a setter's argument, as in `hdim(q=128)`)"
         elif tok.type == "NAME" and "LPAR" in exc.expected:

@@ -33,7 +33,8 @@ def detect_arch(device=None) -> str:
     arch = arch_table.of_capability(major)   # (fmha_dsl/data/archs.json, read on first use)
     if arch is None:
         raise error("dispatch.no-arch", f"GPU compute capability {major}.{minor} has no kernels in fmha-dsl "
-                    f"(it targets {', '.join(sorted(arch_table.by_capability().values()))})", None, "pass arch='sm80' to run sm80 cubins if the device "
+                    f"(it targets {', '.join(sorted(arch_table.by_capability().values()))})", None,
+                    "pass arch='sm80' to run sm80 cubins if the device "
                     "can (same major version only)", cls=UsageError)
     return arch
 
