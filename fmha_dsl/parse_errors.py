@@ -98,6 +98,9 @@ def translate(exc, lines: Lines) -> ParseError:
                          lines.span(at[0], at[1], at[0], at[1] + len("FmhaAlgorithm")),
                          "write `.add(FmhaSignature()..., FmhaAlgorithm()...)`: a comma between the two",
                          cls=ParseError)
+        joined = _where_without_and(lines, tok, exc.expected)
+        if joined is not None:
+            return joined
         after = text[tok.column:tok.column + 1]   # (the character after the token)
         if tok.type == "EQUAL" and "CMP_OP" in exc.expected and after and after in "<>!":   # `where tile_m0 => 64`
             hint = f"write `{after}=`"
@@ -131,6 +134,29 @@ def _algorithm_without_comma(before: str):
         if depth == 0 and code.startswith("FmhaAlgorithm", i):
             return before.count("\n", 0, i) + 1, i - (before.rfind("\n", 0, i) + 1) + 1
     return None
+
+
+def _where_without_and(lines: Lines, tok, expected):
+    """A ``where`` clause's next condition written with no ``and`` / ``or`` before it (``where tile_m0 >= 64
+    tile_n0 == 128``): the parser ends the clause at the condition's name and reads that name as a setter, so it
+    stops at the operator after it.  The error points at the name, with the fix; None when that is not what
+    happened."""
+    if "LPAR" not in expected or tok.type not in ("CMP_OP", "ADD_OP", "MUL_OP", "EQUAL", "IN", "NOT"):
+        return None
+    text = lines.lines[tok.line - 1]
+    name = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\s*$", text[:tok.column - 1])
+    if name is None:
+        return None
+    before = "\n".join(lines.lines[:tok.line - 1] + [text[:name.start(1)]])
+    code = _NOT_CODE.sub(lambda m: " " * len(m.group()), before)
+    where = [m.end() for m in re.finditer(r"\bwhere\b", code)]
+    if not where or re.search(r"[{};]", code[where[-1]:]) or not code[where[-1]:].strip():
+        return None
+    word, op = name.group(1), "==" if tok.type == "EQUAL" else str(tok)
+    return error("syntax.unexpected-token", f"`{word}` starts a new condition with no `and` or `or` before it",
+                 lines.span(tok.line, name.start(1) + 1, tok.line, name.end(1) + 1),
+                 f"join a `where` clause's conditions with `and` or `or`: `... and {word} {op} ...`",
+                 cls=ParseError)
 
 
 def _odd_number(text: str, tok, lines: Lines):

@@ -118,6 +118,29 @@ def test_a_comparison_written_the_other_way_round_gets_its_operator(op, hint):
     assert info.value.hint.startswith(hint)
 
 
+@pytest.mark.parametrize("where,name,op", [
+    ("tile_m0 >= 64 tile_n0 == 128", "tile_n0", "=="),
+    ('pipeline != "qs"\n    hdim_q in [64, 128]', "hdim_q", "in"),
+    ("(tile_m0 >= 64 or tile_k0 == 32) tile_n0 = 128", "tile_n0", "=="),
+])
+def test_a_where_condition_with_no_and_before_it_says_to_join_them(where, name, op):
+    text = f"kernel_set s {{ kernel {{ signature {{ family(fwd) }}\n where {where} }} }}"
+    with pytest.raises(ParseError) as info:
+        fmha_dsl.loads(text)
+    err = info.value
+    assert err.rule == "syntax.unexpected-token" and f"`{name}` starts a new condition" in str(err)
+    assert err.hint == f"join a `where` clause's conditions with `and` or `or`: `... and {name} {op} ...`"
+    line = text.splitlines()[err.span.line - 1]
+    assert line[err.span.column - 1:err.span.end_column - 1] == name   # the caret under the name
+    fmha_dsl.loads(text.replace(f" {name}", f" and {name}").replace(" = 128", " == 128"))   # the fix parses
+
+
+def test_a_setter_after_a_where_clause_is_not_taken_for_a_condition():
+    with pytest.raises(ParseError) as info:   # `pipeline qr` (no parentheses) after a complete clause
+        fmha_dsl.loads("kernel_set s { kernel { signature { family(fwd) } where tile_m0 >= 64 pipeline qr } }")
+    assert "starts a new condition" not in str(info.value) and "setters are calls" in info.value.hint
+
+
 @pytest.mark.parametrize("where,hint", [
     ("hdim == 128", "`hdim(...)` sets `hdim_q`, `hdim_v`: name one of them"),
     ("padding == true", "`padding(...)` sets `pad_s`, `pad_sk`, `pad_d`, `pad_dv`: name one of them"),
