@@ -6,7 +6,8 @@
 
 What it computes is ``docs/semantics.md`` (the same as :func:`fmha_dsl.reference.attention_fwd`).
 
-* NumPy arrays run the reference (float64 accumulation is not used: float32, like the kernels).
+* NumPy arrays run the reference: float16/float32 arrays accumulate in float32, as the kernels do; float64
+  arrays (which no kernel takes) in float64.
 * torch tensors on a GPU run a kernel.  Shapes are logical ``[B, Hq, Sq, D]`` (group mode ``[T, H, D]`` with
   ``cu_seqlens_q/k``); any strides work as long as the head dim has stride 1 (V may instead have its key
   axis at stride 1: column-major V).  A BSHD tensor is passed as ``x.transpose(1, 2)``; the output then has the
@@ -40,7 +41,7 @@ from .attention_args import TORCH_DTYPES as _TORCH_DTYPES  # torch dtype -> key 
 from .attention_args import (torch_dtype_names as _torch_dtype_names, _bad_dtypes, _bad_strides, _batch_shapes,
                              _bad_types, _check_bias, _check_devices, _check_dropout, _check_scale, _check_sink,
                              _check_softcap, _group_lengths, _group_shapes, _mask, _usage, check_max_lengths,
-                             check_numpy_call, check_one_bias, named)
+                             accumulation, check_numpy_call, check_one_bias, flag, named)
 from .errors import UsageError
 from .numeric import FP32_TINY, SCALAR_MAX
 
@@ -94,6 +95,8 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
             return ftok
     # torch tensors.  The common case runs straight through (this is the per-call overhead that
     # bench/bench_dispatch.py measures); every branch that can fail calls a helper that raises.
+    if return_lse is not False and return_lse is not True:
+        return_lse = flag("return_lse", return_lse)
     if type(k) is not _T or type(v) is not _T:
         _bad_types(k, v)
     dt = q.dtype
@@ -226,6 +229,7 @@ def _differentiable(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed
     :mod:`fmha_dsl.autograd`, whose backward runs :func:`fmha_dsl.attention_backward`."""
     from .autograd import attention_autograd
 
+    return_lse = flag("return_lse", return_lse)
     return attention_autograd(attention, q, k, v, causal=causal, window=window, bias=bias, alibi_slopes=alibi_slopes,
                               dropout_p=dropout_p, seed=seed, softcap=softcap, sink=sink, scale=scale,
                               return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -254,6 +258,7 @@ def _other(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap
                              return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                              registry=registry, offset=offset, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if mod == "numpy":
+        return_lse = flag("return_lse", return_lse)
         check_numpy_call(q, {"k": k, "v": v, "bias": bias, "alibi_slopes": alibi_slopes},
                          {"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}, registry, ("k", "v", "bias"))
         return _numpy_attention(q, k, v, causal, window, bias, alibi_slopes, dropout_p, seed, softcap, sink, scale,
@@ -301,7 +306,8 @@ def _numpy_attention(q, k, v, causal, window, bias, alibi_slopes, dropout_p, see
         out, lse = attention_fwd(q, k, v, causal=causal, window=window, bias=bias, alibi_slopes=alibi_slopes,
                                  dropout_p=dropout_p, seed=seed, offset=offset, softcap=softcap,
                                  sink=0 if sink is None else sink, scale=scale, cu_seqlens_q=cu_seqlens_q,
-                                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                 accum=accumulation(q))
     except UsageError as exc:
         raise named(exc) from None
     return (out, lse) if return_lse else out

@@ -10,7 +10,7 @@ import contextvars
 import sys
 
 from .errors import UsageError, error
-from .numeric import (MAX_LEN_HINT, dropout_problem, is_int, max_len_problem, scale_problem, softcap_problem,
+from .numeric import (MAX_LEN_HINT, dropout_problem, is_int, max_len_problem, scale_problem, shown, softcap_problem,
                       window_side)
 
 
@@ -56,6 +56,9 @@ def check_numpy_call(q, arrays: dict, tensors: dict, registry=None, same_dtype=(
     array the call's kind was read from."""
     import numpy as np
 
+    if same_dtype and q.dtype.type not in (np.float16, np.float32, np.float64):   # before "k must have q's dtype"
+        raise _usage("usage.dtype", f"`{like}` must be float16, float32 or float64, got dtype {q.dtype}",
+                     f"convert it, e.g. {like}.astype(np.float32) (bf16 data goes in as float32)")
     for name, x in arrays.items():
         if not isinstance(x, np.ndarray) and (x is not None or name not in ("bias", "alibi_slopes")):
             raise _usage("usage.type", f"`{name}` must be a numpy array like {like}, got {type(x).__name__}",
@@ -74,6 +77,14 @@ def check_numpy_call(q, arrays: dict, tensors: dict, registry=None, same_dtype=(
                          f"drop {name}=, or pass torch tensors on the GPU")
 
 
+def accumulation(q):
+    """The reference's accumulation dtype for NumPy inputs like ``q``: float32, as the kernels accumulate, or float64
+    for float64 arrays (which no kernel takes: their results carry float64's precision)."""
+    import numpy as np
+
+    return np.float64 if q.dtype == np.float64 else np.float32
+
+
 def named(exc: UsageError) -> UsageError:
     """A reference's :class:`~fmha_dsl.errors.UsageError` (which names no API function) again, naming the function
     being called (:data:`CALLER`)."""
@@ -85,6 +96,17 @@ def as_bool(x):
     """A NumPy bool scalar as Python's (a flag given as ``np.bool_`` means what True or False means); else ``x``."""
     t = type(x)
     return bool(x) if t.__module__ == "numpy" and t.__name__ in ("bool", "bool_") else x
+
+
+def flag(name: str, x, caller: str | None = None) -> bool:
+    """A flag argument (``return_lse``, ``deterministic``): True or False (NumPy's bool too); anything else is an
+    error, not a value read as true or false (``return_lse="no"`` returned the LSE).  ``caller``: the function to
+    name when :data:`CALLER` is not set to it."""
+    x = as_bool(x)
+    if x is not True and x is not False:
+        raise error("usage.value", f"{caller or CALLER.get()}: `{name}` must be True or False, got {shown(x)}", None,
+                    "a flag takes a bool", cls=UsageError)
+    return x
 
 
 def _mask(causal, window):

@@ -25,7 +25,7 @@ from __future__ import annotations
 from .attention_args import (CALLER, torch_dtype_names, _bad_dtypes, _bad_types, _batch_shapes, _check_bias,
                              _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
                              _group_lengths, _group_shapes, _mask, _usage, check_dropout_p, check_max_lengths,
-                             check_numpy_call, check_one_bias, named)
+                             accumulation, check_numpy_call, check_one_bias, flag, named)
 from .errors import UsageError
 
 __all__ = ["attention_backward", "compile_backward_ahead"]
@@ -38,6 +38,7 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, bi
     """``(dq, dk, dv)``, plus ``dbias`` when a bias is given.  See the module docstring."""
     token = CALLER.set("attention_backward()")
     try:
+        deterministic = flag("deterministic", deterministic)
         mod = type(q).__module__ or ""
         if mod == "numpy":
             check_numpy_call(q, {"k": k, "v": v, "out": out, "lse": lse, "dout": dout, "bias": bias,
@@ -70,7 +71,8 @@ def _numpy(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes, dropout_
                                        seed=0 if seed is None else seed, offset=offset,
                                        softcap=softcap, sink=0 if sink is None else sink, scale=scale,
                                        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                       accum=accumulation(q))
     except UsageError as exc:
         raise named(exc) from None
     return (dq, dk, dv) if db is None else (dq, dk, dv, db)

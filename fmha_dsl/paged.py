@@ -37,7 +37,7 @@ import math
 from . import api_dispatch as _api
 from . import paged_numpy
 from . import replay as _fast
-from .attention_args import CALLER, _mask, _usage, as_bool, check_numpy_call, torch_dtype_names
+from .attention_args import CALLER, _mask, _usage, as_bool, check_numpy_call, flag, torch_dtype_names
 from .errors import UsageError, error
 from .kernels.paged_abi import FP8_DTYPES
 from .paged_args import (append_descales, cache_pair, check_scalars, check_tables_on_host, contiguous_rows,
@@ -87,6 +87,8 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     if seqlens_k is None or cu_seqlens_q is None:
         required("paged_attention()", seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q)
     causal = paged_causal(causal)
+    if return_lse is not True and return_lse is not False:
+        return_lse = flag("return_lse", return_lse, "paged_attention()")
     descales = (q_descale, k_descale, v_descale)
     torch_in = _is_torch(q)
     # the call for the replay path (fmha_dsl/replay.py): tensors in a fixed order (out, lse and the workspace

@@ -13,8 +13,8 @@ Arguments of :func:`attention_fwd`
     ``causal``       ``None``/``False`` (no mask), ``True`` or ``"top_left"``, ``"bottom_right"``.
     ``window``       ``(left, right)``, negative = unbounded; bottom-right aligned unless ``causal`` is
                      ``True``/``"top_left"``.  With ``causal`` set, the window's ``right`` becomes 0.
-    ``bias``         elementwise, ``[B|1, Hq|1, Sq, Sk]`` (group mode: ``Sq_max``, ``Sk_max``; sequence
-                     ``b`` uses ``bias[b, h, :Sq_b, :Sk_b]``).
+    ``bias``         elementwise, ``[B|1, Hq|1, Sq, Sk]`` (group mode: ``Sq_max``, ``Sk_max`` -- ``max_seqlen_q/k``
+                     when given, else the longest sequences; sequence ``b`` uses ``bias[b, h, :Sq_b, :Sk_b]``).
     ``alibi_slopes`` ``[Hq]`` or ``[B, Hq]``.
     ``dropout_p``, ``seed``, ``offset``   dropout (``0 <= p < 1``), Philox seed and base offset.
     ``softcap``      ``None`` (off) or ``> 0``.
@@ -71,6 +71,22 @@ def _as_float_array(name, x):
         raise _usage("usage.dtype", f"`{name}` must be float16, float32 or float64, got dtype {a.dtype}",
                      "pass bf16 data as float32")
     return a
+
+
+def check_finite(name: str, a, read=(), masks: bool = False) -> None:
+    """Refuse a NaN or infinite value in the part ``read`` of array ``a`` (a tuple of slices; all of it by default)
+    -- with ``masks``, ``-inf`` is allowed (a bias entry of ``-inf`` masks its score).  The reference computes with
+    every value it is given (a masked score still multiplies its V row by 0, so a NaN anywhere is a NaN out), where the
+    kernels skip what a mask hides: a non-finite input is an error, not a silent difference."""
+    part = a[read] if read else a
+    bad = np.isnan(part) | (part == np.inf) if masks else ~np.isfinite(part)
+    if bad.any():
+        rel = np.argwhere(bad)[0]
+        at = [int(i) + (sl.start or 0 if isinstance(sl, slice) else 0) for i, sl in
+              zip(rel, tuple(read) + (slice(None),) * (a.ndim - len(read)))]
+        what = "finite (or -inf, which masks)" if masks else "finite"
+        raise _usage("usage.value", f"`{name}{at}` is {float(a[tuple(at)])}: the reference takes {what} values",
+                     "replace or mask the non-finite values (the NumPy reference reads every element it is given)")
 
 
 def _normalize_causal(causal):
@@ -235,14 +251,20 @@ def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dr
         why = None if given is None else max_len_problem(name, given, longest)
         if why:
             raise _usage("usage.value", why, MAX_LEN_HINT)
+    if group:  # the given maxima are the kernels' Sq_max / Sk_max: of the bias's shape and the dropout counter
+        Sq_max = Sq_max if max_seqlen_q is None else int(max_seqlen_q)
+        Sk_max = Sk_max if max_seqlen_k is None else int(max_seqlen_k)
     if Dk != Dq:
         raise _usage("usage.shape", f"`k` must have q's head dim Dq={Dq}, got {Dk} (shape {k.shape})",
                      "q and k share the head dim (v's may differ)")
     if Hk == 0 or Hq % Hk != 0:
         raise _usage("usage.shape", f"query heads must be a multiple of key heads (Hq % Hk == 0), got Hq={Hq}, "
                      f"Hk={Hk}", "GQA/MQA: each key head serves Hq // Hk query heads")
-    if Dq < 1 and scale is None:
-        raise _usage("usage.shape", f"head dim Dq must be >= 1, got {Dq}", "the last dim of q, k and v is the head dim")
+    if Dq < 1 or Dv < 1:   # (as the kernels' path: what runs on arrays runs on the GPU)
+        raise _usage("usage.shape", f"head dims must be >= 1, got Dq={Dq}, Dv={Dv}",
+                     "the last dim of q, k and v is the head dim")
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        check_finite(name, a)
 
     # scalar arguments
     mode = _normalize_causal(causal)
@@ -269,6 +291,11 @@ def setup(q, k, v, *, causal=None, window=None, bias=None, alibi_slopes=None, dr
             what = "[B|1, Hq|1, Sq_max, Sk_max]" if group else "[B|1, Hq|1, Sq, Sk]"
             raise _usage("usage.shape", f"`bias` must be {what} = [{B}|1, {Hq}|1, {Sq_max}, {Sk_max}], "
                          f"got shape {bias.shape}", "size-1 batch/head dims broadcast")
+        if not group:
+            check_finite("bias", bias, masks=True)
+        for b in range(B if group else 0):   # group mode: the entries sequence b reads, its corner
+            rows = slice(b, b + 1) if bias.shape[0] > 1 else slice(None)
+            check_finite("bias", bias, (rows, slice(None), slice(0, int(lens_q[b])), slice(0, int(lens_k[b]))), True)
     if alibi_slopes is not None:
         alibi_slopes = as_array("alibi_slopes", alibi_slopes)
         if alibi_slopes.dtype.kind != "f":

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import _ROW_BLOCK_ELEMS, _as_float_array, _keep, _logits, _usage, as_array, setup
+from .reference import _ROW_BLOCK_ELEMS, _as_float_array, _keep, _logits, _usage, as_array, check_finite, setup
 
 __all__ = ["attention_bwd"]
 
@@ -52,6 +52,8 @@ def attention_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bias=Non
     if lse.shape != want_l:
         raise _usage("usage.shape", f"`lse` must be the forward's LSE of shape {want_l}, got {lse.shape}",
                      "call the forward with return_lse=True")
+    for name, a in (("out", out), ("dout", dout)):
+        check_finite(name, a)
     lse = lse.astype(np.float32)
     bad = np.isnan(lse) | (lse == np.inf)
     if bad.any():
@@ -78,8 +80,15 @@ def attention_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bias=Non
                 bsl = (slice(None), slice(None))
             bidx = None if bias is None else (min(b, bias.shape[0] - 1), min(h, bias.shape[1] - 1)) + bsl
             slope = None if c.alibi_slopes is None else float(c.alibi_slopes[b, h])
-            g = _head(q[ix_q], k[ix_k], v[ix_k], out[ix_q], lh, dout[ix_q], b, h,
-                      None if bias is None else bias[bidx], slope, cfg)
+            try:
+                g = _head(q[ix_q], k[ix_k], v[ix_k], out[ix_q], lh, dout[ix_q], b, h,
+                          None if bias is None else bias[bidx], slope, cfg)
+            except _NotThisLse as exc:
+                row = (int(c.cq[b]) + exc.row,) if c.group else (b, exc.row)
+                at = [h, *row] if c.group else [row[0], h, row[1]]
+                raise _usage("usage.value", f"`lse{at}` is not the forward's LSE for these arguments: {exc.what}",
+                             "pass the forward's own out and lse, and the forward's keywords (causal, window, sink, "
+                             "softcap, scale, bias, alibi_slopes, max_seqlen_q/k)") from None
             dq[ix_q] += g[0]
             dk[ix_k] += g[1]
             dv[ix_k] += g[2]
@@ -87,6 +96,32 @@ def attention_bwd(q, k, v, out, lse, dout, *, causal=None, window=None, bias=Non
                 dbias[bidx] += g[3]
     cast = q.dtype
     return (dq.astype(cast), dk.astype(cast), dv.astype(cast), None if dbias is None else dbias.astype(cast))
+
+
+class _NotThisLse(Exception):
+    """A row whose ``lse`` does not normalise its scores: ``row`` (of the sequence) and what is wrong."""
+
+    def __init__(self, row: int, what: str):
+        super().__init__(what)
+        self.row, self.what = row, what
+
+
+LSE_SUM_TOL = 1e-2   # |sum_j exp(s - lse) - 1| of a row: float32 rounding stays orders of magnitude below
+
+
+def _check_rows(p, live, sees, r0: int) -> None:
+    """The forward's LSE normalises each row's scores under the same arguments: a row with a finite ``lse`` sums to
+    1, and a row with ``lse = -inf`` saw no key.  Else the backward was called with other keywords (causal
+    forgotten, another soft-cap, scale or bias) or another call's ``lse``, and its gradients would be wrong."""
+    sums = p.sum(axis=1)
+    off = live & ~(np.abs(sums - 1) <= LSE_SUM_TOL)
+    if off.any():
+        r = int(np.argmax(off))
+        raise _NotThisLse(r0 + r, f"the row's probabilities exp(s - lse) sum to {float(sums[r]):.4g}, not 1")
+    lost = ~live & sees
+    if lost.any():
+        raise _NotThisLse(r0 + int(np.argmax(lost)), "it is -inf (the row saw no key), but these arguments allow "
+                          "keys in the row")
 
 
 def _head(qh, kh, vh, oh, lh, doh, b, h, bias, slope, cfg):
@@ -112,6 +147,7 @@ def _head(qh, kh, vh, oh, lh, doh, b, h, bias, slope, cfg):
             lrow = lh[r0:r1].astype(acc)[:, None]
             live = np.isfinite(lrow)
             p = np.where(live, np.exp(s - np.where(live, lrow, acc(0))), acc(0))  # masked: exp(-inf) = 0
+            _check_rows(p, live[:, 0], np.isfinite(s).any(axis=1), r0)
             if cfg["dropout_p"] > 0.0:
                 kd = np.where(_keep(cfg, b, h, i, j), acc(1.0 / (1.0 - cfg["dropout_p"])), acc(0))
             else:

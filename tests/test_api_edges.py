@@ -82,9 +82,32 @@ def test_backward_refuses_a_nan_lse_instead_of_zero_gradients():
         l2[0, 1, 2] = bad
         _raises(lambda: AB(q, k, v, o, l2, o), "usage.value", f"`lse[0, 1, 2]` is {bad}")
     l2 = lse.copy()
-    l2[0, 1, 2] = -np.inf   # a row that saw no key: allowed, its gradients are zero
-    dq = AB(q, k, v, o, l2, o)[0]
-    assert np.all(dq[0, 1, 2] == 0) and np.isfinite(dq).all()
+    l2[0, 1, 2] = -np.inf   # -inf is a row that saw no key; this one saw keys: not the forward's LSE
+    _raises(lambda: AB(q, k, v, o, l2, o), "usage.value", "`lse[0, 1, 2]` is not the forward's LSE")
+    k2, v2 = k[:, :, :2], v[:, :, :2]   # causal bottom-right with Sq > Sk: the first rows see no key
+    o, lse = A(q, k2, v2, causal="bottom_right", return_lse=True)
+    assert lse[0, 1, 0] == -np.inf
+    dq = AB(q, k2, v2, o, lse, o, causal="bottom_right")[0]
+    assert np.all(dq[0, 1, 0] == 0) and np.isfinite(dq).all()
+
+
+@pytest.mark.parametrize("change,what", [
+    ({"causal": True}, "sum to"),                 # the forward had no mask: the backward forgot nothing, added one
+    ({"softcap": 2.0}, "sum to"),
+    ({"scale": 0.5}, "sum to"),
+    ({"bias": "ones"}, "sum to"),
+])
+def test_backward_refuses_another_calls_lse(change, what):
+    """The forward's LSE normalises each row's scores under the same arguments; the backward's keywords (or its lse)
+    differing from the forward's gave silently wrong gradients (dq off by 23 with causal forgotten)."""
+    q, k, v = _qkv()
+    o, lse = A(q, k, v, return_lse=True)
+    kw = {n: (np.ones(q.shape[:3] + k.shape[2:3], q.dtype) if x == "ones" else x) for n, x in change.items()}
+    _raises(lambda: AB(q, k, v, o, lse, o, **kw), "usage.value", "is not the forward's LSE for these arguments")
+    o2, lse2 = A(q, k, v, return_lse=True, **kw)   # the forward with the same keywords: accepted
+    AB(q, k, v, o2, lse2, o2, **kw)
+    o3, lse3 = A(q, k, v, causal=True, return_lse=True)   # and the reverse: causal forward, unmasked backward
+    _raises(lambda: AB(q, k, v, o3, lse3, o3), "usage.value", what)
 
 
 @pytest.mark.parametrize("kw,text", [
@@ -358,3 +381,53 @@ def test_a_required_serving_keyword_left_out_is_a_usage_error(fn, left_out):
     with pytest.raises(UsageError) as info:
         call()
     assert info.value.rule == "usage.missing" and f"`{left_out}` is required" in str(info.value) and info.value.hint
+
+
+def test_the_reference_refuses_non_finite_inputs_where_it_reads_them():
+    """The reference multiplies every V row by its probability (0 where masked), so a NaN anywhere is a NaN out,
+    where the kernels skip masked blocks: non-finite q, k, v, out, dout and +inf/NaN bias entries are errors."""
+    q, k, v = _qkv()
+    for name, i in (("q", 0), ("k", 1), ("v", 2)):
+        for bad in (np.nan, np.inf, -np.inf):
+            x = [q, k, v]
+            x[i] = x[i].copy()
+            x[i][0, 1, 3, 2] = bad
+            _raises(lambda: A(*x), "usage.value", f"`{name}[0, 1, 3, 2]` is {bad}")
+    bias = np.zeros((1, 1, 5, 5), np.float32)
+    bias[0, 0, 1, 2] = -np.inf   # -inf masks: allowed
+    assert np.isfinite(A(q, k, v, bias=bias)).all()
+    for bad in (np.nan, np.inf):
+        b2 = bias.copy()
+        b2[0, 0, 4, 0] = bad
+        _raises(lambda: A(q, k, v, bias=b2), "usage.value", f"`bias[0, 0, 4, 0]` is {bad}")
+    # group mode: a bias entry no sequence reads (past sequence 0's 2 x 3 corner, sequence 1 is empty) may be NaN
+    gq, gk, gv = q[0].transpose(1, 0, 2)[:2], k[0].transpose(1, 0, 2)[:3], v[0].transpose(1, 0, 2)[:3]
+    cq, ck = np.array([0, 2, 2], np.int32), np.array([0, 3, 3], np.int32)
+    gb = np.full((1, 2, 4, 4), np.nan, np.float32)
+    gb[:, :, :2, :3] = 0.5
+    out = A(gq, gk, gv, bias=gb, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=4, max_seqlen_k=4)
+    assert np.isfinite(out).all()
+    gb[0, 1, 1, 2] = np.nan
+    _raises(lambda: A(gq, gk, gv, bias=gb, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=4, max_seqlen_k=4),
+            "usage.value", "`bias[0, 1, 1, 2]` is nan")
+    o, lse = A(q, k, v, return_lse=True)
+    for name in ("out", "dout"):
+        args = [q, k, v, o, lse, o]
+        bad = o.copy()
+        bad[0, 0, 0, 0] = np.nan
+        args[3 if name == "out" else 5] = bad
+        _raises(lambda: AB(*args), "usage.value", f"`{name}[0, 0, 0, 0]` is nan")
+
+
+def test_numpy_calls_check_what_the_gpu_path_checks():
+    q, k, v = _qkv()
+    _raises(lambda: A(q, k, v[..., :0]), "usage.shape", "head dims must be >= 1, got Dq=8, Dv=0")
+    _raises(lambda: A(q[..., :0], k[..., :0], v, scale=1.0), "usage.shape", "head dims must be >= 1, got Dq=0")
+    _raises(lambda: A(q.astype(np.int32), k, v), "usage.dtype", "`q` must be float16, float32 or float64")
+    o, lse = A(q, k, v, return_lse=True)
+    _raises(lambda: AB(q.astype(np.int64), k, v, o, lse, o), "usage.dtype", "`q` must be float16")
+    for bad in ("no", 1, None):
+        _raises(lambda: A(q, k, v, return_lse=bad), "usage.value", "`return_lse` must be True or False")
+        _raises(lambda: AB(q, k, v, o, lse, o, deterministic=bad), "usage.value",
+                "`deterministic` must be True or False")
+    assert len(A(q, k, v, return_lse=np.bool_(True))) == 2   # NumPy's bool is a bool

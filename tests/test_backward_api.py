@@ -34,7 +34,8 @@ def test_numpy_attention_backward_is_the_reference():
     assert len(got) == 4
     for g, w in zip(got, want):
         assert np.array_equal(g, w)
-    assert len(fmha_dsl.attention_backward(q, k, v, out, lse, do, causal=True)) == 3
+    out, lse = attention_fwd(q, k, v, causal=True)
+    assert len(fmha_dsl.attention_backward(q, k, v, out, lse, do, causal=True)) == 3   # no bias: no dbias
 
 
 def test_backward_errors_name_the_function_the_argument_and_a_hint():
@@ -193,7 +194,25 @@ want = attention_bwd(q.float().numpy(), k.float().numpy(), v.float().numpy(), ou
 check("fp16-hdim40-fully-masked", got, want[:3], 2e-2)
 assert not got[0][:, :, 12:].any()
 
-# 6. the dispatcher plans and explains backward problems
+# 6. group mode: the given max_seqlen_q/k are the dropout counter's strides, on the kernels and the reference alike
+cq, ck = np.array([0, 2, 6], np.int32), np.array([0, 4, 9], np.int32)
+gen = torch.Generator().manual_seed(7)
+gq, gk, gv, gdo = (torch.randn(n, 2, 16, generator=gen) for n in (6, 9, 9, 6))
+dg = disp(dict(dtype="fp32", mode="group", hdim_q=16, hdim_v=16, lse=True, dropout=True),
+          dtype="fp32", mode="group", hdim_q=16, hdim_v=16, dropout=True)
+kw = dict(dropout_p=0.5, seed=3, max_seqlen_q=16, max_seqlen_k=16)
+tc = dict(cu_seqlens_q=torch.from_numpy(cq), cu_seqlens_k=torch.from_numpy(ck))
+nc = dict(cu_seqlens_q=cq, cu_seqlens_k=ck)
+o, l = fmha_dsl.attention(gq, gk, gv, return_lse=True, registry=dg, **tc, **kw)
+on, ln = fmha_dsl.attention(gq.numpy(), gk.numpy(), gv.numpy(), return_lse=True, **nc, **kw)
+check("group-dropout-given-maxima", (o, l), (on, ln))
+own = fmha_dsl.attention(gq.numpy(), gk.numpy(), gv.numpy(), dropout_p=0.5, seed=3, **nc)   # true maxima 4, 5
+assert np.abs(own - on).max() > 0.1   # another keep-mask: the maxima matter
+got = fmha_dsl.attention_backward(gq, gk, gv, o, l, gdo, registry=dg, **tc, **kw)
+check("group-dropout-given-maxima-bwd", got,
+      fmha_dsl.attention_backward(gq.numpy(), gk.numpy(), gv.numpy(), on, ln, gdo.numpy(), **nc, **kw))
+
+# 7. the dispatcher plans and explains backward problems
 p = Problem(family="bwd_dq_dk_dv", dtype="fp16", hdim_q=40, hdim_v=40, mask="generic", seqlen_q=20, seqlen_k=12)
 rows = d.explain(p)
 assert rows and rows[0]["selected"] and "bwd" in rows[0]["name"], rows[:1]
