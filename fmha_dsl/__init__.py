@@ -59,11 +59,15 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name):
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'fmha_dsl' has no attribute {name!r}")
     import importlib
 
+    mod = _EXPORTS.get(name)
+    if mod is None:  # a submodule (``fmha_dsl.paged.workspace_numel`` after a plain ``import fmha_dsl``), imported now
+        import importlib.util
+
+        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module 'fmha_dsl' has no attribute {name!r}")
+        return importlib.import_module(f"{__name__}.{name}")
     value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
     globals()[name] = value
     return value

@@ -61,7 +61,8 @@ def check_numpy_call(q, arrays: dict, tensors: dict, registry=None, same_dtype=(
                      f"convert it, e.g. {like}.astype(np.float32) (bf16 data goes in as float32)")
     for name, x in arrays.items():
         if not isinstance(x, np.ndarray) and (x is not None or name not in ("bias", "alibi_slopes")):
-            raise _usage("usage.type", f"`{name}` must be a numpy array like {like}, got {type(x).__name__}",
+            what = "a numpy array or a torch tensor" if name == like else f"a numpy array like {like}"
+            raise _usage("usage.type", f"`{name}` must be {what}, got {type(x).__name__}",
                          "pass the arrays of one kind: numpy runs the reference, torch GPU tensors the kernels")
         if name in same_dtype and x is not None and x.dtype != q.dtype:
             raise _usage("usage.dtype", f"`{name}` must have {like}'s dtype {q.dtype}, got {x.dtype}",
@@ -144,6 +145,36 @@ def _mask(causal, window):
     return mode, left, 0, int(mode == "bottom_right")
 
 
+INT32_RANGE = (-(1 << 31), (1 << 31) - 1)
+
+
+def int32_of(name: str, x, what: str):
+    """``x`` (a NumPy array of integers, or a torch integer tensor) as int32 -- after checking that every value
+    fits: a cast would wrap ``2**32 + 3`` to 3, a page id or length that the checks after it would take for a good
+    one.  A tensor on a GPU is checked there (one device-to-host read of a flag), except while a CUDA graph is being
+    captured (no read is allowed then: pass int32 tables to a captured step)."""
+    lo, hi = INT32_RANGE
+    if not hasattr(x, "get_device"):
+        import numpy as np
+
+        if x.size and (x.min() < lo or x.max() > hi):
+            at = int(np.argmax((x < lo) | (x > hi)))
+            raise _usage("usage.value", f"`{name}` holds {int(x.reshape(-1)[at])} (flat index {at}), outside int32",
+                         what)
+        return x.astype(np.int32)
+    torch = _torch()
+    if x.dtype == torch.int32:
+        return x
+    if x.numel() and x.dtype in (torch.int64, torch.uint64, torch.uint32) and (
+            x.get_device() < 0 or not torch.cuda.is_current_stream_capturing()):
+        bad = (x < lo) | (x > hi)
+        if bool(bad.any()):
+            at = int(bad.reshape(-1).nonzero()[0, 0])
+            raise _usage("usage.value", f"`{name}` holds {int(x.reshape(-1)[at])} (flat index {at}), outside int32",
+                         what)
+    return x.to(torch.int32)
+
+
 def _cu_seqlens(name, cu, total, dev, torch):
     """cu_seqlens as an int32 tensor on q's device, and its values when they are on the host (else None)."""
     host = None
@@ -153,7 +184,7 @@ def _cu_seqlens(name, cu, total, dev, torch):
         a = np.asarray(cu)
         if a.dtype.kind not in "iu":
             raise _usage("usage.dtype", f"`{name}` must hold integers, got dtype {a.dtype}", "int32, B + 1 entries")
-        cu = torch.from_numpy(a.astype(np.int32))
+        cu = torch.from_numpy(int32_of(name, a, "int32, B + 1 entries"))
     if cu.dim() != 1 or cu.shape[0] < 1:
         raise _usage("usage.shape", f"`{name}` must be 1-D with B + 1 >= 1 entries, got shape {tuple(cu.shape)}",
                      "cu_seqlens[b] is the first row of sequence b; the last entry is the total length")
@@ -168,7 +199,7 @@ def _cu_seqlens(name, cu, total, dev, torch):
     if where != dev:
         cu = cu.to(device=f"cuda:{dev}", dtype=torch.int32)
     elif cu.dtype != torch.int32:
-        cu = cu.to(torch.int32)
+        cu = int32_of(name, cu, "int32, B + 1 entries")
     return cu, host
 
 

@@ -42,7 +42,7 @@ from .errors import UsageError, error
 from .kernels.paged_abi import FP8_DTYPES
 from .paged_args import (append_descales, cache_pair, check_scalars, check_tables_on_host, contiguous_rows,
                          host_values, max_len, paged_causal, required, rotary_tables, sequences, tables,
-                         within_capacity)
+                         within_capacity, workspace_args)
 from .paged_args import descales as check_descales
 
 __all__ = ["paged_attention", "append_kv", "workspace_numel"]
@@ -114,6 +114,10 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
             return paged_numpy.paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q,
                                      causal, window, alibi_slopes, softcap, sink, scale, return_lse, descales, out,
                                      max_seqlen_q, max_seqlen_k)
+        if workspace is not None:  # (whether or not the plan first use picks reads it)
+            from .runtime.plan import WORKSPACE_HINT, check_workspace_kind
+
+            check_workspace_kind(workspace, q.device, WORKSPACE_HINT)
         plan, dev, b, hq, msq, args, out, lse, used = _prepare(
             q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, max_seqlen_q,
             max_seqlen_k, causal, window, alibi_slopes, softcap, sink, scale, return_lse, registry, out, descales)
@@ -146,13 +150,18 @@ def workspace_numel(q, k_cache, v_cache, *, batch: int, max_seqlen_q: int, max_s
         raise error("usage.type", f"workspace_numel(): `q` must be a torch tensor on the GPU, got {type(q).__name__}",
                     None, "a workspace serves the kernels; NumPy arrays run the reference, which needs none",
                     cls=UsageError)
-    disp = _api.dispatcher(registry, q.get_device())
-    _, _, hk, dk, dv, _, _ = geometry(k_cache, v_cache)
-    n = workspace_bound(batch, q.shape[1], hk, max_seqlen_q, max_seqlen_k, dv, disp.compute_units)
-    dname = _dtype_name(q)
-    if fits(dname, dk, dv, batch, q.shape[1], hk, max_seqlen_q, max_seqlen_k):  # the gathered route's copy
-        n = max(n, gather_numel(batch, hk, max_seqlen_k, dk, dv, dname))
-    return n
+    token = CALLER.set("workspace_numel()")
+    try:
+        workspace_args(q, k_cache, v_cache, batch, max_seqlen_q, max_seqlen_k, registry)
+        dname = _dtype_name(q)
+        disp = _api.dispatcher(registry, q.get_device())
+        _, _, hk, dk, dv, _, _ = geometry(k_cache, v_cache)
+        n = workspace_bound(batch, q.shape[1], hk, max_seqlen_q, max_seqlen_k, dv, disp.compute_units)
+        if fits(dname, dk, dv, batch, q.shape[1], hk, max_seqlen_q, max_seqlen_k):  # the gathered route's copy
+            n = max(n, gather_numel(batch, hk, max_seqlen_k, dk, dv, dname))
+        return n
+    finally:
+        CALLER.reset(token)
 
 
 def _problem(disp, dname, qscale, b, hq, hk, msq, msk, dq, dv, mask, wl, wr, alibi, lse, softcap, sink, layout, lookup,
@@ -368,7 +377,10 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
                 raise _usage("usage.value", f"sequence {i}: positions up to {n + m - 1} need rotary tables of at "
                              f"least {n + m} rows, they have {cos.shape[0]}", "extend rotary_cos/rotary_sin")
     if q is not None:
-        if (not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[0] != tn or q.shape[2] != dk
+        if not isinstance(q, torch.Tensor):
+            raise _usage("usage.type", f"`q` must be a torch tensor like k_new, got {type(q).__name__}",
+                         "pass torch tensors throughout, or numpy arrays throughout (the reference)")
+        if (q.dim() != 3 or q.shape[0] != tn or q.shape[2] != dk
                 or q.dtype is not k_new.dtype or q.get_device() != dev or q.shape[1] % hk):
             raise _usage("usage.value", f"`q` must be the new tokens' queries [Tnew = {tn}, Hq, {dk}] (Hq a multiple "
                          f"of {hk}) in k_new's dtype {k_new.dtype} on its device, got "

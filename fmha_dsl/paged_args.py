@@ -8,10 +8,10 @@ not pass ``max_seqlen_*`` (one device-to-host copy then); with them nothing here
 
 from __future__ import annotations
 
-from .attention_args import _check_scale, _check_sink, _check_softcap, _usage, as_bool, max_len, named
+from .attention_args import _check_scale, _check_sink, _check_softcap, _usage, as_bool, int32_of, max_len, named
 from .errors import UsageError, error
 from .kernels.paged_abi import FP8_DTYPES, descale_kind
-from .numeric import shown
+from .numeric import is_int, shown
 
 
 def _torch():
@@ -27,15 +27,15 @@ def int_tensor(name: str, x, ndim: int, dev: int, what: str):
         import numpy as np
 
         a = np.asarray(x)
-        if a.dtype.kind not in "iu":
+        if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):   # ([] reads as float64)
             raise _usage("usage.dtype", f"`{name}` must hold integers (int32), got dtype {a.dtype}", what)
-        x = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))
+        x = torch.from_numpy(np.ascontiguousarray(int32_of(name, a.astype(np.int64) if a.size == 0 else a, what)))
     if x.dim() != ndim:
         raise _usage("usage.shape", f"`{name}` must be {ndim}-D, got shape {tuple(x.shape)}", what)
     if x.dtype != torch.int32:
         if x.dtype not in (torch.int64, torch.int16, torch.uint8, torch.int8):
             raise _usage("usage.dtype", f"`{name}` must be int32, got {x.dtype}", f"pass {name}.to(torch.int32)")
-        x = x.to(torch.int32)
+        x = int32_of(name, x, what)
     where = x.get_device()
     if where != dev:
         if where >= 0:
@@ -79,7 +79,7 @@ def check_tables_on_host(bt, ip, ix, lens, page: int, num_pages: int, extra=None
     import numpy as np
 
     from .errors import UsageError
-    from .reference_paged import _pages_of
+    from .reference_paged import _pages_of, check_distinct_slots
 
     lens = np.asarray(lens)
     neg = np.flatnonzero(lens < 0)
@@ -88,7 +88,9 @@ def check_tables_on_host(bt, ip, ix, lens, page: int, num_pages: int, extra=None
     tokens = lens if extra is None else lens + np.asarray(extra)
     what = None if extra is None else (lambda b: f"{int(lens[b])} cached + {int(extra[b])} new")
     try:
-        _pages_of(bt, ip, ix, lens.shape[0], num_pages, tokens, page, what)
+        rows = _pages_of(bt, ip, ix, lens.shape[0], num_pages, tokens, page, what)
+        if extra is not None:   # an append's new rows: one slot each
+            check_distinct_slots(rows, lens, np.asarray(extra), page)
     except UsageError as exc:
         raise named(exc) from None
 
@@ -107,7 +109,7 @@ def cache_pair(k_cache, v_cache, dt, dev, like="q", on=None):
     torch = _torch()
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(x, torch.Tensor):
-            raise _usage("usage.type", f"`{name}` must be a torch tensor like q, got {type(x).__name__}",
+            raise _usage("usage.type", f"`{name}` must be a torch tensor like {on or like}, got {type(x).__name__}",
                          "pass torch tensors throughout, or numpy arrays throughout (the reference)")
         if x.dtype is not dt:
             raise _usage("usage.dtype", f"`{name}` must have {like}'s dtype {dt}, got {x.dtype}",
@@ -224,6 +226,9 @@ def rotary_tables(cos, sin, d: int, dev: int):
         if x.get_device() != dev:
             raise _usage("usage.device", f"`{name}` is on {x.device}, the caches on cuda:{dev}",
                          f"move it with {name}.to(k_cache.device)")
+        if not x.dtype.is_floating_point:   # (the NumPy path refuses integer tables too)
+            raise _usage("usage.dtype", f"`{name}` must hold floats (float32), got {x.dtype}",
+                         "cos/sin of each position's angles, float32")
         if x.dtype != torch.float32 or x.stride(1) != 1:
             x = x.float().contiguous()  # a copy; float32 tables with unit stride avoid it
         out.append(x)
@@ -320,6 +325,24 @@ def required(fn: str, **given) -> None:
     raise error("usage.missing", f"{fn}: `{name}` is required", None, _REQUIRED[name], cls=UsageError)
 
 
+def workspace_args(q, k_cache, v_cache, batch, max_seqlen_q, max_seqlen_k, registry) -> None:
+    """:func:`fmha_dsl.paged.workspace_numel`'s arguments: the bounds ints >= 0, ``q`` 3-D on the GPU (or on the CPU
+    for an interpreting dispatcher), caches as ``paged_attention`` takes them."""
+    from .runtime.dispatch import Dispatcher
+
+    for name, x in (("batch", batch), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not is_int(x) or x < 0:
+            raise _usage("usage.value", f"`{name}` must be an int >= 0, got {shown(x)}",
+                         "the bounds every call the workspace serves stays within")
+    if q.dim() != 3:
+        raise _usage("usage.shape", f"`q` must be 3-D [Tq, Hq, D], got shape {tuple(q.shape)}",
+                     "q as paged_attention takes it")
+    if q.get_device() < 0 and not (isinstance(registry, Dispatcher) and registry.launcher == "interpret"):
+        raise _usage("usage.device", f"`q` is on {q.device}; a workspace serves the GPU kernels",
+                     "pass the tensors the calls will get, on the GPU")
+    cache_pair(k_cache, v_cache, getattr(k_cache, "dtype", None), q.get_device())
+
+
 def paged_causal(causal):
     """``causal`` of :func:`paged_attention` as the other paths take it: True is bottom-right here (the queries are
     each sequence's last tokens, as in FlashAttention-2's varlen and FlashInfer)."""
@@ -337,5 +360,5 @@ def paged_causal(causal):
 
 
 __all__ = ["contiguous_rows", "within_capacity", "int_tensor", "tables", "sequences", "check_tables_on_host",
-           "host_values", "cache_pair", "max_len", "rotary_tables", "named", "descales", "append_descales",
-           "qscale_of", "required", "paged_causal"]
+           "workspace_args", "host_values", "cache_pair", "max_len", "rotary_tables", "named", "descales",
+           "append_descales", "qscale_of", "required", "paged_causal"]

@@ -88,7 +88,8 @@ def _descales(descales, names=("q_descale", "k_descale", "v_descale")):
     for name, d in zip(names, descales):
         ndims = allowed_ndims.get(name, allowed_ndims["k_descale"])
         try:
-            a = None if isinstance(d, (bool, np.bool_)) else np.asarray(d, dtype=np.float64)
+            a = None if isinstance(d, (bool, np.bool_, str, bytes)) or (  # "1" would read as 1.0
+                isinstance(d, np.ndarray) and d.dtype.kind not in "fiu") else np.asarray(d, dtype=np.float64)
         except OverflowError:
             raise _usage("usage.value", f"`{name}` = {shown(d)} is beyond float64", "descales are floats") from None
         except (TypeError, ValueError):

@@ -31,6 +31,7 @@ import numpy as np
 
 from .numeric import INT64_MAX
 from .reference import _as_float_array, _usage, as_array, attention_fwd
+from .reference_fp8 import descaled, kv_descale
 
 __all__ = ["gather_kv", "paged_attention", "append_kv", "rotary", "vectorized_caches", "linear_caches"]
 
@@ -73,6 +74,8 @@ def _ints(name: str, x, ndim: int, convert: bool = True) -> np.ndarray:
     """An integer array of ``ndim`` dims as int64 (``convert`` False: as given, for a table whose used entries alone
     are converted, :func:`_int64`)."""
     a = as_array(name, x)
+    if a.size == 0 and a.dtype.kind == "f":   # an empty list ([] reads as float64): no value to be wrong
+        a = a.astype(np.int64)
     if a.dtype.kind not in "iu":
         raise _usage("usage.dtype", f"`{name}` must be an integer array (int32), got dtype {a.dtype}",
                      f"pass {name} as int32")
@@ -131,13 +134,6 @@ def _pages_of(block_table, kv_indptr, kv_indices, batch: int, num_pages: int, to
     return rows
 
 
-def _descale_array(name: str, d) -> np.ndarray:
-    """An FP8 descale as a float64 array: a number or float array, never a bool (False would read as 0.0)."""
-    if isinstance(d, (bool, np.bool_)) or (isinstance(d, np.ndarray) and d.dtype == np.bool_):
-        raise _usage("usage.value", f"`{name}` must be a number or a float array, got {d!r}", "1.0 scales by nothing")
-    return as_array(name, d, np.float64)
-
-
 def _check_cache(k_cache, v_cache, layout: str | None):
     """``(k, v, vec)``: the caches as linear float arrays (``vec``: the vectorized layout's vector, 0 for linear)."""
     k_cache = _as_float_array("k_cache", k_cache)
@@ -165,42 +161,6 @@ def _check_cache(k_cache, v_cache, layout: str | None):
                      f"{v_cache.shape}",
                      "linear caches are [num_pages, page_size, Hk, D]; vectorized_caches() makes the 5-D layout")
     return k_cache, v_cache, 0
-
-
-def _kv_descale(name: str, d, num_pages: int, hk: int, written=None, page: int | None = None) -> np.ndarray:
-    """An FP8 K/V descale as float64 ``[num_pages, 1 | page_size, Hk, 1]`` (broadcasting over a linear cache): one
-    number (per tensor; a one-element array of any shape too), ``[num_pages, Hk]`` (KV block scales: one per page and
-    K/V head) or, where ``page`` (the page size) is given, ``[num_pages, page_size, Hk]`` (per token and K/V head).
-    ``written`` (an append's: the page ids it writes): their descales finite and nonzero, as the new rows are divided
-    by them (the other pages' may hold anything, as a server's do)."""
-    a = _descale_array(name, d)
-    per_token = page is not None and a.shape == (num_pages, page, hk)
-    if a.size != 1 and a.shape != (num_pages, hk) and not per_token:
-        tokens = f", [num_pages, page_size, Hk] = [{num_pages}, {page}, {hk}] (one per token)" if page else ""
-        raise _usage("usage.shape", f"`{name}` must be [num_pages, Hk] = [{num_pages}, {hk}] (one per page and K/V "
-                     f"head of the cache){tokens} or one number (per tensor), got shape {a.shape}",
-                     "num_pages, page_size and Hk are the cache's")
-    # an attention's per-page (per-token) descales of pages it never reads may hold anything, as a server's do
-    divides = written is not None
-    bad = None
-    if a.size == 1:
-        bad = ~(np.isfinite(a) & (a != 0)) if divides else ~np.isfinite(a)
-    elif divides:
-        bad = np.zeros(a.shape, bool)
-        w = np.unique(np.asarray(written, np.int64))
-        bad[w] = ~(np.isfinite(a[w]) & (a[w] != 0))
-    if bad is not None and bad.any():
-        at = ""
-        if a.size != 1:  # the first bad [page, head]
-            idx = tuple(int(i) for i in np.argwhere(bad)[0])
-            at, a = f"[{', '.join(map(str, idx))}]", a[idx]
-        what = "divides the new rows into the FP8 cache: it must be finite and nonzero" if divides else \
-            "scales the FP8 cache's values: it must be finite"
-        raise _usage("usage.value", f"`{name}{at}` {what}, got {float(a.reshape(-1)[0])}",
-                     "the scale the cache's values are multiplied by when read")
-    if per_token:
-        return a[:, :, :, None]
-    return np.full((num_pages, 1, hk, 1), a.reshape(-1)[0]) if a.size == 1 else a[:, None, :, None]
 
 
 def _lengths(seqlens_k, batch=None) -> np.ndarray:
@@ -246,30 +206,19 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     if descales is not None:
         k_cache, v_cache, _ = _check_cache(k_cache, v_cache, layout)
         layout = "linear"
-        p, page, hk, _ = k_cache.shape
-        q = _as_float_array("q", q)
-        qd = _descale_array("q_descale", descales[0])
-        if qd.size != 1 and qd.shape != q.shape[:2]:
-            raise _usage("usage.shape", f"`q_descale` must be one number or [Tq, Hq] = {list(q.shape[:2])} (one per "
-                         f"query token and head), got shape {qd.shape}", "Tq and Hq are q's")
-        if not np.isfinite(qd).all():
-            bad = qd.reshape(-1)[~np.isfinite(qd.reshape(-1))][0]
-            raise _usage("usage.value", f"`q_descale` must be finite, got {bad}",
-                         "the scale q's values are multiplied by")
-        kd, vd = (_kv_descale(n, d, p, hk, page=page) for n, d in (("k_descale", descales[1]),
-                                                                   ("v_descale", descales[2])))
+        p, page = k_cache.shape[:2]
+        slot = np.arange(p * page, dtype=np.float64).reshape(p, page, 1, 1)   # which slots attention reads
+        read, _, _ = gather_kv(slot, slot, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                               seqlens_k=seqlens_k, layout=layout)
         k_read, v_read, _ = gather_kv(k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr,
                                       kv_indices=kv_indices, seqlens_k=seqlens_k, layout=layout)
-        for name, x in (("q", q), ("k_cache", k_read), ("v_cache", v_read)):   # (the slots attention reads)
-            _on_e4m3_grid(name, x)
-        q = q.astype(np.float64) * (qd.reshape(-1)[0] if qd.size == 1 else qd[:, :, None])
-        k_cache = np.asarray(k_cache, np.float64) * kd
-        v_cache = np.asarray(v_cache, np.float64) * vd
+        q, k_cache, v_cache = descaled(_as_float_array("q", q), k_cache, v_cache, k_read, v_read,
+                                       read.astype(np.int64).reshape(-1), descales, forward.get("scale"))
     cq = _ints("cu_seqlens_q", cu_seqlens_q, 1)
-    batch = _lengths(seqlens_k).shape[0]
-    if cq.shape[0] != batch + 1:
-        raise _usage("usage.shape", f"`cu_seqlens_q` must be [B + 1] = [{batch + 1}] (one sequence per "
-                     f"seqlens_k entry), got {cq.shape[0]} entries", "B is len(seqlens_k)")
+    if cq.shape[0] < 1:
+        raise _usage("usage.shape", "`cu_seqlens_q` must have B + 1 >= 1 entries, got none",
+                     "cu_seqlens_q[b] is sequence b's first query row; [0] for an empty batch")
+    _lengths(seqlens_k, cq.shape[0] - 1)   # (B from cu_seqlens_q, as the kernels' path reads it)
     k, v, cu_k = gather_kv(k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
                            seqlens_k=seqlens_k, layout=layout)
     q = _as_float_array("q", q)
@@ -282,20 +231,6 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
                      "pass q.astype(k_cache.dtype)")
     out, lse = attention_fwd(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=cu_k, **forward)
     return (out, lse) if return_lse else out
-
-
-def _on_e4m3_grid(name: str, x) -> None:
-    """FP8 inputs are e4m3 values (docs/semantics.md): NumPy has no such dtype, so the float array must hold values
-    that e4m3 represents (NaN is one; infinities are not)."""
-    from .fp8 import round_e4m3
-
-    x = np.asarray(x)
-    off = ~((round_e4m3(x) == x) | np.isnan(x))
-    if off.any():
-        at = tuple(int(i) for i in np.argwhere(off)[0])
-        raise _usage("usage.value", f"`{name}` holds {float(x[at])!r} at {list(at)}, which is not an e4m3 value: FP8 "
-                     "inputs (given with descales) hold e4m3 values", "round them with fmha_dsl.fp8.round_e4m3 (or "
-                     "give no descales for plain float caches)")
 
 
 def rotary(x, positions, cos, sin, interleaved: bool = False):
@@ -332,6 +267,28 @@ def rotary(x, positions, cos, sin, interleaved: bool = False):
     return x
 
 
+def check_distinct_slots(rows, lens, new, page: int) -> None:
+    """Every new row of an append goes to a slot of its own: two sequences (or one whose table names a page twice)
+    whose new tokens land in one cache slot would leave whichever write came last -- on the GPU, either.  ``rows``:
+    each sequence's page ids (:func:`_pages_of`), ``lens``/``new``: its cached and new token counts."""
+    slots, owner = [], []
+    for b in range(len(lens)):
+        tok = int(lens[b]) + np.arange(int(new[b]))
+        slots.append(np.asarray(rows[b], np.int64)[tok // page] * page + tok % page)
+        owner.append(np.stack([np.full(tok.shape, b), tok], 1))
+    if not slots:
+        return
+    slots, owner = np.concatenate(slots), np.concatenate(owner)
+    order = np.argsort(slots, kind="stable")
+    dup = np.flatnonzero(slots[order][1:] == slots[order][:-1])
+    if dup.size:
+        (b1, t1), (b2, t2) = owner[order[dup[0]]], owner[order[dup[0] + 1]]
+        s = int(slots[order[dup[0]]])
+        raise _usage("usage.value", f"sequence {b1}'s token {t1} and sequence {b2}'s token {t2} are both appended to "
+                     f"page {s // page}, slot {s % page}", "each sequence appends into pages of its own (a page "
+                     "shared for its prefix is read, never written)")
+
+
 def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=None, kv_indices=None, seqlens_k,
               cu_seqlens_new, rotary_cos=None, rotary_sin=None, rotary_interleaved=False, q=None, layout=None,
               descales=None):
@@ -362,6 +319,7 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
     total = [int(n) + int(m) for n, m in zip(lens, np.diff(cn))]   # Python ints: no int64 wrap past the cache
     rows = _pages_of(block_table, kv_indptr, kv_indices, lens.shape[0], k_cache.shape[0], total, page,
                      lambda b: f"{int(lens[b])} cached + {int(cn[b + 1] - cn[b])} new")
+    check_distinct_slots(rows, lens, np.diff(cn), page)
     pos = np.concatenate([lens[b] + np.arange(cn[b + 1] - cn[b]) for b in range(lens.shape[0])]) \
         if lens.shape[0] else np.zeros(0, np.int64)
     rope = rotary_cos is not None or rotary_sin is not None
@@ -382,7 +340,7 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, block_table=None, kv_indptr=Non
 
         written = [rows[b][pos[cn[b]:cn[b + 1]] // page] for b in range(lens.shape[0])]
         written = np.concatenate(written) if written else np.zeros(0, np.int64)
-        scales = [_kv_descale(n, d, k_cache.shape[0], k_cache.shape[2], written)[:, 0].astype(np.float32)
+        scales = [kv_descale(n, d, k_cache.shape[0], k_cache.shape[2], written)[:, 0].astype(np.float32)
                   for n, d in zip(("k_descale", "v_descale"), descales)]   # [num_pages, Hk, 1]
     for b in range(lens.shape[0]):
         t = np.arange(cn[b], cn[b + 1])

@@ -260,6 +260,10 @@ def check_promise(entry, idx, names, args) -> None:
                         cls=UsageError)
 
 
+# how a caller sizes a paged_attention workspace (the errors' hint)
+WORKSPACE_HINT = "fmha_dsl.paged.workspace_numel(q, k_cache, v_cache, batch=..., max_seqlen_q=..., max_seqlen_k=...)"
+
+
 def workspace_buffer(workspace, numel: int, device, hint: str):
     """A plan's fp32 workspace: the caller's (checked: contiguous float32 on ``device``, at least ``numel`` elements)
     or, when None, one from torch's caching allocator."""
@@ -267,12 +271,27 @@ def workspace_buffer(workspace, numel: int, device, hint: str):
 
     if workspace is None:
         return torch.empty(numel, dtype=torch.float32, device=device)
-    if (workspace.dtype != torch.float32 or workspace.device != device or workspace.numel() < numel
-            or not workspace.is_contiguous()):
+    check_workspace_kind(workspace, device, hint)
+    if workspace.numel() < numel:
         raise error("usage.value", f"workspace must be a contiguous float32 tensor on {device} with at least {numel} "
                     f"elements, got {tuple(workspace.shape)} {workspace.dtype} on {workspace.device}", None,
                     f"size it with {hint}", cls=UsageError)
     return workspace
+
+
+def check_workspace_kind(workspace, device, hint: str) -> None:
+    """A caller's workspace is a contiguous float32 tensor on ``device`` -- checked whether or not the plan a call
+    gets uses it (which first use decides), so that a bad one never depends on that choice."""
+    import torch
+
+    if not isinstance(workspace, torch.Tensor):
+        raise error("usage.type", f"workspace must be a torch tensor (contiguous float32 on {device}), got "
+                    f"{type(workspace).__name__}", None, f"size it with {hint}", cls=UsageError)
+    if workspace.dtype != torch.float32 or workspace.device != device or not workspace.is_contiguous():
+        raise error("usage.value", f"workspace must be a contiguous float32 tensor on {device}, got "
+                    f"{tuple(workspace.shape)} {workspace.dtype} on {workspace.device}"
+                    + ("" if workspace.is_contiguous() else " (not contiguous)"), None, f"size it with {hint}",
+                    cls=UsageError)
 
 
 def dims(entry, group: bool, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple:

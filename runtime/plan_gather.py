@@ -29,11 +29,10 @@ from fmha_dsl.kernels.fwd_abi import grid_of
 from fmha_dsl.kernels.fwd_abi import pack as fwd_pack
 
 from . import autotune, abi, decisions, race
-from .plan import Plan, check_promise, workspace_buffer
+from .plan import WORKSPACE_HINT, Plan, check_promise, workspace_buffer
 from .plan_paged import launch_steps
 
 _AT = {n: i for i, (n, _) in enumerate(paged_abi.ARGS)}
-_HINT = "fmha_dsl.paged.workspace_numel(q, k_cache, v_cache, batch=..., max_seqlen_q=..., max_seqlen_k=...)"
 
 
 def forward_problem(p):
@@ -152,7 +151,8 @@ class GatheredPlan:
             return [], None
         import torch
 
-        buf = workspace_buffer(workspace, numel, torch.device(f"cuda:{device}" if device >= 0 else "cpu"), _HINT)
+        buf = workspace_buffer(workspace, numel, torch.device(f"cuda:{device}" if device >= 0 else "cpu"),
+                               WORKSPACE_HINT)
         step, gathered = gather_step(self._gather, device, batch, args, buf, lay, p.dtype)
         fargs = forward_args(args, gathered, nhead_q, max_seqlen_q)
         fk = fwd.stages[0].kernel(device)
@@ -193,7 +193,7 @@ def with_gathered(disp, plan, problem, aligned: bool, device: int, batch: int, n
     stage = disp.loose_stage(entry, binary)
     # the forward kernels are chosen on the gathered rows of this call: one copy into a workspace kept for the timing
     lay = workspace_layout(problem, batch, args)
-    buf = workspace_buffer(None, lay[3] // 4, torch.device(f"cuda:{device}"), _HINT)
+    buf = workspace_buffer(None, lay[3] // 4, torch.device(f"cuda:{device}"), WORKSPACE_HINT)
     (kern, grid, gargs), gathered = gather_step(stage, device, batch, args, buf, lay, problem.dtype)
     kern.launch(grid, gargs, torch.cuda.current_stream(device).cuda_stream)
     fargs = forward_args(args, gathered, nhead_q, max_seqlen_q)

@@ -18,7 +18,8 @@ from fmha_dsl.kernels import paged_abi
 from fmha_dsl.kernels.fwd_abi import COMBINE_BLOCK_M, block_d, grid_of, packs_gqa, workspace_strides
 
 from .match import promised_indices
-from .plan import SplitLaunch, alibi_strides, check_promise, resolve_stream, workspace_buffer
+from .plan import (WORKSPACE_HINT, SplitLaunch, alibi_strides, check_promise, resolve_stream,
+                   workspace_buffer)
 
 _NAMES = tuple(n for n, _ in paged_abi.ARGS)
 
@@ -147,9 +148,7 @@ class PagedPlan:
         wst, lst = workspace_strides(batch, nhead_q, s, max_seqlen_q, self._split.block_dv)
         n_o = batch * wst[0]
         dev = torch.device(f"cuda:{device}" if device >= 0 else "cpu")
-        buf = workspace_buffer(workspace, n_o + batch * lst[0], dev,
-                               "fmha_dsl.paged.workspace_numel(q, k_cache, v_cache, batch=..., max_seqlen_q=..., "
-                               "max_seqlen_k=...)")
+        buf = workspace_buffer(workspace, n_o + batch * lst[0], dev, WORKSPACE_HINT)
         if kern.needs_objects:
             wp, lp = buf[:n_o], buf[n_o:]
         else:

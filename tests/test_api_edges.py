@@ -234,6 +234,47 @@ def test_numpy_fp8_inputs_must_hold_e4m3_values_where_attention_reads_them(name)
     _raises(lambda: PA(**kw), "usage.value", f"`{name}` holds 0.1")
 
 
+@pytest.mark.parametrize("form", ["blocks", "tokens"])
+def test_numpy_fp8_descales_must_be_finite_on_the_slots_attention_reads(form):
+    """Block (per-page) and per-token descales are read where attention reads the cache: a NaN or inf there was a
+    NaN output; elsewhere (page 0 and 3: no sequence reads them; slot 1 of page 1: past the 3 keys) anything goes."""
+    from fmha_dsl.fp8 import round_e4m3
+
+    kw = _paged()
+    for n in ("q", "k_cache", "v_cache"):
+        kw[n] = round_e4m3(kw[n])
+    shape = (4, 1) if form == "blocks" else (4, 2, 1)
+    unread = np.ones(shape)
+    unread[0] = unread[3] = np.nan
+    if form == "tokens":
+        unread[1, 1] = np.inf   # the table holds 2, 1: keys 0-1 on page 2, key 2 on page 1 slot 0
+    out = PA(**kw, q_descale=1.0, k_descale=unread, v_descale=unread.copy())
+    assert np.isfinite(out).all()
+    for name in ("k_descale", "v_descale"):
+        bad = unread.copy()
+        bad[(1, 0) if form == "blocks" else (1, 0, 0)] = np.inf
+        d = {"k_descale": unread, "v_descale": unread, name: bad}
+        at = "[1, 0]" if form == "blocks" else "[1, 0, 0]"
+        _raises(lambda: PA(**kw, q_descale=1.0, **d), "usage.value", f"`{name}{at}` scales a page attention reads")
+    _raises(lambda: PA(**kw, q_descale=1e30, k_descale=1e30 * unread, v_descale=unread), "usage.value",
+            "scale x q_descale x k_descale reaches")
+
+
+def test_an_append_never_writes_two_rows_into_one_slot():
+    kc = np.zeros((4, 16, 1, 8), np.float32)
+    one = np.ones((2, 1, 8), np.float32)
+    _raises(lambda: fmha_dsl.append_kv(kc, kc.copy(), one, one, block_table=np.array([[0], [0]]),
+                                       seqlens_k=np.array([3, 3]), cu_seqlens_new=np.array([0, 1, 2])),
+            "usage.value", "sequence 0's token 3 and sequence 1's token 3 are both appended to page 0, slot 3")
+    many = np.ones((20, 1, 8), np.float32)   # one sequence whose table names page 1 twice
+    _raises(lambda: fmha_dsl.append_kv(kc, kc.copy(), many, many, block_table=np.array([[1, 1]]),
+                                       seqlens_k=np.array([3]), cu_seqlens_new=np.array([0, 20])),
+            "usage.value", "sequence 0's token 3 and sequence 0's token 19 are both appended to page 1, slot 3")
+    shared = np.array([[0, 1], [0, 2]])   # a shared prefix page (0) is fine: the new rows go to pages 1 and 2
+    fmha_dsl.append_kv(kc, kc.copy(), one, one, block_table=shared, seqlens_k=np.array([16, 16]),
+                       cu_seqlens_new=np.array([0, 1, 2]))
+
+
 def test_paged_q_dtype_is_checked_before_descales_convert_it():
     kw = _paged(q_descale=1.0, k_descale=1.0, v_descale=1.0)
     kw["q"] = kw["q"].astype(np.complex64)
@@ -431,3 +472,16 @@ def test_numpy_calls_check_what_the_gpu_path_checks():
         _raises(lambda: AB(q, k, v, o, lse, o, deterministic=bad), "usage.value",
                 "`deterministic` must be True or False")
     assert len(A(q, k, v, return_lse=np.bool_(True))) == 2   # NumPy's bool is a bool
+
+
+def test_serving_calls_name_the_argument_that_is_wrong():
+    kw = _paged(block_table=np.array([[2, 1], [0, 3], [1, 2]], np.int32), seqlens_k=[3, 1],
+                cu_seqlens_q=[0, 1, 1, 1])
+    _raises(lambda: PA(**kw), "usage.shape", "`seqlens_k` must have one length per sequence (3), got 2")
+    kc = np.zeros((4, 16, 1, 8), np.float32)
+    _raises(lambda: fmha_dsl.append_kv(kc, kc, [[1.0]], np.zeros((1, 1, 8)), block_table=np.zeros((1, 1), np.int32),
+                                       seqlens_k=[1], cu_seqlens_new=[0, 1]),
+            "usage.type", "`k_new` must be a numpy array or a torch tensor, got list")
+    _raises(lambda: PA(**_paged(), return_lse="no"), "usage.value", "`return_lse` must be True or False, got 'no'")
+    _raises(lambda: PA(**_paged(q_descale="1", k_descale=1.0, v_descale=1.0)), "usage.value",
+            "on NumPy inputs `q_descale` is a number")

@@ -14,6 +14,16 @@ def test_import_does_no_work():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_submodule_named_in_the_docs_is_an_attribute_after_a_plain_import():
+    """docs/triton.md and paged_attention's errors say ``fmha_dsl.paged.workspace_numel``: after ``import fmha_dsl``
+    alone that resolves (imported then), and a name that is no submodule is still an AttributeError."""
+    code = ("import sys, fmha_dsl; assert 'fmha_dsl.paged' not in sys.modules; f = fmha_dsl.paged.workspace_numel\n"
+            "try:\n    fmha_dsl.no_such_module\nexcept AttributeError as e:\n    print('refused', e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "refused module 'fmha_dsl' has no attribute 'no_such_module'" in out.stdout
+
+
 def test_shipped_data_is_found_from_any_directory(tmp_path):
     code = ("import fmha_dsl; from fmha_dsl.parse import grammar_text; "
             "assert 'kernel_set' in grammar_text(); "

@@ -102,8 +102,8 @@ def test_numpy_paged_attention_reads_a_numpy_bool_as_a_bool_and_fills_out():
         fmha_dsl.paged_attention(q[..., :8], kc, vc, **kw)
     with pytest.raises(UsageError, match="`q` must have the caches' dtype float32, got float16"):
         fmha_dsl.paged_attention(q.astype(np.float16), kc, vc, **kw)
-    with pytest.raises(UsageError, match=r"`cu_seqlens_q` must be \[B \+ 1\] = \[4\]"):
-        fmha_dsl.paged_attention(q, kc, vc, **dict(kw, seqlens_k=np.array([9, 6, 1], np.int32)))
+    with pytest.raises(UsageError, match=r"`seqlens_k` must have one length per sequence \(2\), got 3"):
+        fmha_dsl.paged_attention(q, kc, vc, **dict(kw, seqlens_k=np.array([9, 6, 1], np.int32)))   # (B: cu_seqlens)
     with pytest.raises(UsageError, match="workspace_numel\\(\\): `q` must be a torch tensor"):
         fmha_dsl.paged.workspace_numel(q, kc, vc, batch=2, max_seqlen_q=3, max_seqlen_k=9)
 
@@ -562,11 +562,84 @@ fmha_dsl.append_kv(k5, v5, T(kn2), T(kn2), seqlens_k=T(lens2), cu_seqlens_new=T(
 gk, gv = linear_caches(k5, v5)
 assert np.abs(gk.float().numpy() - wk).max() < 3e-3 and np.abs(gv.float().numpy() - wv).max() < 3e-3
 print("append ok")
+# an index past int32 is refused, never cast (2**32 + 3 read as page 3, a length of 2**32 + 10 as 10)
+big = 2**32
+for kw, name in (({"seqlens_k": torch.tensor([big + 10, 37, 5, 0])}, "seqlens_k"),
+                 ({"block_table": torch.tensor(bt.astype(np.int64) + np.array([[big, 0, 0, 0]] + [[0] * 4] * 3))},
+                  "block_table"),
+                 ({"cu_seqlens_q": [0, big + 3, big + 4, big + 4, big + 9]}, "cu_seqlens_q"),
+                 ({"seqlens_k": np.array([2**64 - 1, 37, 5, 0], np.uint64)}, "seqlens_k")):
+    args = dict(block_table=T(bt), seqlens_k=T(np.int32(lens_k)), cu_seqlens_q=T(cq))
+    args.update(kw)
+    try:
+        fmha_dsl.paged_attention(T(q), T(kc), T(vc), registry=disp, **args)
+        raise AssertionError(f"{name} past int32 was accepted")
+    except fmha_dsl.UsageError as exc:
+        assert f"`{name}` holds" in str(exc) and "outside int32" in str(exc), exc
+ip = torch.tensor([0, 1, 4, 5, 5])
+ix = torch.tensor([int(perm[0]), int(perm[1]), big + int(perm[2]), int(perm[3]), int(perm[4])])
+try:
+    fmha_dsl.paged_attention(T(q), T(kc), T(vc), kv_indptr=ip, kv_indices=ix, seqlens_k=T(np.int32(lens_k)),
+                             cu_seqlens_q=T(cq), registry=disp)
+    raise AssertionError("kv_indices past int32 was accepted")
+except fmha_dsl.UsageError as exc:
+    assert "`kv_indices` holds" in str(exc), exc
+e = fmha_dsl.paged_attention(T(q[:0]), T(kc), T(vc), block_table=T(bt[:0]), seqlens_k=[], cu_seqlens_q=[0],
+                             registry=disp)   # an empty batch given as lists
+assert e.shape == (0, Hq, D)
+print("int32 ok")
+# two sequences appending into one slot: refused on the host check (no max_seqlen_new given), as on NumPy
+one = torch.ones(2, Hk, D, dtype=torch.float16)
+try:
+    fmha_dsl.append_kv(T(kc.copy()), T(vc.copy()), one, one, block_table=T(np.array([[3], [3]], np.int32)),
+                       seqlens_k=T(np.array([3, 3], np.int32)), cu_seqlens_new=T(np.array([0, 1, 2], np.int32)),
+                       registry=disp)
+    raise AssertionError("two appends into one slot were accepted")
+except fmha_dsl.UsageError as exc:
+    assert "both appended to page 3, slot 3" in str(exc), exc
+print("slots ok")
+# workspace_numel's arguments, and a caller's workspace checked whatever plan the call gets (this one: no split)
+ws_args = dict(batch=4, max_seqlen_q=8, max_seqlen_k=40, registry=disp)
+assert fmha_dsl.paged.workspace_numel(T(q), T(kc), T(vc), **ws_args) > 0
+for change, text in (({"max_seqlen_k": None}, "`max_seqlen_k` must be an int >= 0, got None"),
+                     ({"batch": 4.5}, "`batch` must be an int >= 0, got 4.5"),
+                     ({"k_cache": kc}, "`k_cache` must be a torch tensor like q"),
+                     ({"q": T(q[0])}, "`q` must be 3-D [Tq, Hq, D]")):
+    a = dict(ws_args, q=T(q), k_cache=T(kc), v_cache=T(vc))
+    a.update(change)
+    try:
+        fmha_dsl.paged.workspace_numel(a.pop("q"), a.pop("k_cache"), a.pop("v_cache"), **a)
+        raise AssertionError(f"{change} was accepted")
+    except fmha_dsl.UsageError as exc:
+        assert "workspace_numel(): " + text in str(exc), exc
+for bad, text in (([0.0] * 10, "workspace must be a torch tensor"), (np.zeros(10, np.float32), "must be a torch"),
+                  (torch.zeros(10, dtype=torch.int32), "contiguous float32 tensor"),
+                  (torch.zeros(20)[::2], "(not contiguous)")):
+    try:
+        fmha_dsl.paged_attention(T(q), T(kc), T(vc), block_table=T(bt), seqlens_k=T(np.int32(lens_k)),
+                                 cu_seqlens_q=T(cq), registry=disp, workspace=bad)
+        raise AssertionError(f"workspace {type(bad)} was accepted")
+    except fmha_dsl.UsageError as exc:
+        assert text in str(exc) and "workspace_numel" in str(exc.diagnostics[0].hint), exc
+print("workspace ok")
+# append_kv names what is wrong: a NumPy cache or q beside torch rows, integer rotary tables
+for kw, text in (({"k_cache": kc}, "`k_cache` must be a torch tensor like k_new"),
+                 ({"q": qn}, "`q` must be a torch tensor like k_new, got ndarray"),
+                 ({"rotary_cos": torch.ones(64, 8, dtype=torch.int32), "rotary_sin": T(sin)},
+                  "`rotary_cos` must hold floats (float32), got torch.int32")):
+    a = dict(k_cache=T(kc.copy()), v_cache=T(vc.copy()), block_table=T(bt2), seqlens_k=T(lens2), cu_seqlens_new=T(cn))
+    a.update(kw)
+    try:
+        fmha_dsl.append_kv(a.pop("k_cache"), a.pop("v_cache"), T(kn), T(vn), registry=disp, **a)
+        raise AssertionError(f"{list(kw)} was accepted")
+    except fmha_dsl.UsageError as exc:
+        assert text in str(exc), exc
+print("names ok")
 '''
 
 
 def test_the_torch_path_end_to_end_under_the_interpreter():
-    run_interpreted(INTERP, "append ok", timeout=600)
+    run_interpreted(INTERP, "names ok", timeout=600)
 
 
 def test_decode_gets_the_short_split_tiles_at_any_batch_and_prefill_only_when_the_grid_is_small():

@@ -36,17 +36,19 @@ def _round(x, dtype):
 
 def cache(lens, page, hk, d, dv=None, *, extra=None, seed=0, dtype="fp32", form="vllm"):
     """Random K/V for sequences of ``lens`` tokens (+ ``extra`` room) in scattered pages; page 0 of the cache is
-    shared by every sequence as its first page (a common prompt prefix)."""
+    shared by every sequence as its first page (a common prompt prefix) -- unless there is ``extra`` room: an append
+    writes each sequence's new rows into pages of its own."""
     rng = np.random.default_rng(seed)
     dv = dv or d
+    shared = not any(extra or [])
     extra = extra or [0] * len(lens)
     need = [-(-(n + e) // page) for n, e in zip(lens, extra)]
-    total = 1 + sum(max(0, n - 1) for n in need) + 2
+    total = 1 + sum(max(0, n - shared) for n in need) + 2
     perm = 1 + rng.permutation(total - 1)
     pages, i = [], 0
     for n in need:
-        own = max(0, n - 1)
-        pages.append(([0] if n else []) + list(perm[i:i + own]))
+        own = max(0, n - shared)
+        pages.append(([0] if n and shared else []) + list(perm[i:i + own]))
         i += own
     kc = _round(rng.standard_normal((total, page, hk, d)).astype(np.float32), dtype)
     vc = _round(rng.standard_normal((total, page, hk, dv)).astype(np.float32), dtype)
