@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from typing import Iterable
 
 from .errors import UsageError, error
@@ -17,9 +18,11 @@ def write_atomic(path: str | os.PathLike, chunks: Iterable[str] | str | bytes) -
     path, with nothing left behind."""
     p = os.fspath(path)
     real = os.path.realpath(p)  # through symlinks: replace the target, not the link
+    _check_target(p, real)
     tmp = f"{real}.tmp.{os.getpid()}"
     try:
-        os.makedirs(os.path.dirname(real), exist_ok=True)
+        if not os.path.islink(p):  # (a link's target folder is the link's business: never made here)
+            os.makedirs(os.path.dirname(real), exist_ok=True)
         try:
             mode = os.stat(real).st_mode & 0o7777
         except FileNotFoundError:
@@ -52,4 +55,41 @@ def write_atomic(path: str | os.PathLike, chunks: Iterable[str] | str | bytes) -
     return p
 
 
-__all__ = ["write_atomic"]
+def publish(staged: list[tuple[str, str]]) -> None:
+    """Move files written whole elsewhere (``(temp path, destination)`` pairs, on the destination's filesystem) into
+    place, each by one rename (through a link to its target, as :func:`write_atomic` writes): a set of outputs whose
+    writing could fail (a full disk, an interrupt) is staged first, so that what was there stays whole until then."""
+    for tmp, dest in staged:
+        real = os.path.realpath(dest)
+        _check_target(dest, real)
+        try:
+            os.makedirs(os.path.dirname(real), exist_ok=True)
+            os.replace(tmp, real)
+        except OSError as exc:
+            raise error("output.write", f"cannot write `{dest}`: {exc.strerror or exc}", None,
+                        f"make `{os.path.dirname(real) or '.'}` writable, or choose another output path",
+                        cls=UsageError) from None
+
+
+def _check_target(p: str, real: str) -> None:
+    """What the rename would replace is a regular file, or nothing: a device (``/dev/null``), FIFO or socket -- the
+    target of ``p`` or of a link ``p`` -- would be replaced by a plain file; a link into a folder that does not
+    exist would have that folder made."""
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        if os.path.islink(p) and not os.path.isdir(os.path.dirname(real)):
+            raise error("output.write", f"cannot write `{p}`: it is a link to `{real}`, whose folder does not exist",
+                        None, "point the link at an existing folder, or remove the link", cls=UsageError) from None
+        return
+    except OSError:
+        return   # (unreadable: the write itself reports it)
+    if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):   # (a folder: the write's EISDIR message)
+        kind = "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else \
+            "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
+        via = "" if real == os.path.abspath(p) else f" (through a link to `{real}`)"
+        raise error("output.write", f"cannot write `{p}`{via}: it is {kind}, which a write would replace with a "
+                    "plain file", None, "choose a regular file's path for the output", cls=UsageError)
+
+
+__all__ = ["write_atomic", "publish"]

@@ -41,6 +41,7 @@ class BuildResult:
     written: bool = True      # False: no kernel was kept, and no registry written (one already there is unchanged)
     spilled: int = 0          # kernels left out for spilling registers (--no-spills)
     kept_table: bool = False  # the seqtune table of the registry it replaced carried over
+    dropped_points: int = 0   # measurements of that table not carried over (kernels gone, or built differently)
 
 
 _WORKER_STATE: tuple | None = None   # (declarations, archs, profile, backend), set in each forked worker only
@@ -142,8 +143,13 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
     profiles = [prof] if prof else sorted({d.profile.values[0] for d in decls})
     sources = kernel_set.source_names()
     chunks = document_chunks(kernel_set.name, sorted(stats["by_arch"]), profiles, sources, stats, [r[2] for r in rows])
+    from .build_triton import existing_registry
+
+    old = existing_registry(registry_path(out))   # (one this version cannot read stops the build)
+    dropped = sum(len(p.get("times_us", {})) + len(p.get("failed", {})) for c in (old.seqtune or {}).get("classes", [])
+                  for p in c.get("points", [])) if old is not None else 0   # (a CK registry has no table)
     path = write_atomic(registry_path(out), chunks)
-    return BuildResult(path, len(rows), stats["by_arch"], report)
+    return BuildResult(path, len(rows), stats["by_arch"], report, dropped_points=dropped)
 
 
 __all__ = ["build", "BuildResult", "nothing_to_build"]

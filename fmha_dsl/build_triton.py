@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 from .cache import ArtifactCache, content_key, sha256_bytes
 from . import compile_ahead
 from .compile_pool import run_isolated
 from .errors import FmhaError, UsageError, error
-from .atomic_file import write_atomic
+from .atomic_file import publish, write_atomic
 from .registry import Entry, Registry, registry_path
 
 
@@ -251,10 +252,45 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
         if progress:
             progress(done, total, len(failures), hits)
 
+    path = registry_path(out)
+    previous = existing_registry(path)   # (before anything is written: an unreadable registry stops the build)
     ready, _ = compile_through_cache(wanted, cache, jobs, finish, why=why_failed)
 
     kept = Registry(reg.name, profiles=reg.profiles, sources=reg.sources)
-    compiled = cached = 0
+    staging = os.path.join(out, f".staging.{os.getpid()}")
+    staged: list[tuple[str, str]] = []
+
+    def stage(rel: str, data: bytes) -> None:  # (into place only once every binary is written: publish below)
+        write_atomic(os.path.join(staging, rel), data)
+        staged.append((os.path.join(staging, rel), os.path.join(out, rel)))
+
+    try:
+        _collect(reg, triton_ids, key_of, ready, companions_of, why_failed, no_spills, spilled, failures, kept, stage)
+        if len(kept):
+            publish(staged)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    compiled = sum(not ready[key_of[e.identifier]][2] for e in kept if e.identifier in key_of)
+    cached = sum(bool(ready[key_of[e.identifier]][2]) for e in kept if e.identifier in key_of)
+    failures.sort(key=lambda f: (f["arch"], f["name"]))
+    spilled.sort(key=lambda f: (f["arch"], f["name"]))
+    table, dropped = _carried_table(previous, kept)
+    if len(kept):  # (every kernel failed: a registry already there stays as it was, and none is written)
+        kept.seqtune = table
+        kept.save(path)
+    seconds = time.perf_counter() - t0
+    if len(kept):  # (a build that keeps nothing leaves the folder's registry and its report as they were)
+        write_atomic(os.path.join(out, "build-report.json"), json.dumps(
+            {"compiled": compiled, "cached": cached, "failed": failures, "dropped_for_spills": spilled,
+             "kernels": len(kept), "seconds": round(seconds, 3), "jobs": jobs}, indent=1, sort_keys=True) + "\n")
+    return {"path": path, "total": len(kept), "by_arch": kept.statistics()["by_arch"], "report": rep,
+            "compiled": compiled, "cached": cached, "failures": failures, "seconds": seconds,
+            "written": bool(len(kept)), "kept_table": bool(len(kept)) and table is not None, "spilled": len(spilled),
+            "dropped_points": dropped if len(kept) else 0}
+
+
+def _collect(reg, triton_ids, key_of, ready, companions_of, why_failed, no_spills, spilled, failures, kept, stage):
+    """The registry's entries whose kernels (and companions) compiled, into ``kept``, their binaries staged."""
     written: set[str] = set()
     for e in reg:
         if e.identifier not in triton_ids:
@@ -277,61 +313,58 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
             cmeta, cdata, _ = ready[ckey]
             crel = f"kernels/{e.arch}/{cname}.{cmeta['binary_kind']}"
             if crel not in written:
-                write_atomic(os.path.join(out, crel), cdata)
+                stage(crel, cdata)
                 written.add(crel)
             comps[role] = build_record(cmeta, ckey, crel, name=cname)
         if failed:
             failures.append({"name": e.name, "arch": e.arch, "reason": failed})
             continue
         rel = f"kernels/{e.arch}/{e.name}.{meta['binary_kind']}"
-        write_atomic(os.path.join(out, rel), data)
+        stage(rel, data)
         build = build_record(meta, key, rel, **comps)
         kept.add(Entry(None, e.name, e.source, build, sig=e.sig, alg=e.alg, arch=e.arch, ident=e.identifier))
-        cached += from_cache
-        compiled += not from_cache
-    failures.sort(key=lambda f: (f["arch"], f["name"]))
-    spilled.sort(key=lambda f: (f["arch"], f["name"]))
-    path = registry_path(out)
-    table = _carried_table(path, kept)
-    if len(kept):  # (every kernel failed: a registry already there stays as it was, and none is written)
-        kept.seqtune = table
-        kept.save(path)
-    seconds = time.perf_counter() - t0
-    if len(kept):  # (a build that keeps nothing leaves the folder's registry and its report as they were)
-        write_atomic(os.path.join(out, "build-report.json"), json.dumps(
-            {"compiled": compiled, "cached": cached, "failed": failures, "dropped_for_spills": spilled,
-             "kernels": len(kept), "seconds": round(seconds, 3), "jobs": jobs}, indent=1, sort_keys=True) + "\n")
-    return {"path": path, "total": len(kept), "by_arch": kept.statistics()["by_arch"], "report": rep,
-            "compiled": compiled, "cached": cached, "failures": failures, "seconds": seconds,
-            "written": bool(len(kept)), "kept_table": bool(len(kept)) and table is not None, "spilled": len(spilled)}
 
 
-def _carried_table(path: str, kept: Registry) -> dict | None:
-    """What a rebuild keeps of the seqtune table of the registry at ``path`` that it replaces: the measurements
-    (times and failures) of the kernels it builds again from the same cache key -- the same source, options and
-    Triton; a kernel whose binary changed is measured again by the next `fmha-dsl tune`.  None: no previous
-    registry this version reads, no table, or nothing of it still applies."""
-    if not os.path.isfile(path):
+def existing_registry(path: str) -> Registry | None:
+    """The registry a build is about to replace (None: none there).  One there that this version cannot read stops
+    the build before anything is written: replacing it would drop its measurements unseen (a newer schema, a hand
+    edit gone wrong)."""
+    if not os.path.lexists(path):
         return None
     try:
         old = Registry.load(path)
-    except (FmhaError, OSError):
-        return None
-    if not old.seqtune:
-        return None
+    except FmhaError as exc:
+        d = exc.diagnostics[0]
+        raise error("build.existing-registry", f"`{path}` is there but cannot be read, so a build would replace it "
+                    f"(and drop any measurements in it) unseen: {d.message}", None,
+                    "fix it (the error above says where), or move it away to build afresh", cls=UsageError) from None
+    return old
+
+
+def _carried_table(old: Registry | None, kept: Registry) -> tuple[dict | None, int]:
+    """What a rebuild keeps of the seqtune table of the registry ``old`` it replaces: the measurements (times and
+    failures) of the kernels it builds again from the same cache key -- the same source, options and Triton; a
+    kernel whose binary changed (or that is gone) is measured again by the next `fmha-dsl tune`.  ``(table or None,
+    how many measurements were dropped)``."""
+    if old is None or not old.seqtune:
+        return None, 0
     new_keys = {e.identifier: _binaries(e.build) for e in kept}
     same = {e.identifier for e in old if _binaries(e.build) and new_keys.get(e.identifier) == _binaries(e.build)}
-    classes = []
+    classes, dropped = [], 0
     for c in old.seqtune.get("classes", []):
         points = []
         for p in c.get("points", []):
             times = {k: v for k, v in p.get("times_us", {}).items() if k in same}
             failed = {k: v for k, v in p.get("failed", {}).items() if k in same}
+            dropped += len(p.get("times_us", {})) + len(p.get("failed", {})) - len(times) - len(failed)
             if times or failed:
-                points.append(dict(p, times_us=times, failed=failed))
+                kept_point = dict(p, times_us=times)
+                if "failed" in p:   # (written as the table had it, an empty one too: a rebuild is byte-stable)
+                    kept_point["failed"] = failed
+                points.append(kept_point)
         if points:
             classes.append(dict(c, points=points))
-    return dict(old.seqtune, classes=classes) if classes else None
+    return (dict(old.seqtune, classes=classes) if classes else None), dropped
 
 
 def _binaries(build: dict | None) -> tuple:
@@ -344,4 +377,5 @@ def _binaries(build: dict | None) -> tuple:
                                     if isinstance(v, dict) and v.get("cache_key")))
 
 
-__all__ = ["build_with_triton", "compile_through_cache", "kernel_job", "companion_jobs", "build_record"]
+__all__ = ["build_with_triton", "compile_through_cache", "kernel_job", "companion_jobs", "build_record",
+           "existing_registry"]

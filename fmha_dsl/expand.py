@@ -374,6 +374,15 @@ def merge(results: list[DeclResult], decls, archs, backend: str | None = None, k
             "arch.not-declared", f"no declaration is for {', '.join(archs)}: `{d.label}` {why}", d.archs.span,
             f"--arch only picks among the archs a set declares: add `arch({wanted})` to the set (or `arch(*)` for "
             "every arch of its backend)" + backend_note(archs, backend or d.backend)))
+    declared = {a for d in decls for a in resolve_archs(d, None, backend)}
+    missing = [a for a in (archs or ()) if a not in declared]
+    if results and missing:   # (some of the archs asked for: each one no declaration is for is left out unseen)
+        d = next(d for d in decls if d.archs.explicit) if any(d.archs.explicit for d in decls) else decls[0]
+        raise RuleError(Diagnostic(
+            "arch.not-declared", f"no declaration is for {', '.join(missing)} (of --arch {','.join(archs)}): the set "
+            f"declares {', '.join(sorted(declared))}", d.archs.span,
+            f"add `arch({' | '.join(missing)})` to the set (or `arch(*)` for every arch of its backend), or leave "
+            f"{', '.join(missing)} out of --arch" + backend_note(missing, backend or d.backend)))
     if errors and keep_going:
         report.errors = errors
     elif errors:

@@ -388,18 +388,20 @@ def test_a_rebuild_keeps_the_seqtune_table_of_the_registry_it_replaces(built):
                    "classes": [{"class": class_of_problem(Problem(family="fwd", dtype="fp16", hdim_q=64,
                                                                   hdim_v=64, mask="top_left", lse=True)),
                                 "points": [{"seqlen_q": 1024, "seqlen_k": 1024, "batch": 1, "nhead_q": 16,
-                                            "nhead_k": 16, "times_us": {name: 12.5}, "failed": {}}]}]}
+                                            "nhead_k": 16, "times_us": {name: 12.5}}]}]}   # (as tune writes it)
     reg.save(str(out / "registry.json"))
+    saved = (out / "registry.json").read_bytes()
     assert fmha_dsl.Registry.load(str(out / "registry.json")).seqtune == reg.seqtune
     res = build(ks, str(out), jobs=1, cache_dir=cache)
-    assert res.written and res.kept_table
-    assert fmha_dsl.Registry.load(str(out / "registry.json")).seqtune == reg.seqtune
+    assert res.written and res.kept_table and res.dropped_points == 0
+    assert (out / "registry.json").read_bytes() == saved   # byte for byte (no `"failed": {}` added)
     fresh = build(ks, str(root / "out-fresh"), jobs=1, cache_dir=cache)
     assert not fresh.kept_table and fmha_dsl.Registry.load(str(root / "out-fresh" / "registry.json")).seqtune is None
     # ... nor when a companion's binary changed (split-KV's combine, the backward's stages: timed with the kernel)
     doc = json.loads((out / "registry.json").read_text())
     for k in doc["kernels"]:
-        k["build"]["combine"] = {"cache_key": "c" * 64, "binary": "kernels/x.cubin"}
+        k["build"]["combine"] = dict({n: v for n, v in k["build"].items() if not isinstance(v, dict)},
+                                     cache_key="c" * 64)   # (a well-formed record, of another binary)
     (out / "registry.json").write_text(json.dumps(doc))
     assert not build(ks, str(out), jobs=1, cache_dir=cache).kept_table
     reg.save(str(out / "registry.json"))
@@ -410,8 +412,58 @@ def test_a_rebuild_keeps_the_seqtune_table_of_the_registry_it_replaces(built):
         k["build"]["cache_key"] = "0" * 64
     (out / "registry.json").write_text(json.dumps(doc))
     again = build(ks, str(out), jobs=1, cache_dir=cache)
-    assert again.written and not again.kept_table
+    assert again.written and not again.kept_table and again.dropped_points == 1   # (said by the CLI)
     assert fmha_dsl.Registry.load(str(out / "registry.json")).seqtune is None
+
+
+def test_a_registry_a_build_cannot_read_stops_it_before_anything_is_written(built):
+    """A tuned registry this version cannot read (a newer schema, a bad hand edit) is not replaced unseen: the build
+    stops, and the folder is as it was."""
+    import shutil
+
+    from fmha_dsl.errors import UsageError
+
+    ks, root, cache, _ = built
+    out = root / "out-unreadable"
+    shutil.copytree(root / "out", out)
+    doc = json.loads((out / "registry.json").read_text())
+    doc["metadata"]["zz_note"] = "hand edit"
+    (out / "registry.json").write_text(json.dumps(doc))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(UsageError) as e:
+        build(ks, str(out), jobs=1, cache_dir=cache)
+    assert e.value.rule == "build.existing-registry" and "zz_note" in str(e.value)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_a_build_that_fails_while_writing_binaries_leaves_the_old_ones(built, monkeypatch):
+    """Binaries are staged and moved into place together, with the registry after them: a write that fails midway
+    (a full disk, an interrupt) leaves the folder's registry and the binaries it names as they were."""
+    import shutil
+
+    from fmha_dsl import build_triton
+    from fmha_dsl.errors import UsageError
+
+    ks, root, cache, _ = built
+    out = root / "out-staged"
+    shutil.copytree(root / "out", out)
+    for b in (out / "kernels").rglob("*.*"):
+        b.write_bytes(b.read_bytes() + b"old")   # (so that a rewrite would show)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    real, calls = build_triton.write_atomic, []
+
+    def full_disk(path, data):
+        calls.append(path)
+        if len(calls) == 2:
+            raise UsageError(build_triton.error("output.write", "cannot write: No space left on device", None,
+                                                "free some space").diagnostics)
+        return real(path, data)
+
+    monkeypatch.setattr(build_triton, "write_atomic", full_disk)
+    with pytest.raises(UsageError):
+        build(ks, str(out), jobs=1, cache_dir=cache)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert not [p for p in out.iterdir() if p.name.startswith(".staging")]
 
 
 def test_the_cli_fails_a_build_that_keeps_nothing_even_when_quiet(built, monkeypatch, capsys):

@@ -679,3 +679,18 @@ def test_the_kernel_limit_counts_one_kernel_once_whatever_mask_values_name_it(wr
                         "lse(false) mask(top_left | bottom_right | generic) } algorithm { pipeline(qr_async) "
                         "tile(128, 128, *, *, *, *) padding(true, true, false, false) } }")
     assert len(rep.kernels) == 1
+
+
+def test_an_arch_list_names_each_arch_no_declaration_is_for():
+    """`--arch sm90,gfx942` on a set for sm90 only: gfx942 is an error (it was left out unseen), as `--arch gfx942`
+    alone is."""
+    from fmha_dsl.errors import RuleError
+
+    ks = fmha_dsl.loads("kernel_set one { backend(triton) arch(sm90)\n kernel k { signature { family(fwd) dtype(fp16) "
+                        "hdim(64) mask(no) } } }")
+    assert {k.arch for k in ks.expand(arch="sm90")} == {"sm90"}
+    with pytest.raises(RuleError) as e:
+        ks.expand(arch="sm90,gfx942")
+    d = e.value.diagnostics[0]
+    assert d.rule == "arch.not-declared" and "no declaration is for gfx942 (of --arch sm90,gfx942)" in d.message
+    assert d.span.line == 1 and "arch(gfx942)" in d.hint
