@@ -232,9 +232,11 @@ def cmd_precompile(args) -> int:
 
     archs = backend_archs("triton")
     if args.arch not in archs:
-        raise error("usage.arch", f"--arch `{args.arch}`: the default path compiles for {', '.join(archs)}", None,
-                    did_you_mean(args.arch, archs) or "name the GPU the kernels will run on, e.g. sm90 for an "
-                    "H100 or H200", cls=UsageError)
+        one = "," not in args.arch and did_you_mean(args.arch, archs)   # (a list: one arch per run, not a spelling)
+        raise error("usage.arch", f"--arch `{args.arch}`: the default path compiles for {', '.join(archs)}"
+                    + (" (one arch per run)" if "," in args.arch else ""), None,
+                    one or "name the GPU the kernels will run on, e.g. sm90 for an H100 or H200; run once per arch",
+                    cls=UsageError)
     if args.cache_dir is not None and not args.cache_dir.strip():
         raise error("usage.output", "--cache-dir is empty", None, "name the folder to fill, e.g. --cache-dir deploy/",
                     cls=UsageError)

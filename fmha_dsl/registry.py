@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections import Counter
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
 from .atomic_file import write_atomic
-from .errors import Diagnostic, RegistryError, Span
+from .errors import Diagnostic, RegistryError, Span, UsageError, error
 from .keyfields import KeyFields
+from .registry_checks import build_problem, check_summary, check_table
 
 if TYPE_CHECKING:
     from .keys import KernelKey
@@ -135,6 +137,9 @@ class Registry:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file + rename): a killed write never leaves a torn registry."""
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise error("usage.type", f"Registry.save() takes a file path, got {path!r}", None,
+                        "e.g. reg.save('build/registry.json')", cls=UsageError)
         lines = [entry_line(e) for e in self]
         write_atomic(path, document_chunks(self.name, self.archs, self.profiles, self.sources, self.statistics(),
                                            lines, self.seqtune))
@@ -145,6 +150,10 @@ class Registry:
 
         from .keys import KernelKey
         from .registry_schema import RegistryModel
+
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise error("usage.type", f"Registry.from_json() takes the JSON text, got {type(text).__name__}", None,
+                        "Registry.load(path) reads a file", cls=UsageError)
 
         doc = loads(text, path)
         if isinstance(doc, dict) and not readable_version(doc):
@@ -180,8 +189,13 @@ class Registry:
                                         f"kernel {k.name!r}: `{f}` is {got!r} but its "
                                         f"{'algorithm' if f == 'pipeline' else 'signature'} says {want!r}",
                                         "the entry was edited by hand; rebuild the registry"))
+            ent = Entry(key, k.name, k.source, doc["kernels"][i].get("build"))
+            why = build_problem(ent)
+            if why:
+                raise RegistryError(_at(text, path, i, "registry.build", f"kernel {k.name!r}: {why}",
+                                        "the entry was edited by hand; rebuild the registry"))
             named = (k.gfx_arch, k.name)   # (a binary is kernels/<arch>/<name>.*: one name per arch)
-            if named in names or not reg.add(Entry(key, k.name, k.source, doc["kernels"][i].get("build"))):
+            if named in names or not reg.add(ent):
                 raise RegistryError(_at(text, path, i, "registry.duplicate",
                                         f"kernel {k.name!r} appears twice" + (
                                             "" if named not in names else f" for {k.gfx_arch} (two kernels of one "
@@ -191,6 +205,9 @@ class Registry:
             raise RegistryError(Diagnostic(
                 "registry.count", f"metadata.total_kernels is {model.metadata.total_kernels} but the file lists "
                 f"{len(reg)} kernels", Span(path, 1, 1), "the file was truncated or edited; rebuild it"))
+        check_summary(reg, doc, model.metadata, path)
+        if reg.seqtune is not None:
+            check_table(reg, path)
         return reg
 
     @classmethod
@@ -214,10 +231,21 @@ def registry_path(path: str | os.PathLike) -> str:
     return p   # (a directory named registry.json is said to be one by whoever opens it)
 
 
+MAX_REGISTRY_BYTES = 1 << 30   # 1 GiB: far past any registry a build writes (one line of JSON a kernel)
+
+
 def read_text(path: str | os.PathLike) -> str:
     """The text of a registry file; :class:`RegistryError` ``registry.missing`` / ``registry.unreadable``."""
     p = os.fspath(path)
     try:
+        st = os.stat(p)
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):   # (a folder: the message below)
+            raise RegistryError(Diagnostic("registry.unreadable", f"`{p}` is not a regular file (a device, FIFO or "
+                                           "socket)", None, "pass a registry.json file or a build directory"))
+        if st.st_size > MAX_REGISTRY_BYTES:
+            raise RegistryError(Diagnostic("registry.unreadable", f"`{p}` is {st.st_size:,} bytes, more than a "
+                                           f"registry of {MAX_REGISTRY_BYTES:,} this reader takes", None,
+                                           "pass a registry.json file that `fmha-dsl build` wrote"))
         with open(p, encoding="utf-8") as f:
             return f.read()
     except FileNotFoundError:
@@ -241,7 +269,11 @@ def loads(text: str, path: str | None = None):
     """JSON text of a registry file (or a seqtune table) parsed; :class:`RegistryError` ``registry.json``, located,
     when it is not JSON -- or nests too deeply, or holds a number of more digits than Python converts."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise RegistryError(Diagnostic("registry.json", f"key {exc.args[0]!r} appears twice in one object (JSON "
+                                       "readers keep the last: a hand edit that looks applied is not)",
+                                       Span(path, 1, 1), "keep one of the two")) from None
     except json.JSONDecodeError as exc:
         lines = text.split("\n")
         src = lines[exc.lineno - 1] if 0 < exc.lineno <= len(lines) else None
@@ -254,6 +286,18 @@ def loads(text: str, path: str | None = None):
         why = str(exc).splitlines()[0]
     raise RegistryError(Diagnostic("registry.json", f"not valid registry JSON: {why}", Span(path, 1, 1),
                                    "was the file truncated or edited by hand?")) from None
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs):
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return d
 
 
 def readable_version(doc: dict) -> bool:

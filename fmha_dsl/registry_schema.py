@@ -11,6 +11,7 @@ from typing import Annotated, Literal, Optional
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr,
                       model_validator)
 
+from . import vocab as V
 from .keys import Algorithm, Arch, Signature
 from .numeric import COUNT_MAX, TIME_RANGE_US, is_time
 
@@ -129,6 +130,14 @@ class SeqtuneClassKeyModel(_Strict):
     page_size: Optional[int] = Field(None, ge=1)
     # FP8 classes: their descales' granularity (other kernels)
     qscale: Optional[Literal["pertensor", "kv_blockscale", "per_token_head"]] = None
+
+    @model_validator(mode="after")
+    def _known(self):   # (checked here, not typed: the published JSON schema keeps its strings)
+        for field, allowed in (("family", V.FAMILIES), ("dtype", V.DTYPES), ("mode", V.MODES),
+                               ("vlayout", V.VLAYOUTS), ("bias", V.BIASES)):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"{field} {getattr(self, field)!r} is none of {', '.join(allowed)}")
+        return self
 
 
 class SeqtunePointModel(_Strict):

@@ -43,7 +43,7 @@ def load_table(build_dir_or_registry_json: str) -> tuple[dict, dict]:
         doc = read_document(path)
     except RegistryError as e:  # not a table missing: a file that is not a registry at all
         hint = e.diagnostics[0].hint if e.rule == "registry.unreadable" else None
-        raise error("report.bad-registry", e.message, None, hint or
+        raise error("report.bad-registry", e.message, e.diagnostics[0].span, hint or
                     "rebuild it: `fmha-dsl build FILE -o DIR` writes DIR/registry.json (then `fmha-dsl tune DIR` on "
                     "the GPU)", cls=UsageError) from None
     table = doc.get("seqtune")

@@ -47,7 +47,8 @@ import os
 import threading
 
 from fmha_dsl import costmodel, knobs, seqtune
-from fmha_dsl.errors import RegistryError, UsageError, error
+from fmha_dsl.arch import names as _arch_names
+from fmha_dsl.errors import RegistryError, UsageError, did_you_mean, error
 from fmha_dsl.registry import Entry
 
 from . import abi, autotune, binaries, decisions
@@ -108,6 +109,9 @@ class Dispatcher(MeasuredSelection, ClassKeys):
         self.registry = reg
         self.root = root if root is not None else found_root
         self.arch = arch or detect_arch()
+        if self.arch not in _arch_names():
+            raise error("usage.arch", f"unknown arch `{self.arch}`", None, did_you_mean(str(self.arch), _arch_names())
+                        or f"one of: {', '.join(_arch_names())}", cls=UsageError)
         self.launcher = launcher or default_launcher(self.arch)
         if self.launcher not in LAUNCHERS:
             raise error("usage.value", f"unknown launcher {self.launcher!r}", None,
@@ -206,6 +210,7 @@ class Dispatcher(MeasuredSelection, ClassKeys):
     def explain(self, problem, aligned: bool = True) -> list[dict]:
         """Every kernel of this arch for ``problem``: the candidates ranked (``rank`` 0 is what :meth:`select`
         chooses for this problem's bucket), with predicted and measured times, then each excluded kernel and why."""
+        _a_problem("explain", problem)
         cands = self.candidates(problem, aligned)
         rows = []
         decided = self.ranked(self._representative(problem), aligned, cands) if self.ranking else [
@@ -253,6 +258,7 @@ class Dispatcher(MeasuredSelection, ClassKeys):
     def select(self, p, aligned: bool = True, measure=None) -> Entry:
         """The entry that runs ``p``.  ``measure(plan, n) -> [microseconds]`` (optional) times a candidate plan on the
         caller's arguments: a compiling dispatcher, and a registry without a seqtune table, then choose by it."""
+        _a_problem("select", p)
         if self.builder is not None:
             return self._first_use(p, aligned, measure)
         c = self.candidates(p, aligned)
@@ -266,6 +272,7 @@ class Dispatcher(MeasuredSelection, ClassKeys):
     def plan(self, problem, aligned: bool = True, measure=None) -> Plan:
         """The execution plan for ``problem`` (a :class:`fmha_dsl.keys.Problem`); cached per problem class.
         ``measure``: see :meth:`select`."""
+        _a_problem("plan", problem)
         if problem.arch is not None and problem.arch != self.arch:
             raise error("dispatch.arch", f"problem is for {problem.arch}, this dispatcher serves {self.arch}",
                         None, "make a Dispatcher for that arch", cls=UsageError)
@@ -367,6 +374,16 @@ def _torch_alloc(nbytes: int, device: int):
 
     return torch.empty(int(nbytes), dtype=torch.uint8, device=f"cuda:{device}")
 
+
+
+def _a_problem(method: str, p) -> None:
+    """The problem a Dispatcher method is asked about is a :class:`fmha_dsl.keys.Problem` (a dict or None reached
+    an AttributeError inside)."""
+    from fmha_dsl.keys import Problem
+
+    if not isinstance(p, Problem):
+        raise error("usage.type", f"Dispatcher.{method}() takes a fmha_dsl.Problem, got {type(p).__name__}", None,
+                    "fmha_dsl.Problem(family='fwd', dtype='bf16', hdim_q=128, seqlen_q=..., ...)", cls=UsageError)
 
 __all__ = ["Dispatcher", "Plan", "Stage", "detect_arch", "open_registry", "mismatches", "preference",
            "declaration_for", "no_kernel_error", "current_stream", "EXACT"]

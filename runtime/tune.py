@@ -84,6 +84,13 @@ def device_info(arch: str) -> dict:
 # tuning
 # ---------------------------------------------------------------------------------------------------------
 
+def _foreign_arch(arch, reg) -> None:
+    from fmha_dsl.errors import did_you_mean
+
+    raise error("usage.arch", f"--arch {arch!r}: the registry has kernels for {', '.join(reg.archs) or 'none'}",
+                None, did_you_mean(str(arch), list(reg.archs)) or "pass one of the registry's archs", cls=UsageError)
+
+
 def tune(build_dir: str, shapes: str | None = None, budget: float | None = None, arch: str | None = None,
          progress: Callable[[dict], None] | None = None, warmup_ms: float = 10.0, rep_ms: float = 40.0,
          check_tol: float = 2e-2) -> TuneResult:
@@ -93,6 +100,10 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
                     "leave --arch out for the GPU's own, or name one of the registry's (sm80, sm90, gfx942 ...)",
                     cls=UsageError)
     doc = load_shapes(shapes)  # a bad matrix is reported before torch, triton or the GPU are touched
+    path = registry_path(build_dir)
+    reg = Registry.load(path)   # (so is a missing or damaged registry)
+    if arch is not None and arch not in reg.archs:   # (a table recorded for an arch the registry lacks serves none)
+        _foreign_arch(arch, reg)
     try:
         import torch
         from triton.testing import do_bench
@@ -108,20 +119,14 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
                        else " (this torch is a CPU-only build)"), None,
                     "run it on the GPU machine, with a CUDA or ROCm build of torch; --arch only picks which of the "
                     "registry's archs to tune there", cls=UsageError)
-    path = registry_path(build_dir)
-    reg = Registry.load(path)
     if arch is None:
         try:
             arch = detect_arch()
         except FmhaError as exc:  # its hint names the Python argument (arch=); here it is the --arch flag
             raise error(exc.rule, exc.message, None, "pass --arch with the registry arch whose kernels this GPU "
                         "runs (sm80, sm90, gfx942 ...)", cls=UsageError) from None
-    if arch not in reg.archs:  # (a table recorded for an arch the registry lacks would serve no kernel)
-        from fmha_dsl.errors import did_you_mean
-
-        raise error("usage.arch", f"--arch {arch!r}: the registry has kernels for {', '.join(reg.archs) or 'none'}",
-                    None, did_you_mean(str(arch), list(reg.archs)) or "pass one of the registry's archs",
-                    cls=UsageError)
+    if arch not in reg.archs:
+        _foreign_arch(arch, reg)
     dev = device_info(arch)
     res = TuneResult(path=path, device=dev)
 

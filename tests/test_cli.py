@@ -313,6 +313,10 @@ def test_tune_without_a_gpu_is_a_usage_error_naming_the_flag(tmp_path, monkeypat
     torch.cuda = types.SimpleNamespace(is_available=lambda: False)
     torch.version = types.SimpleNamespace(cuda=None, hip=None)
     monkeypatch.setitem(sys.modules, "torch", torch)
+    import fmha_dsl
+
+    fmha_dsl.loads("kernel_set t { backend(triton) arch(sm90) kernel k { signature { family(fwd) dtype(fp16) hdim(64) "
+                   "mask(no) } } }").registry(arch="sm90").save(tmp_path / "registry.json")   # (read first)
     for args in (("--arch", "sm90"), ()):
         rc, _, err = run_main(capsys, "tune", str(tmp_path), *args)
         assert rc == 2 and "Traceback" not in err

@@ -153,8 +153,68 @@ def test_schema_version_must_be_an_int(tmp_path, version):
 
 def test_two_kernels_of_one_name_are_refused(tmp_path):
     d = _build_dir(tmp_path, n=2)
-    _edit(d, lambda doc: doc["kernels"][1].update(name="k0"))
+    _edit(d, lambda doc: (doc["kernels"][1].update(name="k0"), doc["kernels"][1]["build"].update(binary=doc[
+        "kernels"][0]["build"]["binary"])))
     _refused(d, "registry.duplicate", "two kernels of one name")
+
+
+def _swap(doc, field):
+    a, b = doc["kernels"][0], doc["kernels"][1]
+    a[field], b[field] = b[field], a[field]
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda doc: _swap(doc, "name"), "is named for another kernel"),       # explain() named the wrong winner
+    (lambda doc: _swap(doc, "build"), "is named for another kernel"),      # entry A launched B's binary
+    (lambda doc: doc["kernels"][0].update(name="../../x"), "its name is not a file name"),
+    (lambda doc: doc["kernels"][0].update(name="a\nb"), "its name is not a file name"),
+    (lambda doc: doc["kernels"][0].update(name=""), "its name is not a file name"),
+    (lambda doc: doc["kernels"][0]["build"].update(block_m=64), "build.block_m is 64 but its tile's is 128"),
+])
+def test_an_entry_whose_name_or_build_disagrees_with_its_fields_is_refused(tmp_path, edit, says):
+    """The schema let these through; a launch acted on them (a block size off the tile gave NaN in 112 of 256 rows
+    through the interpreter, with no error)."""
+    d = _build_dir(tmp_path, n=2)
+    _edit(d, lambda doc: doc["kernels"][0]["build"].update(block_m=128, block_n=64))   # (the tile's own: loads)
+    Registry.load(d)
+    _edit(d, edit)
+    _refused(d, "registry.build", says)
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda doc: doc["statistics"]["by_dtype"].update(fp16=99), "statistics.by_dtype is {'fp16': 99}"),
+    (lambda doc: doc["metadata"].update(archs=["gfx950"]), "metadata.archs is ['gfx950'] but the kernels give"),
+    (lambda doc: doc["metadata"].update(profiles=["nope"]), "metadata.profiles names 'nope', no profile"),
+])
+def test_a_head_that_disagrees_with_the_kernels_is_refused(tmp_path, edit, says):
+    d = _build_dir(tmp_path, n=2)
+    _edit(d, edit)
+    _refused(d, "registry.summary", says)
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda t: t["classes"][0]["points"].append(t["classes"][0]["points"][0]), "measures a point listed before it"),
+    (lambda t: t["classes"].append(t["classes"][0]), "measures a class listed before it"),
+    (lambda t: t["classes"][0]["points"][0]["times_us"].update(nope=1.0), "times 'nope', which is no kernel"),
+])
+def test_a_table_that_measures_twice_or_measures_strangers_is_refused(tmp_path, edit, says):
+    """A second copy of a point silently won (explain reported its 100x times); a stranger's time ranked nothing."""
+    d = _build_dir(tmp_path, n=2, table=True)
+    _edit(d, lambda doc: edit(doc["seqtune"]))
+    _refused(d, "registry.seqtune", says)
+    _edit(d, lambda doc: doc["seqtune"]["classes"][0]["class"].update(dtype="bogus"))
+    _refused(d, "registry.schema", "dtype 'bogus' is none of")
+
+
+def test_a_key_written_twice_and_files_that_are_no_files_are_refused(tmp_path):
+    d = _build_dir(tmp_path)
+    text = (d / "registry.json").read_text()
+    (d / "registry.json").write_text(text.replace('"schema_version": 1', '"schema_version": 1, "schema_version": 1'))
+    _refused(d, "registry.json", "key 'schema_version' appears twice")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    _refused(fifo, "registry.unreadable", "is not a regular file")   # (it blocked forever)
+    _refused(os.devnull, "registry.unreadable", "is not a regular file")   # (/dev/zero ran out of memory)
 
 
 def test_load_accepts_a_build_directory_and_says_what_a_directory_file_is(tmp_path):
@@ -228,3 +288,20 @@ def test_a_seqtune_time_is_a_number_not_a_flag(tmp_path, value):
     _edit(d, lambda doc: doc["seqtune"]["classes"][0]["points"][0]["times_us"].update(
         {k: value for k in doc["seqtune"]["classes"][0]["points"][0]["times_us"]}))
     _refused(d, "registry.schema", "times_us")
+
+
+def test_registry_and_dispatcher_calls_with_the_wrong_kind_of_argument(tmp_path):
+    from fmha_dsl.errors import UsageError
+
+    reg = Registry.load(_build_dir(tmp_path))
+    for call, says in ((lambda: reg.save(5), "Registry.save() takes a file path, got 5"),
+                       (lambda: reg.save(None), "Registry.save() takes a file path, got None"),
+                       (lambda: Registry.from_json(None), "Registry.from_json() takes the JSON text, got NoneType"),
+                       (lambda: Dispatcher(reg, arch="sm91", launcher="interpret"), "unknown arch `sm91`"),
+                       (lambda: Dispatcher(reg, arch="sm90", launcher="interpret").select(None),
+                        "Dispatcher.select() takes a fmha_dsl.Problem, got NoneType"),
+                       (lambda: Dispatcher(reg, arch="sm90", launcher="interpret").explain({"family": "fwd"}),
+                        "Dispatcher.explain() takes a fmha_dsl.Problem, got dict")):
+        with pytest.raises(UsageError) as e:
+            call()
+        assert says in str(e.value) and e.value.diagnostics[0].hint, str(e.value)

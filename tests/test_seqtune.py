@@ -64,8 +64,15 @@ def test_table_json_is_deterministic_and_round_trips(tmp_path):
     assert pts[1]["failed"] == {"kD": "wrong result"} and "failed" not in pts[0]
     assert seqtune.Table.from_dict(d).to_dict() == d
 
-    reg = Registry("r", [entry("k0")])
+    kernels = [entry(n, tile=t) for n, t in (("k0", (128, 64)), ("k1", (64, 64)), ("k2", (128, 128)), ("k3", (64, 32)))]
+    reg = Registry("r", kernels)
+    ids = dict(zip(("kA", "kB", "kC", "kD"), (e.identifier for e in kernels)))   # (a table names identifiers)
     _table(0).store(reg)
+    for c in reg.seqtune["classes"]:
+        for p in c["points"]:
+            for part in ("times_us", "failed"):
+                if part in p:
+                    p[part] = {ids[k]: v for k, v in p[part].items()}
     reg.save(tmp_path / "registry.json")
     text = (tmp_path / "registry.json").read_text()
     assert json.loads(text)["schema_version"] == 2
