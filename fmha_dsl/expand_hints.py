@@ -25,6 +25,9 @@ def unsupported_hint(ex, no_backend: list[str]) -> str:
         return (f"the {ex.backend} backend implements {', '.join(has)} only: use family("
                 f"{' | '.join(has)}){alt}")
     foreign = [a for a in ex.archs if a not in arch_table.backend_archs(ex.backend)]
+    if foreign and ex.decl.backend != ex.backend:   # --backend overrode what the set declares
+        return f"--backend {ex.backend} overrides the set's backend({ex.decl.backend}), and {', '.join(foreign)} " \
+               f"{'is' if len(foreign) == 1 else 'are'} not a {ex.backend} target: drop --backend"
     other = next((b for b in V.BACKENDS if b != ex.backend and foreign
                   and all(a in arch_table.backend_archs(b) for a in foreign)), None)
     if other:   # the arch is not the backend's at all (CK on an NVIDIA arch)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections import Counter
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
@@ -283,7 +284,8 @@ def loads(text: str, path: str | None = None):
     except RecursionError:
         why = "its arrays or objects nest too deeply"
     except ValueError as exc:   # an integer literal of more digits than int() converts
-        why = str(exc).splitlines()[0]
+        digits = re.search(r"has (\d+) digits", str(exc))
+        why = f"it holds a number of {digits.group(1)} digits" if digits else str(exc).splitlines()[0]
     raise RegistryError(Diagnostic("registry.json", f"not valid registry JSON: {why}", Span(path, 1, 1),
                                    "was the file truncated or edited by hand?")) from None
 

@@ -694,3 +694,15 @@ def test_an_arch_list_names_each_arch_no_declaration_is_for():
     d = e.value.diagnostics[0]
     assert d.rule == "arch.not-declared" and "no declaration is for gfx942 (of --arch sm90,gfx942)" in d.message
     assert d.span.line == 1 and "arch(gfx942)" in d.hint
+
+
+def test_a_backend_override_that_has_no_kernels_for_the_arch_says_to_drop_it():
+    """`--backend ck` on a set that declares backend(triton) for sm90: the hint names the override (it said to add
+    backend(triton), which the set already has)."""
+    ks = fmha_dsl.loads("kernel_set one { backend(triton) arch(sm90)\n kernel k { signature { family(fwd) dtype(fp16) "
+                        "hdim(64) mask(no) } } }")
+    with pytest.raises(RuleError) as e:
+        ks.expand(arch="sm90", backend="ck")
+    d = e.value.diagnostics[0]
+    assert d.rule == "decl.unsupported" and d.hint == ("--backend ck overrides the set's backend(triton), and sm90 is "
+                                                       "not a ck target: drop --backend")

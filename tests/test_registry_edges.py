@@ -305,3 +305,9 @@ def test_registry_and_dispatcher_calls_with_the_wrong_kind_of_argument(tmp_path)
         with pytest.raises(UsageError) as e:
             call()
         assert says in str(e.value) and e.value.diagnostics[0].hint, str(e.value)
+
+
+def test_a_number_of_thousands_of_digits_says_so(tmp_path):
+    (tmp_path / "registry.json").write_text('{"schema_version": ' + "9" * 5000 + "}")
+    e = _refused(tmp_path, "registry.json", "it holds a number of 5000 digits")
+    assert "set_int_max_str_digits" not in str(e)   # (Python's own advice is not the user's fix)
