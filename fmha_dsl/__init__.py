@@ -65,7 +65,12 @@ def __getattr__(name):
     if mod is None:  # a submodule (``fmha_dsl.paged.workspace_numel`` after a plain ``import fmha_dsl``), imported now
         import importlib.util
 
-        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+        try:
+            found = name.isidentifier() and not name.startswith("_") and \
+                importlib.util.find_spec(f"{__name__}.{name}") is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
             raise AttributeError(f"module 'fmha_dsl' has no attribute {name!r}")
         return importlib.import_module(f"{__name__}.{name}")
     value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)

@@ -148,11 +148,12 @@ def _mask(causal, window):
 INT32_RANGE = (-(1 << 31), (1 << 31) - 1)
 
 
-def int32_of(name: str, x, what: str):
+def int32_of(name: str, x, what: str, sync_ok: bool = True):
     """``x`` (a NumPy array of integers, or a torch integer tensor) as int32 -- after checking that every value
     fits: a cast would wrap ``2**32 + 3`` to 3, a page id or length that the checks after it would take for a good
-    one.  A tensor on a GPU is checked there (one device-to-host read of a flag), except while a CUDA graph is being
-    captured (no read is allowed then: pass int32 tables to a captured step)."""
+    one.  A wider tensor on a GPU is checked there (one device-to-host read of a flag) only when the call reads device
+    values back anyway (``sync_ok``: no ``max_seqlen_*`` given) and no CUDA graph is being captured; a call that
+    promises no synchronisation takes its values as int32 (pass int32 tables and offsets: nothing is cast then)."""
     lo, hi = INT32_RANGE
     if not hasattr(x, "get_device"):
         import numpy as np
@@ -166,7 +167,7 @@ def int32_of(name: str, x, what: str):
     if x.dtype == torch.int32:
         return x
     if x.numel() and x.dtype in (torch.int64, torch.uint64, torch.uint32) and (
-            x.get_device() < 0 or not torch.cuda.is_current_stream_capturing()):
+            x.get_device() < 0 or sync_ok and not torch.cuda.is_current_stream_capturing()):
         bad = (x < lo) | (x > hi)
         if bool(bad.any()):
             at = int(bad.reshape(-1).nonzero()[0, 0])
@@ -175,7 +176,7 @@ def int32_of(name: str, x, what: str):
     return x.to(torch.int32)
 
 
-def _cu_seqlens(name, cu, total, dev, torch):
+def _cu_seqlens(name, cu, total, dev, torch, sync_ok: bool = True):
     """cu_seqlens as an int32 tensor on q's device, and its values when they are on the host (else None)."""
     host = None
     if not isinstance(cu, torch.Tensor):
@@ -199,7 +200,7 @@ def _cu_seqlens(name, cu, total, dev, torch):
     if where != dev:
         cu = cu.to(device=f"cuda:{dev}", dtype=torch.int32)
     elif cu.dtype != torch.int32:
-        cu = int32_of(name, cu, "int32, B + 1 entries")
+        cu = int32_of(name, cu, "int32, B + 1 entries", sync_ok)
     return cu, host
 
 
@@ -359,8 +360,8 @@ def _check_sink(sink) -> int:
 
 def _group_lengths(cu_q, cu_k, tq, tk, dev, max_q, max_k):
     torch = _torch()
-    cu_q, host_q = _cu_seqlens("cu_seqlens_q", cu_q, tq, dev, torch)
-    cu_k, host_k = _cu_seqlens("cu_seqlens_k", cu_k, tk, dev, torch)
+    cu_q, host_q = _cu_seqlens("cu_seqlens_q", cu_q, tq, dev, torch, max_q is None)
+    cu_k, host_k = _cu_seqlens("cu_seqlens_k", cu_k, tk, dev, torch, max_k is None)
     if cu_q.shape[0] != cu_k.shape[0]:
         raise _usage("usage.shape", f"cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got "
                      f"{cu_q.shape[0]} and {cu_k.shape[0]}",

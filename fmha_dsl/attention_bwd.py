@@ -38,7 +38,8 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, window=None, bi
     """``(dq, dk, dv)``, plus ``dbias`` when a bias is given.  See the module docstring."""
     token = CALLER.set("attention_backward()")
     try:
-        deterministic = flag("deterministic", deterministic)
+        if deterministic is not False and deterministic is not True:
+            deterministic = flag("deterministic", deterministic)
         mod = type(q).__module__ or ""
         if mod == "numpy":
             check_numpy_call(q, {"k": k, "v": v, "out": out, "lse": lse, "dout": dout, "bias": bias,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 
 from .cache import ArtifactCache, content_key, sha256_bytes
@@ -257,19 +256,22 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     ready, _ = compile_through_cache(wanted, cache, jobs, finish, why=why_failed)
 
     kept = Registry(reg.name, profiles=reg.profiles, sources=reg.sources)
-    staging = os.path.join(out, f".staging.{os.getpid()}")
     staged: list[tuple[str, str]] = []
 
     def stage(rel: str, data: bytes) -> None:  # (into place only once every binary is written: publish below)
-        write_atomic(os.path.join(staging, rel), data)
-        staged.append((os.path.join(staging, rel), os.path.join(out, rel)))
+        dest = os.path.join(out, rel)   # staged beside where it goes (kernels/ may link to another filesystem)
+        tmp = os.path.join(os.path.dirname(os.path.realpath(dest)), f".{os.path.basename(dest)}.staged.{os.getpid()}")
+        write_atomic(tmp, data)
+        staged.append((tmp, dest))
 
     try:
         _collect(reg, triton_ids, key_of, ready, companions_of, why_failed, no_spills, spilled, failures, kept, stage)
         if len(kept):
             publish(staged)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        for tmp, _ in staged:   # (what was not published: a failure midway)
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
     compiled = sum(not ready[key_of[e.identifier]][2] for e in kept if e.identifier in key_of)
     cached = sum(bool(ready[key_of[e.identifier]][2]) for e in kept if e.identifier in key_of)
     failures.sort(key=lambda f: (f["arch"], f["name"]))

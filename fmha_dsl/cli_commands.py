@@ -156,12 +156,12 @@ def cmd_build(args) -> int:
         if res.kept_table:
             _out(f"kept the seqtune table of the registry it replaced (`fmha-dsl tune {args.output}` measures what "
                  "is new)")
-    if res.dropped_points:   # (said even with -q: measurements are gone)
-        _err(f"note: dropped {res.dropped_points} measurements of the registry it replaced (of kernels no longer in it "
-             f"or built differently); `fmha-dsl tune {args.output}` measures again")
         if args.verbose:
             for rid, n in sorted(res.report.dropped.items(), key=lambda t: (-t[1], t[0])):
                 _out(f"  dropped {n:>8} by {rid}")
+    if res.dropped_points:   # (said even with -q: measurements are gone)
+        _err(f"note: dropped {res.dropped_points} measurements of the registry it replaced (of kernels no longer in it "
+             f"or built differently); `fmha-dsl tune {args.output}` measures again")
     return EXIT_FAIL if res.failures and not res.total else EXIT_OK
 
 

@@ -18,7 +18,7 @@ from . import vocab as V
 from .declare import Declaration
 from .errors import Diagnostic, RuleError, Span
 from .expand_hints import (backend_note, loosened, nine_value_tile, nonempty_without_profile, nothing_to_build,
-                           unsupported_hint)
+                           unsupported_hint, unused_alternatives)
 from .expand_tiles import _explicit_tiles, _missed_tiles_hint, _tile_candidates
 from .expr import where_rule
 from .fields import ALG_KEYS, SIG_KEYS
@@ -344,6 +344,7 @@ def expand_decl(decl: Declaration, archs: tuple[str, ...] | None, profile: str |
         report.kernels.extend(_Expander(decl, report, mine, profile or decl.profile.values[0], backend).run())
     except RuleError as exc:
         return DeclResult(report, list(exc.diagnostics), False)
+    report.notes.extend(unused_alternatives(decl, report.kernels))
     return DeclResult(report, [], False)
 
 

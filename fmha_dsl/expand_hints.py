@@ -103,5 +103,41 @@ def nothing_to_build(kernel_set, report, archs) -> RuleError:
         "another --arch, --profile or declaration may give kernels", tuple(dict.fromkeys(notes))))
 
 
+
+def unused_alternatives(decl, kernels) -> list[Diagnostic]:
+    """Warnings for values written among alternatives (``tile(32 | 64, ...)``, ``dtype(fp16 | bf16)``) that no kernel
+    of the declaration has -- the rules, the tile tables or a where clause allow none with them -- so that a value
+    the user wrote never vanishes unseen (a lone written value that gives nothing is ``decl.empty``).  The mask is
+    left out (its aliases fold into one key when one kernel serves them), and so is the family (a family an arch or
+    a tile's length leaves out has its own warning)."""
+    if not kernels:
+        return []
+    out = []
+    for name, fs in sorted(decl.fields.items()):
+        if name in ("mask", "family") or not fs.explicit or fs.values is None or len(fs.values) < 2:
+            continue
+        k0 = kernels[0]
+        where = k0.sig if name in k0.sig else k0.alg if name in k0.alg else None
+        if where is None:   # (a setter of several fields, e.g. hdim: its values are not one field's)
+            continue
+        have = {(k.sig if where is k0.sig else k.alg).get(name) for k in kernels}
+        out += [_unused(decl, f"`{name}` value {v!r}", fs.span) for v in fs.values if v not in have]
+    for dim, values in sorted(decl.tile.dims.items()):
+        if values is None or len(values) < 2:
+            continue
+        part, i = dim.rstrip("0123456789"), dim[len(dim.rstrip("0123456789")):]
+        have = {(k.alg.get(part) or ())[int(i)] if i else k.alg.get(part) for k in kernels
+                if not i or int(i) < len(k.alg.get(part) or ())}
+        out += [_unused(decl, f"{part}[{i}] = {v}" if i else f"`{part}` value {v!r}", decl.tile.spans.get(dim))
+                for v in values if v not in have]
+    return out
+
+
+def _unused(decl, what: str, span) -> Diagnostic:
+    return Diagnostic("decl.unused-value", f"`{decl.label}`: {what}, written as an alternative, gives no kernel",
+                      span or decl.span, "the rules, the arch's tile tables or a where clause allow no kernel with "
+                      "it (`fmha-dsl explain` lists what each rule dropped); drop it, or loosen what excludes it",
+                      (), "warning")
+
 __all__ = ["unsupported_hint", "loosened", "nine_value_tile", "nonempty_without_profile", "backend_note",
-           "nothing_to_build"]
+           "nothing_to_build", "unused_alternatives"]

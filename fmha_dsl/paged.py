@@ -210,8 +210,9 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
         raise _usage("usage.stride", f"`q`'s head dim must have stride 1, got strides {q.stride()}",
                      "pass q.contiguous()")
     cq, b, lens, _, msq = sequences("cu_seqlens_q", cu_seqlens_q, tq, seqlens_k, dev, max_seqlen_q, "max_seqlen_q",
-                                    "the longest query sequence", "[B] int32 cached tokens per sequence")
-    lookup, bt, ip, ix = tables(block_table, kv_indptr, kv_indices, b, dev)
+                                    "the longest query sequence", "[B] int32 cached tokens per sequence",
+                                    max_seqlen_k is None)
+    lookup, bt, ip, ix = tables(block_table, kv_indptr, kv_indices, b, dev, max_seqlen_k is None)
     if max_seqlen_k is None:  # read the lengths and tables back once, and check them fully
         lv, btv, ipv, ixv = host_values(lens, bt, ip, ix)
         check_tables_on_host(btv, ipv, ixv, lv, page, num_pages)
@@ -357,7 +358,7 @@ def _append(k_cache, v_cache, k_new, v_new, block_table, kv_indptr, kv_indices, 
                                              "[B] int32 cached tokens per sequence (before the append)")
     paged = block_table is not None or kv_indptr is not None or kv_indices is not None
     if paged:
-        lookup, bt, ip, ix = tables(block_table, kv_indptr, kv_indices, b, dev)
+        lookup, bt, ip, ix = tables(block_table, kv_indptr, kv_indices, b, dev, max_seqlen_new is None)
     else:
         lookup, bt, ip, ix = "vllm", None, None, None
         if layout != "linear":

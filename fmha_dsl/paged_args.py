@@ -20,8 +20,9 @@ def _torch():
     return torch
 
 
-def int_tensor(name: str, x, ndim: int, dev: int, what: str):
-    """``x`` as an int32 tensor of rank ``ndim`` on device ``dev`` (a host int tensor or array is copied there)."""
+def int_tensor(name: str, x, ndim: int, dev: int, what: str, sync_ok: bool = True):
+    """``x`` as an int32 tensor of rank ``ndim`` on device ``dev`` (a host int tensor or array is copied there; a
+    wider one checked to fit, on the GPU only when ``sync_ok``: :func:`fmha_dsl.attention_args.int32_of`)."""
     torch = _torch()
     if not isinstance(x, torch.Tensor):
         import numpy as np
@@ -35,7 +36,7 @@ def int_tensor(name: str, x, ndim: int, dev: int, what: str):
     if x.dtype != torch.int32:
         if x.dtype not in (torch.int64, torch.int16, torch.uint8, torch.int8):
             raise _usage("usage.dtype", f"`{name}` must be int32, got {x.dtype}", f"pass {name}.to(torch.int32)")
-        x = int32_of(name, x, what)
+        x = int32_of(name, x, what, sync_ok)
     where = x.get_device()
     if where != dev:
         if where >= 0:
@@ -50,13 +51,14 @@ def int_tensor(name: str, x, ndim: int, dev: int, what: str):
     return x
 
 
-def tables(block_table, kv_indptr, kv_indices, batch: int, dev: int):
-    """``(lookup, block_table, kv_indptr, kv_indices)`` checked: exactly one form, int32, on q's device."""
+def tables(block_table, kv_indptr, kv_indices, batch: int, dev: int, sync_ok: bool = True):
+    """``(lookup, block_table, kv_indptr, kv_indices)`` checked: exactly one form, int32, on q's device (``sync_ok``:
+    the call reads device values back anyway, so a wider GPU table is checked to fit int32)."""
     if block_table is not None:
         if kv_indptr is not None or kv_indices is not None:
             raise _usage("usage.value", "give one page table: block_table (vLLM) or kv_indptr + kv_indices (SGLang), "
                          "not both", "drop the form you do not use")
-        bt = int_tensor("block_table", block_table, 2, dev, "[B, max_pages_per_seq] int32 page ids")
+        bt = int_tensor("block_table", block_table, 2, dev, "[B, max_pages_per_seq] int32 page ids", sync_ok)
         if bt.shape[0] != batch:
             raise _usage("usage.shape", f"`block_table` must have one row per sequence (B = {batch}), got shape "
                          f"{tuple(bt.shape)}", "B comes from cu_seqlens (B + 1 entries)")
@@ -64,8 +66,8 @@ def tables(block_table, kv_indptr, kv_indices, batch: int, dev: int):
     if kv_indptr is None or kv_indices is None:
         raise _usage("usage.value", "give a page table: block_table (vLLM, [B, max_pages]) or kv_indptr [B + 1] + "
                      "kv_indices (SGLang)", "kv_indices[kv_indptr[b]:kv_indptr[b + 1]] are sequence b's pages")
-    ip = int_tensor("kv_indptr", kv_indptr, 1, dev, "[B + 1] int32 offsets into kv_indices")
-    ix = int_tensor("kv_indices", kv_indices, 1, dev, "[total_pages] int32 page ids")
+    ip = int_tensor("kv_indptr", kv_indptr, 1, dev, "[B + 1] int32 offsets into kv_indices", sync_ok)
+    ix = int_tensor("kv_indices", kv_indices, 1, dev, "[total_pages] int32 page ids", sync_ok)
     if ip.shape[0] != batch + 1:
         raise _usage("usage.shape", f"`kv_indptr` must have B + 1 = {batch + 1} entries, got {ip.shape[0]}",
                      "B comes from cu_seqlens (B + 1 entries)")
@@ -159,16 +161,18 @@ def _vectorized_pair(k, v, dt):
 
 
 def sequences(cu_name: str, cu, total: int, seqlens_k, dev: int, max_given, max_name: str, max_what: str,
-              lens_what: str):
+              lens_what: str, lens_read: bool | None = None):
     """``(cu_seqlens, B, seqlens_k, lengths, max_length)`` of a group-mode call: ``cu`` (``cu_name``, over ``total``
     rows) and ``seqlens_k`` as int32 tensors on device ``dev``; ``lengths``: each sequence's rows read on the host (only
     when ``max_given`` is None or ``cu`` was on the host -- one device-to-host copy), else None; ``max_length``: the
-    caller's ``max_given`` (checked against the host lengths when there are some) or their maximum."""
+    caller's ``max_given`` (checked against the host lengths when there are some) or their maximum.  ``lens_read``:
+    whether the call reads ``seqlens_k`` back (default: when ``max_given`` is None)."""
     from .attention_args import _check_cu_host, _cu_seqlens
 
-    cu, host = _cu_seqlens(cu_name, cu, total, dev, _torch())
+    cu, host = _cu_seqlens(cu_name, cu, total, dev, _torch(), max_given is None)
     b = cu.shape[0] - 1
-    lens = int_tensor("seqlens_k", seqlens_k, 1, dev, lens_what)
+    lens_read = max_given is None if lens_read is None else lens_read
+    lens = int_tensor("seqlens_k", seqlens_k, 1, dev, lens_what, lens_read)
     if lens.shape[0] != b:
         raise _usage("usage.shape", f"`seqlens_k` must have one entry per sequence (B = {b}), got {lens.shape[0]}",
                      f"B comes from {cu_name} (B + 1 entries)")

@@ -104,9 +104,12 @@ def descaled(q, k_cache, v_cache, k_read, v_read, read_slots, descales, scale):
             raise _usage("usage.value", f"`{name}{where}` scales a page attention reads: it must be finite, got "
                          f"{float(at_read[i, h])}", "the scale the cache's values are multiplied by when read")
         top[name] = float(np.abs(at_read).max(initial=0.0))
-    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)   # (checked later, with the forward's)
-    scores = abs(scale) * float(np.abs(qd).max(initial=0.0)) * top["k_descale"]
-    if scores > SCALAR_MAX:
+    try:   # (a scale or head dim that is wrong is the forward's own error, after this)
+        scale = (1.0 / np.sqrt(q.shape[-1]) if q.shape[-1] else 0.0) if scale is None else abs(float(scale))
+    except (TypeError, ValueError, OverflowError):
+        scale = 0.0
+    scores = scale * float(np.abs(qd).max(initial=0.0)) * top["k_descale"]
+    if np.isfinite(scale) and scores > SCALAR_MAX:
         raise _usage("usage.value", f"scale x q_descale x k_descale reaches {scores:.3g}: the scores' scale must stay "
                      f"at most {SCALAR_MAX:.3g} (float32 in base 2)", "descales near 1 / the values' range keep it "
                      "small: they undo the quantisation's scaling")

@@ -134,7 +134,8 @@ class Registry:
     # -- JSON
     def to_json(self) -> str:
         lines = [entry_line(e) for e in self]
-        return document(self.name, self.archs, self.profiles, self.sources, self.statistics(), lines, self.seqtune)
+        return document(self.name, self.archs, self.profiles, self.sources, self.statistics(), lines,
+                        self.saved_table())
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file + rename): a killed write never leaves a torn registry."""
@@ -143,7 +144,25 @@ class Registry:
                         "e.g. reg.save('build/registry.json')", cls=UsageError)
         lines = [entry_line(e) for e in self]
         write_atomic(path, document_chunks(self.name, self.archs, self.profiles, self.sources, self.statistics(),
-                                           lines, self.seqtune))
+                                           lines, self.saved_table()))
+
+    def saved_table(self) -> dict | None:
+        """The seqtune table as this registry writes it: the measurements of its own kernels (a filtered copy keeps
+        the whole table in memory, for lookups; a file holds what it can be read back with)."""
+        t = self.seqtune
+        if not t:
+            return t
+        classes = []
+        for c in t.get("classes", []):
+            points = []
+            for p in c.get("points", []):
+                kept = {part: {k: v for k, v in p[part].items() if k in self._by_id}
+                        for part in ("times_us", "failed") if part in p}
+                if any(kept.values()):
+                    points.append(dict(p, **kept))
+            if points:
+                classes.append(dict(c, points=points))
+        return dict(t, classes=classes) if classes else None
 
     @classmethod
     def from_json(cls, text: str, path: str | None = None) -> "Registry":
@@ -155,6 +174,13 @@ class Registry:
         if not isinstance(text, (str, bytes, bytearray)):
             raise error("usage.type", f"Registry.from_json() takes the JSON text, got {type(text).__name__}", None,
                         "Registry.load(path) reads a file", cls=UsageError)
+        if not isinstance(text, str):
+            try:
+                text = bytes(text).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise RegistryError(Diagnostic("registry.unreadable", f"the registry is not UTF-8 text (byte "
+                                               f"{exc.start}): {exc.reason}", Span(path, 1, 1),
+                                               "registry files are JSON in UTF-8")) from None
 
         doc = loads(text, path)
         if isinstance(doc, dict) and not readable_version(doc):

@@ -485,3 +485,30 @@ def test_serving_calls_name_the_argument_that_is_wrong():
     _raises(lambda: PA(**_paged(), return_lse="no"), "usage.value", "`return_lse` must be True or False, got 'no'")
     _raises(lambda: PA(**_paged(q_descale="1", k_descale=1.0, v_descale=1.0)), "usage.value",
             "on NumPy inputs `q_descale` is a number")
+
+
+def test_a_padding_row_masked_by_a_large_negative_bias_keeps_its_gradients():
+    """Hugging Face's padding mask: a bias row of -1e9 (or float32's lowest).  float32 cannot hold that row's LSE to
+    better than its rounding, so its probabilities do not sum to 1 exactly: the check that refuses another call's
+    lse leaves such a row alone (it refused the forward's own lse)."""
+    q, k, v = _qkv()
+    for big in (-1e9, float(np.finfo(np.float32).min)):
+        bias = np.zeros((1, 1, 5, 5), np.float32)
+        bias[0, 0, 2] = big
+        o, lse = A(q, k, v, bias=bias, return_lse=True)
+        dq, dk, dv, db = AB(q, k, v, o, lse, np.ones_like(o), bias=bias)
+        assert np.isfinite(dq).all() and np.isfinite(db).all()
+    o, lse = A(q, k, v, return_lse=True)   # (an ordinary row is still checked)
+    _raises(lambda: AB(q, k, v, o, lse, o, causal=True), "usage.value", "is not the forward's LSE")
+
+
+def test_the_fp8_reference_leaves_a_bad_scale_to_the_forwards_own_error():
+    from fmha_dsl.fp8 import round_e4m3
+    from fmha_dsl.reference_paged import paged_attention as ref
+
+    kw = _paged()
+    for n in ("q", "k_cache", "v_cache"):
+        kw[n] = round_e4m3(kw[n])
+    with pytest.raises(UsageError) as e:
+        ref(kw.pop("q"), kw.pop("k_cache"), kw.pop("v_cache"), descales=(1.0, 1.0, 1.0), scale="abc", **kw)
+    assert "scale" in str(e.value)

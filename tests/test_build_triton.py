@@ -463,7 +463,7 @@ def test_a_build_that_fails_while_writing_binaries_leaves_the_old_ones(built, mo
     with pytest.raises(UsageError):
         build(ks, str(out), jobs=1, cache_dir=cache)
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
-    assert not [p for p in out.iterdir() if p.name.startswith(".staging")]
+    assert not list(out.rglob("*.staged.*"))
 
 
 def test_the_cli_fails_a_build_that_keeps_nothing_even_when_quiet(built, monkeypatch, capsys):
@@ -477,3 +477,31 @@ def test_the_cli_fails_a_build_that_keeps_nothing_even_when_quiet(built, monkeyp
     err = capsys.readouterr().err
     assert "no registry written: no kernel was kept (3 failed)" in err and "was not made" in err
     assert not (root / "out-cli-fail" / "registry.json").exists()
+
+
+def test_a_kernels_folder_linked_to_another_filesystem_is_built_into(built, tmp_path):
+    """Binaries are staged beside where they go: `kernels/` a link to another filesystem (a tmpfs) still builds
+    (staging in the output folder made every rename cross devices)."""
+    import shutil
+    import tempfile
+
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or os.stat(shm).st_dev == os.stat(str(tmp_path)).st_dev:
+        pytest.skip("no second filesystem to link to")
+    ks, root, cache, _ = built
+    out = tmp_path / "out-linked"
+    shutil.copytree(root / "out", out)
+    elsewhere = tempfile.mkdtemp(dir=shm)
+    try:
+        shutil.rmtree(out / "kernels")
+        os.symlink(elsewhere, out / "kernels")
+        res = build(ks, str(out), jobs=1, cache_dir=cache)
+        assert res.written and res.total
+        reg = fmha_dsl.Registry.load(str(out / "registry.json"))
+        for e in reg:
+            path = os.path.join(elsewhere, os.path.relpath(e.build["binary"], "kernels"))
+            with open(path, "rb") as f:
+                assert hashlib.sha256(f.read()).hexdigest() == e.build["sha256"]
+        assert not [n for _, _, files in os.walk(elsewhere) for n in files if ".staged." in n]
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)

@@ -553,3 +553,11 @@ def test_precompile_without_any_kernel_exits_1_and_says_why(tmp_path):
     out = cli("precompile", "--shapes", str(shapes), "--arch", "sm90", "--cache-dir", str(tmp_path / "c"))
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "the Triton rules allow no kernel on sm90 for" in out.stderr and "1 without a kernel" in out.stdout
+
+
+def test_build_verbose_lists_what_each_rule_dropped(tmp_path):
+    src = tmp_path / "g.fmha"
+    src.write_text(GOOD)
+    r = cli("build", str(src), "--arch", "gfx942", "-o", str(tmp_path / "out"), "-v")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^  dropped +\d+ by \S+", r.stdout, re.M), r.stdout

@@ -706,3 +706,22 @@ def test_a_backend_override_that_has_no_kernels_for_the_arch_says_to_drop_it():
     d = e.value.diagnostics[0]
     assert d.rule == "decl.unsupported" and d.hint == ("--backend ck overrides the set's backend(triton), and sm90 is "
                                                        "not a ck target: drop --backend")
+
+
+def test_an_alternative_that_gives_no_kernel_is_a_warning_at_its_place():
+    """`tile(32 | 64, 64, ...)` on sm90 qr_async: no tile of the table has m0 = 32, so 32 vanished unseen (explain
+    said nothing was dropped); now a warning points at it.  A value that gives kernels is not named."""
+    text = ("kernel_set alt { backend(triton) arch(sm90)\n kernel k { signature { family(fwd) dtype(fp16 | bf16) "
+            "hdim(64) mask(no) } algorithm { tile(32 | 64, 64, *, *, *, *) pipeline(qr_async) "
+            "padding(false, false, false, false) }\n where dtype == \"fp16\" } }")
+    rep = fmha_dsl.loads(text).expand_report(arch="sm90")
+    notes = [n for n in rep.notes if n.rule == "decl.unused-value"]
+    assert [n.message for n in notes] == [
+        "`k`: `dtype` value 'bf16', written as an alternative, gives no kernel",
+        "`k`: tile[0] = 32, written as an alternative, gives no kernel"]
+    assert all(n.severity == "warning" and n.hint for n in notes)
+    assert text.splitlines()[1][notes[1].span.column - 1:].startswith("32 | 64")
+    assert len(rep.kernels) == 1
+    clean = fmha_dsl.loads(text.replace("32 | 64", "64").replace("fp16 | bf16", "fp16"))
+    clean = clean.expand_report(arch="sm90")
+    assert not [n for n in clean.notes if n.rule == "decl.unused-value"]

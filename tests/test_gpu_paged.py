@@ -207,6 +207,29 @@ def test_a_serving_step_is_captured_in_a_cuda_graph_and_replays_with_new_tables(
         assert np.abs(out.float().cpu().numpy() - want).max() < 1.5e-2
 
 
+def test_int64_tables_with_the_maxima_given_never_synchronise():
+    """torch.tensor(...) makes int64: such tables, lengths and offsets on the GPU, with max_seqlen_* given, are taken
+    as int32 without reading anything back (a range check there read a flag every step)."""
+    hk, hq, d, page, B = 2, 8, 128, 16, 3
+    lens = [100, 7, 250]
+    kc, vc, bt, _, _ = make_cache(lens, page, hk, d)
+    kc, vc = kc.cuda(), vc.cuda()
+    q = torch.randn(B, hq, d, dtype=torch.float16).cuda()
+    kw = dict(block_table=torch.tensor(bt.astype(np.int64)).cuda(), seqlens_k=torch.tensor(lens).cuda(),
+              cu_seqlens_q=torch.arange(B + 1).cuda(), max_seqlen_q=1, max_seqlen_k=page * bt.shape[1])
+    assert kw["seqlens_k"].dtype == torch.int64
+    fmha_dsl.paged_attention(q, kc, vc, **kw)   # first use: compile and choose (it may read back)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = fmha_dsl.paged_attention(q, kc, vc, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want = ref_paged(q.float().cpu().numpy(), kc.float().cpu().numpy(), vc.float().cpu().numpy(), block_table=bt,
+                     seqlens_k=np.asarray(lens), cu_seqlens_q=np.arange(B + 1))
+    assert np.abs(out.float().cpu().numpy() - want).max() < 1.5e-2
+
+
 def test_corrupt_tables_never_fault():
     """Page ids outside the cache and lengths past the table (with max_seqlen_k given, so nothing is checked on the
     host): the kernels clamp, the call finishes, the numbers are finite."""

@@ -154,3 +154,9 @@ def test_load_takes_a_shipped_set_by_name_as_the_command_line_does(tmp_path, mon
         fmha_dsl.load("serving.fmha")   # (the package ships one: a file name still means a file here)
     (tmp_path / "ck_receipt0").write_text("kernel_set mine { kernel { signature { family(fwd) } } }\n")  # here first
     assert fmha_dsl.load("ck_receipt0").sets == ("mine",)
+
+
+def test_hasattr_of_a_dotted_or_private_name_is_false():
+    import fmha_dsl
+
+    assert not hasattr(fmha_dsl, "x.y") and not hasattr(fmha_dsl, "_nothing") and not hasattr(fmha_dsl, "nope")

@@ -311,3 +311,30 @@ def test_a_number_of_thousands_of_digits_says_so(tmp_path):
     (tmp_path / "registry.json").write_text('{"schema_version": ' + "9" * 5000 + "}")
     e = _refused(tmp_path, "registry.json", "it holds a number of 5000 digits")
     assert "set_int_max_str_digits" not in str(e)   # (Python's own advice is not the user's fix)
+
+
+def test_a_filtered_registry_saves_what_it_can_load(tmp_path):
+    """filter()/for_arch() keep the whole table in memory (for lookups); what save() writes holds only the kept
+    kernels' measurements, so the file loads again."""
+    reg = Registry.load(_build_dir(tmp_path / "b", n=2, table=True))
+    keep = next(iter(reg)).identifier
+    part = reg.filter(lambda e: e.identifier == keep)
+    part.save(tmp_path / "part.json")
+    back = Registry.load(tmp_path / "part.json")
+    assert [e.identifier for e in back] == [keep]
+    assert {k for c in back.seqtune["classes"] for p in c["points"] for k in p["times_us"]} == {keep}
+    none = reg.for_arch("gfx942")   # no kernel: no table either
+    none.save(tmp_path / "none.json")
+    assert Registry.load(tmp_path / "none.json").seqtune is None
+    full = tmp_path / "full.json"
+    reg.save(full)
+    assert full.read_bytes() == (tmp_path / "b" / "registry.json").read_bytes()   # (nothing to prune: unchanged)
+
+
+def test_registry_json_given_as_bytes_reads_like_text(tmp_path):
+    with pytest.raises(RegistryError) as e:
+        Registry.from_json(b'{"schema_version": ')
+    assert e.value.rule == "registry.json"
+    with pytest.raises(RegistryError) as e:
+        Registry.from_json(b"\xff\xfe")
+    assert e.value.rule == "registry.unreadable"

@@ -54,6 +54,21 @@ def _table(order):
     return t
 
 
+def _registry_with_table():
+    """A registry of four kernels with :func:`_table`'s measurements, named by their identifiers (as a table names
+    kernels: a saved table keeps only its registry's kernels)."""
+    kernels = [entry(n, tile=t) for n, t in (("k0", (128, 64)), ("k1", (64, 64)), ("k2", (128, 128)), ("k3", (64, 32)))]
+    reg = Registry("r", kernels)
+    ids = dict(zip(("kA", "kB", "kC", "kD"), (e.identifier for e in kernels)))
+    _table(0).store(reg)
+    for c in reg.seqtune["classes"]:
+        for p in c["points"]:
+            for part in ("times_us", "failed"):
+                if part in p:
+                    p[part] = {ids[k]: v for k, v in p[part].items()}
+    return reg
+
+
 def test_table_json_is_deterministic_and_round_trips(tmp_path):
     texts = {_table(seed).to_json() for seed in range(5)}
     assert len(texts) == 1
@@ -64,15 +79,7 @@ def test_table_json_is_deterministic_and_round_trips(tmp_path):
     assert pts[1]["failed"] == {"kD": "wrong result"} and "failed" not in pts[0]
     assert seqtune.Table.from_dict(d).to_dict() == d
 
-    kernels = [entry(n, tile=t) for n, t in (("k0", (128, 64)), ("k1", (64, 64)), ("k2", (128, 128)), ("k3", (64, 32)))]
-    reg = Registry("r", kernels)
-    ids = dict(zip(("kA", "kB", "kC", "kD"), (e.identifier for e in kernels)))   # (a table names identifiers)
-    _table(0).store(reg)
-    for c in reg.seqtune["classes"]:
-        for p in c["points"]:
-            for part in ("times_us", "failed"):
-                if part in p:
-                    p[part] = {ids[k]: v for k, v in p[part].items()}
+    reg = _registry_with_table()
     reg.save(tmp_path / "registry.json")
     text = (tmp_path / "registry.json").read_text()
     assert json.loads(text)["schema_version"] == 2
@@ -90,10 +97,10 @@ def test_table_json_is_deterministic_and_round_trips(tmp_path):
 def test_schema_rejects_a_bad_table(tmp_path):
     from fmha_dsl.errors import RegistryError
 
-    reg = Registry("r", [entry("k0")])
-    _table(0).store(reg)
+    reg = _registry_with_table()
     doc = json.loads(reg.to_json())
-    doc["seqtune"]["classes"][0]["points"][0]["times_us"]["kA"] = "fast"
+    pt = doc["seqtune"]["classes"][0]["points"][0]["times_us"]
+    pt[next(iter(pt))] = "fast"
     (tmp_path / "bad.json").write_text(json.dumps(doc))
     with pytest.raises(RegistryError):
         Registry.load(tmp_path / "bad.json")
