@@ -18,7 +18,7 @@ def write_atomic(path: str | os.PathLike, chunks: Iterable[str] | str | bytes) -
     path, with nothing left behind."""
     p = os.fspath(path)
     real = os.path.realpath(p)  # through symlinks: replace the target, not the link
-    _check_target(p, real)
+    check_target(p, real)
     tmp = f"{real}.tmp.{os.getpid()}"
     try:
         if not os.path.islink(p):  # (a link's target folder is the link's business: never made here)
@@ -61,7 +61,7 @@ def publish(staged: list[tuple[str, str]]) -> None:
     writing could fail (a full disk, an interrupt) is staged first, so that what was there stays whole until then."""
     for tmp, dest in staged:
         real = os.path.realpath(dest)
-        _check_target(dest, real)
+        check_target(dest, real)
         try:
             os.makedirs(os.path.dirname(real), exist_ok=True)
             os.replace(tmp, real)
@@ -71,7 +71,7 @@ def publish(staged: list[tuple[str, str]]) -> None:
                         cls=UsageError) from None
 
 
-def _check_target(p: str, real: str) -> None:
+def check_target(p: str, real: str) -> None:
     """What the rename would replace is a regular file, or nothing: a device (``/dev/null``), FIFO or socket -- the
     target of ``p`` or of a link ``p`` -- would be replaced by a plain file; a link into a folder that does not
     exist would have that folder made."""
@@ -92,4 +92,4 @@ def _check_target(p: str, real: str) -> None:
                     "plain file", None, "choose a regular file's path for the output", cls=UsageError)
 
 
-__all__ = ["write_atomic", "publish"]
+__all__ = ["write_atomic", "publish", "check_target"]

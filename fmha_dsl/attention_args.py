@@ -360,8 +360,9 @@ def _check_sink(sink) -> int:
 
 def _group_lengths(cu_q, cu_k, tq, tk, dev, max_q, max_k):
     torch = _torch()
-    cu_q, host_q = _cu_seqlens("cu_seqlens_q", cu_q, tq, dev, torch, max_q is None)
-    cu_k, host_k = _cu_seqlens("cu_seqlens_k", cu_k, tk, dev, torch, max_k is None)
+    reads = max_q is None or max_k is None   # (the call reads device values back: a wide one is checked too)
+    cu_q, host_q = _cu_seqlens("cu_seqlens_q", cu_q, tq, dev, torch, reads)
+    cu_k, host_k = _cu_seqlens("cu_seqlens_k", cu_k, tk, dev, torch, reads)
     if cu_q.shape[0] != cu_k.shape[0]:
         raise _usage("usage.shape", f"cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got "
                      f"{cu_q.shape[0]} and {cu_k.shape[0]}",

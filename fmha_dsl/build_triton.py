@@ -21,7 +21,7 @@ from .cache import ArtifactCache, content_key, sha256_bytes
 from . import compile_ahead
 from .compile_pool import run_isolated
 from .errors import FmhaError, UsageError, error
-from .atomic_file import publish, write_atomic
+from .atomic_file import check_target, publish, write_atomic
 from .registry import Entry, Registry, registry_path
 
 
@@ -260,6 +260,7 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
 
     def stage(rel: str, data: bytes) -> None:  # (into place only once every binary is written: publish below)
         dest = os.path.join(out, rel)   # staged beside where it goes (kernels/ may link to another filesystem)
+        check_target(dest, os.path.realpath(dest))   # (before the staging write makes a link's missing folder)
         tmp = os.path.join(os.path.dirname(os.path.realpath(dest)), f".{os.path.basename(dest)}.staged.{os.getpid()}")
         write_atomic(tmp, data)
         staged.append((tmp, dest))

@@ -344,7 +344,8 @@ def expand_decl(decl: Declaration, archs: tuple[str, ...] | None, profile: str |
         report.kernels.extend(_Expander(decl, report, mine, profile or decl.profile.values[0], backend).run())
     except RuleError as exc:
         return DeclResult(report, list(exc.diagnostics), False)
-    report.notes.extend(unused_alternatives(decl, report.kernels))
+    if set(mine) == set(resolve_archs(decl, None, backend)):   # (with --arch narrowing, another arch may use it)
+        report.notes.extend(unused_alternatives(decl, report.kernels))
     return DeclResult(report, [], False)
 
 

@@ -209,10 +209,10 @@ def _prepare(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k,
     if q.stride(2) != 1 and dq > 1:
         raise _usage("usage.stride", f"`q`'s head dim must have stride 1, got strides {q.stride()}",
                      "pass q.contiguous()")
+    reads = max_seqlen_q is None or max_seqlen_k is None   # (device values are read back: wide ones checked too)
     cq, b, lens, _, msq = sequences("cu_seqlens_q", cu_seqlens_q, tq, seqlens_k, dev, max_seqlen_q, "max_seqlen_q",
-                                    "the longest query sequence", "[B] int32 cached tokens per sequence",
-                                    max_seqlen_k is None)
-    lookup, bt, ip, ix = tables(block_table, kv_indptr, kv_indices, b, dev, max_seqlen_k is None)
+                                    "the longest query sequence", "[B] int32 cached tokens per sequence", reads)
+    lookup, bt, ip, ix = tables(block_table, kv_indptr, kv_indices, b, dev, reads)
     if max_seqlen_k is None:  # read the lengths and tables back once, and check them fully
         lv, btv, ipv, ixv = host_values(lens, bt, ip, ix)
         check_tables_on_host(btv, ipv, ixv, lv, page, num_pages)

@@ -161,18 +161,19 @@ def _vectorized_pair(k, v, dt):
 
 
 def sequences(cu_name: str, cu, total: int, seqlens_k, dev: int, max_given, max_name: str, max_what: str,
-              lens_what: str, lens_read: bool | None = None):
+              lens_what: str, reads: bool | None = None):
     """``(cu_seqlens, B, seqlens_k, lengths, max_length)`` of a group-mode call: ``cu`` (``cu_name``, over ``total``
     rows) and ``seqlens_k`` as int32 tensors on device ``dev``; ``lengths``: each sequence's rows read on the host (only
     when ``max_given`` is None or ``cu`` was on the host -- one device-to-host copy), else None; ``max_length``: the
-    caller's ``max_given`` (checked against the host lengths when there are some) or their maximum.  ``lens_read``:
-    whether the call reads ``seqlens_k`` back (default: when ``max_given`` is None)."""
+    caller's ``max_given`` (checked against the host lengths when there are some) or their maximum.  ``reads``:
+    whether the call reads device values back at all (default: when ``max_given`` is None): then a wide integer
+    tensor is checked to fit int32 too."""
     from .attention_args import _check_cu_host, _cu_seqlens
 
-    cu, host = _cu_seqlens(cu_name, cu, total, dev, _torch(), max_given is None)
+    reads = max_given is None if reads is None else reads
+    cu, host = _cu_seqlens(cu_name, cu, total, dev, _torch(), reads)
     b = cu.shape[0] - 1
-    lens_read = max_given is None if lens_read is None else lens_read
-    lens = int_tensor("seqlens_k", seqlens_k, 1, dev, lens_what, lens_read)
+    lens = int_tensor("seqlens_k", seqlens_k, 1, dev, lens_what, reads)
     if lens.shape[0] != b:
         raise _usage("usage.shape", f"`seqlens_k` must have one entry per sequence (B = {b}), got {lens.shape[0]}",
                      f"B comes from {cu_name} (B + 1 entries)")

@@ -109,14 +109,16 @@ class _NotThisLse(Exception):
 LSE_SUM_TOL = 1e-2   # |sum_j exp(s - lse) - 1| of a row: float32 rounding stays orders of magnitude below
 
 
-def _check_rows(p, live, sees, r0: int, lse) -> None:
-    """The forward's LSE normalises each row's scores under the same arguments: a row with a finite ``lse`` sums to
-    1, and a row with ``lse = -inf`` saw no key.  Else the backward was called with other keywords (causal
+def _check_rows(p, s, live, r0: int) -> None:
+    """The forward's LSE normalises each row's scores ``s`` under the same arguments: a row with a finite ``lse``
+    sums to 1, and a row with ``lse = -inf`` saw no key.  Else the backward was called with other keywords (causal
     forgotten, another soft-cap, scale or bias) or another call's ``lse``, and its gradients would be wrong.  A row
-    whose ``lse`` float32 holds only to more than 0.01 (``|lse|`` past 65,536: a padding row masked by a bias of
-    -1e9, say) cannot be checked so and is not: its sum is ``exp`` of that rounding."""
+    whose largest score float32 holds only to more than 0.01 (past 131,072: a padding row masked by a bias of -1e9,
+    say) has an LSE rounded as much, so its sum is ``exp`` of that rounding: it is not checked so."""
     sums = p.sum(axis=1)
-    exact = np.spacing(np.abs(lse.astype(np.float32))) <= 1e-2
+    top = np.where(np.isfinite(s), s, -np.inf).max(axis=1, initial=-np.inf)
+    exact = ~(np.spacing(np.abs(top.astype(np.float32))) > 1e-2)   # (a row with no finite score is checked)
+    sees = np.isfinite(top)
     off = live & exact & ~(np.abs(sums - 1) <= LSE_SUM_TOL)
     if off.any():
         r = int(np.argmax(off))
@@ -150,7 +152,7 @@ def _head(qh, kh, vh, oh, lh, doh, b, h, bias, slope, cfg):
             lrow = lh[r0:r1].astype(acc)[:, None]
             live = np.isfinite(lrow)
             p = np.where(live, np.exp(s - np.where(live, lrow, acc(0))), acc(0))  # masked: exp(-inf) = 0
-            _check_rows(p, live[:, 0], np.isfinite(s).any(axis=1), r0, lrow[:, 0])
+            _check_rows(p, s, live[:, 0], r0)
             if cfg["dropout_p"] > 0.0:
                 kd = np.where(_keep(cfg, b, h, i, j), acc(1.0 / (1.0 - cfg["dropout_p"])), acc(0))
             else:

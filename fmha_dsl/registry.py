@@ -150,8 +150,9 @@ class Registry:
         """The seqtune table as this registry writes it: the measurements of its own kernels (a filtered copy keeps
         the whole table in memory, for lookups; a file holds what it can be read back with)."""
         t = self.seqtune
-        if not t:
-            return t
+        if not t or all(k in self._by_id for c in t.get("classes", []) for p in c.get("points", [])
+                        for part in ("times_us", "failed") for k in p.get(part, {})):
+            return t   # (nothing foreign: the table as it is, byte for byte; an empty one keeps its device)
         classes = []
         for c in t.get("classes", []):
             points = []
@@ -162,7 +163,7 @@ class Registry:
                     points.append(dict(p, **kept))
             if points:
                 classes.append(dict(c, points=points))
-        return dict(t, classes=classes) if classes else None
+        return dict(t, classes=classes)
 
     @classmethod
     def from_json(cls, text: str, path: str | None = None) -> "Registry":

@@ -512,3 +512,35 @@ def test_the_fp8_reference_leaves_a_bad_scale_to_the_forwards_own_error():
     with pytest.raises(UsageError) as e:
         ref(kw.pop("q"), kw.pop("k_cache"), kw.pop("v_cache"), descales=(1.0, 1.0, 1.0), scale="abc", **kw)
     assert "scale" in str(e.value)
+
+
+def test_the_lse_check_skips_only_rows_whose_own_scores_float32_cannot_hold():
+    """The -1e9 padding row is left alone, but an lse of that size against ordinary scores (its bias forgotten in
+    the backward, or an lse of 1e6) is still refused: the skip looks at the row's scores, not at the lse."""
+    q, k, v = _qkv()
+    bias = np.zeros((1, 1, 5, 5), np.float32)
+    bias[0, 0, 2] = -1e9
+    o, lse = A(q, k, v, bias=bias, return_lse=True)
+    AB(q, k, v, o, lse, np.ones_like(o), bias=bias)
+    _raises(lambda: AB(q, k, v, o, lse, np.ones_like(o)), "usage.value", "`lse[0, 0, 2]` is not the forward's LSE")
+    o, lse = A(q, k, v, return_lse=True)
+    _raises(lambda: AB(q, k, v, o, np.full_like(lse, 1e6), o), "usage.value", "is not the forward's LSE")
+
+
+def test_a_call_that_reads_device_values_back_checks_every_wide_index_tensor(monkeypatch):
+    """One maximum given and the other not: the call reads values back anyway, so each wide tensor is checked
+    (it was decided tensor by tensor: the one whose maximum was given was cast unchecked)."""
+    torch = pytest.importorskip("torch")
+    from fmha_dsl import attention_args
+
+    seen = []
+    real = attention_args.int32_of
+    monkeypatch.setattr(attention_args, "int32_of", lambda *a: seen.append(a[3] if len(a) > 3 else True) or real(*a))
+    cu = torch.tensor([0, 2, 5])
+    for max_q, max_k in ((4, None), (None, 4)):
+        seen.clear()
+        attention_args._group_lengths(cu, cu, 5, 5, -1, max_q, max_k)
+        assert seen == [True, True]
+    seen.clear()
+    attention_args._group_lengths(cu, cu, 5, 5, -1, 4, 4)
+    assert seen == [False, False]

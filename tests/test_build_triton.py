@@ -505,3 +505,20 @@ def test_a_kernels_folder_linked_to_another_filesystem_is_built_into(built, tmp_
         assert not [n for _, _, files in os.walk(elsewhere) for n in files if ".staged." in n]
     finally:
         shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+def test_a_binary_linked_into_a_missing_folder_stops_the_build_and_makes_no_folder(built, tmp_path):
+    import shutil
+
+    from fmha_dsl.errors import UsageError
+
+    ks, root, cache, _ = built
+    out = tmp_path / "out-dangling"
+    shutil.copytree(root / "out", out)
+    binary = next(p for p in (out / "kernels").rglob("*") if p.is_file())
+    binary.unlink()
+    binary.symlink_to(tmp_path / "missing" / "dir" / binary.name)
+    with pytest.raises(UsageError) as e:
+        build(ks, str(out), jobs=1, cache_dir=cache)
+    assert e.value.rule == "output.write" and "whose folder does not exist" in str(e.value)
+    assert not (tmp_path / "missing").exists()

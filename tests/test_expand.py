@@ -725,3 +725,14 @@ def test_an_alternative_that_gives_no_kernel_is_a_warning_at_its_place():
     clean = fmha_dsl.loads(text.replace("32 | 64", "64").replace("fp16 | bf16", "fp16"))
     clean = clean.expand_report(arch="sm90")
     assert not [n for n in clean.notes if n.rule == "decl.unused-value"]
+
+
+def test_an_alternative_another_arch_uses_is_not_named_when_arch_narrows(tmp_path):
+    text = ("kernel_set per { backend(triton) arch(sm90 | sm80)\n kernel k { signature { family(fwd) dtype(fp16) "
+            "hdim(64) mask(no) } algorithm { tile(128 | 64, 64, *, *, *, *) pipeline(qr_async) "
+            "padding(false, false, false, false) }\n where tile_m0 == 128 and arch == \"sm90\" or tile_m0 == 64 and "
+            "arch == \"sm80\" } }")
+    ks = fmha_dsl.loads(text)
+    for arch in (None, "sm90", "sm80"):
+        rep = ks.expand_report(arch=arch)
+        assert rep.kernels and not [n for n in rep.notes if n.rule == "decl.unused-value"], (arch, rep.notes)

@@ -323,9 +323,9 @@ def test_a_filtered_registry_saves_what_it_can_load(tmp_path):
     back = Registry.load(tmp_path / "part.json")
     assert [e.identifier for e in back] == [keep]
     assert {k for c in back.seqtune["classes"] for p in c["points"] for k in p["times_us"]} == {keep}
-    none = reg.for_arch("gfx942")   # no kernel: no table either
+    none = reg.for_arch("gfx942")   # no kernel: no measurement (the table keeps its device, as tune writes one)
     none.save(tmp_path / "none.json")
-    assert Registry.load(tmp_path / "none.json").seqtune is None
+    assert Registry.load(tmp_path / "none.json").seqtune["classes"] == []
     full = tmp_path / "full.json"
     reg.save(full)
     assert full.read_bytes() == (tmp_path / "b" / "registry.json").read_bytes()   # (nothing to prune: unchanged)
@@ -338,3 +338,14 @@ def test_registry_json_given_as_bytes_reads_like_text(tmp_path):
     with pytest.raises(RegistryError) as e:
         Registry.from_json(b"\xff\xfe")
     assert e.value.rule == "registry.unreadable"
+
+
+def test_a_table_with_no_classes_keeps_its_device_when_saved(tmp_path):
+    """`fmha-dsl tune` records the device and shape matrix even when it measured nothing new: a table with no
+    classes is saved as it is (schema_version 2), not dropped."""
+    reg = Registry.load(_build_dir(tmp_path / "b"))
+    reg.seqtune = {"classes": [], "device": dict(DEV), "shapes": "default"}
+    reg.save(tmp_path / "t.json")
+    back = Registry.load(tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text())["schema_version"] == 2
+    assert back.seqtune == reg.seqtune
