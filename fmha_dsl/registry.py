@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 from .atomic_file import write_atomic
 from .errors import Diagnostic, RegistryError, Span, UsageError, error
 from .keyfields import KeyFields
-from .registry_checks import build_problem, check_summary, check_table
+from .registry_checks import build_problem, check_summary, check_table, own_measurements
 
 if TYPE_CHECKING:
     from .keys import KernelKey
@@ -149,21 +149,7 @@ class Registry:
     def saved_table(self) -> dict | None:
         """The seqtune table as this registry writes it: the measurements of its own kernels (a filtered copy keeps
         the whole table in memory, for lookups; a file holds what it can be read back with)."""
-        t = self.seqtune
-        if not t or all(k in self._by_id for c in t.get("classes", []) for p in c.get("points", [])
-                        for part in ("times_us", "failed") for k in p.get(part, {})):
-            return t   # (nothing foreign: the table as it is, byte for byte; an empty one keeps its device)
-        classes = []
-        for c in t.get("classes", []):
-            points = []
-            for p in c.get("points", []):
-                kept = {part: {k: v for k, v in p[part].items() if k in self._by_id}
-                        for part in ("times_us", "failed") if part in p}
-                if any(kept.values()):
-                    points.append(dict(p, **kept))
-            if points:
-                classes.append(dict(c, points=points))
-        return dict(t, classes=classes)
+        return own_measurements(self.seqtune, self._by_id)
 
     @classmethod
     def from_json(cls, text: str, path: str | None = None) -> "Registry":

@@ -12,7 +12,7 @@ import re
 from . import vocab as V
 from .errors import Diagnostic, RegistryError, Span
 
-__all__ = ["build_problem", "check_summary", "check_table"]
+__all__ = ["build_problem", "check_summary", "check_table", "own_measurements"]
 
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
@@ -79,3 +79,23 @@ def check_table(reg, path: str | None) -> None:
                 raise RegistryError(Diagnostic("registry.seqtune", f"{where}.points[{pi}] times {strange[0]!r}, "
                                                "which is no kernel of this registry", Span(path, 1, 1),
                                                "a table names this registry's kernels by identifier"))
+
+
+def own_measurements(t: dict | None, ids) -> dict | None:
+    """Seqtune table ``t`` as a registry of the kernels ``ids`` writes it: without the measurements of kernels it
+    does not hold (a point or class left with none goes too); unchanged, byte for byte, when it names only them (an
+    empty table keeps its device, as `fmha-dsl tune` records one)."""
+    if not t or all(k in ids for c in t.get("classes", []) for p in c.get("points", [])
+                    for part in ("times_us", "failed") for k in p.get(part, {})):
+        return t   # (nothing foreign: the table as it is, byte for byte; an empty one keeps its device)
+    classes = []
+    for c in t.get("classes", []):
+        points = []
+        for p in c.get("points", []):
+            kept = {part: {k: v for k, v in p[part].items() if k in ids}
+                    for part in ("times_us", "failed") if part in p}
+            if any(kept.values()):
+                points.append(dict(p, **kept))
+        if points:
+            classes.append(dict(c, points=points))
+    return dict(t, classes=classes)
