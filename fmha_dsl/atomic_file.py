@@ -40,12 +40,7 @@ def write_atomic(path: str | os.PathLike, chunks: Iterable[str] | str | bytes) -
             os.chmod(tmp, mode)
         os.replace(tmp, real)
     except OSError as exc:
-        hint = ("the disk is full: free some space and run again" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
-                else f"`{p}` is a folder where a file goes: move it away, or choose another output path"
-                if exc.errno == errno.EISDIR
-                else f"make `{os.path.dirname(real) or '.'}` writable, or choose another output path")
-        raise error("output.write", f"cannot write `{p}`: {exc.strerror or exc}", None, hint,
-                    cls=UsageError) from None
+        raise _write_error(p, real, exc) from None
     finally:
         if os.path.lexists(tmp):
             try:
@@ -55,20 +50,41 @@ def write_atomic(path: str | os.PathLike, chunks: Iterable[str] | str | bytes) -
     return p
 
 
+def _write_error(p: str, real: str, exc: OSError) -> UsageError:
+    hint = ("the disk is full: free some space and run again" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            else f"`{p}` is a folder where a file goes: move it away, or choose another output path"
+            if exc.errno == errno.EISDIR
+            else f"make `{os.path.dirname(real) or '.'}` writable, or choose another output path")
+    return error("output.write", f"cannot write `{p}`: {exc.strerror or exc}", None, hint, cls=UsageError)
+
+
+def stage(dest: str, data: bytes) -> tuple[str, str]:
+    """Write ``data`` for ``dest`` whole but not yet in place: into a temp file beside where ``dest`` lands (its
+    link's target folder: a rename never crosses filesystems), after the checks :func:`write_atomic` makes.  Returns
+    ``(temp path, dest)`` for :func:`publish` (or :func:`discard`): a set of outputs whose writing could fail midway
+    (a full disk, an interrupt) is staged first, so that what was there stays whole until all of it is written."""
+    real = os.path.realpath(dest)
+    check_target(dest, real)   # (before the temp file's folder is made: a link's missing folder is refused)
+    tmp = os.path.join(os.path.dirname(real), f".{os.path.basename(dest)}.staged.{os.getpid()}")
+    write_atomic(tmp, data)
+    return tmp, dest
+
+
 def publish(staged: list[tuple[str, str]]) -> None:
-    """Move files written whole elsewhere (``(temp path, destination)`` pairs, on the destination's filesystem) into
-    place, each by one rename (through a link to its target, as :func:`write_atomic` writes): a set of outputs whose
-    writing could fail (a full disk, an interrupt) is staged first, so that what was there stays whole until then."""
+    """Move :func:`stage`'s files into place, each by one rename onto its destination (a link's target)."""
     for tmp, dest in staged:
         real = os.path.realpath(dest)
-        check_target(dest, real)
         try:
-            os.makedirs(os.path.dirname(real), exist_ok=True)
             os.replace(tmp, real)
         except OSError as exc:
-            raise error("output.write", f"cannot write `{dest}`: {exc.strerror or exc}", None,
-                        f"make `{os.path.dirname(real) or '.'}` writable, or choose another output path",
-                        cls=UsageError) from None
+            raise _write_error(dest, real, exc) from None
+
+
+def discard(staged: list[tuple[str, str]]) -> None:
+    """Remove what :func:`stage` wrote and :func:`publish` did not move (a failure midway)."""
+    for tmp, _ in staged:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 def check_target(p: str, real: str) -> None:
@@ -92,4 +108,4 @@ def check_target(p: str, real: str) -> None:
                     "plain file", None, "choose a regular file's path for the output", cls=UsageError)
 
 
-__all__ = ["write_atomic", "publish", "check_target"]
+__all__ = ["write_atomic", "stage", "publish", "discard", "check_target"]

@@ -110,22 +110,34 @@ def flag(name: str, x, caller: str | None = None) -> bool:
     return x
 
 
-def _mask(causal, window):
-    """(mask name, window_left, window_right, bottom_right) per docs/semantics.md."""
+_TRUE_MEANS = {"top_left": "True means top-left (torch's is_causal); 'bottom_right' aligns the last rows",
+               "bottom_right": "True means bottom-right here (a sequence's queries are its last tokens); 'top_left' "
+                               "aligns the first query with the first key"}
+
+
+def causal_mode(causal, true_means: str = "top_left", caller: str | None = None) -> str | None:
+    """A ``causal`` argument as the mask's corner: None (no mask), ``"top_left"`` or ``"bottom_right"``; ``True`` is
+    ``true_means`` (top-left in attention(), as torch's is_causal; bottom-right in paged_attention(), whose queries
+    are each sequence's last tokens, as in FlashAttention-2's varlen and FlashInfer), NumPy's bool a bool.
+    ``caller``: the function to name when :data:`CALLER` is not set to it."""
     if causal is not True and causal is not False and causal is not None:
         causal = as_bool(causal)
     if causal is False or causal is None:
-        mode = None
-    elif causal is True or causal == "top_left":
-        mode = "top_left"
-    elif causal == "bottom_right":
-        mode = "bottom_right"
-    else:
-        from .errors import did_you_mean
+        return None
+    if causal is True:
+        return true_means
+    if isinstance(causal, str) and causal in ("top_left", "bottom_right"):
+        return causal
+    from .errors import did_you_mean
 
-        hint = did_you_mean(causal, ["top_left", "bottom_right"]) if isinstance(causal, str) else None
-        raise _usage("usage.value", f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}",
-                     hint or "True means top-left (torch's is_causal); 'bottom_right' aligns the last rows")
+    hint = did_you_mean(causal, ["top_left", "bottom_right"]) if isinstance(causal, str) else None
+    raise error("usage.value", f"{caller or CALLER.get()}: causal must be False, True, 'top_left' or 'bottom_right', "
+                f"got {shown(causal)}", None, hint or _TRUE_MEANS[true_means], cls=UsageError)
+
+
+def _mask(causal, window):
+    """(mask name, window_left, window_right, bottom_right) per docs/semantics.md."""
+    mode = causal_mode(causal)
     if window is None:
         if mode is None:
             return "no", -1, -1, 1

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from .atomic_file import write_atomic
 from .errors import UsageError, error
 from .expand import DeclResult, Report, expand_decl, merge, nothing_to_build
-from .registry import Entry, document_chunks, entry_line, registry_path, sort_key, stat_row, statistics
+from .registry import (Entry, Registry, document_chunks, entry_line, registry_path, sort_key, stat_row,
+                       statistics)
 from .rules import FAMILY_MODULES
 
 # rough relative costs per rule module, so the pool starts the big tasks first and the workers finish together
@@ -143,11 +144,10 @@ def build(kernel_set, out_dir: str | os.PathLike, arch=None, profile=None, backe
     profiles = [prof] if prof else sorted({d.profile.values[0] for d in decls})
     sources = kernel_set.source_names()
     chunks = document_chunks(kernel_set.name, sorted(stats["by_arch"]), profiles, sources, stats, [r[2] for r in rows])
-    from .build_triton import existing_registry
+    from .build_triton import carried_table, existing_registry
 
-    old = existing_registry(registry_path(out))   # (one this version cannot read stops the build)
-    dropped = sum(len(p.get("times_us", {})) + len(p.get("failed", {})) for c in (old.seqtune or {}).get("classes", [])
-                  for p in c.get("points", [])) if old is not None else 0   # (a CK registry has no table)
+    # (one this version cannot read stops the build; a CK registry, of no binaries, carries no measurement)
+    _, dropped = carried_table(existing_registry(registry_path(out)), Registry())
     path = write_atomic(registry_path(out), chunks)
     return BuildResult(path, len(rows), stats["by_arch"], report, dropped_points=dropped)
 

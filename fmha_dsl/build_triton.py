@@ -21,7 +21,7 @@ from .cache import ArtifactCache, content_key, sha256_bytes
 from . import compile_ahead
 from .compile_pool import run_isolated
 from .errors import FmhaError, UsageError, error
-from .atomic_file import check_target, publish, write_atomic
+from .atomic_file import discard, publish, stage, write_atomic
 from .registry import Entry, Registry, registry_path
 
 
@@ -256,28 +256,19 @@ def build_with_triton(kernel_set, out: str, archs, profile, backend, jobs: int, 
     ready, _ = compile_through_cache(wanted, cache, jobs, finish, why=why_failed)
 
     kept = Registry(reg.name, profiles=reg.profiles, sources=reg.sources)
-    staged: list[tuple[str, str]] = []
-
-    def stage(rel: str, data: bytes) -> None:  # (into place only once every binary is written: publish below)
-        dest = os.path.join(out, rel)   # staged beside where it goes (kernels/ may link to another filesystem)
-        check_target(dest, os.path.realpath(dest))   # (before the staging write makes a link's missing folder)
-        tmp = os.path.join(os.path.dirname(os.path.realpath(dest)), f".{os.path.basename(dest)}.staged.{os.getpid()}")
-        write_atomic(tmp, data)
-        staged.append((tmp, dest))
-
+    staged: list[tuple[str, str]] = []   # (into place only once every binary is written: publish below)
     try:
-        _collect(reg, triton_ids, key_of, ready, companions_of, why_failed, no_spills, spilled, failures, kept, stage)
+        _collect(reg, triton_ids, key_of, ready, companions_of, why_failed, no_spills, spilled, failures, kept,
+                 lambda rel, data: staged.append(stage(os.path.join(out, rel), data)))
         if len(kept):
             publish(staged)
     finally:
-        for tmp, _ in staged:   # (what was not published: a failure midway)
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
+        discard(staged)
     compiled = sum(not ready[key_of[e.identifier]][2] for e in kept if e.identifier in key_of)
     cached = sum(bool(ready[key_of[e.identifier]][2]) for e in kept if e.identifier in key_of)
     failures.sort(key=lambda f: (f["arch"], f["name"]))
     spilled.sort(key=lambda f: (f["arch"], f["name"]))
-    table, dropped = _carried_table(previous, kept)
+    table, dropped = carried_table(previous, kept)
     if len(kept):  # (every kernel failed: a registry already there stays as it was, and none is written)
         kept.seqtune = table
         kept.save(path)
@@ -344,7 +335,7 @@ def existing_registry(path: str) -> Registry | None:
     return old
 
 
-def _carried_table(old: Registry | None, kept: Registry) -> tuple[dict | None, int]:
+def carried_table(old: Registry | None, kept: Registry) -> tuple[dict | None, int]:
     """What a rebuild keeps of the seqtune table of the registry ``old`` it replaces: the measurements (times and
     failures) of the kernels it builds again from the same cache key -- the same source, options and Triton; a
     kernel whose binary changed (or that is gone) is measured again by the next `fmha-dsl tune`.  ``(table or None,
@@ -381,4 +372,4 @@ def _binaries(build: dict | None) -> tuple:
 
 
 __all__ = ["build_with_triton", "compile_through_cache", "kernel_job", "companion_jobs", "build_record",
-           "existing_registry"]
+           "existing_registry", "carried_table"]

@@ -81,7 +81,8 @@ class ArtifactCache:
             import warnings
 
             warnings.warn(f"the kernel cache `{self.root}` cannot be written ({exc.strerror or exc}): compiled "
-                          "kernels are not cached (set FMHA_DSL_CACHE_DIR to a writable folder)", RuntimeWarning, stacklevel=2)
+                          "kernels are not cached (set FMHA_DSL_CACHE_DIR to a writable folder)", RuntimeWarning,
+                          stacklevel=2)
             return False
         try:
             with open(os.path.join(tmp, filename), "wb") as f:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from . import arch as arch_table
 from . import vocab as V
@@ -28,8 +29,7 @@ def unsupported_hint(ex, no_backend: list[str]) -> str:
     if foreign and ex.decl.backend != ex.backend:   # --backend overrode what the set declares
         return f"--backend {ex.backend} overrides the set's backend({ex.decl.backend}), and {', '.join(foreign)} " \
                f"{'is' if len(foreign) == 1 else 'are'} not a {ex.backend} target: drop --backend"
-    other = next((b for b in V.BACKENDS if b != ex.backend and foreign
-                  and all(a in arch_table.backend_archs(b) for a in foreign)), None)
+    other = foreign and _backend_of(foreign, ex.backend)
     if other:   # the arch is not the backend's at all (CK on an NVIDIA arch)
         return f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not a {ex.backend} target: add " \
                f"`backend({other})`, or pick one of {', '.join(arch_table.backend_archs(ex.backend))}"
@@ -84,10 +84,15 @@ def backend_note(archs, backend: str) -> str:
     foreign = [a for a in archs if a not in arch_table.backend_archs(backend)]
     if not foreign:
         return ""
-    other = next((b for b in V.BACKENDS if b != backend and all(a in arch_table.backend_archs(b) for a in foreign)),
-                 None)
+    other = _backend_of(foreign, backend)
     return (f"; {', '.join(foreign)} {'has' if len(foreign) == 1 else 'have'} no {backend} kernels"
             + (f": add `backend({other})` too" if other else ""))
+
+
+def _backend_of(archs, besides: str) -> str | None:
+    """The backend other than ``besides`` that targets every one of ``archs``, if one does."""
+    return next((b for b in V.BACKENDS if b != besides and all(a in arch_table.backend_archs(b) for a in archs)),
+                None)
 
 
 def nothing_to_build(kernel_set, report, archs) -> RuleError:
@@ -103,7 +108,6 @@ def nothing_to_build(kernel_set, report, archs) -> RuleError:
         "another --arch, --profile or declaration may give kernels", tuple(dict.fromkeys(notes))))
 
 
-
 def unused_alternatives(decl, kernels) -> list[Diagnostic]:
     """Warnings for values written among alternatives (``tile(32 | 64, ...)``, ``dtype(fp16 | bf16)``) that no kernel
     of the declaration has -- the rules, the tile tables or a where clause allow none with them -- so that a value
@@ -116,18 +120,15 @@ def unused_alternatives(decl, kernels) -> list[Diagnostic]:
     for name, fs in sorted(decl.fields.items()):
         if name in ("mask", "family") or not fs.explicit or fs.values is None or len(fs.values) < 2:
             continue
-        k0 = kernels[0]
-        where = k0.sig if name in k0.sig else k0.alg if name in k0.alg else None
-        if where is None:   # (a setter of several fields, e.g. hdim: its values are not one field's)
-            continue
-        have = {(k.sig if where is k0.sig else k.alg).get(name) for k in kernels}
-        out += [_unused(decl, f"`{name}` value {v!r}", fs.span) for v in fs.values if v not in have]
-    for dim, values in sorted(decl.tile.dims.items()):
+        if name in kernels[0].sig or name in kernels[0].alg:   # (a setter of several fields, e.g. hdim: skipped)
+            have = {k.sig[name] if name in k.sig else k.alg[name] for k in kernels}
+            out += [_unused(decl, f"`{name}` value {v!r}", fs.span) for v in fs.values if v not in have]
+    for dim, values in sorted(decl.tile.dims.items()):   # tile0..., wave0..., warp0..., block_per_cu, ...
         if values is None or len(values) < 2:
             continue
-        part, i = dim.rstrip("0123456789"), dim[len(dim.rstrip("0123456789")):]
-        have = {(k.alg.get(part) or ())[int(i)] if i else k.alg.get(part) for k in kernels
-                if not i or int(i) < len(k.alg.get(part) or ())}
+        part, i = re.fullmatch(r"(\D+)(\d*)", dim).groups()
+        have = {k.alg.get(part) for k in kernels} if not i else \
+            {k.alg[part][int(i)] for k in kernels if int(i) < len(k.alg.get(part) or ())}
         out += [_unused(decl, f"{part}[{i}] = {v}" if i else f"`{part}` value {v!r}", decl.tile.spans.get(dim))
                 for v in values if v not in have]
     return out
@@ -138,6 +139,7 @@ def _unused(decl, what: str, span) -> Diagnostic:
                       span or decl.span, "the rules, the arch's tile tables or a where clause allow no kernel with "
                       "it (`fmha-dsl explain` lists what each rule dropped); drop it, or loosen what excludes it",
                       (), "warning")
+
 
 __all__ = ["unsupported_hint", "loosened", "nine_value_tile", "nonempty_without_profile", "backend_note",
            "nothing_to_build", "unused_alternatives"]

@@ -37,11 +37,12 @@ import math
 from . import api_dispatch as _api
 from . import paged_numpy
 from . import replay as _fast
-from .attention_args import CALLER, _mask, _usage, as_bool, check_numpy_call, flag, torch_dtype_names
+from .attention_args import (CALLER, _mask, _usage, as_bool, causal_mode, check_numpy_call, flag,
+                             torch_dtype_names)
 from .errors import UsageError, error
 from .kernels.paged_abi import FP8_DTYPES
 from .paged_args import (append_descales, cache_pair, check_scalars, check_tables_on_host, contiguous_rows,
-                         host_values, max_len, paged_causal, required, rotary_tables, sequences, tables,
+                         host_values, max_len, required, rotary_tables, sequences, tables,
                          within_capacity, workspace_args)
 from .paged_args import descales as check_descales
 
@@ -86,7 +87,7 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
     docstring)."""
     if seqlens_k is None or cu_seqlens_q is None:
         required("paged_attention()", seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q)
-    causal = paged_causal(causal)
+    causal = causal_mode(causal, "bottom_right", "paged_attention()")
     if return_lse is not True and return_lse is not False:
         return_lse = flag("return_lse", return_lse, "paged_attention()")
     descales = (q_descale, k_descale, v_descale)

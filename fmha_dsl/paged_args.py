@@ -8,7 +8,7 @@ not pass ``max_seqlen_*`` (one device-to-host copy then); with them nothing here
 
 from __future__ import annotations
 
-from .attention_args import _check_scale, _check_sink, _check_softcap, _usage, as_bool, int32_of, max_len, named
+from .attention_args import _check_scale, _check_sink, _check_softcap, _usage, int32_of, max_len, named
 from .errors import UsageError, error
 from .kernels.paged_abi import FP8_DTYPES, descale_kind
 from .numeric import is_int, shown
@@ -348,22 +348,6 @@ def workspace_args(q, k_cache, v_cache, batch, max_seqlen_q, max_seqlen_k, regis
     cache_pair(k_cache, v_cache, getattr(k_cache, "dtype", None), q.get_device())
 
 
-def paged_causal(causal):
-    """``causal`` of :func:`paged_attention` as the other paths take it: True is bottom-right here (the queries are
-    each sequence's last tokens, as in FlashAttention-2's varlen and FlashInfer)."""
-    if causal is not True and causal is not False:
-        causal = as_bool(causal)
-    if causal is None or isinstance(causal, bool) or (isinstance(causal, str) and causal in ("top_left",
-                                                                                            "bottom_right")):
-        return "bottom_right" if causal is True else causal
-    from .errors import did_you_mean
-
-    hint = did_you_mean(causal, ["top_left", "bottom_right"]) if isinstance(causal, str) else None
-    raise error("usage.value", f"paged_attention(): causal must be False, True, 'top_left' or 'bottom_right', got "
-                f"{shown(causal)}", None, hint or "True means bottom-right here (a sequence's queries are its last "
-                "tokens); 'top_left' aligns the first query with the first key", cls=UsageError)
-
-
 __all__ = ["contiguous_rows", "within_capacity", "int_tensor", "tables", "sequences", "check_tables_on_host",
            "workspace_args", "host_values", "cache_pair", "max_len", "rotary_tables", "named", "descales",
-           "append_descales", "qscale_of", "required", "paged_causal"]
+           "append_descales", "qscale_of", "required"]

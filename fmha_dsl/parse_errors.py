@@ -92,7 +92,7 @@ def translate(exc, lines: Lines) -> ParseError:
         if number:
             return number
         hint = f"expected {expected_words(exc.expected)}"
-        at = _algorithm_without_comma("\n".join(lines.lines[:tok.line - 1] + [text[:tok.column - 1]]))
+        at = _algorithm_without_comma(lines, tok)
         if at is not None:
             return error("syntax.unexpected-token", "`FmhaAlgorithm()` follows the signature with no `,` before it",
                          lines.span(at[0], at[1], at[0], at[1] + len("FmhaAlgorithm")),
@@ -117,11 +117,17 @@ def translate(exc, lines: Lines) -> ParseError:
 _NOT_CODE = re.compile(r'#[^\n]*|//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
 
 
-def _algorithm_without_comma(before: str):
-    """``(line, column)`` of an ``FmhaAlgorithm`` that follows the last ``FmhaSignature`` of ``before`` (the text up
-    to the error) with no comma between them outside parentheses -- a pasted ``.add(...)`` missing its comma, which
+def _code_before(lines: Lines, line: int, col: int) -> str:
+    """The source up to (1-based) ``line``:``col``, its comments and strings blanked out, offsets kept."""
+    before = "\n".join(lines.lines[:line - 1] + [lines.lines[line - 1][:col - 1]])
+    return _NOT_CODE.sub(lambda m: " " * len(m.group()), before)
+
+
+def _algorithm_without_comma(lines: Lines, tok):
+    """``(line, column)`` of an ``FmhaAlgorithm`` that follows the last ``FmhaSignature`` before the token the parser
+    stopped at with no comma between them outside parentheses -- a pasted ``.add(...)`` missing its comma, which
     the parser reads as one more setter of the signature -- else None.  Comments and strings do not count."""
-    code = _NOT_CODE.sub(lambda m: " " * len(m.group()), before)   # (same offsets)
+    code = _code_before(lines, tok.line, tok.column)
     sig = code.rfind("FmhaSignature")
     if sig < 0:
         return None
@@ -132,7 +138,7 @@ def _algorithm_without_comma(before: str):
         if depth < 0 or (depth == 0 and c == ","):
             return None
         if depth == 0 and code.startswith("FmhaAlgorithm", i):
-            return before.count("\n", 0, i) + 1, i - (before.rfind("\n", 0, i) + 1) + 1
+            return code.count("\n", 0, i) + 1, i - (code.rfind("\n", 0, i) + 1) + 1
     return None
 
 
@@ -147,8 +153,7 @@ def _where_without_and(lines: Lines, tok, expected):
     name = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\s*$", text[:tok.column - 1])
     if name is None:
         return None
-    before = "\n".join(lines.lines[:tok.line - 1] + [text[:name.start(1)]])
-    code = _NOT_CODE.sub(lambda m: " " * len(m.group()), before)
+    code = _code_before(lines, tok.line, name.start(1) + 1)
     where = [m.end() for m in re.finditer(r"\bwhere\b", code)]
     if not where or re.search(r"[{};]", code[where[-1]:]) or not code[where[-1]:].strip():
         return None

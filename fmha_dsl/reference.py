@@ -81,9 +81,8 @@ def check_finite(name: str, a, read=(), masks: bool = False) -> None:
     part = a[read] if read else a
     bad = np.isnan(part) | (part == np.inf) if masks else ~np.isfinite(part)
     if bad.any():
-        rel = np.argwhere(bad)[0]
-        at = [int(i) + (sl.start or 0 if isinstance(sl, slice) else 0) for i, sl in
-              zip(rel, tuple(read) + (slice(None),) * (a.ndim - len(read)))]
+        full = tuple(read) + (slice(None),) * (a.ndim - len(read))
+        at = [int(i) + (sl.start or 0) for i, sl in zip(np.argwhere(bad)[0], full)]
         what = "finite (or -inf, which masks)" if masks else "finite"
         raise _usage("usage.value", f"`{name}{at}` is {float(a[tuple(at)])}: the reference takes {what} values",
                      "replace or mask the non-finite values (the NumPy reference reads every element it is given)")

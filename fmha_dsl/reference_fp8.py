@@ -24,8 +24,6 @@ def _descale_array(name: str, d) -> np.ndarray:
     return as_array(name, d, np.float64)
 
 
-
-
 def kv_descale(name: str, d, num_pages: int, hk: int, written=None, page: int | None = None) -> np.ndarray:
     """An FP8 K/V descale as float64 ``[num_pages, 1 | page_size, Hk, 1]`` (broadcasting over a linear cache): one
     number (per tensor; a one-element array of any shape too), ``[num_pages, Hk]`` (KV block scales: one per page and
@@ -60,8 +58,6 @@ def kv_descale(name: str, d, num_pages: int, hk: int, written=None, page: int | 
     if per_token:
         return a[:, :, :, None]
     return np.full((num_pages, 1, hk, 1), a.reshape(-1)[0]) if a.size == 1 else a[:, None, :, None]
-
-
 
 
 def _on_e4m3_grid(name: str, x) -> None:

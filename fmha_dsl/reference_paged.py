@@ -208,12 +208,11 @@ def paged_attention(q, k_cache, v_cache, *, block_table=None, kv_indptr=None, kv
         layout = "linear"
         p, page = k_cache.shape[:2]
         slot = np.arange(p * page, dtype=np.float64).reshape(p, page, 1, 1)   # which slots attention reads
-        read, _, _ = gather_kv(slot, slot, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
-                               seqlens_k=seqlens_k, layout=layout)
-        k_read, v_read, _ = gather_kv(k_cache, v_cache, block_table=block_table, kv_indptr=kv_indptr,
-                                      kv_indices=kv_indices, seqlens_k=seqlens_k, layout=layout)
-        q, k_cache, v_cache = descaled(_as_float_array("q", q), k_cache, v_cache, k_read, v_read,
-                                       read.astype(np.int64).reshape(-1), descales, forward.get("scale"))
+        read = gather_kv(slot, slot, block_table=block_table, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                         seqlens_k=seqlens_k, layout=layout)[0].astype(np.int64).reshape(-1)
+        k_read, v_read = (c.reshape((p * page,) + c.shape[2:])[read] for c in (k_cache, v_cache))
+        q, k_cache, v_cache = descaled(_as_float_array("q", q), k_cache, v_cache, k_read, v_read, read, descales,
+                                       forward.get("scale"))
     cq = _ints("cu_seqlens_q", cu_seqlens_q, 1)
     if cq.shape[0] < 1:
         raise _usage("usage.shape", "`cu_seqlens_q` must have B + 1 >= 1 entries, got none",

@@ -5,7 +5,6 @@ hand edit of one side only, which the schema alone lets through and a launch wou
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -59,9 +58,11 @@ def check_summary(reg, doc: dict, metadata, path: str | None) -> None:
 def check_table(reg, path: str | None) -> None:
     """A seqtune table measures this registry's kernels, each class and point once (a second copy would win
     unseen)."""
+    from .seqtune import POINT_FIELDS, class_key
+
     classes = set()
     for ci, c in enumerate(reg.seqtune.get("classes", [])):
-        key = json.dumps(c["class"], sort_keys=True)
+        key = class_key(c["class"])
         where = f"seqtune.classes[{ci}]"
         if key in classes:
             raise RegistryError(Diagnostic("registry.seqtune", f"{where} measures a class listed before it",
@@ -69,7 +70,7 @@ def check_table(reg, path: str | None) -> None:
         classes.add(key)
         points = set()
         for pi, p in enumerate(c.get("points", [])):
-            at = (p["seqlen_q"], p["seqlen_k"], p["batch"], p["nhead_q"], p["nhead_k"])
+            at = tuple(p[f] for f in POINT_FIELDS)
             if at in points:
                 raise RegistryError(Diagnostic("registry.seqtune", f"{where}.points[{pi}] measures a point listed "
                                                "before it", Span(path, 1, 1), "keep one entry per point"))

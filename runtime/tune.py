@@ -84,7 +84,10 @@ def device_info(arch: str) -> dict:
 # tuning
 # ---------------------------------------------------------------------------------------------------------
 
-def _foreign_arch(arch, reg) -> None:
+def _check_arch(arch, reg) -> None:
+    """An --arch the registry has kernels for (a table recorded for another would serve no kernel)."""
+    if arch in reg.archs:
+        return
     from fmha_dsl.errors import did_you_mean
 
     raise error("usage.arch", f"--arch {arch!r}: the registry has kernels for {', '.join(reg.archs) or 'none'}",
@@ -102,8 +105,8 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
     doc = load_shapes(shapes)  # a bad matrix is reported before torch, triton or the GPU are touched
     path = registry_path(build_dir)
     reg = Registry.load(path)   # (so is a missing or damaged registry)
-    if arch is not None and arch not in reg.archs:   # (a table recorded for an arch the registry lacks serves none)
-        _foreign_arch(arch, reg)
+    if arch is not None:
+        _check_arch(arch, reg)
     try:
         import torch
         from triton.testing import do_bench
@@ -125,8 +128,7 @@ def tune(build_dir: str, shapes: str | None = None, budget: float | None = None,
         except FmhaError as exc:  # its hint names the Python argument (arch=); here it is the --arch flag
             raise error(exc.rule, exc.message, None, "pass --arch with the registry arch whose kernels this GPU "
                         "runs (sm80, sm90, gfx942 ...)", cls=UsageError) from None
-    if arch not in reg.archs:
-        _foreign_arch(arch, reg)
+    _check_arch(arch, reg)
     dev = device_info(arch)
     res = TuneResult(path=path, device=dev)
 

@@ -441,7 +441,7 @@ def test_a_build_that_fails_while_writing_binaries_leaves_the_old_ones(built, mo
     (a full disk, an interrupt) leaves the folder's registry and the binaries it names as they were."""
     import shutil
 
-    from fmha_dsl import build_triton
+    from fmha_dsl import atomic_file
     from fmha_dsl.errors import UsageError
 
     ks, root, cache, _ = built
@@ -450,16 +450,16 @@ def test_a_build_that_fails_while_writing_binaries_leaves_the_old_ones(built, mo
     for b in (out / "kernels").rglob("*.*"):
         b.write_bytes(b.read_bytes() + b"old")   # (so that a rewrite would show)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    real, calls = build_triton.write_atomic, []
+    real, calls = atomic_file.write_atomic, []   # (what staging writes each binary with)
 
     def full_disk(path, data):
         calls.append(path)
         if len(calls) == 2:
-            raise UsageError(build_triton.error("output.write", "cannot write: No space left on device", None,
-                                                "free some space").diagnostics)
+            raise UsageError(atomic_file.error("output.write", "cannot write: No space left on device", None,
+                                               "free some space").diagnostics)
         return real(path, data)
 
-    monkeypatch.setattr(build_triton, "write_atomic", full_disk)
+    monkeypatch.setattr(atomic_file, "write_atomic", full_disk)
     with pytest.raises(UsageError):
         build(ks, str(out), jobs=1, cache_dir=cache)
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
