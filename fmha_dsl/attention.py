@@ -40,9 +40,10 @@ from .api_dispatch import timer as _timer
 from .attention_args import TORCH_DTYPES as _TORCH_DTYPES  # torch dtype -> key dtype name
 from .attention_args import (torch_dtype_names as _torch_dtype_names, _bad_dtypes, _bad_strides, _batch_shapes,
                              _bad_types, _check_bias, _check_devices, _check_dropout, _check_scale, _check_sink,
-                             _check_softcap, _group_lengths, _group_shapes, _mask, _usage, check_max_lengths,
-                             accumulation, check_numpy_call, check_one_bias, flag, named)
+                             _check_softcap, _group_shapes, _mask, _usage, accumulation, check_numpy_call,
+                             check_one_bias, flag, named)
 from .errors import UsageError
+from .index_args import check_max_lengths, group_lengths
 from .numeric import FP32_TINY, SCALAR_MAX
 
 __all__ = ["attention"]
@@ -145,7 +146,7 @@ def attention(q, k, v, *, causal=False, window=None, bias=None, alibi_slopes=Non
     else:
         sink = 0
     if group:
-        cu_seqlens_q, cu_seqlens_k, b, sq, sk = _group_lengths(cu_seqlens_q, cu_seqlens_k, tq, tk, dev, max_seqlen_q,
+        cu_seqlens_q, cu_seqlens_k, b, sq, sk = group_lengths(cu_seqlens_q, cu_seqlens_k, tq, tk, dev, max_seqlen_q,
                                                                max_seqlen_k)
     elif max_seqlen_q is not None or max_seqlen_k is not None:
         check_max_lengths(max_seqlen_q, max_seqlen_k, [sq], [sk])

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 from .attention_args import (CALLER, torch_dtype_names, _bad_dtypes, _bad_types, _batch_shapes, _check_bias,
                              _check_devices, _check_dropout, _check_scale, _check_sink, _check_softcap,
-                             _group_lengths, _group_shapes, _mask, _usage, check_dropout_p, check_max_lengths,
-                             accumulation, check_numpy_call, check_one_bias, flag, named)
+                             _group_shapes, _mask, _usage, accumulation, check_dropout_p, check_numpy_call,
+                             check_one_bias, flag, named)
 from .errors import UsageError
+from .index_args import check_max_lengths, group_lengths
 
 __all__ = ["attention_backward", "compile_backward_ahead"]
 
@@ -163,7 +164,7 @@ def _torch_backward(q, k, v, out, lse, dout, causal, window, bias, alibi_slopes,
         _check_sink(sink)
     sink = int(sink or 0) if mask != "no" else 0
     if group:
-        cu_seqlens_q, cu_seqlens_k, b, sq, sk = _group_lengths(cu_seqlens_q, cu_seqlens_k, tq, tk, dev, max_seqlen_q,
+        cu_seqlens_q, cu_seqlens_k, b, sq, sk = group_lengths(cu_seqlens_q, cu_seqlens_k, tq, tk, dev, max_seqlen_q,
                                                                max_seqlen_k)
     elif max_seqlen_q is not None or max_seqlen_k is not None:
         check_max_lengths(max_seqlen_q, max_seqlen_k, [sq], [sk])

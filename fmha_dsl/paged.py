@@ -40,9 +40,10 @@ from . import replay as _fast
 from .attention_args import (CALLER, _mask, _usage, as_bool, causal_mode, check_numpy_call, flag,
                              torch_dtype_names)
 from .errors import UsageError, error
+from .index_args import max_len
 from .kernels.paged_abi import FP8_DTYPES
 from .paged_args import (append_descales, cache_pair, check_scalars, check_tables_on_host, contiguous_rows,
-                         host_values, max_len, required, rotary_tables, sequences, tables,
+                         host_values, required, rotary_tables, sequences, tables,
                          within_capacity, workspace_args)
 from .paged_args import descales as check_descales
 

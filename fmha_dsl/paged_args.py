@@ -8,8 +8,9 @@ not pass ``max_seqlen_*`` (one device-to-host copy then); with them nothing here
 
 from __future__ import annotations
 
-from .attention_args import _check_scale, _check_sink, _check_softcap, _usage, int32_of, max_len, named
+from .attention_args import _check_scale, _check_sink, _check_softcap, _usage, named
 from .errors import UsageError, error
+from .index_args import check_cu_host, cu_seqlens_of, int32_of, max_len
 from .kernels.paged_abi import FP8_DTYPES, descale_kind
 from .numeric import is_int, shown
 
@@ -22,7 +23,7 @@ def _torch():
 
 def int_tensor(name: str, x, ndim: int, dev: int, what: str, sync_ok: bool = True):
     """``x`` as an int32 tensor of rank ``ndim`` on device ``dev`` (a host int tensor or array is copied there; a
-    wider one checked to fit, on the GPU only when ``sync_ok``: :func:`fmha_dsl.attention_args.int32_of`)."""
+    wider one checked to fit, on the GPU only when ``sync_ok``: :func:`fmha_dsl.index_args.int32_of`)."""
     torch = _torch()
     if not isinstance(x, torch.Tensor):
         import numpy as np
@@ -168,10 +169,9 @@ def sequences(cu_name: str, cu, total: int, seqlens_k, dev: int, max_given, max_
     caller's ``max_given`` (checked against the host lengths when there are some) or their maximum.  ``reads``:
     whether the call reads device values back at all (default: when ``max_given`` is None): then a wide integer
     tensor is checked to fit int32 too."""
-    from .attention_args import _check_cu_host, _cu_seqlens
 
     reads = max_given is None if reads is None else reads
-    cu, host = _cu_seqlens(cu_name, cu, total, dev, _torch(), reads)
+    cu, host = cu_seqlens_of(cu_name, cu, total, dev, _torch(), reads)
     b = cu.shape[0] - 1
     lens = int_tensor("seqlens_k", seqlens_k, 1, dev, lens_what, reads)
     if lens.shape[0] != b:
@@ -180,7 +180,7 @@ def sequences(cu_name: str, cu, total: int, seqlens_k, dev: int, max_given, max_
     if max_given is None and host is None:
         host = cu.tolist()  # one device-to-host copy: pass the maximum to avoid it
     if host is not None:
-        _check_cu_host(cu_name, host, total)
+        check_cu_host(cu_name, host, total)
         host = [host[i + 1] - host[i] for i in range(b)]
     return cu, b, lens, host, max_len(max_name, max_given, host, max_what)
 
@@ -349,5 +349,5 @@ def workspace_args(q, k_cache, v_cache, batch, max_seqlen_q, max_seqlen_k, regis
 
 
 __all__ = ["contiguous_rows", "within_capacity", "int_tensor", "tables", "sequences", "check_tables_on_host",
-           "workspace_args", "host_values", "cache_pair", "max_len", "rotary_tables", "named", "descales",
+           "workspace_args", "host_values", "cache_pair", "rotary_tables", "named", "descales",
            "append_descales", "qscale_of", "required"]

@@ -8,7 +8,8 @@ from __future__ import annotations
 from .attention_args import _usage, named
 from .errors import UsageError
 from .numeric import shown
-from .paged_args import check_scalars, contiguous_rows, max_len, qscale_of, within_capacity
+from .index_args import max_len
+from .paged_args import check_scalars, contiguous_rows, qscale_of, within_capacity
 
 
 def paged(q, k_cache, v_cache, block_table, kv_indptr, kv_indices, seqlens_k, cu_seqlens_q, causal, window,

@@ -531,16 +531,16 @@ def test_a_call_that_reads_device_values_back_checks_every_wide_index_tensor(mon
     """One maximum given and the other not: the call reads values back anyway, so each wide tensor is checked
     (it was decided tensor by tensor: the one whose maximum was given was cast unchecked)."""
     torch = pytest.importorskip("torch")
-    from fmha_dsl import attention_args
+    from fmha_dsl import index_args
 
     seen = []
-    real = attention_args.int32_of
-    monkeypatch.setattr(attention_args, "int32_of", lambda *a: seen.append(a[3] if len(a) > 3 else True) or real(*a))
+    real = index_args.int32_of
+    monkeypatch.setattr(index_args, "int32_of", lambda *a: seen.append(a[3] if len(a) > 3 else True) or real(*a))
     cu = torch.tensor([0, 2, 5])
     for max_q, max_k in ((4, None), (None, 4)):
         seen.clear()
-        attention_args._group_lengths(cu, cu, 5, 5, -1, max_q, max_k)
+        index_args.group_lengths(cu, cu, 5, 5, -1, max_q, max_k)
         assert seen == [True, True]
     seen.clear()
-    attention_args._group_lengths(cu, cu, 5, 5, -1, 4, 4)
+    index_args.group_lengths(cu, cu, 5, 5, -1, 4, 4)
     assert seen == [False, False]
